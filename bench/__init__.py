@@ -1,0 +1,1 @@
+"""Benchmarks: time per certified image, stage by stage, and side-by-side comparisons."""

@@ -1,0 +1,224 @@
+"""The `diffsmooth` command line (click). Thin: it parses options, then calls the engine.
+
+Every user-fixable problem (UserError) prints one line `error: ...` and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+class _CLIError(click.ClickException):
+    exit_code = 2
+
+    def show(self, file=None):
+        click.echo(f"error: {self.message}", err=True)
+
+
+class _Group(click.Group):
+    """Turns UserError (and a few OS errors) from any command into one line and exit code 2."""
+
+    def invoke(self, ctx):
+        from diffsmooth.engine.errors import UserError
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            raise _CLIError(str(exc)) from None
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+            raise _CLIError(f"{exc.strerror}: {exc.filename}") from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="diffsmooth-engine")
+def main():
+    """DiffSmooth certification: diffusion denoiser + local smoothing, certified with CERTIFY."""
+
+
+def _positive(name):
+    def check(ctx, param, value):
+        if value is not None and value < 1:
+            raise click.BadParameter(f"must be >= 1, got {value}")
+        return value
+    return check
+
+
+def model_options(f):
+    """Options naming the models; with none of them the embedded demo models are used."""
+    options = [
+        click.option("--denoiser", type=click.Path(), help="UNet checkpoint (improved-/guided-diffusion state dict)."),
+        click.option("--preset", type=click.Choice(["cifar10", "imagenet", "demo"]),
+                     help="UNet architecture + schedule [default: cifar10, or demo for the embedded models]."),
+        click.option("--unet-config", default=None, help="JSON of UNet config fields overriding the preset."),
+        click.option("--schedule", type=click.Choice(["linear", "cosine"]), help="Override the preset's schedule."),
+        click.option("--diffusion-steps", type=int, help="Override the preset's number of diffusion steps."),
+        click.option("--classifier", type=click.Path(), help="Classifier checkpoint (Cohen/SmoothAdv dict or state dict)."),
+        click.option("--arch", help="Classifier architecture when the checkpoint does not say."),
+        click.option("--normalization", type=click.Choice(["normalize", "center", "none"]),
+                     help="Input layer in front of the classifier [default: per dataset]."),
+        click.option("--stats", type=click.Choice(["cifar10", "imagenet", "fashion-mnist"]),
+                     help="Mean/std for normalisation [default: from --dataset]."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def method_options(f):
+    options = [
+        click.option("--method", type=click.Choice(["rs", "dds", "diffsmooth"]), default="diffsmooth", show_default=True),
+        click.option("--sigma", type=float, default=0.5, show_default=True, help="Smoothing noise std (input in [0,1])."),
+        click.option("--local-sigma", type=float, default=0.25, show_default=True, help="sigma' of the local noises."),
+        click.option("--m", "m", type=int, default=5, show_default=True, help="Number of local noises."),
+        click.option("--local-noise", type=click.Choice(["fixed", "fresh"]), default="fixed", show_default=True,
+                     help="fixed: drawn once (seed 42), as the reference; fresh: new per sample (Algorithm 3)."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def run_options(f):
+    options = [
+        click.option("--dataset", type=click.Choice(["cifar10", "imagenet", "npz", "idx", "embedded"]),
+                     help="Dataset layout [default: embedded demo subset]."),
+        click.option("--data", type=click.Path(), help="Dataset directory or file."),
+        click.option("--split", default="test", show_default=True),
+        click.option("--n0", type=int, default=100, show_default=True, callback=_positive("n0")),
+        click.option("--n", "n", type=int, default=10000, show_default=True, callback=_positive("n")),
+        click.option("--alpha", type=float, default=0.001, show_default=True),
+        click.option("--batch", type=int, default=1000, show_default=True, callback=_positive("batch"),
+                     help="Noisy samples per Monte Carlo batch (results do not depend on it)."),
+        click.option("--skip", type=int, default=1, show_default=True, callback=_positive("skip"),
+                     help="Use every skip-th image."),
+        click.option("--max", "max_index", type=int, default=None, help="Stop before this dataset index."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Noise seed (per image, per sample)."),
+        click.option("--backend", type=click.Choice(["torch", "onnxruntime"]), default="torch", show_default=True),
+        click.option("--onnx-dir", type=click.Path(), help="Exported graphs for --backend onnxruntime."),
+        click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
+        click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True),
+        click.option("--out", type=click.Path(), required=True, help="Result TSV (resumed if it exists)."),
+        click.option("--quiet", is_flag=True, help="No progress bar."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _sources(kw, dataset_kind):
+    from diffsmooth.engine.assemble import ModelSources
+    from diffsmooth.engine.errors import UserError
+    unet_config = {}
+    if kw["unet_config"]:
+        try:
+            unet_config = json.loads(kw["unet_config"])
+        except json.JSONDecodeError as exc:
+            raise UserError(f"--unet-config is not valid JSON: {exc}") from None
+        if not isinstance(unet_config, dict):
+            raise UserError("--unet-config must be a JSON object of UNet config fields")
+    default_stats = {"cifar10": "cifar10", "imagenet": "imagenet", "idx": "fashion-mnist",
+                     "embedded": "fashion-mnist", "npz": "cifar10"}[dataset_kind]
+    given = dict(denoiser=kw["denoiser"], preset=kw["preset"], unet_config=unet_config or None,
+                 schedule=kw["schedule"], diffusion_steps=kw["diffusion_steps"],
+                 classifier=kw["classifier"], arch=kw["arch"], normalization=kw["normalization"],
+                 stats=kw["stats"] or default_stats)
+    if not kw["denoiser"] and not kw["classifier"]:
+        return ModelSources.demo(**{k: v for k, v in given.items() if k not in ("denoiser", "classifier")})
+    if given["preset"] is None and not unet_config:
+        given["preset"] = "cifar10"
+    given["unet_config"] = unet_config
+    return ModelSources(**given)
+
+
+def _prepare(kw):
+    """Dataset, selected indices, method config and Smooth from the parsed options."""
+    from diffsmooth.engine.assemble import build_smooth
+    from diffsmooth.engine.data import load_dataset
+    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.methods import MethodConfig
+
+    kind = kw["dataset"] or ("embedded" if not kw["data"] else None)
+    if kind is None:
+        raise UserError("--data given without --dataset: say which layout it is (cifar10, imagenet, npz, idx)")
+    dataset = load_dataset(kind, kw["data"], split=kw["split"])
+    indices = dataset.indices_selected(kw["skip"], kw["max_index"])
+    config = MethodConfig(kw["method"], kw["sigma"], kw["m"], kw["local_sigma"], kw["local_noise"])
+    if not 0 < kw["alpha"] < 1:
+        raise UserError(f"alpha must be in (0, 1), got {kw['alpha']}")
+    sources = _sources(kw, kind)
+    smooth = build_smooth(config, sources, tuple(dataset.image_shape), dataset.num_classes,
+                          backend=kw["backend"], device=kw["device"], precision=kw["precision"],
+                          seed=kw["seed"], onnx_dir=kw["onnx_dir"])
+    return dataset, indices, config, smooth
+
+
+@main.command()
+@model_options
+@method_options
+@run_options
+def certify(**kw):
+    """CERTIFY each selected image; one TSV row per image (idx label predict radius correct time)."""
+    from diffsmooth.engine.run import run_dataset
+    dataset, indices, config, smooth = _prepare(kw)
+    click.echo(f"# {smooth.pipeline.stages.describe()}; sigma={config.sigma} n0={kw['n0']} n={kw['n']} "
+               f"alpha={kw['alpha']} images={len(indices)} -> {kw['out']}", err=True)
+    summary = run_dataset(smooth, dataset, indices, kw["out"], mode="certify", n0=kw["n0"], n=kw["n"],
+                          alpha=kw["alpha"], batch=kw["batch"], progress=not kw["quiet"])
+    _report(summary)
+
+
+@main.command()
+@model_options
+@method_options
+@run_options
+def predict(**kw):
+    """PREDICT each selected image (abstain = -1); TSV rows idx label predict correct time."""
+    from diffsmooth.engine.run import run_dataset
+    dataset, indices, config, smooth = _prepare(kw)
+    summary = run_dataset(smooth, dataset, indices, kw["out"], mode="predict", n=kw["n"],
+                          alpha=kw["alpha"], batch=kw["batch"], progress=not kw["quiet"])
+    _report(summary)
+
+
+def _report(summary):
+    state = "interrupted after" if summary["interrupted"] else "wrote"
+    click.echo(f"{state} {summary['written']} rows ({summary['skipped_done']} already done) to {summary['path']}",
+               err=True)
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+@click.option("--radii", default="0,0.25,0.5,0.75,1.0,1.25,1.5", show_default=True,
+              help="Comma-separated radii for the table.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the table.")
+@click.option("--plot", type=click.Path(), help="Write a certified-accuracy curve PNG here.")
+def analyze(files, radii, as_json, plot):
+    """Certified accuracy at radii and ACR for result TSVs (either time format)."""
+    from diffsmooth.engine.analyze import markdown_table, plot_curves, summarize, to_json
+    from diffsmooth.engine.errors import UserError
+    try:
+        radii = [float(r) for r in radii.split(",") if r.strip()]
+    except ValueError:
+        raise UserError(f"--radii must be comma-separated numbers, got {radii!r}") from None
+    paths = _expand_result_files(files)
+    summaries = [summarize(p, radii) for p in paths]
+    click.echo(to_json(summaries) if as_json else markdown_table(summaries, radii))
+    if plot:
+        plot_curves(paths, plot)
+        click.echo(f"wrote {plot}", err=True)
+
+
+def _expand_result_files(files):
+    """Files as given; a directory stands for the .tsv files inside it."""
+    paths = []
+    for f in files:
+        p = Path(f)
+        paths.extend(sorted(p.glob("*.tsv")) if p.is_dir() else [p])
+    return paths
+
+
+if __name__ == "__main__":
+    sys.exit(main())

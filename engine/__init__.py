@@ -1,0 +1,1 @@
+"""The certification engine: models, schedules, noise, backends, pipeline, certification math."""

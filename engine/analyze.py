@@ -1,0 +1,84 @@
+"""Certified accuracy and ACR from result files (FACTS §4): accuracy at r counts rows with
+correct == 1 and radius >= r over ALL rows (abstains count as wrong); ACR = mean radius*correct."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+from .results import read_rows
+
+DEFAULT_RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
+
+
+def _pairs(rows) -> List[tuple]:
+    return [(float(r["radius"]), int(r["correct"])) for r in rows]
+
+
+def certified_accuracy(rows, radius: float) -> float:
+    """Fraction of all rows certified correct with radius >= `radius`."""
+    pairs = _pairs(rows)
+    if not pairs:
+        return float("nan")
+    return sum(1 for rad, ok in pairs if ok == 1 and rad >= radius) / len(pairs)
+
+
+def average_certified_radius(rows) -> float:
+    """ACR (MACER): mean over rows of radius * correct."""
+    pairs = _pairs(rows)
+    return sum(rad * ok for rad, ok in pairs) / len(pairs) if pairs else float("nan")
+
+
+def summarize(path, radii: Sequence[float] = DEFAULT_RADII) -> Dict:
+    """One file's certified accuracies, ACR, row count and mean time per image."""
+    from .results import parse_time
+    rows = read_rows(path)
+    times = [parse_time(r["time"]) for r in rows if "time" in r]
+    return {
+        "file": str(path),
+        "rows": len(rows),
+        "certified_accuracy": {f"{r:g}": certified_accuracy(rows, r) for r in radii},
+        "acr": average_certified_radius(rows),
+        "mean_seconds_per_image": sum(times) / len(times) if times else None,
+    }
+
+
+def markdown_table(summaries: List[Dict], radii: Sequence[float] = DEFAULT_RADII, names=None) -> str:
+    """A markdown table: one row per file, certified accuracy at each radius, then ACR."""
+    names = names or [Path(s["file"]).stem for s in summaries]
+    head = "| file | n images | " + " | ".join(f"r={r:g}" for r in radii) + " | ACR |"
+    sep = "|" + "---|" * (len(radii) + 3)
+    lines = [head, sep]
+    for name, s in zip(names, summaries):
+        accs = " | ".join(f"{s['certified_accuracy'][f'{r:g}']:.3f}" for r in radii)
+        lines.append(f"| {name} | {s['rows']} | {accs} | {s['acr']:.3f} |")
+    return "\n".join(lines)
+
+
+def to_json(summaries: List[Dict]) -> str:
+    return json.dumps(summaries, indent=2)
+
+
+def plot_curves(paths, out_png, names=None, title: str = "certified accuracy") -> None:
+    """Certified accuracy vs radius for each file, one PNG (matplotlib, imported here only)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = names or [Path(p).stem for p in paths]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for path, name in zip(paths, names):
+        rows = read_rows(path)
+        top = max([float(r["radius"]) for r in rows] + [0.0])
+        grid = [top * i / 200 for i in range(201)] if top > 0 else [0.0]
+        ax.plot(grid, [certified_accuracy(rows, r) for r in grid], label=name)
+    ax.set_xlabel("l2 radius")
+    ax.set_ylabel("certified accuracy")
+    ax.set_title(title)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)

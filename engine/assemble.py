@@ -1,0 +1,82 @@
+"""From user settings to a ready Smooth: load models -> build backend stages -> pipeline.
+
+This is the one place that knows which backend was asked for; everything downstream only sees
+stages (engine/backends/base.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+from . import demo_assets
+from .errors import UserError
+from .methods import MethodConfig, build_torch_stages
+from .pipeline import MonteCarloPipeline
+from .smooth import Smooth
+
+BACKENDS = ("torch", "onnxruntime")
+
+
+@dataclass
+class ModelSources:
+    """Checkpoint paths and how to read them; None paths mean the embedded demo models."""
+
+    denoiser: Optional[str] = None
+    preset: Optional[str] = None
+    unet_config: dict = field(default_factory=dict)
+    schedule: Optional[str] = None
+    diffusion_steps: Optional[int] = None
+    rescale_timesteps: Optional[bool] = None
+    classifier: Optional[str] = None
+    arch: Optional[str] = None
+    normalization: Optional[str] = None
+    stats: str = "cifar10"
+
+    @classmethod
+    def demo(cls, **overrides) -> "ModelSources":
+        demo_assets.require_demo_assets()
+        fields = dict(denoiser=str(demo_assets.DEMO_UNET), preset=demo_assets.DEMO_PRESET,
+                      stats=demo_assets.DEMO_STATS)
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**fields)
+
+
+def load_models(config: MethodConfig, sources: ModelSources):
+    """(denoiser or None, classifier) as torch modules on the CPU, in eval mode."""
+    from .checkpoints import load_classifier
+    from .denoise import load_denoiser
+    denoiser = None
+    if config.uses_denoiser:
+        if not sources.denoiser:
+            raise UserError(f"method {config.method} needs --denoiser CHECKPOINT")
+        denoiser = load_denoiser(sources.denoiser, sources.preset, schedule=sources.schedule,
+                                 diffusion_steps=sources.diffusion_steps,
+                                 rescale_timesteps=sources.rescale_timesteps, **sources.unet_config)
+    classifier_path = sources.classifier
+    if not classifier_path:
+        if sources.preset != demo_assets.DEMO_PRESET:
+            raise UserError("give --classifier CHECKPOINT")
+        classifier_path = str(demo_assets.demo_classifier_for(config.method, config.sigma, config.local_sigma))
+    classifier = load_classifier(classifier_path, arch=sources.arch, dataset=sources.stats,
+                                 normalization=sources.normalization)
+    return denoiser, classifier
+
+
+def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
+                 num_classes: Optional[int] = None, *, backend: str = "torch", device: str = "cpu",
+                 precision: str = "fp32", seed: int = 0, onnx_dir: Optional[str] = None) -> Smooth:
+    """A Smooth for `config` on the requested backend; probes the models with `image_shape`."""
+    if backend == "torch":
+        from .backends.torch_backend import TorchBackend
+        runner = TorchBackend(device=device, precision=precision)
+        denoiser, classifier = load_models(config, sources)
+        stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes)
+    elif backend == "onnxruntime":
+        from .backends.onnxruntime_backend import build_onnx_stages
+        if not onnx_dir:
+            raise UserError("--backend onnxruntime needs --onnx-dir (made by `diffsmooth export`)")
+        stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device)
+    else:
+        raise UserError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    return Smooth(MonteCarloPipeline(stages, config.sigma, seed))

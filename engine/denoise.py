@@ -1,0 +1,94 @@
+"""The one-shot diffusion denoiser of DiffSmooth / DDS: x_rs in [0,1] -> purified image in [0,1].
+
+x_t = sqrt(abar*) (2 x_rs - 1);  x0 = clamp(sqrt(1/abar*) x_t - sqrt(1/abar* - 1) eps(x_t, t*), -1, 1);
+returned as (x0 + 1) / 2. eps = the UNet's first C output channels (FACTS §1-2).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .errors import UserError
+from .schedule import DiffusionSchedule, OneShotCoefficients
+
+# The diffusion schedule each UNet preset was trained with.
+PRESET_SCHEDULES = {
+    "cifar10": DiffusionSchedule("cosine", 4000, rescale_timesteps=True),    # improved-diffusion
+    "imagenet": DiffusionSchedule("linear", 1000, rescale_timesteps=False),  # guided-diffusion
+    "demo": DiffusionSchedule("cosine", 4000, rescale_timesteps=True),       # the embedded model
+}
+
+
+class OneShotPurifier(nn.Module):
+    """The denoiser at one fixed sigma: constants baked in, so it exports as x_rs -> x_hat."""
+
+    def __init__(self, unet: nn.Module, coefficients: OneShotCoefficients, channels: int):
+        super().__init__()
+        self.unet = unet
+        self.coefficients = coefficients
+        self.channels = channels
+
+    def forward(self, x_rs: torch.Tensor) -> torch.Tensor:
+        c = self.coefficients
+        x_t = c.sqrt_abar * (2.0 * x_rs - 1.0)
+        t = torch.full((x_rs.shape[0],), c.model_timestep, dtype=torch.float32, device=x_rs.device)
+        eps = self.unet(x_t, t)[:, : self.channels].to(x_t.dtype)
+        x0 = (c.sqrt_recip_abar * x_t - c.sqrt_recipm1_abar * eps).clamp(-1.0, 1.0)
+        return (x0 + 1.0) / 2.0
+
+
+class DiffusionDenoiser(nn.Module):
+    """A noise-predicting UNet with its schedule; `.denoise(x_rs, sigma)` is one-shot denoising."""
+
+    def __init__(self, unet: nn.Module, schedule: DiffusionSchedule, channels: Optional[int] = None):
+        super().__init__()
+        self.unet = unet.eval()
+        self.schedule = schedule
+        self.channels = channels if channels is not None else unet.config.in_channels
+
+    def timestep(self, sigma: float) -> int:
+        """t*: the first timestep whose noise level reaches 2*sigma in [-1, 1] image units."""
+        return self.schedule.timestep(sigma)
+
+    def purifier(self, sigma: float) -> OneShotPurifier:
+        """An nn.Module computing denoise(., sigma), sharing this UNet's weights."""
+        return OneShotPurifier(self.unet, self.schedule.coefficients(sigma), self.channels)
+
+    @torch.inference_mode()
+    def denoise(self, x_rs: torch.Tensor, sigma: float) -> torch.Tensor:
+        """Purify x_rs = x + sigma * eps (float32 [B,C,H,W], [0,1] scale) in one UNet call."""
+        if x_rs.dim() != 4 or x_rs.shape[1] != self.channels:
+            raise UserError(f"denoise expects [B,{self.channels},H,W] images, got {tuple(x_rs.shape)}")
+        return self.purifier(sigma)(x_rs)
+
+
+def schedule_for(preset: Optional[str], schedule: Optional[str] = None,
+                 diffusion_steps: Optional[int] = None,
+                 rescale_timesteps: Optional[bool] = None) -> DiffusionSchedule:
+    """The preset's schedule, with any explicitly given field overriding it."""
+    base = PRESET_SCHEDULES.get(preset) if preset else None
+    if preset and base is None:
+        raise UserError(f"unknown preset {preset!r}: choose one of {', '.join(PRESET_SCHEDULES)}")
+    if base is None and (schedule is None or diffusion_steps is None):
+        raise UserError("a UNet without a preset needs schedule= ('linear'|'cosine') and diffusion_steps=")
+    return DiffusionSchedule(
+        schedule or base.name,
+        int(diffusion_steps or base.num_steps),
+        bool(base.rescale_timesteps if rescale_timesteps is None and base else rescale_timesteps),
+    )
+
+
+def load_denoiser(path, preset: Optional[str] = "cifar10", *, schedule: Optional[str] = None,
+                  diffusion_steps: Optional[int] = None, rescale_timesteps: Optional[bool] = None,
+                  **config) -> DiffusionDenoiser:
+    """Load an improved-/guided-diffusion UNet state dict as a one-shot denoiser (eval mode, CPU).
+
+    `preset` picks the architecture and schedule ('cifar10', 'imagenet', 'demo'); keyword
+    arguments override UNet config fields, or give the whole config when preset is None.
+    """
+    from .checkpoints import load_unet
+    unet = load_unet(path, preset, **config)
+    return DiffusionDenoiser(unet, schedule_for(preset, schedule, diffusion_steps, rescale_timesteps))

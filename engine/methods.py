@@ -1,0 +1,100 @@
+"""The three base classifiers in one place: `rs` (no denoiser), `dds` (one-shot denoise, plain
+classifier), `diffsmooth` (one-shot denoise + local smoothing over m noises of std sigma')."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from .backends.base import BaseClassifierStages
+from .errors import UserError
+from .local_smoothing import LOCAL_NOISE_MODES, LocalSmoothingHead, LogitsHead
+from .noise import fixed_local_noise
+
+METHODS = ("rs", "dds", "diffsmooth")
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """What the base classifier is: method, smoothing sigma, and the local-smoothing settings."""
+
+    method: str
+    sigma: float
+    m: int = 5
+    local_sigma: float = 0.25
+    local_noise: str = "fixed"
+    local_noise_seed: int = 42      # the reference draws its fixed local noises with seed 42
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise UserError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
+        if not self.sigma > 0:
+            raise UserError(f"sigma must be > 0, got {self.sigma}")
+        if self.method == "diffsmooth":
+            if self.m < 1:
+                raise UserError(f"m (local noises) must be >= 1, got {self.m}")
+            if self.local_sigma < 0:
+                raise UserError(f"local sigma must be >= 0, got {self.local_sigma}")
+            if self.local_noise not in LOCAL_NOISE_MODES:
+                raise UserError(f"local noise must be one of {', '.join(LOCAL_NOISE_MODES)}, got {self.local_noise!r}")
+
+    @property
+    def uses_denoiser(self) -> bool:
+        return self.method != "rs"
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        if self.method != "diffsmooth":
+            for key in ("m", "local_sigma", "local_noise", "local_noise_seed"):
+                d.pop(key)
+        return d
+
+
+def score_module(config: MethodConfig, classifier: nn.Module, image_shape: Tuple[int, ...]) -> nn.Module:
+    """The classifier half of the base classifier as one module (what the ONNX export also uses)."""
+    if config.method != "diffsmooth":
+        return LogitsHead(classifier)
+    fixed = (fixed_local_noise(config.m, image_shape, config.local_noise_seed)
+             if config.local_noise == "fixed" else None)
+    return LocalSmoothingHead(classifier, config.m, config.local_sigma, config.local_noise, fixed)
+
+
+def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, backend,
+                       image_shape: Tuple[int, ...], num_classes: Optional[int] = None) -> BaseClassifierStages:
+    """Stages for `config` on a TorchBackend; checks once that the models take `image_shape`."""
+    if config.uses_denoiser and denoiser is None:
+        raise UserError(f"method {config.method} needs a denoiser checkpoint (--denoiser)")
+    purify = backend.stage(denoiser.purifier(config.sigma), "denoiser") if config.uses_denoiser else None
+    head = score_module(config, classifier, image_shape)
+    score = backend.stage(head, "local-smoothing classifier" if config.method == "diffsmooth" else "classifier")
+    local_shape = (config.m, *image_shape) if getattr(head, "takes_noise", False) else None
+    stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
+    stages.num_classes = probe(stages, image_shape)
+    if num_classes is not None and stages.num_classes != num_classes:
+        raise UserError(f"the classifier outputs {stages.num_classes} classes but the data has {num_classes}")
+    return stages
+
+
+def probe(stages: BaseClassifierStages, image_shape: Tuple[int, ...]) -> int:
+    """Run one blank sample through the stages: a shape the models cannot take becomes one clear
+    error here instead of a stack trace mid-run. Returns the number of classes scored."""
+    x = torch.full((1, *image_shape), 0.5, device=stages.device)
+    try:
+        if stages.purify is not None:
+            x = stages.purify(x)
+            if tuple(x.shape[1:]) != tuple(image_shape):
+                raise UserError(f"the denoiser returned shape {tuple(x.shape[1:])} for input {tuple(image_shape)}")
+        inputs = [x]
+        if stages.local_noise_shape is not None:
+            inputs.append(torch.zeros((1, *stages.local_noise_shape), device=stages.device))
+        out = stages.score(*inputs)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"the models cannot take images of shape {tuple(image_shape)} "
+                        f"({stages.describe()}): {first}") from exc
+    if out.dim() != 2:
+        raise UserError(f"the classifier stage returned shape {tuple(out.shape)}, expected [B, classes]")
+    return int(out.shape[1])

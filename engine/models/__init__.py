@@ -1,0 +1,1 @@
+"""Network architectures: the diffusion UNet and the smoothed classifiers."""

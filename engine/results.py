@@ -1,0 +1,108 @@
+"""Result files in the reference TSV format (FACTS §4): one row per image, flushed and fsynced
+per row, resumable: a rerun continues after the finished indices and repairs a torn last line."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+from typing import Dict, Iterable, List, Sequence
+
+from .errors import UserError
+
+CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")
+PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time")
+
+
+def format_radius(radius: float) -> str:
+    """3 significant digits as the reference prints them ('{:.3}': 0.378, 1.23, 0.0)."""
+    return "{:.3}".format(float(radius))
+
+
+def format_time(seconds: float) -> str:
+    """A timedelta string, as newer reference files have ('0:02:31.238689')."""
+    return str(datetime.timedelta(seconds=float(seconds)))
+
+
+def parse_time(text: str) -> float:
+    """Seconds from either reference time format: '0:02:31.238689' or plain '15.4'."""
+    text = text.strip()
+    if ":" not in text:
+        return float(text)
+    days = 0.0
+    if "day" in text:
+        day_part, text = text.split(",")
+        days = float(day_part.split()[0])
+    h, m, s = text.strip().split(":")
+    return days * 86400 + int(h) * 3600 + int(m) * 60 + float(s)
+
+
+def repair_torn_tail(path: Path) -> None:
+    """Cut an unterminated last line (a run killed mid-write) so it is never read as data."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def read_rows(path) -> List[Dict[str, str]]:
+    """All complete rows of a TSV result file as dicts keyed by its header."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"result file {path} does not exist")
+    lines = path.read_text().split("\n")
+    if lines and lines[-1] != "":
+        lines = lines[:-1]                      # a torn last line is not data
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        return []
+    header = lines[0].split("\t")
+    if "idx" not in header:
+        raise UserError(f"{path} is not a result TSV (header {header!r} has no 'idx')")
+    rows = []
+    for number, line in enumerate(lines[1:], start=2):
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise UserError(f"{path}:{number}: expected {len(header)} tab-separated fields, got {len(fields)}")
+        rows.append(dict(zip(header, fields)))
+    return rows
+
+
+class ResultWriter:
+    """Appends rows to a TSV, writing the header once; `done` holds the indices already there."""
+
+    def __init__(self, path, columns: Sequence[str] = CERTIFY_COLUMNS):
+        self.path = Path(path)
+        self.columns = tuple(columns)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.done = set()
+        if self.path.exists() and self.path.stat().st_size > 0:
+            repair_torn_tail(self.path)
+            header = self.path.read_text().split("\n", 1)[0].split("\t")
+            if tuple(header) != self.columns:
+                raise UserError(f"{self.path} has columns {header}, not {list(self.columns)}: "
+                                f"choose another --out or remove the file")
+            self.done = {int(row["idx"]) for row in read_rows(self.path)}
+            self._file = open(self.path, "a")
+        else:
+            self._file = open(self.path, "w")
+            self._write_line(self.columns)
+
+    def _write_line(self, fields: Iterable) -> None:
+        self._file.write("\t".join(str(f) for f in fields) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def write(self, **row) -> None:
+        """Write one finished image; it is on disk when this returns."""
+        self._write_line(row[c] for c in self.columns)
+        self.done.add(int(row["idx"]))
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,1 @@
+"""Export to ONNX and TensorRT, and validation of exported graphs against torch."""
