@@ -211,6 +211,60 @@ def analyze(files, radii, as_json, plot):
         click.echo(f"wrote {plot}", err=True)
 
 
+@main.command()
+@click.option("--out", type=click.Path(), default="demo-out", show_default=True, help="Output directory.")
+@click.option("--images", type=int, default=30, show_default=True, callback=_positive("images"),
+              help="K test images (spread over the 500 shipped ones).")
+@click.option("--n", "n", type=int, default=1000, show_default=True, callback=_positive("n"))
+@click.option("--n0", type=int, default=100, show_default=True, callback=_positive("n0"))
+@click.option("--alpha", type=float, default=0.001, show_default=True)
+@click.option("--sigma", type=float, default=0.5, show_default=True)
+@click.option("--local-sigma", type=float, default=0.25, show_default=True)
+@click.option("--m", "m", type=int, default=5, show_default=True)
+@click.option("--batch", type=int, default=500, show_default=True, callback=_positive("batch"))
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--quiet", is_flag=True)
+def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, quiet):
+    """Certify K shipped Fashion-MNIST images with rs, dds and diffsmooth on the embedded models."""
+    from diffsmooth.engine.demo import run_demo
+    from diffsmooth.engine.errors import UserError
+    if not 0 < alpha < 1:
+        raise UserError(f"alpha must be in (0, 1), got {alpha}")
+    result = run_demo(out, images=images, n0=n0, n=n, alpha=alpha, sigma=sigma, m=m,
+                      local_sigma=local_sigma, batch=batch, seed=seed, device=device, progress=not quiet)
+    click.echo(f"\n{result['header']}\n\n{result['table']}\n")
+    timing = ", ".join(f"{k} {v:.1f} s" for k, v in result["seconds"].items())
+    click.echo(f"time: {timing}; wrote {', '.join(result['files'])}, {out}/certified_accuracy.png, {out}/summary.md")
+
+
+@main.command()
+@model_options
+@click.option("--dataset", type=click.Choice(["cifar10", "imagenet", "npz", "idx", "embedded"]))
+@click.option("--data", type=click.Path())
+@click.option("--sigma", type=float, default=0.5, show_default=True)
+@click.option("--local-sigma", type=float, default=0.25, show_default=True)
+@click.option("--m", "m", type=int, default=2, show_default=True, help="Locally-noised rows to show.")
+@click.option("--images", type=int, default=8, show_default=True, callback=_positive("images"))
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(), default="purified.png", show_default=True)
+def purify(dataset, data, sigma, local_sigma, m, images, seed, out, **model_kw):
+    """PNG grid: clean / noisy / one-shot denoised / locally smoothed images (the paper's figure)."""
+    from diffsmooth.engine.data import load_dataset
+    from diffsmooth.engine.demo import purify_grid
+    from diffsmooth.engine.errors import UserError
+    kind = dataset or ("embedded" if not data else None)
+    if kind is None:
+        raise UserError("--data given without --dataset: say which layout it is")
+    ds = load_dataset(kind, data)
+    if not model_kw["denoiser"] and model_kw["classifier"]:
+        raise UserError("purify needs --denoiser (or no model options for the embedded demo)")
+    sources = _sources(model_kw, kind)
+    path = purify_grid(out, sources=sources, dataset=ds, images=images, sigma=sigma,
+                       local_sigma=local_sigma, m=m, seed=seed)
+    click.echo(f"wrote {path} (rows: clean, noisy, denoised, {m} locally-noised)")
+
+
 def _expand_result_files(files):
     """Files as given; a directory stands for the .tsv files inside it."""
     paths = []
@@ -219,6 +273,25 @@ def _expand_result_files(files):
         paths.extend(sorted(p.glob("*.tsv")) if p.is_dir() else [p])
     return paths
 
+
+def _register_optional_commands():
+    """Commands that live next to their code (training, export, benchmarks)."""
+    import importlib
+    for module, names in (("diffsmooth.engine.train_commands", ["train_demo"]),
+                          ("diffsmooth.export.commands", ["export", "validate"]),
+                          ("diffsmooth.bench.commands", ["bench"])):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        for name in names:
+            if hasattr(mod, name):
+                main.add_command(getattr(mod, name))
+
+
+_register_optional_commands()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -42,25 +42,33 @@ class ModelSources:
         return cls(**fields)
 
 
-def load_models(config: MethodConfig, sources: ModelSources):
-    """(denoiser or None, classifier) as torch modules on the CPU, in eval mode."""
-    from .checkpoints import load_classifier
+def load_denoiser_from(sources: ModelSources):
+    """The one-shot denoiser named by `sources` (eval mode, CPU)."""
     from .denoise import load_denoiser
-    denoiser = None
-    if config.uses_denoiser:
-        if not sources.denoiser:
-            raise UserError(f"method {config.method} needs --denoiser CHECKPOINT")
-        denoiser = load_denoiser(sources.denoiser, sources.preset, schedule=sources.schedule,
-                                 diffusion_steps=sources.diffusion_steps,
-                                 rescale_timesteps=sources.rescale_timesteps, **sources.unet_config)
-    classifier_path = sources.classifier
-    if not classifier_path:
+    if not sources.denoiser:
+        raise UserError("give --denoiser CHECKPOINT")
+    return load_denoiser(sources.denoiser, sources.preset, schedule=sources.schedule,
+                         diffusion_steps=sources.diffusion_steps,
+                         rescale_timesteps=sources.rescale_timesteps, **sources.unet_config)
+
+
+def load_classifier_from(config: MethodConfig, sources: ModelSources):
+    """The classifier named by `sources`, or the demo classifier matching the method's noise level."""
+    from .checkpoints import load_classifier
+    path = sources.classifier
+    if not path:
         if sources.preset != demo_assets.DEMO_PRESET:
             raise UserError("give --classifier CHECKPOINT")
-        classifier_path = str(demo_assets.demo_classifier_for(config.method, config.sigma, config.local_sigma))
-    classifier = load_classifier(classifier_path, arch=sources.arch, dataset=sources.stats,
-                                 normalization=sources.normalization)
-    return denoiser, classifier
+        path = str(demo_assets.demo_classifier_for(config.method, config.sigma, config.local_sigma))
+    return load_classifier(path, arch=sources.arch, dataset=sources.stats, normalization=sources.normalization)
+
+
+def load_models(config: MethodConfig, sources: ModelSources):
+    """(denoiser or None, classifier) as torch modules on the CPU, in eval mode."""
+    if config.uses_denoiser and not sources.denoiser:
+        raise UserError(f"method {config.method} needs --denoiser CHECKPOINT")
+    denoiser = load_denoiser_from(sources) if config.uses_denoiser else None
+    return denoiser, load_classifier_from(config, sources)
 
 
 def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],

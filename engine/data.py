@@ -69,6 +69,7 @@ class ImageDataset:
     num_classes: int = 0
     image_shape: tuple[int, int, int] = (0, 0, 0)
     class_names: tuple[str, ...] | None = None
+    _pad: tuple[int, int] | None = None      # (H, W) that items are zero-padded to, if any
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -88,8 +89,6 @@ class ImageDataset:
         if self._pad is not None:
             x = pad_image(x, self._pad)
         return x, int(y)
-
-    _pad: tuple[int, int] | None = None
 
     def _set_shape(self, c: int, h: int, w: int, pad_to=None) -> None:
         """Record the stored image shape and the optional padding that items get."""
@@ -127,22 +126,23 @@ class ArrayDataset(ImageDataset):
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, *, name: str,
                  num_classes: int | None = None, class_names=None, pad_to=None,
-                 source_indices: np.ndarray | None = None):
+                 source_indices: np.ndarray | None = None, where: str | None = None):
+        where = where or name
         if images.ndim != 4:
-            raise UserError(f"{name}: images must be N,C,H,W (got shape {images.shape})")
+            raise UserError(f"{where}: images must be N,C,H,W (got shape {images.shape})")
         if images.dtype != np.uint8:
             images = images.astype(np.float32, copy=False)
         labels = np.asarray(labels).astype(np.int64, copy=False)
         if labels.shape != (images.shape[0],):
-            raise UserError(f"{name}: {images.shape[0]} images but labels have shape "
+            raise UserError(f"{where}: {images.shape[0]} images but labels have shape "
                             f"{labels.shape}; give one integer label per image")
         self.name = name
         self._images = torch.from_numpy(np.ascontiguousarray(images))
         self._labels = torch.from_numpy(np.ascontiguousarray(labels))
-        self.num_classes = _check_labels(name, labels, num_classes)
+        self.num_classes = _check_labels(where, labels, num_classes)
         self.class_names = tuple(str(c) for c in class_names) if class_names is not None else None
         if self.class_names is not None and len(self.class_names) != self.num_classes:
-            raise UserError(f"{name}: {len(self.class_names)} class names for "
+            raise UserError(f"{where}: {len(self.class_names)} class names for "
                             f"{self.num_classes} classes")
         self.source_indices = source_indices
         self._set_shape(*images.shape[1:], pad_to=pad_to)
@@ -310,7 +310,7 @@ def load_cifar10(path: str, split: str = "test", *, pad_to=None,
     labels = np.concatenate([p[1] for p in parts])
     class_names = CIFAR10_CLASSES if num_classes == 10 else None
     return ArrayDataset(images, labels, name="cifar10", num_classes=num_classes,
-                        class_names=class_names, pad_to=pad_to)
+                        class_names=class_names, pad_to=pad_to, where=root)
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,6 +325,8 @@ class ImageFolderDataset(ImageDataset):
         self.root = root
         self.name = name
         self.resize, self.crop = resize, crop
+        if crop is not None and resize is not None and crop > resize:
+            raise UserError(f"crop={crop} is larger than resize={resize}; crop must fit")
         classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
         if not classes:
             raise UserError(f"{root}: no class subfolders; give a folder like val/ with one "
@@ -346,8 +348,6 @@ class ImageFolderDataset(ImageDataset):
         if self.num_classes < len(classes):
             raise UserError(f"{root}: {len(classes)} class folders but num_classes="
                             f"{self.num_classes}")
-        if crop is not None and resize is not None and crop > resize:
-            raise UserError(f"crop={crop} is larger than resize={resize}; crop must fit")
         self._native_hw = (crop, crop) if crop is not None else None
         if self._native_hw is None:
             self._load(0)        # uncropped: the first image fixes the size
@@ -422,7 +422,7 @@ def load_imagenet(path: str, split: str = "test", *, resize: int | None = 256,
 
 
 def _to_nchw(images: np.ndarray, where: str, layout: str | None) -> np.ndarray:
-    """Bring N,H,W / N,H,W,C / N,C,H,W images to N,C,H,W; refuse ambiguous shapes."""
+    """Bring N,H,W / N,H,W,C / N,C,H,W images to N,C,H,W (C is 1 or 3 unless `layout` says)."""
     if images.ndim == 3:
         if layout not in (None, "nhw"):
             raise UserError(f"{where}: images are 3-D {list(images.shape)}; layout must be 'nhw'")
@@ -431,7 +431,7 @@ def _to_nchw(images: np.ndarray, where: str, layout: str | None) -> np.ndarray:
         raise UserError(f"{where}: images must be N,H,W or N,H,W,C or N,C,H,W "
                         f"(got shape {list(images.shape)})")
     if layout is None:
-        first, last = images.shape[1] <= 4, images.shape[3] <= 4
+        first, last = images.shape[1] in (1, 3), images.shape[3] in (1, 3)
         if first == last:
             raise UserError(f"{where}: cannot tell channels from shape {list(images.shape)}; "
                             "pass layout='nhwc' or layout='nchw'")
@@ -469,7 +469,8 @@ def arrays_to_dataset(images: np.ndarray, labels: np.ndarray, *, name: str, wher
         raise UserError(f"{where}: {images.shape[0]} images but labels have shape "
                         f"{list(labels.shape)}; give one integer label per image")
     return ArrayDataset(images, labels, name=name, num_classes=num_classes,
-                        class_names=class_names, pad_to=pad_to, source_indices=source_indices)
+                        class_names=class_names, pad_to=pad_to, source_indices=source_indices,
+                        where=where)
 
 
 def _read_npz(source, where: str) -> dict[str, np.ndarray]:
@@ -599,7 +600,7 @@ def load_idx(path: str, split: str = "test", *, pad_to=32, num_classes: int | No
     class_names = FASHION_MNIST_CLASSES if "fashion" in base.lower() and num_classes == 10 \
         else None
     return ArrayDataset(images[:, None], labels, name=name or base, num_classes=num_classes,
-                        class_names=class_names, pad_to=pad_to)
+                        class_names=class_names, pad_to=pad_to, where=path)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,146 @@
+"""Pipeline behaviour with small stand-in modules: batch-size independence, method wiring,
+fixed vs fresh local noise, NaN detection, one-shot denoising formula."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.denoise import DiffusionDenoiser
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.pipeline import MonteCarloPipeline, NonFiniteScores
+from diffsmooth.engine.schedule import DiffusionSchedule
+from diffsmooth.engine.smooth import Smooth
+
+SHAPE = (1, 8, 8)
+
+
+class ToyEps(nn.Module):
+    """A stand-in noise predictor with learned-sigma output (2C channels)."""
+
+    def __init__(self, channels=1):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(channels, 2 * channels, 3, padding=1)
+        self.seen_t = None
+
+    def forward(self, x, t):
+        self.seen_t = t
+        return self.conv(x) * 0.1
+
+
+def toy_classifier(classes=4):
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, classes))
+
+
+def make_smooth(method, sigma=0.5, m=3, local_noise="fixed", seed=0, classes=4):
+    denoiser = DiffusionDenoiser(ToyEps(), DiffusionSchedule("cosine", 4000, True), channels=1)
+    config = MethodConfig(method, sigma, m=m, local_sigma=0.25, local_noise=local_noise)
+    stages = build_torch_stages(config, toy_classifier(classes), denoiser, TorchBackend(), SHAPE, classes)
+    return Smooth(MonteCarloPipeline(stages, sigma, seed))
+
+
+def image():
+    return torch.linspace(0, 1, 64).view(*SHAPE)
+
+
+@pytest.mark.parametrize("method,mode", [("rs", "fixed"), ("dds", "fixed"), ("diffsmooth", "fixed"),
+                                         ("diffsmooth", "fresh")])
+def test_counts_do_not_depend_on_batch_size(method, mode):
+    smooth = make_smooth(method, local_noise=mode)
+    a = smooth.pipeline.count(image(), 4, 0, 200, batch=7)
+    b = smooth.pipeline.count(image(), 4, 0, 200, batch=200)
+    assert a.sum() == 200 and np.array_equal(a, b)
+
+
+def test_counts_depend_on_seed_and_image_index():
+    smooth = make_smooth("rs", sigma=1.0)
+    a = smooth.pipeline.count(image(), 0, 0, 400, 100)
+    assert not np.array_equal(a, smooth.pipeline.count(image(), 1, 0, 400, 100))
+    other = make_smooth("rs", sigma=1.0, seed=9)
+    assert not np.array_equal(a, other.pipeline.count(image(), 0, 0, 400, 100))
+
+
+def test_one_shot_denoise_formula():
+    unet = ToyEps()
+    schedule = DiffusionSchedule("cosine", 4000, True)
+    den = DiffusionDenoiser(unet, schedule, channels=1)
+    x_rs = torch.rand(2, *SHAPE)
+    out = den.denoise(x_rs, 0.5)
+    c = schedule.coefficients(0.5)
+    x_t = c.sqrt_abar * (2 * x_rs - 1)
+    eps = unet.conv(x_t)[:, :1] * 0.1
+    expected = ((c.sqrt_recip_abar * x_t - c.sqrt_recipm1_abar * eps).clamp(-1, 1) + 1) / 2
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert unet.seen_t.dtype == torch.float32 and float(unet.seen_t[0]) == 496.0
+    assert den.timestep(0.5) == 1984
+    assert out.min() >= 0 and out.max() <= 1
+
+
+def test_diffsmooth_m_local_noises_in_one_classifier_call():
+    calls = []
+    classifier = toy_classifier()
+    classifier.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape[0]))
+    denoiser = DiffusionDenoiser(ToyEps(), DiffusionSchedule("cosine", 4000, True), channels=1)
+    config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
+    stages = build_torch_stages(config, classifier, denoiser, TorchBackend(), SHAPE, 4)
+    calls.clear()
+    MonteCarloPipeline(stages, 0.5).count(image(), 0, 0, 30, batch=10)
+    assert calls == [50, 50, 50]       # B x m images per call, no Python loop over m
+
+
+def test_fixed_and_fresh_local_noise_differ_but_both_valid():
+    a = make_smooth("diffsmooth", local_noise="fixed").pipeline.count(image(), 0, 0, 300, 100)
+    b = make_smooth("diffsmooth", local_noise="fresh").pipeline.count(image(), 0, 0, 300, 100)
+    assert a.sum() == b.sum() == 300
+
+
+def test_certify_and_predict_run():
+    smooth = make_smooth("diffsmooth")
+    pred, radius = smooth.certify(image(), n0=20, n=200, alpha=0.001, batch=64, image_index=2)
+    assert pred == Smooth.ABSTAIN and radius == 0.0 or 0 <= pred < 4 and radius > 0
+    assert smooth.predict(image(), n=100, alpha=0.001, batch=64) in (-1, 0, 1, 2, 3)
+
+
+def test_constant_classifier_gets_maximal_radius():
+    class Constant(nn.Module):
+        def forward(self, x):
+            out = torch.zeros(x.shape[0], 3)
+            out[:, 2] = 1.0
+            return out
+    config = MethodConfig("rs", 0.25)
+    stages = build_torch_stages(config, Constant(), None, TorchBackend(), SHAPE, 3)
+    pred, radius = Smooth(MonteCarloPipeline(stages, 0.25)).certify(image(), 10, 1000, 0.001, 256)
+    from diffsmooth.engine.certification import max_certifiable_radius
+    assert pred == 2 and radius == pytest.approx(max_certifiable_radius(1000, 0.001, 0.25))
+
+
+def test_nan_scores_stop_the_image():
+    class NaNClassifier(nn.Module):
+        def forward(self, x):
+            return torch.full((x.shape[0], 3), float("nan"))
+    stages = build_torch_stages(MethodConfig("rs", 0.5), NaNClassifier(), None, TorchBackend(), SHAPE, None)
+    with pytest.raises(NonFiniteScores, match="NaN/Inf"):
+        MonteCarloPipeline(stages, 0.5).count(image(), 0, 0, 10, 5)
+
+
+def test_bad_shapes_and_parameters_are_user_errors():
+    with pytest.raises(UserError, match="cannot take images of shape"):
+        build_torch_stages(MethodConfig("rs", 0.5), toy_classifier(), None, TorchBackend(), (3, 8, 8), 4)
+    with pytest.raises(UserError, match="classifier outputs 4 classes but the data has 10"):
+        build_torch_stages(MethodConfig("rs", 0.5), toy_classifier(), None, TorchBackend(), SHAPE, 10)
+    for kwargs, msg in (({"sigma": 0}, "sigma must be > 0"), ({"m": 0}, "m \\(local noises\\)"),
+                        ({"local_sigma": -0.1}, "local sigma"), ({"local_noise": "x"}, "local noise")):
+        args = dict(method="diffsmooth", sigma=0.5)
+        args.update(kwargs)
+        with pytest.raises(UserError, match=msg):
+            MethodConfig(**args)
+    smooth = make_smooth("rs")
+    for kwargs, msg in (({"n0": 0}, "n0"), ({"n": 0}, "n must"), ({"alpha": 1.0}, "alpha"), ({"batch": 0}, "batch")):
+        args = dict(n0=1, n=10, alpha=0.001, batch=5)
+        args.update(kwargs)
+        with pytest.raises(UserError, match=msg):
+            smooth.certify(image(), **args)
