@@ -73,8 +73,9 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     local_shape = (config.m, *image_shape) if getattr(head, "takes_noise", False) else None
     stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
     stages.num_classes = probe(stages, image_shape)
-    if num_classes is not None and stages.num_classes != num_classes:
-        raise UserError(f"the classifier outputs {stages.num_classes} classes but the data has {num_classes}")
+    if num_classes is not None and num_classes > stages.num_classes:
+        raise UserError(f"the data has labels up to {num_classes - 1} but the classifier scores only "
+                        f"{stages.num_classes} classes")
     return stages
 
 

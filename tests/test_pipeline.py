@@ -130,7 +130,7 @@ def test_nan_scores_stop_the_image():
 def test_bad_shapes_and_parameters_are_user_errors():
     with pytest.raises(UserError, match="cannot take images of shape"):
         build_torch_stages(MethodConfig("rs", 0.5), toy_classifier(), None, TorchBackend(), (3, 8, 8), 4)
-    with pytest.raises(UserError, match="classifier outputs 4 classes but the data has 10"):
+    with pytest.raises(UserError, match="labels up to 9 but the classifier scores only 4"):
         build_torch_stages(MethodConfig("rs", 0.5), toy_classifier(), None, TorchBackend(), SHAPE, 10)
     for kwargs, msg in (({"sigma": 0}, "sigma must be > 0"), ({"m": 0}, "m \\(local noises\\)"),
                         ({"local_sigma": -0.1}, "local sigma"), ({"local_noise": "x"}, "local noise")):

@@ -19,6 +19,7 @@ __all__ = [
     "BasicBlock",
     "Bottleneck",
     "CifarResNet",
+    "GlobalAvgPool",
     "ResNet50",
     "cifar_resnet20",
     "cifar_resnet110",
@@ -115,10 +116,24 @@ def _init_weights(model: nn.Module) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+class GlobalAvgPool(nn.Module):
+    """Average over the whole feature map, to [B, C, 1, 1] (accepts any input size).
+
+    Eagerly it is avg_pool2d with a kernel the size of the map: bit-identical to Cohen's
+    AvgPool2d(8) at 32x32 inputs (adaptive pooling differs in the last bits on CPU); traced or
+    exported it is adaptive pooling, which becomes ONNX GlobalAveragePool for any size.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            return F.adaptive_avg_pool2d(x, 1)
+        return F.avg_pool2d(x, kernel_size=(int(x.shape[-2]), int(x.shape[-1])))
+
+
 class CifarResNet(nn.Module):
     """Cohen et al.'s CIFAR ResNet (depth 6n+2, widths 16/32/64, BasicBlocks, global average pool).
 
-    Adaptive pooling to 1x1 equals the original AvgPool2d(8) at 32x32 and also accepts other sizes.
+    The global pool equals the original AvgPool2d(8) at 32x32 and also accepts other sizes (28x28, ...).
     """
 
     def __init__(self, depth: int, num_classes: int = 10, in_channels: int = 3):
@@ -131,7 +146,7 @@ class CifarResNet(nn.Module):
         self.layer1 = _stage(BasicBlock, 16, 16, n, 1)
         self.layer2 = _stage(BasicBlock, 16, 32, n, 2)
         self.layer3 = _stage(BasicBlock, 32, 64, n, 2)
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.avgpool = GlobalAvgPool()
         self.fc = nn.Linear(64, num_classes)
         _init_weights(self)
 

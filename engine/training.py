@@ -1,0 +1,488 @@
+"""Training of the embedded demo models: a one-channel DDPM denoiser and Gaussian-augmented classifiers.
+
+Everything runs on CPU with fixed seeds and fixed step counts (never time budgets), so the same
+command on the same software gives the same weights; `train_demo` writes the checkpoints in the
+official formats plus a `MODELS.json` manifest recording how they were made and how well they do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .denoise import PRESET_SCHEDULES, DiffusionDenoiser
+from .errors import UserError
+from .models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
+from .models.unet import UNetConfig, UNetModel, unet_config
+from .schedule import DiffusionSchedule
+
+DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
+CLASSIFIER_ARCH = "cifar_resnet20"
+CLASSIFIER_SIGMAS = (0.0, 0.25, 0.5)
+DENOISE_EVAL_SIGMAS = (0.25, 0.5)
+EVAL_NOISE_SEED = 20230  # seed of every evaluation noise tensor (see seeded_noise)
+IDX_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+
+# Timesteps the one-shot denoiser is used at: t* for sigma 0.12 .. 1.0 is 573 .. 2809 (FACTS §1).
+# Training draws t uniformly from FOCUS_RANGE with probability FOCUS_PROB, else uniformly from
+# the whole schedule, so the small budget goes where inference happens while the model stays a
+# DDPM over all of [0, T).
+FOCUS_RANGE = (500, 2900)
+FOCUS_PROB = 0.8
+
+
+@dataclass
+class TrainResult:
+    """A trained model with its per-step losses and bookkeeping for the manifest."""
+
+    model: torch.nn.Module
+    losses: list[float]
+    steps: int
+    batch_size: int
+    wall_time_s: float
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def final_loss(self) -> float:
+        """Mean training loss over the last 10% of steps (at least the last one)."""
+        k = max(1, len(self.losses) // 10)
+        return float(np.mean(self.losses[-k:]))
+
+
+def _set_threads(threads: Optional[int]) -> int:
+    """Use `threads` intra-op threads (default: all cores this process may use)."""
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(int(threads))
+    return int(threads)
+
+
+def _warmup_cosine(step: int, total: int, warmup: int, floor: float = 0.0) -> float:
+    """LR multiplier: linear warmup over `warmup` steps, then cosine decay from 1 to `floor`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _random_flip(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Horizontally flip each image with probability 1/2 (drawn from `gen`)."""
+    flip = torch.rand(x.shape[0], generator=gen) < 0.5
+    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+
+
+def _batches(n: int, batch_size: int, steps: int, gen: torch.Generator):
+    """Yield `steps` index batches: successive random permutations of range(n), no short batches."""
+    batch_size = min(batch_size, n)
+    perm, pos = torch.randperm(n, generator=gen), 0
+    for _ in range(steps):
+        if pos + batch_size > n:
+            perm, pos = torch.randperm(n, generator=gen), 0
+        yield perm[pos:pos + batch_size]
+        pos += batch_size
+
+
+def _check_images(images: torch.Tensor, what: str) -> None:
+    if images.dim() != 4 or images.dtype != torch.float32:
+        raise UserError(f"{what}: expected float32 images [N,C,H,W] in [0,1], got "
+                        f"{images.dtype} {tuple(images.shape)}")
+    if images.shape[0] < 1:
+        raise UserError(f"{what}: no training images")
+
+
+# --------------------------------------------------------------------------------------------
+# Denoiser
+
+
+def sample_timesteps(batch: int, num_steps: int, gen: torch.Generator,
+                     focus: tuple[int, int] = FOCUS_RANGE, focus_prob: float = FOCUS_PROB) -> torch.Tensor:
+    """Integer timesteps: uniform in `focus` (clipped to the schedule) w.p. focus_prob, else uniform in [0, T)."""
+    lo, hi = max(0, min(focus[0], num_steps - 1)), max(1, min(focus[1], num_steps))
+    if hi <= lo:
+        lo, hi = 0, num_steps
+    in_focus = torch.randint(lo, hi, (batch,), generator=gen)
+    anywhere = torch.randint(0, num_steps, (batch,), generator=gen)
+    pick = torch.rand(batch, generator=gen) < focus_prob
+    return torch.where(pick, in_focus, anywhere)
+
+
+def train_denoiser(images: torch.Tensor, *, config: UNetConfig | str = "demo",
+                   schedule: DiffusionSchedule = PRESET_SCHEDULES["demo"], steps: int = 1000,
+                   batch_size: int = 128, lr: float = 2e-3, weight_decay: float = 0.0,
+                   warmup: int = 50, ema_decay: float = 0.995, grad_clip: float = 1.0,
+                   focus: tuple[int, int] = FOCUS_RANGE, focus_prob: float = FOCUS_PROB,
+                   flip: bool = True, seed: int = 0, progress: bool = True) -> TrainResult:
+    """Train a noise-predicting UNet as a DDPM (MSE on eps) on [0,1] images; returns the EMA weights.
+
+    Images are mapped to [-1,1] (2x-1) and the UNet is fed t*1000/T when the schedule rescales,
+    exactly what one-shot denoising feeds it. AdamW, warmup + cosine LR, EMA with warmup
+    (decay min(ema_decay, (1+n)/(10+n))).
+    """
+    _check_images(images, "train_denoiser")
+    cfg = unet_config(config) if isinstance(config, str) else config
+    if images.shape[1] != cfg.in_channels:
+        raise UserError(f"train_denoiser: images have {images.shape[1]} channels, the UNet takes {cfg.in_channels}")
+    torch.manual_seed(seed)                       # weight init and dropout
+    gen = torch.Generator().manual_seed(seed)     # data order, flips, t and eps
+    model = UNetModel(cfg).train()
+    ema = UNetModel(cfg).eval()
+    ema.load_state_dict(model.state_dict())
+    for p in ema.parameters():
+        p.requires_grad_(False)
+    abar = torch.from_numpy(schedule.alphas_cumprod).float()
+    t_scale = 1000.0 / schedule.num_steps if schedule.rescale_timesteps else 1.0
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: _warmup_cosine(s, steps, min(warmup, max(1, steps // 5)), floor=0.05))
+    losses: list[float] = []
+    start = time.perf_counter()
+    bar = tqdm(_batches(images.shape[0], batch_size, steps, gen), total=steps, disable=not progress,
+               desc="denoiser", unit="step", mininterval=5.0, dynamic_ncols=True)
+    for n, idx in enumerate(bar):
+        x = images[idx]
+        if flip:
+            x = _random_flip(x, gen)
+        x0 = 2.0 * x - 1.0
+        t = sample_timesteps(x0.shape[0], schedule.num_steps, gen, focus, focus_prob)
+        eps = torch.randn(x0.shape, generator=gen)
+        a = abar[t][:, None, None, None]
+        x_t = a.sqrt() * x0 + (1.0 - a).sqrt() * eps
+        loss = F.mse_loss(model(x_t, t.float() * t_scale), eps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        sched.step()
+        decay = min(ema_decay, (1.0 + n) / (10.0 + n))
+        with torch.no_grad():
+            for pe, pm in zip(ema.parameters(), model.parameters()):
+                pe.lerp_(pm, 1.0 - decay)
+            for be, bm in zip(ema.buffers(), model.buffers()):
+                be.copy_(bm)
+        losses.append(loss.item())
+        if n % 10 == 0:
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+    bar.close()
+    wall = time.perf_counter() - start
+    settings = dict(optimizer="AdamW", lr=lr, weight_decay=weight_decay,
+                    lr_schedule=f"linear warmup {min(warmup, max(1, steps // 5))} steps, cosine to 5%",
+                    ema_decay=ema_decay, ema_warmup="decay = min(ema_decay, (1+n)/(10+n))",
+                    grad_clip=grad_clip, loss="MSE between predicted and true eps",
+                    data_range="x0 = 2*x - 1 in [-1, 1]", random_flip=flip,
+                    timestep_input=f"t * {t_scale:g}",
+                    timestep_sampling=(f"uniform integer t in [{focus[0]}, {focus[1]}) with probability "
+                                       f"{focus_prob:g}, else uniform in [0, {schedule.num_steps}); "
+                                       "covers t* for sigma 0.12..1.0 (573..2809)"),
+                    schedule=dict(name=schedule.name, num_steps=schedule.num_steps,
+                                  rescale_timesteps=schedule.rescale_timesteps),
+                    seed=seed)
+    return TrainResult(ema, losses, steps, min(batch_size, images.shape[0]), wall, settings)
+
+
+# --------------------------------------------------------------------------------------------
+# Classifiers
+
+
+def train_classifier(images: torch.Tensor, labels: torch.Tensor, noise_sigma: float, *,
+                     epochs: float = 3, steps: Optional[int] = None, batch_size: int = 128,
+                     lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 5e-4,
+                     warmup_fraction: float = 0.1, flip: bool = True, seed: int = 0,
+                     arch: str = CLASSIFIER_ARCH, num_classes: int = 10,
+                     stats: str = "fashion-mnist", progress: bool = True) -> TrainResult:
+    """Train Sequential(normalize, net) on x + noise_sigma*N(0,I) (Cohen et al.; no clamping).
+
+    SGD with momentum, warmup + cosine LR, optional horizontal flips; `steps` overrides `epochs`.
+    """
+    _check_images(images, "train_classifier")
+    if noise_sigma < 0:
+        raise UserError(f"train_classifier: noise_sigma must be >= 0, got {noise_sigma}")
+    n = images.shape[0]
+    batch_size = min(batch_size, n)
+    if steps is None:
+        steps = max(1, int(round(epochs * (n // batch_size))))
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model = NormalizedClassifier(normalization_layer("normalize", stats),
+                                 build_classifier_net(arch, num_classes, images.shape[1])).train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    warmup = max(1, int(round(warmup_fraction * steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _warmup_cosine(s, steps, warmup))
+    losses: list[float] = []
+    correct = seen = 0
+    start = time.perf_counter()
+    bar = tqdm(_batches(n, batch_size, steps, gen), total=steps, disable=not progress,
+               desc=f"classifier s{noise_sigma:.2f}", unit="step", mininterval=5.0, dynamic_ncols=True)
+    for k, idx in enumerate(bar):
+        x, y = images[idx], labels[idx]
+        if flip:
+            x = _random_flip(x, gen)
+        if noise_sigma > 0:
+            x = x + noise_sigma * torch.randn(x.shape, generator=gen)
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        correct += int((logits.argmax(1) == y).sum())
+        seen += len(y)
+        if k % 10 == 0:
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", acc=f"{correct / seen:.3f}")
+            correct = seen = 0
+    bar.close()
+    wall = time.perf_counter() - start
+    model.eval()
+    settings = dict(arch=arch, normalization=f"normalize ({stats} mean/std)", noise_sigma=noise_sigma,
+                    augmentation=f"x + {noise_sigma:g} * N(0, I), no clamping"
+                                 + (", random horizontal flip" if flip else ""),
+                    optimizer="SGD", lr=lr, momentum=momentum, weight_decay=weight_decay,
+                    lr_schedule=f"linear warmup {warmup} steps, cosine to 0",
+                    epochs=round(steps * batch_size / n, 4), seed=seed)
+    return TrainResult(model, losses, steps, batch_size, wall, settings)
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation (the manifest's numbers; a test recomputes the embedded-subset ones)
+
+
+def seeded_noise(shape: Sequence[int], seed: int = EVAL_NOISE_SEED) -> torch.Tensor:
+    """The evaluation noise: torch.randn(shape, generator=torch.Generator().manual_seed(seed)), float32."""
+    return torch.randn(tuple(shape), generator=torch.Generator().manual_seed(int(seed)))
+
+
+@torch.inference_mode()
+def classifier_accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                        noise_sigma: float = 0.0, seed: int = EVAL_NOISE_SEED,
+                        batch_size: int = 500) -> float:
+    """Top-1 accuracy on images + noise_sigma * seeded_noise(images.shape, seed) (no clamping)."""
+    model.eval()
+    x_all = images + noise_sigma * seeded_noise(images.shape, seed) if noise_sigma > 0 else images
+    correct = 0
+    for i in range(0, images.shape[0], batch_size):
+        correct += int((model(x_all[i:i + batch_size]).argmax(1) == labels[i:i + batch_size]).sum())
+    return correct / images.shape[0]
+
+
+@torch.inference_mode()
+def one_shot_denoise(denoiser: DiffusionDenoiser, images: torch.Tensor, sigma: float,
+                     seed: int = EVAL_NOISE_SEED, batch_size: int = 250) -> tuple[torch.Tensor, torch.Tensor]:
+    """(noisy, denoised): noisy = images + sigma * seeded_noise(images.shape, seed); denoised in [0,1]."""
+    noisy = images + sigma * seeded_noise(images.shape, seed)
+    out = torch.cat([denoiser.denoise(noisy[i:i + batch_size], sigma)
+                     for i in range(0, images.shape[0], batch_size)])
+    return noisy, out
+
+
+def mse(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Mean squared difference over all pixels, in the images' [0,1] units."""
+    return float(((a.double() - b.double()) ** 2).mean())
+
+
+# --------------------------------------------------------------------------------------------
+# The whole demo
+
+
+@dataclass(frozen=True)
+class DemoBudget:
+    """Step counts and batch sizes of one `train_demo` run (fixed numbers, not time limits)."""
+
+    unet_steps: int = 1000
+    unet_batch_size: int = 128
+    classifier_epochs: float = 3.0
+    classifier_steps: Optional[int] = None  # overrides classifier_epochs when given
+    classifier_batch_size: int = 128
+    train_limit: Optional[int] = None   # use only the first N training images (smoke tests)
+    test_limit: Optional[int] = None    # evaluate on only the first N test images (smoke tests)
+
+
+QUICK_BUDGET = DemoBudget(unet_steps=3, unet_batch_size=16, classifier_steps=3,
+                          classifier_batch_size=16, train_limit=256, test_limit=200)
+
+
+def sha256_file(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _idx_hashes(data_dir: str) -> dict[str, str]:
+    """sha256 of the four Fashion-MNIST IDX files (raw or .gz, whichever is present)."""
+    from .data import _find_idx
+    out = {}
+    for prefix, kind in (("train", "images-idx3"), ("train", "labels-idx1"),
+                         ("t10k", "images-idx3"), ("t10k", "labels-idx1")):
+        p = _find_idx(data_dir, prefix, kind)
+        out[os.path.basename(p)] = sha256_file(p)
+    return out
+
+
+def _load_split(data_dir: str, split: str, limit: Optional[int]):
+    from .data import load_arrays, load_dataset
+    ds = load_dataset("idx", data_dir, split=split)
+    idx = None if limit is None else list(range(min(limit, len(ds))))
+    return load_arrays(ds, idx)
+
+
+def classifier_file(noise_sigma: float) -> str:
+    return f"demo_classifier_s{noise_sigma:.2f}.pt"
+
+
+def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
+               budget: DemoBudget = DemoBudget(), threads: Optional[int] = None,
+               command: Optional[str] = None, progress: bool = True,
+               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+    """Train the demo UNet and the three classifiers, write them and MODELS.json into out_dir.
+
+    Seeds: UNet `seed`, classifier at sigma s `seed + 1 + i` (i = index of s in 0, 0.25, 0.5).
+    Returns the manifest (also written as out_dir/MODELS.json).
+    """
+    from .checkpoints import load_classifier, load_unet, save_cohen_checkpoint, save_unet_state
+    from .data import load_arrays, load_dataset
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    threads = _set_threads(threads)
+    t_all = time.perf_counter()
+    log(f"train-demo: data {data_dir}, out {out}, seed {seed}, {threads} threads, {budget}")
+    hashes = _idx_hashes(data_dir)
+    x_train, y_train = _load_split(data_dir, "train", budget.train_limit)
+    x_test, y_test = _load_split(data_dir, "test", budget.test_limit)
+    sub = load_dataset("embedded")
+    x_sub, y_sub = load_arrays(sub)
+    log(f"train {tuple(x_train.shape)}, test {tuple(x_test.shape)}, embedded {tuple(x_sub.shape)}")
+
+    models: dict[str, dict] = {}
+    schedule = PRESET_SCHEDULES["demo"]
+
+    # -- denoiser
+    res = train_denoiser(x_train, config="demo", schedule=schedule, steps=budget.unet_steps,
+                         batch_size=budget.unet_batch_size, seed=seed, progress=progress)
+    unet_path = out / "demo_unet.pt"
+    save_unet_state(unet_path, res.model)
+    log(f"denoiser: {res.steps} steps in {res.wall_time_s:.0f} s, final loss {res.final_loss:.4f}")
+    models["demo_unet.pt"] = dict(
+        kind="denoiser", format="plain UNet state dict (improved-diffusion layout), EMA weights",
+        preset="demo", config=dataclasses.asdict(unet_config("demo")),
+        parameters=sum(p.numel() for p in res.model.parameters()),
+        training=dict(res.settings, steps=res.steps, batch_size=res.batch_size,
+                      epochs=round(res.steps * res.batch_size / x_train.shape[0], 4),
+                      final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
+
+    # -- classifiers
+    for i, s in enumerate(CLASSIFIER_SIGMAS):
+        res_c = train_classifier(x_train, y_train, s, epochs=budget.classifier_epochs,
+                                 steps=budget.classifier_steps,
+                                 batch_size=budget.classifier_batch_size, seed=seed + 1 + i,
+                                 progress=progress)
+        path = out / classifier_file(s)
+        save_cohen_checkpoint(path, res_c.model, CLASSIFIER_ARCH, epoch=int(math.ceil(
+            res_c.settings["epochs"])), noise_sd=s, dataset="fashion-mnist", normalization="normalize")
+        log(f"classifier s{s:.2f}: {res_c.steps} steps in {res_c.wall_time_s:.0f} s, "
+            f"final loss {res_c.final_loss:.4f}")
+        models[classifier_file(s)] = dict(
+            kind="classifier", arch=CLASSIFIER_ARCH, noise_sigma=s, num_classes=10, in_channels=1,
+            dataset_stats="fashion-mnist", normalization="normalize",
+            format="Cohen-style dict {'arch', 'state_dict' (keys '1.'), 'epoch', 'noise_sd', ...}",
+            parameters=sum(p.numel() for p in res_c.model.parameters()),
+            training=dict(res_c.settings, steps=res_c.steps, batch_size=res_c.batch_size,
+                          final_train_loss=res_c.final_loss, wall_time_s=round(res_c.wall_time_s, 1)))
+
+    # -- evaluation, with the models read back through the project's loaders
+    log("evaluating ...")
+    t_eval = time.perf_counter()
+    classifiers = {s: load_classifier(out / classifier_file(s), dataset="fashion-mnist")
+                   for s in CLASSIFIER_SIGMAS}
+    for s, clf in classifiers.items():
+        models[classifier_file(s)]["metrics"] = dict(
+            test_clean_accuracy=classifier_accuracy(clf, x_test, y_test),
+            test_noisy_accuracy=classifier_accuracy(clf, x_test, y_test, s) if s > 0 else None,
+            embedded_clean_accuracy=classifier_accuracy(clf, x_sub, y_sub),
+            embedded_noisy_accuracy=classifier_accuracy(clf, x_sub, y_sub, s) if s > 0 else None)
+        log(f"classifier s{s:.2f}: {models[classifier_file(s)]['metrics']}")
+    denoiser = DiffusionDenoiser(load_unet(unet_path, "demo"), schedule)
+    dmetrics = {}
+    for s in DENOISE_EVAL_SIGMAS:
+        noisy, den = one_shot_denoise(denoiser, x_sub, s)
+        t_noisy, t_den = one_shot_denoise(denoiser, x_test, s)
+        dmetrics[f"{s:.2f}"] = dict(
+            t_star=schedule.timestep(s), model_timestep=schedule.coefficients(s).model_timestep,
+            embedded_denoised_mse=mse(den, x_sub), embedded_noisy_mse=mse(noisy, x_sub),
+            embedded_dds_accuracy_s0_00=classifier_accuracy(classifiers[0.0], den, y_sub),
+            embedded_noisy_accuracy_s0_00=classifier_accuracy(classifiers[0.0], noisy, y_sub),
+            test_denoised_mse=mse(t_den, x_test), test_noisy_mse=mse(t_noisy, x_test),
+            test_dds_accuracy_s0_00=classifier_accuracy(classifiers[0.0], t_den, y_test))
+        log(f"denoiser sigma {s}: {dmetrics[f'{s:.2f}']}")
+    models["demo_unet.pt"]["metrics"] = dmetrics
+    eval_wall = time.perf_counter() - t_eval
+
+    for name in models:
+        models[name]["file_bytes"] = (out / name).stat().st_size
+        models[name]["sha256"] = sha256_file(out / name)
+    manifest = dict(
+        description=("Embedded demo models of diffsmooth-engine: a 1-channel diffusion UNet (preset "
+                     "'demo', cosine schedule T=4000, rescaled timesteps) and cifar_resnet20 classifiers "
+                     "trained with Gaussian augmentation at sigma 0, 0.25, 0.5, on Fashion-MNIST "
+                     "(60k train images, 28x28 zero-padded to 32x32, [0,1])."),
+        command=command or shlex.join([sys.executable] + sys.argv),
+        equivalent_command=_equivalent_command(data_dir, out, seed, budget, threads),
+        seed=seed,
+        seeds={"demo_unet.pt": seed, **{classifier_file(s): seed + 1 + i
+                                        for i, s in enumerate(CLASSIFIER_SIGMAS)}},
+        budget=dataclasses.asdict(budget),
+        data=dict(directory=str(data_dir), sha256=hashes, train_images=int(x_train.shape[0]),
+                  test_images=int(x_test.shape[0]),
+                  preprocessing="uint8/255, zero-pad 28x28 -> 32x32 (load_dataset('idx', dir, split))",
+                  embedded_subset="load_dataset('embedded'): 500 test images, first 50 per class"),
+        evaluation=dict(
+            noise=("noisy = images + sigma * torch.randn(images.shape, generator="
+                   f"torch.Generator().manual_seed({EVAL_NOISE_SEED})) on the whole [N,1,32,32] "
+                   "set at once, no clamping (training.seeded_noise); the same seed for every sigma"),
+            noise_seed=EVAL_NOISE_SEED,
+            accuracy="top-1 of the checkpoint loaded with load_classifier(path, dataset='fashion-mnist')",
+            denoise=("DiffusionDenoiser(load_unet(path, 'demo'), PRESET_SCHEDULES['demo']).denoise(noisy, "
+                     "sigma); MSE = mean over all pixels of (denoised - clean)^2 in [0,1] units"),
+            dds_accuracy="s0.00 classifier on the one-shot-denoised images (one sample of DDS)",
+            wall_time_s=round(eval_wall, 1)),
+        software=dict(python=platform.python_version(), torch=torch.__version__,
+                      numpy=np.__version__, threads=threads, machine=platform.machine()),
+        total_wall_time_s=round(time.perf_counter() - t_all, 1),
+        models=models)
+    with open(out / "MODELS.json", "w") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
+    log(f"wrote {out / 'MODELS.json'} ({manifest['total_wall_time_s']:.0f} s in all)")
+    return manifest
+
+
+def _equivalent_command(data_dir, out, seed: int, budget: DemoBudget, threads: int) -> str:
+    """The `diffsmooth train-demo` command line that reproduces this run."""
+    args = ["diffsmooth", "train-demo", "--data", str(data_dir), "--out", str(out), "--seed", str(seed),
+            "--unet-steps", str(budget.unet_steps), "--unet-batch-size", str(budget.unet_batch_size),
+            "--classifier-epochs", f"{budget.classifier_epochs:g}",
+            *(["--classifier-steps", str(budget.classifier_steps)] if budget.classifier_steps else []),
+            "--classifier-batch-size", str(budget.classifier_batch_size), "--threads", str(threads)]
+    if budget.train_limit is not None:
+        args += ["--train-limit", str(budget.train_limit)]
+    if budget.test_limit is not None:
+        args += ["--test-limit", str(budget.test_limit)]
+    return shlex.join(args)

@@ -1,0 +1,183 @@
+"""Small ONNX graph passes used after torch.onnx.export: constant folding (the legacy exporter
+leaves e.g. the constant timestep embedding's Cos/Sin/Gemm in the graph), dead-node removal,
+type inference that also works for graphs over 2 GiB, and structural checks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Dict, List, Set
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from diffsmooth.engine.errors import UserError
+
+# Ops never folded: random or with subgraphs or side effects.
+_NO_FOLD = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+            "Bernoulli", "If", "Loop", "Scan", "SequenceConstruct", "Dropout"}
+_FOLD_LIMIT_BYTES = 256 << 20
+
+
+def initializer_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of all initializer data (what decides whether a model needs external data)."""
+    total = 0
+    for t in model.graph.initializer:
+        if t.HasField("raw_data"):
+            total += len(t.raw_data)
+        else:
+            n = int(np.prod(t.dims)) if len(t.dims) else 1
+            total += n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    return total
+
+
+def constants_to_initializers(model: onnx.ModelProto) -> None:
+    """Turn `Constant` nodes into initializers so that every constant lives in one place."""
+    keep = []
+    graph = model.graph
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.attribute) == 1 \
+                and node.attribute[0].name == "value":
+            t = TensorProto()
+            t.CopyFrom(node.attribute[0].t)
+            t.name = node.output[0]
+            graph.initializer.append(t)
+        else:
+            keep.append(node)
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+def fold_constants(model: onnx.ModelProto) -> int:
+    """Evaluate every node whose inputs are all constants (onnx.reference) and store its outputs
+    as initializers; returns the number of nodes folded. Nodes it cannot evaluate are kept."""
+    from onnx.reference import ReferenceEvaluator
+
+    constants_to_initializers(model)
+    graph = model.graph
+    values: Dict[str, np.ndarray] = {}
+    init_names = {t.name for t in graph.initializer}
+    lazy = {t.name: t for t in graph.initializer}
+    graph_outputs = {o.name for o in graph.output}
+    opset = {o.domain: o.version for o in model.opset_import}
+
+    def value(name):
+        if name not in values:
+            values[name] = numpy_helper.to_array(lazy[name])
+        return values[name]
+
+    keep, new_inits, folded = [], [], 0
+    for node in graph.node:
+        inputs = [i for i in node.input if i]
+        foldable = (node.domain in ("", "ai.onnx") and node.op_type not in _NO_FOLD and inputs
+                    and all(i in init_names for i in inputs)
+                    and not any(o in graph_outputs for o in node.output))
+        if foldable:
+            try:
+                single = onnx.helper.make_model(
+                    onnx.helper.make_graph([node], "fold", [], [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o]),
+                    opset_imports=[onnx.helper.make_opsetid("", opset.get("", 17))])
+                feeds = {i: value(i) for i in inputs}
+                outs = ReferenceEvaluator(single).run(None, feeds)
+                if sum(np.asarray(o).nbytes for o in outs) > _FOLD_LIMIT_BYTES:
+                    raise ValueError("too large to fold")
+            except Exception:  # noqa: BLE001 - anything unevaluable simply stays in the graph
+                keep.append(node)
+                continue
+            for name, out in zip(node.output, outs):
+                if not name:
+                    continue
+                arr = np.asarray(out)
+                values[name] = arr
+                t = numpy_helper.from_array(arr, name)
+                new_inits.append(t)
+                lazy[name] = t
+                init_names.add(name)
+            folded += 1
+        else:
+            keep.append(node)
+    del graph.node[:]
+    graph.node.extend(keep)
+    graph.initializer.extend(new_inits)
+    remove_unused(model)
+    return folded
+
+
+def remove_unused(model: onnx.ModelProto) -> None:
+    """Drop nodes whose outputs nobody uses, then initializers nobody reads."""
+    graph = model.graph
+    needed: Set[str] = {o.name for o in graph.output}
+    kept: List[onnx.NodeProto] = []
+    for node in reversed(list(graph.node)):
+        if any(o in needed for o in node.output if o):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+    kept.reverse()
+    del graph.node[:]
+    graph.node.extend(kept)
+    inits = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    vis = [v for v in graph.value_info if v.name in needed]
+    del graph.value_info[:]
+    graph.value_info.extend(vis)
+
+
+def _skeleton(model: onnx.ModelProto, keep_bytes: int = 1 << 16) -> onnx.ModelProto:
+    """A copy whose large initializers keep only name/dtype/dims (enough for type inference,
+    and under the 2 GiB protobuf limit whatever the model's size)."""
+    sk = onnx.ModelProto()
+    sk.ir_version = model.ir_version
+    sk.opset_import.extend(model.opset_import)
+    g = sk.graph
+    g.name = model.graph.name
+    g.node.extend(model.graph.node)
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    for t in model.graph.initializer:
+        if t.HasField("raw_data") and len(t.raw_data) <= keep_bytes:
+            g.initializer.append(t)
+            continue
+        if not t.HasField("raw_data") and t.data_location != TensorProto.EXTERNAL and \
+                (int(np.prod(t.dims)) if len(t.dims) else 1) <= keep_bytes // 8:
+            g.initializer.append(t)
+            continue
+        s = g.initializer.add()
+        s.name, s.data_type = t.name, t.data_type
+        s.dims.extend(t.dims)
+        s.data_location = TensorProto.EXTERNAL
+        e = s.external_data.add()
+        e.key, e.value = "location", "skeleton-only"
+    return sk
+
+
+def infer_types(model: onnx.ModelProto) -> Dict[str, int]:
+    """Element type of every tensor (graph inputs, initializers, node outputs) by ONNX inference."""
+    inferred = onnx.shape_inference.infer_shapes(_skeleton(model))
+    types: Dict[str, int] = {}
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    for t in model.graph.initializer:
+        types[t.name] = t.data_type
+    return types
+
+
+def op_counts(model: onnx.ModelProto) -> Counter:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def check_structure(model: onnx.ModelProto, opset: int) -> None:
+    """UserError unless the graph uses default-domain opset `opset` and has no Einsum node
+    (TensorRT and several runtimes handle Einsum poorly; the UNet uses batched matmuls)."""
+    versions = {o.domain: o.version for o in model.opset_import}
+    if versions.get("", versions.get("ai.onnx")) != opset:
+        raise UserError(f"exported graph has opset {versions}, expected {opset}")
+    einsum = sum(1 for n in model.graph.node if n.op_type == "Einsum")
+    if einsum:
+        raise UserError(f"exported graph contains {einsum} Einsum node(s); export with batched matmuls instead")
+
+
+def io_types(model: onnx.ModelProto) -> Dict[str, int]:
+    """Element types of the graph's inputs and outputs."""
+    return {v.name: v.type.tensor_type.elem_type for v in list(model.graph.input) + list(model.graph.output)}

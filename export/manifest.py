@@ -1,0 +1,86 @@
+"""The JSON manifest written next to every exported graph: what it computes, where it came from,
+its hashes and its validation results. The ONNX Runtime backend picks graphs by these fields."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, Iterable, Optional
+
+from diffsmooth.engine.backends.onnxruntime_backend import (  # noqa: F401 - re-exported
+    MANIFEST_FORMAT, scan_manifests, sha256_file, verify_hashes)
+from diffsmooth.engine.errors import UserError
+
+MANIFEST_VERSION = 1
+ROLES = ("denoiser", "unet", "classifier")
+
+
+def manifest_path(onnx_path) -> Path:
+    """`x.onnx` -> `x.json`, in the same folder."""
+    p = Path(onnx_path)
+    return p.with_suffix(".json")
+
+
+def package_versions() -> Dict[str, Optional[str]]:
+    """Versions of the packages that shaped the graph (None for one that is not installed)."""
+    from importlib import metadata
+    out = {}
+    for name in ("diffsmooth-engine", "torch", "onnx", "onnxruntime", "onnxruntime-gpu"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def write_manifest(onnx_path, fields: dict) -> Path:
+    """Write the manifest of `onnx_path` atomically (tmp file + rename); returns its path."""
+    path = manifest_path(onnx_path)
+    data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "onnx_file": Path(onnx_path).name}
+    data.update(fields)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_manifest(path) -> dict:
+    """One manifest; UserError if it is not JSON or not ours."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read ONNX manifest {p}: {exc}") from None
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        raise UserError(f"{p} is not a diffsmooth ONNX manifest")
+    return data
+
+
+def update_manifest(onnx_path, **fields) -> Path:
+    """Merge `fields` into an existing manifest (used to record validation results)."""
+    data = read_manifest(manifest_path(onnx_path))
+    data.update(fields)
+    data.pop("format", None), data.pop("version", None), data.pop("onnx_file", None)
+    return write_manifest(onnx_path, data)
+
+
+def file_hashes(onnx_path, external_files: Iterable[str] = ()) -> dict:
+    """sha256 of the graph file and of each external-data file next to it."""
+    p = Path(onnx_path)
+    return {"onnx_sha256": sha256_file(p),
+            "external_data": {name: sha256_file(p.parent / name) for name in external_files}}
+
+
+def describe(manifest: dict) -> str:
+    """One short human line for a manifest (used in error messages that list what is there)."""
+    role = manifest.get("role", "?")
+    shape = "x".join(str(s) for s in manifest.get("image_shape", []))
+    parts = [role, f"sigma={manifest.get('sigma')}"]
+    if role == "classifier":
+        parts.append(f"method={manifest.get('method')}")
+        if manifest.get("method") == "diffsmooth":
+            parts += [f"m={manifest.get('m')}", f"local_sigma={manifest.get('local_sigma')}",
+                      f"local_noise={manifest.get('local_noise')}"]
+    parts += [shape, manifest.get("precision", "?")]
+    return f"{manifest.get('onnx_file', '?')} ({' '.join(str(x) for x in parts)})"

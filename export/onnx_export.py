@@ -1,0 +1,350 @@
+"""Export the denoiser (one sigma), the plain UNet and the classifier head to ONNX (opset 17,
+dynamic batch, no Einsum, fp32 and a mixed-fp16 variant), each with a JSON manifest.
+
+The denoiser graph is OneShotPurifier (x_rs -> x_hat: scaling, UNet at constant t*, x0 formula,
+clamp); the classifier graph is methods.score_module (normalisation, network, fp32 softmax and the
+mean over m for DiffSmooth, or plain logits for rs/dds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import onnx
+import torch
+from torch import nn
+
+from diffsmooth.engine.denoise import DiffusionDenoiser, OneShotPurifier
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.methods import MethodConfig, score_module
+
+from .fp16 import convert_mixed_fp16
+from .graph_passes import check_structure, fold_constants, initializer_bytes, op_counts
+from .manifest import file_hashes, package_versions, sha256_file, write_manifest
+
+OPSET = 17
+PRECISIONS = ("fp32", "fp16")
+# Protobuf cannot serialise a message over 2 GiB; keep a margin for the graph structure itself.
+EXTERNAL_DATA_THRESHOLD = (2 << 30) - (64 << 20)
+
+
+# --------------------------------------------------------------------------------------------
+# Modules as exported
+
+
+class ConstantTimestepUNet(nn.Module):
+    """The UNet at one fixed timestep. While exporting it feeds a [1] timestep constant, so the
+    embedding (sin/cos, time MLP, every emb_layers Linear) depends on no input and folds away;
+    eagerly it passes [B] as the UNet expects. The ignored `t` keeps OneShotPurifier's call."""
+
+    def __init__(self, unet: nn.Module, model_timestep: float):
+        super().__init__()
+        self.unet = unet
+        self.config = getattr(unet, "config", None)
+        self.register_buffer("timestep", torch.tensor([float(model_timestep)], dtype=torch.float32),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor, t: Optional[torch.Tensor] = None) -> torch.Tensor:
+        exporting = torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+        return self.unet(x, self.timestep if exporting else self.timestep.expand(x.shape[0]))
+
+
+def purifier_for_export(denoiser: DiffusionDenoiser, sigma: float) -> OneShotPurifier:
+    """OneShotPurifier at `sigma` whose UNet sees a constant-foldable timestep."""
+    coefficients = denoiser.schedule.coefficients(sigma)
+    unet = ConstantTimestepUNet(denoiser.unet, coefficients.model_timestep)
+    return OneShotPurifier(unet, coefficients, denoiser.channels).eval()
+
+
+# --------------------------------------------------------------------------------------------
+# torch -> ONNX -> passes -> file
+
+
+def trace_to_onnx(module: nn.Module, example_inputs: Tuple[torch.Tensor, ...], input_names: Sequence[str],
+                  output_names: Sequence[str], opset: int = OPSET) -> onnx.ModelProto:
+    """Export with the TorchScript-based exporter (dynamo=False; falls back to the dynamo
+    exporter only if that is gone), batch axis dynamic, then fold constants and check structure."""
+    module = module.eval()
+    dynamic_axes = {n: {0: "batch"} for n in list(input_names) + list(output_names)}
+    tmp = Path(tempfile.mkdtemp(prefix="diffsmooth-export-"))
+    try:
+        path = tmp / "graph.onnx"
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            try:
+                torch.onnx.export(module, tuple(example_inputs), str(path), dynamo=False, opset_version=opset,
+                                  input_names=list(input_names), output_names=list(output_names),
+                                  dynamic_axes=dynamic_axes, do_constant_folding=True)
+            except (TypeError, NotImplementedError, RuntimeError) as exc:
+                if "dynamo" not in str(exc) and "TorchScript" not in str(exc):
+                    raise
+                batch = torch.export.Dim("batch", min=1)
+                shapes = {n: {0: batch} for n in input_names}
+                program = torch.onnx.export(module, tuple(example_inputs), dynamo=True, opset_version=opset,
+                                            input_names=list(input_names), output_names=list(output_names),
+                                            dynamic_shapes=shapes, optimize=True)
+                program.save(str(path))
+        model = onnx.load(str(path))       # pulls in external data if the exporter wrote any
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    fold_constants(model)
+    check_structure(model, opset)
+    return model
+
+
+def save_graph(model: onnx.ModelProto, path, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> dict:
+    """Write `model` to `path`, with its weights in `<name>.data` when they exceed the threshold;
+    run onnx.checker on the written file. Returns file facts for the manifest."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data_name = path.with_suffix(".data").name
+    for stale in (path, path.with_suffix(".data")):
+        if stale.exists():
+            stale.unlink()
+    size = initializer_bytes(model)
+    external = size > external_data_threshold
+    if external:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024, convert_attribute=False)
+    else:
+        onnx.save_model(model, str(path))
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except onnx.checker.ValidationError as exc:
+        raise UserError(f"onnx.checker rejects {path.name}: {str(exc).splitlines()[0]}") from None
+    facts = file_hashes(path, [data_name] if external else [])
+    facts.update(weights_bytes=size, external_data_threshold=int(external_data_threshold),
+                 op_counts=dict(sorted(op_counts(model).items())))
+    return facts
+
+
+def _variants(model: onnx.ModelProto, precisions: Sequence[str]):
+    """(precision, model) for each requested precision; fp16 is converted from a copy of fp32."""
+    for p in precisions:
+        if p not in PRECISIONS:
+            raise UserError(f"export precision must be one of {', '.join(PRECISIONS)}, got {p!r}")
+    for p in precisions:
+        if p == "fp32":
+            yield p, model
+        else:
+            half = onnx.ModelProto()
+            half.CopyFrom(model)
+            yield p, convert_mixed_fp16(half)
+
+
+# --------------------------------------------------------------------------------------------
+# Manifest pieces
+
+
+def shape_tag(image_shape) -> str:
+    return "x".join(str(int(s)) for s in image_shape)
+
+
+def _jsonable(value):
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) or isinstance(value, (int, str, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def checkpoint_source(path: Optional[str], **how) -> dict:
+    """Where a model came from: checkpoint path + sha256 and how to read it (None for in-memory)."""
+    if path:
+        p = Path(path).resolve()
+        return {"path": str(p), "sha256": sha256_file(p), **_jsonable(how)}
+    return {"path": None, "sha256": None, **_jsonable(how)}
+
+
+def _base_fields(role: str, precision: str, image_shape, inputs: Dict[str, list], output: Tuple[str, list],
+                 source: Optional[dict]) -> dict:
+    return {
+        "role": role,
+        "precision": precision,
+        "opset": OPSET,
+        "image_shape": [int(s) for s in image_shape],
+        "inputs": inputs,
+        "output": {"name": output[0], "shape": output[1], "dtype": "float32"},
+        "dynamic_axes": {"batch": 0},
+        "source": source or {"path": None, "sha256": None},
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": package_versions(),
+        "validation": None,
+    }
+
+
+# Every manifest carries the same keys; those that do not apply to a role are None.
+_METHOD_KEYS = ("sigma", "t_star", "model_timestep", "method", "m", "local_sigma", "local_noise",
+                "local_noise_seed", "num_classes", "preset", "unet_config", "schedule")
+
+
+def _with_defaults(fields: dict) -> dict:
+    for key in _METHOD_KEYS:
+        fields.setdefault(key, None)
+    return fields
+
+
+def _denoiser_facts(denoiser: DiffusionDenoiser) -> dict:
+    config = getattr(denoiser.unet, "config", None)
+    return {"unet_config": _jsonable(config) if config is not None else None,
+            "schedule": _jsonable(denoiser.schedule)}
+
+
+# --------------------------------------------------------------------------------------------
+# The three graphs
+
+
+@dataclass
+class ExportedGraph:
+    """One written graph: its path, role, precision and manifest fields."""
+
+    path: Path
+    role: str
+    precision: str
+    manifest: dict = field(default_factory=dict)
+
+
+def _example_batch(image_shape, batch: int = 2, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand((batch, *map(int, image_shape)), generator=g)
+
+
+def export_denoiser(denoiser: DiffusionDenoiser, sigma: float, image_shape, out_dir, *,
+                    precisions: Sequence[str] = ("fp32",), source: Optional[dict] = None,
+                    preset: Optional[str] = None,
+                    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> List[ExportedGraph]:
+    """x_rs [B,C,H,W] in [0,1] -> purified x_hat [B,C,H,W] in [0,1] at one sigma."""
+    coefficients = denoiser.schedule.coefficients(sigma)
+    module = purifier_for_export(denoiser, sigma)
+    model = trace_to_onnx(module, (_example_batch(image_shape),), ["x_rs"], ["x_hat"])
+    shape = [int(s) for s in image_shape]
+    written = []
+    for precision, variant in _variants(model, precisions):
+        path = Path(out_dir) / f"denoiser_s{sigma:g}_{shape_tag(shape)}_{precision}.onnx"
+        facts = save_graph(variant, path, external_data_threshold)
+        fields = _base_fields("denoiser", precision, shape, {"x_rs": ["batch", *shape]},
+                              ("x_hat", ["batch", *shape]), source)
+        fields.update(sigma=float(sigma), t_star=coefficients.t, model_timestep=coefficients.model_timestep,
+                      coefficients=_jsonable(coefficients), preset=preset, **_denoiser_facts(denoiser))
+        fields.update(facts)
+        write_manifest(path, _with_defaults(fields))
+        written.append(ExportedGraph(path, "denoiser", precision, fields))
+    return written
+
+
+class _UNetIO(nn.Module):
+    """The plain UNet (x_t, t) -> out, with float timesteps [B]."""
+
+    def __init__(self, unet: nn.Module):
+        super().__init__()
+        self.unet = unet
+
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.unet(x_t, t)
+
+
+def export_unet(denoiser: DiffusionDenoiser, image_shape, out_dir, *, precisions: Sequence[str] = ("fp32",),
+                source: Optional[dict] = None, preset: Optional[str] = None,
+                external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> List[ExportedGraph]:
+    """The bare UNet: x_t [B,C,H,W], t [B] float -> model output [B,C_out,H,W] (eps first)."""
+    unet = denoiser.unet.eval()
+    x = _example_batch(image_shape) * 2 - 1
+    t = torch.tensor([10.0, 500.0])
+    with torch.no_grad():
+        out_channels = int(unet(x, t).shape[1])
+    model = trace_to_onnx(_UNetIO(unet), (x, t), ["x_t", "t"], ["out"])
+    shape = [int(s) for s in image_shape]
+    written = []
+    for precision, variant in _variants(model, precisions):
+        path = Path(out_dir) / f"unet_{shape_tag(shape)}_{precision}.onnx"
+        facts = save_graph(variant, path, external_data_threshold)
+        fields = _base_fields("unet", precision, shape, {"x_t": ["batch", *shape], "t": ["batch"]},
+                              ("out", ["batch", out_channels, *shape[1:]]), source)
+        fields.update(preset=preset, **_denoiser_facts(denoiser))
+        fields.update(facts)
+        write_manifest(path, _with_defaults(fields))
+        written.append(ExportedGraph(path, "unet", precision, fields))
+    return written
+
+
+def classifier_file_name(config: MethodConfig, image_shape, precision: str) -> str:
+    name = f"classifier_{config.method}_s{config.sigma:g}"
+    if config.method == "diffsmooth":
+        name += f"_m{config.m}_ls{config.local_sigma:g}_{config.local_noise}"
+        if config.local_noise == "fixed" and config.local_noise_seed != 42:
+            name += f"_seed{config.local_noise_seed}"
+    return f"{name}_{shape_tag(image_shape)}_{precision}.onnx"
+
+
+def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, out_dir, *,
+                      precisions: Sequence[str] = ("fp32",), source: Optional[dict] = None,
+                      external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> List[ExportedGraph]:
+    """score_module(config): x [B,C,H,W] (+ noise [B,m,C,H,W] when fresh) -> [B,K]
+    (mean softmax for DiffSmooth, logits for rs/dds)."""
+    head = score_module(config, classifier.eval(), tuple(image_shape)).eval()
+    shape = [int(s) for s in image_shape]
+    x = _example_batch(shape)
+    args: Tuple[torch.Tensor, ...] = (x,)
+    names = ["x"]
+    inputs = {"x": ["batch", *shape]}
+    if getattr(head, "takes_noise", False):
+        args = (x, torch.randn((x.shape[0], config.m, *shape), generator=torch.Generator().manual_seed(1)))
+        names.append("noise")
+        inputs["noise"] = ["batch", int(config.m), *shape]
+    with torch.no_grad():
+        num_classes = int(head(*args).shape[1])
+    output = "probs" if config.method == "diffsmooth" else "logits"
+    model = trace_to_onnx(head, args, names, [output])
+    written = []
+    for precision, variant in _variants(model, precisions):
+        path = Path(out_dir) / classifier_file_name(config, shape, precision)
+        facts = save_graph(variant, path, external_data_threshold)
+        fields = _base_fields("classifier", precision, shape, inputs, (output, ["batch", num_classes]), source)
+        method = config.as_dict()
+        fields.update(method=config.method, sigma=float(config.sigma), num_classes=num_classes,
+                      scores="mean_softmax" if config.method == "diffsmooth" else "logits")
+        if config.method == "diffsmooth":
+            fields.update(m=int(config.m), local_sigma=float(config.local_sigma), local_noise=config.local_noise,
+                          local_noise_seed=int(config.local_noise_seed) if config.local_noise == "fixed" else None)
+        fields["method_config"] = method
+        fields.update(facts)
+        write_manifest(path, _with_defaults(fields))
+        written.append(ExportedGraph(path, "classifier", precision, fields))
+    return written
+
+
+def export_models(config: MethodConfig, image_shape, out_dir, *, denoiser: Optional[DiffusionDenoiser] = None,
+                  classifier: Optional[nn.Module] = None, fp16: bool = False, also_unet: bool = False,
+                  denoiser_source: Optional[dict] = None, classifier_source: Optional[dict] = None,
+                  preset: Optional[str] = None,
+                  external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> List[ExportedGraph]:
+    """Every graph `config` needs from the given models (fp32, plus fp16 when asked)."""
+    if denoiser is None and classifier is None:
+        raise UserError("nothing to export: give a denoiser and/or a classifier")
+    os.makedirs(out_dir, exist_ok=True)
+    precisions = ("fp32", "fp16") if fp16 else ("fp32",)
+    written: List[ExportedGraph] = []
+    if denoiser is not None:
+        if config.uses_denoiser:
+            written += export_denoiser(denoiser, config.sigma, image_shape, out_dir, precisions=precisions,
+                                       source=denoiser_source, preset=preset,
+                                       external_data_threshold=external_data_threshold)
+        if also_unet:
+            written += export_unet(denoiser, image_shape, out_dir, precisions=precisions, source=denoiser_source,
+                                   preset=preset, external_data_threshold=external_data_threshold)
+    if classifier is not None:
+        written += export_classifier(config, classifier, image_shape, out_dir, precisions=precisions,
+                                     source=classifier_source, external_data_threshold=external_data_threshold)
+    return written

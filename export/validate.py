@@ -1,0 +1,367 @@
+"""Check exported graphs against torch on the same inputs: output errors per graph, and agreement
+of the base classifier's argmax votes (denoiser -> classifier, as the pipeline runs them) over
+>= 1000 noisy samples of real images. Results go into the manifests; a graph below threshold
+raises ValidationFailed (a UserError: the CLI exits non-zero) and is refused by the backend."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.methods import MethodConfig, score_module
+from diffsmooth.engine.noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
+
+from .manifest import update_manifest
+
+VOTE_THRESHOLDS = {"fp32": 0.9999, "fp16": 0.999}
+# Max abs error allowed on outputs, relative to max(1, max |torch output|).
+ERROR_TOLERANCES = {"fp32": 1e-3, "fp16": 5e-2}
+DEFAULT_SAMPLES = 1000
+DEFAULT_IMAGES = 10
+
+Stage = Callable[..., torch.Tensor]
+
+
+class ValidationFailed(UserError):
+    """An exported graph disagrees with torch beyond the thresholds (details in its manifest)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+
+
+def adapt_images(images: torch.Tensor, image_shape) -> torch.Tensor:
+    """Real images brought to `image_shape`: grey replicated to C channels (or channels averaged
+    to one), then bilinear resize; values stay in [0,1]."""
+    c, h, w = (int(s) for s in image_shape)
+    x = images.float()
+    if x.shape[1] != c:
+        x = x.mean(dim=1, keepdim=True)
+        x = x.expand(-1, c, -1, -1)
+    if tuple(x.shape[2:]) != (h, w):
+        x = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=False, antialias=True)
+    return x.clamp(0, 1).contiguous()
+
+
+def validation_images(image_shape, count: int = DEFAULT_IMAGES, dataset: Optional[str] = None,
+                      data: Optional[str] = None, split: str = "test") -> Tuple[torch.Tensor, List[int], str]:
+    """`count` images spread over a dataset (default: the embedded Fashion-MNIST subset),
+    adapted to `image_shape`; returns (images, dataset indices, description)."""
+    from diffsmooth.engine.data import load_dataset
+    kind = dataset or "embedded"
+    ds = load_dataset(kind, data if kind != "embedded" else None, split=split)
+    total = len(ds)
+    count = max(1, min(count, total))
+    indices = sorted({int(i * total / count) for i in range(count)})
+    x = torch.stack([ds[i][0] for i in indices])
+    desc = f"{getattr(ds, 'name', kind)} ({len(indices)} images)"
+    if tuple(x.shape[1:]) != tuple(int(s) for s in image_shape):
+        desc += f", adapted from {'x'.join(map(str, x.shape[1:]))} to {'x'.join(map(str, image_shape))}"
+        x = adapt_images(x, image_shape)
+    return x, indices, desc
+
+
+# --------------------------------------------------------------------------------------------
+# Comparisons
+
+
+@dataclass
+class _ErrorStats:
+    max_abs: float = 0.0
+    sum_abs: float = 0.0
+    count: int = 0
+    scale: float = 0.0
+    finite: bool = True
+
+    def add(self, ref: torch.Tensor, got: torch.Tensor) -> None:
+        ref, got = ref.detach().float().cpu(), got.detach().float().cpu()
+        if not torch.isfinite(got).all():
+            self.finite = False
+            return
+        d = (got - ref).abs()
+        self.max_abs = max(self.max_abs, float(d.max()))
+        self.sum_abs += float(d.sum())
+        self.count += d.numel()
+        self.scale = max(self.scale, float(ref.abs().max()))
+
+    def result(self, precision: str) -> dict:
+        tol = ERROR_TOLERANCES[precision] * max(1.0, self.scale)
+        ok = self.finite and self.max_abs <= tol
+        return {"max_abs_err": self.max_abs, "mean_abs_err": self.sum_abs / max(1, self.count),
+                "tolerance": tol, "finite": self.finite, "passed": bool(ok)}
+
+
+def compare_stages(*, precision: str, sigma: float, image_shape, reference: Dict[str, Optional[Stage]],
+                   candidate: Dict[str, Optional[Stage]], local_noise_shape: Optional[Tuple[int, ...]] = None,
+                   samples: int = DEFAULT_SAMPLES, seed: int = 0, batch: int = 100,
+                   images: Optional[torch.Tensor] = None, image_indices: Optional[Sequence[int]] = None,
+                   images_desc: str = "given images") -> dict:
+    """Run torch (`reference`) and ONNX (`candidate`) {purify, score} stages on the same noisy
+    samples: per-stage output errors (each stage on identical inputs) and the agreement of the
+    chained argmax votes. Noise comes from engine/noise.gaussian, as in the pipeline."""
+    if precision not in VOTE_THRESHOLDS:
+        raise UserError(f"precision must be one of {', '.join(VOTE_THRESHOLDS)}, got {precision!r}")
+    if images is None:
+        images, image_indices, images_desc = validation_images(image_shape)
+    if image_indices is None:
+        image_indices = list(range(len(images)))
+    per_image = int(math.ceil(samples / len(images)))
+    den_err, cls_err = _ErrorStats(), _ErrorStats()
+    agree = total = 0
+    has_purify = reference.get("purify") is not None
+    has_score = reference.get("score") is not None
+    for x, idx in zip(images, image_indices):
+        done = 0
+        while done < per_image:
+            size = min(batch, per_image - done)
+            eps = gaussian(seed, STREAM_SMOOTHING, int(idx), done, size, tuple(x.shape))
+            x_rs = x.unsqueeze(0) + sigma * eps
+            h_ref = h_got = x_rs
+            if has_purify:
+                h_ref = reference["purify"](x_rs)
+                h_got = candidate["purify"](x_rs)
+                den_err.add(h_ref, h_got)
+            if has_score:
+                extra = []
+                if local_noise_shape is not None:
+                    extra = [gaussian(seed, STREAM_LOCAL, int(idx), done, size, local_noise_shape)]
+                s_ref = reference["score"](h_ref, *extra)
+                s_same = candidate["score"](h_ref, *extra)      # same inputs: the graph's own error
+                s_chain = candidate["score"](h_got, *extra) if has_purify else s_same
+                cls_err.add(s_ref, s_same)
+                if torch.isfinite(s_chain).all():
+                    agree += int((s_ref.argmax(1) == s_chain.argmax(1)).sum())
+                total += size
+            done += size
+    result = {"precision": precision, "samples": per_image * len(images), "seed": seed,
+              "images": images_desc, "sigma": sigma}
+    failures = []
+    if has_purify:
+        result["denoiser"] = den_err.result(precision)
+        if not result["denoiser"]["passed"]:
+            r = result["denoiser"]
+            failures.append(f"denoiser max abs err {r['max_abs_err']:.3g} > {r['tolerance']:.3g}"
+                            if r["finite"] else "denoiser produced NaN/Inf")
+    if has_score:
+        result["classifier"] = cls_err.result(precision)
+        if not result["classifier"]["passed"]:
+            r = result["classifier"]
+            failures.append(f"classifier max abs err {r['max_abs_err']:.3g} > {r['tolerance']:.3g}"
+                            if r["finite"] else "classifier produced NaN/Inf")
+        rate = agree / max(1, total)
+        threshold = VOTE_THRESHOLDS[precision]
+        result["votes"] = {"agreement": rate, "threshold": threshold, "samples": total,
+                           "disagreements": total - agree, "passed": bool(rate >= threshold)}
+        if rate < threshold:
+            failures.append(f"vote agreement {100 * rate:.2f}% < {100 * threshold:.2f}% "
+                            f"({total - agree} of {total} samples differ)")
+    else:
+        result["votes"] = None
+    result["passed"] = not failures
+    result["failures"] = failures
+    result["summary"] = "; ".join(failures) if failures else _ok_summary(result)
+    return result
+
+
+def _ok_summary(r: dict) -> str:
+    parts = []
+    if r.get("votes"):
+        parts.append(f"votes agree {100 * r['votes']['agreement']:.2f}% over {r['votes']['samples']} samples")
+    for k in ("denoiser", "classifier", "unet"):
+        if r.get(k):
+            parts.append(f"{k} max abs err {r[k]['max_abs_err']:.2g}")
+    return ", ".join(parts)
+
+
+def compare_unet(reference: torch.nn.Module, candidate: Stage, precision: str, image_shape,
+                 images: Optional[torch.Tensor] = None, timesteps: Sequence[float] = (10.0, 250.0, 500.0, 900.0),
+                 seed: int = 0) -> dict:
+    """The plain UNet graph vs torch on noised images at several timesteps (errors only)."""
+    if images is None:
+        images, _, _ = validation_images(image_shape, 4)
+    err = _ErrorStats()
+    g = torch.Generator().manual_seed(seed)
+    for t in timesteps:
+        x_t = (2 * images - 1) * 0.8 + 0.6 * torch.randn(images.shape, generator=g)
+        tt = torch.full((len(images),), float(t))
+        with torch.inference_mode():
+            ref = reference(x_t, tt)
+        err.add(ref, candidate(x_t, tt))
+    r = err.result(precision)
+    result = {"precision": precision, "unet": r, "votes": None, "timesteps": list(timesteps),
+              "passed": r["passed"], "failures": [] if r["passed"] else
+              [f"unet max abs err {r['max_abs_err']:.3g} > {r['tolerance']:.3g}" if r["finite"]
+               else "unet produced NaN/Inf"]}
+    result["summary"] = "; ".join(result["failures"]) or _ok_summary(result)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Validating written graphs
+
+
+def _torch_stage(module, name):
+    from diffsmooth.engine.backends.torch_backend import TorchStage
+    return TorchStage(module, name, torch.device("cpu"), "fp32")
+
+
+def _ort_stage(path, name, precision, threads=None):
+    from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
+    return OrtStage(path, name, "cpu", precision, threads=threads)
+
+
+def validate_graphs(graphs: Sequence, config: MethodConfig, image_shape, *, denoiser=None, classifier=None,
+                    samples: int = DEFAULT_SAMPLES, seed: int = 0, dataset: Optional[str] = None,
+                    data: Optional[str] = None, threads: Optional[int] = None,
+                    raise_on_failure: bool = True) -> Dict[str, dict]:
+    """Validate exported graphs (objects with .path/.role/.precision) against the torch models
+    they came from; write each result into its manifest; raise ValidationFailed on any failure."""
+    images, indices, desc = validation_images(image_shape, DEFAULT_IMAGES, dataset, data)
+    by_precision: Dict[str, Dict[str, object]] = {}
+    for g in graphs:
+        by_precision.setdefault(g.precision, {})[g.role] = g
+    results: Dict[str, dict] = {}
+    for precision, roles in by_precision.items():
+        den, cls, unet = roles.get("denoiser"), roles.get("classifier"), roles.get("unet")
+        if den is not None or cls is not None:
+            reference: Dict[str, Optional[Stage]] = {"purify": None, "score": None}
+            candidate: Dict[str, Optional[Stage]] = {"purify": None, "score": None}
+            local_shape = None
+            if den is not None:
+                if denoiser is None:
+                    raise UserError(f"validating {Path(den.path).name} needs the torch denoiser")
+                reference["purify"] = _torch_stage(denoiser.purifier(config.sigma), "denoiser")
+                candidate["purify"] = _ort_stage(den.path, "denoiser", precision, threads)
+            if cls is not None:
+                if classifier is None:
+                    raise UserError(f"validating {Path(cls.path).name} needs the torch classifier")
+                head = score_module(config, classifier, tuple(image_shape))
+                reference["score"] = _torch_stage(head, "classifier")
+                candidate["score"] = _ort_stage(cls.path, "classifier", precision, threads)
+                if getattr(head, "takes_noise", False):
+                    local_shape = (int(config.m), *map(int, image_shape))
+            res = compare_stages(precision=precision, sigma=config.sigma, image_shape=image_shape,
+                                 reference=reference, candidate=candidate, local_noise_shape=local_shape,
+                                 samples=samples, seed=seed, images=images, image_indices=indices,
+                                 images_desc=desc)
+            for g in (den, cls):
+                if g is not None:
+                    update_manifest(g.path, validation=res)
+                    results[str(g.path)] = res
+        if unet is not None:
+            if denoiser is None:
+                raise UserError(f"validating {Path(unet.path).name} needs the torch UNet")
+            res = compare_unet(denoiser.unet, _ort_stage(unet.path, "unet", precision, threads), precision,
+                               image_shape, images[:4])
+            update_manifest(unet.path, validation=res)
+            results[str(unet.path)] = res
+    failed = {p: r for p, r in results.items() if not r["passed"]}
+    if failed and raise_on_failure:
+        lines = "; ".join(f"{Path(p).name}: {r['summary']}" for p, r in failed.items())
+        raise ValidationFailed(f"ONNX validation failed ({lines}); results are in the manifests")
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# Rebuilding torch models from manifests (for `diffsmooth validate --onnx-dir`)
+
+
+@dataclass
+class _Graph:
+    path: Path
+    role: str
+    precision: str
+    manifest: dict
+
+
+def _check_source(manifest: dict, what: str) -> str:
+    from diffsmooth.engine.backends.onnxruntime_backend import sha256_file
+    src = manifest.get("source") or {}
+    path = src.get("path")
+    if not path:
+        raise UserError(f"{manifest.get('onnx_file')} was exported from in-memory {what} weights (no checkpoint); "
+                        "validate it where it was exported (validate_graphs)")
+    if not Path(path).exists():
+        raise UserError(f"{manifest.get('onnx_file')}: its source checkpoint {path} is gone")
+    if src.get("sha256") and sha256_file(path) != src["sha256"]:
+        raise UserError(f"{manifest.get('onnx_file')}: source checkpoint {path} changed since export (sha256 differs)")
+    return path
+
+
+def load_denoiser_for(manifest: dict):
+    """The torch denoiser a denoiser/unet manifest was exported from (checkpoint hash checked)."""
+    from diffsmooth.engine.checkpoints import load_unet
+    from diffsmooth.engine.denoise import DiffusionDenoiser
+    from diffsmooth.engine.schedule import DiffusionSchedule
+    path = _check_source(manifest, "UNet")
+    cfg = dict(manifest.get("unet_config") or {})
+    if not cfg:
+        raise UserError(f"{manifest.get('onnx_file')}: the manifest records no UNet config")
+    unet = load_unet(path, None, **cfg)
+    sched = manifest.get("schedule") or {}
+    return DiffusionDenoiser(unet, DiffusionSchedule(sched["name"], int(sched["num_steps"]),
+                                                     bool(sched.get("rescale_timesteps", False))))
+
+
+def load_classifier_for(manifest: dict):
+    """The torch classifier a classifier manifest was exported from (checkpoint hash checked)."""
+    from diffsmooth.engine.checkpoints import load_classifier
+    path = _check_source(manifest, "classifier")
+    src = manifest["source"]
+    return load_classifier(path, arch=src.get("arch"), dataset=src.get("stats") or "cifar10",
+                           normalization=src.get("normalization"))
+
+
+def config_from_manifest(manifest: dict) -> MethodConfig:
+    if manifest.get("method") == "diffsmooth":
+        return MethodConfig("diffsmooth", float(manifest["sigma"]), int(manifest["m"]),
+                            float(manifest["local_sigma"]), manifest["local_noise"],
+                            int(manifest.get("local_noise_seed") or 42))
+    return MethodConfig(manifest["method"], float(manifest["sigma"]))
+
+
+def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dataset: Optional[str] = None,
+                 data: Optional[str] = None, threads: Optional[int] = None) -> Dict[str, dict]:
+    """Validate every graph in `onnx_dir` against the checkpoints named in its manifest."""
+    from diffsmooth.engine.backends.onnxruntime_backend import scan_manifests, verify_hashes
+    graphs = [_Graph(p, m.get("role"), m.get("precision"), m) for p, m in scan_manifests(onnx_dir)]
+    for g in graphs:
+        verify_hashes(g.path, g.manifest)
+    results: Dict[str, dict] = {}
+    used = set()
+    failures = []
+
+    def run(group, config, shape, denoiser, classifier):
+        try:
+            results.update(validate_graphs(group, config, shape, denoiser=denoiser, classifier=classifier,
+                                           samples=samples, seed=seed, dataset=dataset, data=data,
+                                           threads=threads))
+        except ValidationFailed as exc:
+            failures.append(str(exc))
+
+    for c in (g for g in graphs if g.role == "classifier"):
+        config = config_from_manifest(c.manifest)
+        shape = c.manifest["image_shape"]
+        group = [c]
+        denoiser = None
+        if config.uses_denoiser:
+            match = [g for g in graphs if g.role == "denoiser" and g.precision == c.precision
+                     and g.manifest["image_shape"] == shape and abs(g.manifest["sigma"] - config.sigma) < 1e-12]
+            if match:
+                group.append(match[0])
+                used.add(match[0].path)
+                denoiser = load_denoiser_for(match[0].manifest)
+        run(group, config, shape, denoiser, load_classifier_for(c.manifest))
+    for d in (g for g in graphs if g.role in ("denoiser", "unet") and g.path not in used):
+        sigma = d.manifest.get("sigma") or 0.5
+        run([d], MethodConfig("dds", float(sigma)), d.manifest["image_shape"], load_denoiser_for(d.manifest), None)
+    if failures:
+        raise ValidationFailed(" | ".join(failures))
+    return results

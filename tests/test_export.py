@@ -1,0 +1,370 @@
+"""ONNX export, mixed fp16, manifests, validation and the ONNX Runtime backend, with tiny random
+models (a two-level 1-channel UNet and a 1-channel cifar_resnet20) on 1x32x32 images."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+ort = pytest.importorskip("onnxruntime")
+
+from diffsmooth.engine.backends.base import BaseClassifierStages  # noqa: E402
+from diffsmooth.engine.backends.onnxruntime_backend import OrtStage, build_onnx_stages  # noqa: E402
+from diffsmooth.engine.backends.torch_backend import TorchBackend  # noqa: E402
+from diffsmooth.engine.checkpoints import save_cohen_checkpoint, save_unet_state  # noqa: E402
+from diffsmooth.engine.denoise import DiffusionDenoiser  # noqa: E402
+from diffsmooth.engine.errors import UserError  # noqa: E402
+from diffsmooth.engine.methods import MethodConfig, build_torch_stages  # noqa: E402
+from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer  # noqa: E402
+from diffsmooth.engine.models.unet import UNetConfig, UNetModel  # noqa: E402
+from diffsmooth.engine.pipeline import MonteCarloPipeline  # noqa: E402
+from diffsmooth.engine.schedule import DiffusionSchedule  # noqa: E402
+from diffsmooth.engine.smooth import Smooth  # noqa: E402
+from diffsmooth.export.fp16 import precision_report  # noqa: E402
+from diffsmooth.export.graph_passes import infer_types  # noqa: E402
+from diffsmooth.export.manifest import read_manifest, sha256_file  # noqa: E402
+from diffsmooth.export.onnx_export import export_denoiser, export_models  # noqa: E402
+from diffsmooth.export.validate import ValidationFailed, validate_graphs  # noqa: E402
+
+SHAPE = (1, 32, 32)
+SIGMA = 0.5
+TINY_UNET = dict(image_size=32, in_channels=1, model_channels=32, num_res_blocks=1, attention_resolutions=(16,),
+                 channel_mult=(1, 2), num_heads=2, dropout=0.0, learn_sigma=True)
+SCHEDULE = DiffusionSchedule("cosine", 4000, rescale_timesteps=True)
+CONFIGS = {
+    "rs": MethodConfig("rs", SIGMA),
+    "dds": MethodConfig("dds", SIGMA),
+    "diffsmooth-fixed": MethodConfig("diffsmooth", SIGMA, m=3, local_sigma=0.25, local_noise="fixed"),
+    "diffsmooth-fresh": MethodConfig("diffsmooth", SIGMA, m=3, local_sigma=0.25, local_noise="fresh"),
+}
+
+
+def tiny_unet() -> UNetModel:
+    torch.manual_seed(0)
+    unet = UNetModel(UNetConfig(**TINY_UNET)).eval()
+    with torch.no_grad():                  # the zero-initialised output convs would make eps == 0
+        for p in unet.parameters():
+            if p.dim() > 1 and not p.any():
+                p.normal_(0, 0.05)
+    return unet
+
+
+def tiny_classifier() -> NormalizedClassifier:
+    torch.manual_seed(1)
+    net = build_classifier_net("cifar_resnet20", 10, 1)
+    with torch.no_grad():                  # non-trivial BatchNorm statistics
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return NormalizedClassifier(normalization_layer("normalize", "fashion-mnist"), net).eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    return DiffusionDenoiser(tiny_unet(), SCHEDULE, channels=1), tiny_classifier()
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory, models):
+    """One folder holding the graphs of every method config (fp32), plus fp16 for diffsmooth-fixed."""
+    denoiser, classifier = models
+    out = tmp_path_factory.mktemp("onnx")
+    graphs = {}
+    for name, config in CONFIGS.items():
+        fp16 = name == "diffsmooth-fixed"
+        graphs[name] = export_models(config, SHAPE, out, denoiser=denoiser if name == "dds" or fp16 else None,
+                                     classifier=classifier, fp16=fp16, also_unet=fp16)
+    return out, graphs
+
+
+def images(n=3):
+    g = torch.Generator().manual_seed(5)
+    x = torch.zeros(n, *SHAPE)
+    x[:, :, 8:24, 10:22] = torch.rand(n, 1, 16, 12, generator=g)   # a blob on a dark background
+    return x
+
+
+def _graph(graphs, role, precision="fp32"):
+    return next(g for g in graphs if g.role == role and g.precision == precision)
+
+
+# ------------------------------------------------------------------------------------------
+# Structure
+
+
+def test_graphs_pass_checker_opset17_no_einsum_and_folded_timestep(export_dir):
+    out, _ = export_dir
+    files = sorted(out.glob("*.onnx"))
+    assert len(files) == 9      # 2 denoisers, 2 unets, 5 classifiers (one in fp16)
+    for path in files:
+        onnx.checker.check_model(str(path), full_check=True)
+        model = onnx.load(str(path))
+        assert {o.domain: o.version for o in model.opset_import}[""] == 17
+        ops = {n.op_type for n in model.graph.node}
+        assert "Einsum" not in ops
+        if path.name.startswith("denoiser"):
+            # t* is a constant: the sinusoidal embedding and the time MLP are folded away.
+            assert not ops & {"Cos", "Sin", "Gemm"}, path.name
+            assert "InstanceNormalization" in ops
+
+
+def test_dynamic_batch_and_fp32_matches_torch(export_dir, models):
+    denoiser, classifier = models
+    _, graphs = export_dir
+    den = _graph(graphs["dds"], "denoiser")
+    cls = _graph(graphs["diffsmooth-fresh"], "classifier")
+    purifier = denoiser.purifier(SIGMA)
+    from diffsmooth.engine.methods import score_module
+    head = score_module(CONFIGS["diffsmooth-fresh"], classifier, SHAPE)
+    s_den = ort.InferenceSession(str(den.path), providers=["CPUExecutionProvider"])
+    s_cls = ort.InferenceSession(str(cls.path), providers=["CPUExecutionProvider"])
+    for batch in (1, 5):
+        x = torch.rand(batch, *SHAPE)
+        noise = torch.randn(batch, 3, *SHAPE)
+        with torch.no_grad():
+            ref_h, ref_p = purifier(x), head(x, noise)
+        got_h = s_den.run(None, {"x_rs": x.numpy()})[0]
+        got_p = s_cls.run(None, {"x": x.numpy(), "noise": noise.numpy()})[0]
+        assert got_h.shape == (batch, *SHAPE) and got_p.shape == (batch, 10)
+        assert np.abs(got_h - ref_h.numpy()).max() < 1e-5
+        assert np.abs(got_p - ref_p.numpy()).max() < 1e-5
+
+
+def test_fp16_graph_is_mixed_precision(export_dir, models):
+    _, graphs = export_dir
+    for role in ("denoiser", "classifier", "unet"):
+        g = _graph(graphs["diffsmooth-fixed"], role, "fp16")
+        model = onnx.load(str(g.path))
+        io = [v.type.tensor_type.elem_type for v in list(model.graph.input) + list(model.graph.output)]
+        assert all(t == onnx.TensorProto.FLOAT for t in io), role
+        report = precision_report(model)
+        assert set(report["Conv"]) == {"FLOAT16"}, role
+        if role != "classifier":
+            assert set(report["InstanceNormalization"]) == {"FLOAT"}
+            assert set(report["MatMul"]) == {"FLOAT16"}
+            assert set(report["Softmax"]) == {"FLOAT"}       # attention softmax stays fp32
+        else:
+            assert set(report["Softmax"]) == {"FLOAT"}       # softmax over fp32 logits
+            assert set(report["Gemm"]) == {"FLOAT16"}
+        types = infer_types(model)
+        conv_w = [n.input[1] for n in model.graph.node if n.op_type == "Conv"]
+        assert all(types[w] == onnx.TensorProto.FLOAT16 for w in conv_w)
+    # and it runs in ONNX Runtime close to fp32 torch
+    denoiser, _ = models
+    g = _graph(graphs["diffsmooth-fixed"], "denoiser", "fp16")
+    x = torch.rand(4, *SHAPE)
+    got = OrtStage(g.path, "d", "cpu", "fp16")(x)
+    assert (got - denoiser.denoise(x, SIGMA)).abs().max() < 2e-2
+
+
+def test_external_data_when_over_threshold(tmp_path, models):
+    denoiser, _ = models
+    (g,) = export_denoiser(denoiser, SIGMA, SHAPE, tmp_path, external_data_threshold=1024)
+    data = g.path.with_suffix(".data")
+    assert data.exists() and data.stat().st_size > 100_000
+    assert g.path.stat().st_size < data.stat().st_size
+    manifest = read_manifest(g.path.with_suffix(".json"))
+    assert manifest["external_data"] == {data.name: sha256_file(data)}
+    x = torch.rand(2, *SHAPE)
+    got = OrtStage(g.path, "d", "cpu")(x)
+    assert (got - denoiser.denoise(x, SIGMA)).abs().max() < 1e-5
+    (small,) = export_denoiser(denoiser, SIGMA, SHAPE, tmp_path / "inline")
+    assert not small.path.with_suffix(".data").exists() and read_manifest(small.path.with_suffix(".json"))["external_data"] == {}
+    # A changed external-data file is refused.
+    with open(data, "r+b") as f:
+        f.seek(200)
+        f.write(b"\x01\x02\x03\x04")
+    with pytest.raises(UserError, match="external data"):
+        build_onnx_stages(tmp_path, MethodConfig("dds", SIGMA), SHAPE)
+
+
+# ------------------------------------------------------------------------------------------
+# Manifests
+
+
+def test_manifest_fields_and_hashes(export_dir):
+    out, graphs = export_dir
+    den = _graph(graphs["dds"], "denoiser")
+    m = read_manifest(den.path.with_suffix(".json"))
+    assert m["role"] == "denoiser" and m["precision"] == "fp32" and m["opset"] == 17
+    assert m["onnx_sha256"] == sha256_file(den.path)
+    assert m["sigma"] == SIGMA and m["t_star"] == SCHEDULE.timestep(SIGMA) == 1984
+    assert m["model_timestep"] == 496.0 and m["image_shape"] == list(SHAPE)
+    assert m["schedule"] == {"name": "cosine", "num_steps": 4000, "rescale_timesteps": True}
+    assert m["unet_config"]["model_channels"] == 32
+    assert set(m["versions"]) >= {"torch", "onnx", "onnxruntime"} and m["versions"]["torch"]
+    assert "source" in m and m["source"]["sha256"] is None       # in-memory weights
+    for key in ("method", "m", "local_sigma", "local_noise", "num_classes"):
+        assert key in m
+    c = read_manifest(_graph(graphs["diffsmooth-fresh"], "classifier").path.with_suffix(".json"))
+    assert (c["role"], c["method"], c["m"], c["local_sigma"], c["local_noise"], c["num_classes"]) == \
+        ("classifier", "diffsmooth", 3, 0.25, "fresh", 10)
+    assert c["inputs"] == {"x": ["batch", 1, 32, 32], "noise": ["batch", 3, 1, 32, 32]}
+    assert c["output"]["name"] == "probs"
+    r = read_manifest(_graph(graphs["rs"], "classifier").path.with_suffix(".json"))
+    assert r["output"]["name"] == "logits" and r["m"] is None
+
+
+# ------------------------------------------------------------------------------------------
+# Validation
+
+
+def test_validation_passes_and_is_recorded(export_dir, models):
+    denoiser, classifier = models
+    _, graphs = export_dir
+    config = CONFIGS["diffsmooth-fixed"]
+    results = validate_graphs(graphs["diffsmooth-fixed"], config, SHAPE, denoiser=denoiser,
+                              classifier=classifier, samples=1000)
+    assert len(results) == 6 and all(r["passed"] for r in results.values())
+    m = read_manifest(_graph(graphs["diffsmooth-fixed"], "classifier", "fp16").path.with_suffix(".json"))
+    v = m["validation"]
+    assert v["passed"] and v["samples"] >= 1000 and v["votes"]["threshold"] == 0.999
+    assert v["votes"]["agreement"] >= 0.999 and v["denoiser"]["max_abs_err"] < 5e-2
+    m32 = read_manifest(_graph(graphs["diffsmooth-fixed"], "classifier").path.with_suffix(".json"))
+    assert m32["validation"]["votes"]["threshold"] == 0.9999 and m32["validation"]["votes"]["agreement"] >= 0.9999
+
+
+def _perturb_weights(path: Path, scale: float = 0.5):
+    model = onnx.load(str(path))
+    rng = np.random.default_rng(0)
+    for t in model.graph.initializer:
+        arr = onnx.numpy_helper.to_array(t)
+        if arr.dtype == np.float32 and arr.ndim == 4 and arr.shape[0] >= 16:
+            t.CopyFrom(onnx.numpy_helper.from_array(arr + scale * rng.standard_normal(arr.shape).astype(np.float32), t.name))
+    onnx.save(model, str(path))
+
+
+def test_validation_fails_on_corrupted_graph(tmp_path, models):
+    denoiser, classifier = models
+    config = CONFIGS["dds"]
+    graphs = export_models(config, SHAPE, tmp_path, denoiser=denoiser, classifier=classifier)
+    _perturb_weights(_graph(graphs, "classifier").path)
+    with pytest.raises(ValidationFailed, match="vote agreement"):
+        validate_graphs(graphs, config, SHAPE, denoiser=denoiser, classifier=classifier, samples=1000)
+    m = read_manifest(_graph(graphs, "classifier").path.with_suffix(".json"))
+    assert m["validation"]["passed"] is False and m["validation"]["votes"]["agreement"] < 0.9999
+
+
+# ------------------------------------------------------------------------------------------
+# Backend
+
+
+def test_backend_refuses_hash_mismatch_and_wrong_config(tmp_path, export_dir):
+    out, graphs = export_dir
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    stages = build_onnx_stages(copy, CONFIGS["dds"], SHAPE, 10)
+    assert isinstance(stages, BaseClassifierStages) and stages.num_classes == 10
+    with pytest.raises(UserError, match="sigma=0.5 \\(want 0.25\\)"):
+        build_onnx_stages(copy, MethodConfig("dds", 0.25), SHAPE)
+    with pytest.raises(UserError, match="m=3 \\(want 7\\)"):
+        build_onnx_stages(copy, MethodConfig("diffsmooth", SIGMA, m=7, local_sigma=0.25), SHAPE)
+    with pytest.raises(UserError, match="no denoiser graph|no matching denoiser"):
+        build_onnx_stages(copy, MethodConfig("dds", SIGMA), (1, 28, 28))
+    with pytest.raises(UserError, match="10 classes"):
+        build_onnx_stages(copy, CONFIGS["rs"], SHAPE, 4)
+    den = copy / _graph(graphs["dds"], "denoiser").path.name
+    with open(den, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(UserError, match="sha256"):
+        build_onnx_stages(copy, CONFIGS["dds"], SHAPE)
+    with pytest.raises(UserError, match="no exported graphs|no such directory"):
+        build_onnx_stages(tmp_path / "empty", CONFIGS["rs"], SHAPE)
+
+
+def test_backend_refuses_graph_that_failed_validation(tmp_path, export_dir):
+    out, graphs = export_dir
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    man = copy / _graph(graphs["rs"], "classifier").path.with_suffix(".json").name
+    data = json.loads(man.read_text())
+    data["validation"] = {"passed": False, "summary": "vote agreement 97.00% < 99.99%"}
+    man.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="failed validation"):
+        build_onnx_stages(copy, CONFIGS["rs"], SHAPE)
+
+
+def test_cuda_without_gpu_runtime_is_a_clear_error(export_dir):
+    out, _ = export_dir
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    with pytest.raises(UserError, match="CUDA is not available"):
+        build_onnx_stages(out, CONFIGS["rs"], SHAPE, device="cuda")
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_onnxruntime_certify_matches_torch(export_dir, models, name):
+    """The key property: same seed -> same predictions and radii with either backend."""
+    denoiser, classifier = models
+    out, _ = export_dir
+    config = CONFIGS[name]
+    torch_stages = build_torch_stages(config, classifier, denoiser if config.uses_denoiser else None,
+                                      TorchBackend(), SHAPE, 10)
+    ort_stages = build_onnx_stages(out, config, SHAPE, 10)
+    a, b = Smooth(MonteCarloPipeline(torch_stages, SIGMA, 3)), Smooth(MonteCarloPipeline(ort_stages, SIGMA, 3))
+    for i, x in enumerate(images()):
+        ra = a.certify(x, 20, 200, 0.001, 64, image_index=i)
+        rb = b.certify(x, 20, 200, 0.001, 64, image_index=i)
+        assert ra[0] == rb[0] and abs(ra[1] - rb[1]) < 1e-6, (name, i, ra, rb)
+
+
+# ------------------------------------------------------------------------------------------
+# Command line
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, models):
+    denoiser, classifier = models
+    d = tmp_path_factory.mktemp("ckpt")
+    save_unet_state(d / "unet.pt", denoiser.unet)
+    save_cohen_checkpoint(d / "clf.pt", classifier, "cifar_resnet20")
+    return d
+
+
+def test_cli_export_validate_and_certify_backends_agree(tmp_path, checkpoints):
+    import click
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    from diffsmooth.export.commands import export, validate
+
+    group = click.Group(commands={"export": export, "validate": validate})
+    runner = CliRunner()
+    unet_cfg = json.dumps(TINY_UNET)
+    model_args = ["--denoiser", str(checkpoints / "unet.pt"), "--unet-config", unet_cfg, "--schedule", "cosine",
+                  "--diffusion-steps", "4000", "--classifier", str(checkpoints / "clf.pt"),
+                  "--stats", "fashion-mnist"]
+    method_args = ["--method", "diffsmooth", "--sigma", "0.5", "--m", "3", "--local-sigma", "0.25",
+                   "--local-noise", "fresh"]
+    onnx_dir = tmp_path / "onnx"
+    r = runner.invoke(group, ["export", *model_args, *method_args, "--image-shape", "1,32,32",
+                              "--out", str(onnx_dir), "--samples", "1000"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "ok" in r.output and len(list(onnx_dir.glob("*.onnx"))) == 2
+    r = runner.invoke(group, ["validate", "--onnx-dir", str(onnx_dir), "--samples", "1000"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    rows = {}
+    for backend in ("torch", "onnxruntime"):
+        out = tmp_path / f"{backend}.tsv"
+        r = runner.invoke(main, ["certify", *model_args, *method_args, "--dataset", "embedded", "--max", "30",
+                                 "--skip", "10", "--n0", "20", "--n", "200", "--batch", "100", "--seed", "1",
+                                 "--backend", backend, "--onnx-dir", str(onnx_dir), "--out", str(out), "--quiet"])
+        assert r.exit_code == 0, (backend, r.output, r.exception)
+        rows[backend] = [line.split("\t")[:4] for line in out.read_text().splitlines()[1:]]
+    assert len(rows["torch"]) == 3 and rows["torch"] == rows["onnxruntime"]
+    # a corrupted graph: the validate command fails with a non-zero exit
+    cls = next(onnx_dir.glob("classifier_*.onnx"))
+    _perturb_weights(cls)
+    man = cls.with_suffix(".json")
+    data = json.loads(man.read_text())
+    data["onnx_sha256"] = sha256_file(cls)           # even with a consistent hash
+    man.write_text(json.dumps(data))
+    r = runner.invoke(group, ["validate", "--onnx-dir", str(onnx_dir), "--samples", "1000"])
+    assert r.exit_code != 0 and isinstance(r.exception, ValidationFailed)
