@@ -72,7 +72,7 @@ def method_options(f):
         click.option("--method", type=click.Choice(["rs", "dds", "diffsmooth"]), default="diffsmooth", show_default=True),
         click.option("--sigma", type=float, default=0.5, show_default=True, help="Smoothing noise std (input in [0,1])."),
         click.option("--local-sigma", type=float, default=0.25, show_default=True, help="sigma' of the local noises."),
-        click.option("--m", "m", type=int, default=5, show_default=True, help="Number of local noises."),
+        click.option("--m", "--num-local", "m", type=int, default=5, show_default=True, help="Number of local noises."),
         click.option("--local-noise", type=click.Choice(["fixed", "fresh"]), default="fixed", show_default=True,
                      help="fixed: drawn once (seed 42), as the reference; fresh: new per sample (Algorithm 3)."),
     ]
@@ -88,19 +88,24 @@ def run_options(f):
         click.option("--data", type=click.Path(), help="Dataset directory or file."),
         click.option("--split", default="test", show_default=True),
         click.option("--n0", type=int, default=100, show_default=True, callback=_positive("n0")),
-        click.option("--n", "n", type=int, default=10000, show_default=True, callback=_positive("n")),
+        click.option("--n", "--num-samples", "n", type=int, default=10000, show_default=True, callback=_positive("n"),
+                     help="Monte Carlo samples for estimation (--num-samples: the same, for torchrun)."),
         click.option("--alpha", type=float, default=0.001, show_default=True),
         click.option("--batch", type=int, default=1000, show_default=True, callback=_positive("batch"),
                      help="Noisy samples per Monte Carlo batch (results do not depend on it)."),
         click.option("--skip", type=int, default=1, show_default=True, callback=_positive("skip"),
                      help="Use every skip-th image."),
-        click.option("--max", "max_index", type=int, default=None, help="Stop before this dataset index."),
+        click.option("--max", "--max-index", "max_index", type=int, default=None,
+                     help="Stop before this dataset index (--max-index: the same, for torchrun)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Noise seed (per image, per sample)."),
         click.option("--backend", type=click.Choice(["torch", "onnxruntime"]), default="torch", show_default=True),
         click.option("--onnx-dir", type=click.Path(), help="Exported graphs for --backend onnxruntime."),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
         click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True),
         click.option("--out", type=click.Path(), required=True, help="Result TSV (resumed if it exists)."),
+        click.option("--shard", default=None, metavar="I/K",
+                     help="Certify only shard I of K of the selected images (e.g. Slurm arrays); "
+                          "merge with `diffsmooth merge`. Under torchrun the rank is the shard."),
         click.option("--quiet", is_flag=True, help="No progress bar."),
     ]
     for option in reversed(options):
@@ -137,6 +142,7 @@ def _prepare(kw):
     """Dataset, selected indices, method config and Smooth from the parsed options."""
     from diffsmooth.engine.assemble import build_smooth
     from diffsmooth.engine.data import load_dataset
+    from diffsmooth.engine.distributed import plan_from, rank_device
     from diffsmooth.engine.errors import UserError
     from diffsmooth.engine.methods import MethodConfig
 
@@ -149,10 +155,11 @@ def _prepare(kw):
     if not 0 < kw["alpha"] < 1:
         raise UserError(f"alpha must be in (0, 1), got {kw['alpha']}")
     sources = _sources(kw, kind)
+    plan = plan_from(kw["shard"], kw["device"])
     smooth = build_smooth(config, sources, tuple(dataset.image_shape), dataset.num_classes,
-                          backend=kw["backend"], device=kw["device"], precision=kw["precision"],
-                          seed=kw["seed"], onnx_dir=kw["onnx_dir"])
-    return dataset, indices, config, smooth
+                          backend=kw["backend"], device=rank_device(plan, kw["device"]),
+                          precision=kw["precision"], seed=kw["seed"], onnx_dir=kw["onnx_dir"])
+    return dataset, indices, config, smooth, plan
 
 
 @main.command()
@@ -161,13 +168,10 @@ def _prepare(kw):
 @run_options
 def certify(**kw):
     """CERTIFY each selected image; one TSV row per image (idx label predict radius correct time)."""
-    from diffsmooth.engine.run import run_dataset
-    dataset, indices, config, smooth = _prepare(kw)
+    dataset, indices, config, smooth, plan = _prepare(kw)
     click.echo(f"# {smooth.pipeline.stages.describe()}; sigma={config.sigma} n0={kw['n0']} n={kw['n']} "
                f"alpha={kw['alpha']} images={len(indices)} -> {kw['out']}", err=True)
-    summary = run_dataset(smooth, dataset, indices, kw["out"], mode="certify", n0=kw["n0"], n=kw["n"],
-                          alpha=kw["alpha"], batch=kw["batch"], progress=not kw["quiet"])
-    _report(summary)
+    _run_sharded("certify", kw, dataset, indices, smooth, plan)
 
 
 @main.command()
@@ -176,11 +180,44 @@ def certify(**kw):
 @run_options
 def predict(**kw):
     """PREDICT each selected image (abstain = -1); TSV rows idx label predict correct time."""
+    dataset, indices, config, smooth, plan = _prepare(kw)
+    _run_sharded("predict", kw, dataset, indices, smooth, plan)
+
+
+def _run_sharded(mode, kw, dataset, indices, smooth, plan):
+    """Run this process's share; under torchrun rank 0 merges the shards into --out."""
+    from diffsmooth.engine.distributed import finish, wait_for_all
+    from diffsmooth.engine.results import check_or_record_settings, merge_results, shard_path
     from diffsmooth.engine.run import run_dataset
-    dataset, indices, config, smooth = _prepare(kw)
-    summary = run_dataset(smooth, dataset, indices, kw["out"], mode="predict", n=kw["n"],
+    out = kw["out"] if plan.num_shards == 1 else shard_path(kw["out"], plan.shard, plan.num_shards)
+    check_or_record_settings(out, _settings(mode, kw, smooth))
+    summary = run_dataset(smooth, dataset, plan.take(indices), out, mode=mode, n0=kw["n0"], n=kw["n"],
                           alpha=kw["alpha"], batch=kw["batch"], progress=not kw["quiet"])
     _report(summary)
+    wait_for_all(plan)
+    if plan.is_merger and not summary["interrupted"]:
+        shards = [shard_path(kw["out"], i, plan.num_shards) for i in range(plan.num_shards)]
+        count = merge_results(shards, kw["out"])
+        click.echo(f"merged {count} rows from {plan.num_shards} ranks into {kw['out']}", err=True)
+    elif plan.num_shards > 1 and not plan.distributed:
+        click.echo(f"shard {plan.shard}/{plan.num_shards} done; when all are, run "
+                   f"`diffsmooth merge {kw['out']} {shard_path(kw['out'], '*', plan.num_shards)}`", err=True)
+    finish(plan)
+
+
+def _settings(mode, kw, smooth):
+    """What determines the rows of a result file (a resumed run must match it)."""
+    keys = ("method", "sigma", "local_sigma", "m", "local_noise", "n0", "n", "alpha", "seed",
+            "dataset", "data", "split", "denoiser", "preset", "unet_config", "classifier", "arch",
+            "normalization", "stats", "backend", "precision")
+    settings = {k: kw.get(k) for k in keys}
+    settings["mode"] = mode
+    if mode == "predict":
+        settings.pop("n0")
+    if kw["method"] != "diffsmooth":
+        for k in ("local_sigma", "m", "local_noise"):
+            settings.pop(k)
+    return settings
 
 
 def _report(summary):
@@ -263,6 +300,16 @@ def purify(dataset, data, sigma, local_sigma, m, images, seed, out, **model_kw):
     path = purify_grid(out, sources=sources, dataset=ds, images=images, sigma=sigma,
                        local_sigma=local_sigma, m=m, seed=seed)
     click.echo(f"wrote {path} (rows: clean, noisy, denoised, {m} locally-noised)")
+
+
+@main.command()
+@click.argument("out", type=click.Path())
+@click.argument("shards", nargs=-1, required=True, type=click.Path())
+def merge(out, shards):
+    """Merge shard TSVs into OUT: sorted by idx, every index once (conflicting rows are refused)."""
+    from diffsmooth.engine.results import merge_results
+    count = merge_results(shards, out)
+    click.echo(f"merged {count} rows from {len(shards)} files into {out}", err=True)
 
 
 def _expand_result_files(files):

@@ -106,3 +106,71 @@ class ResultWriter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def shard_path(out_path, shard: int, num_shards: int) -> Path:
+    """Where shard `shard` of `num_shards` writes its rows: next to the merged file."""
+    out = Path(out_path)
+    return out.with_name(f"{out.stem}.shard-{shard}-of-{num_shards}{out.suffix or '.tsv'}")
+
+
+def merge_results(shard_files: Sequence, out_path) -> int:
+    """Write the rows of all shard files into one TSV sorted by idx, every index once.
+
+    The same index in two shards must have identical rows (apart from time); otherwise the
+    shards come from different runs and merging would mix them: that is a UserError.
+    Written to a temporary file and renamed, so a crash never leaves half a merged file.
+    """
+    by_index: Dict[int, Dict[str, str]] = {}
+    columns = None
+    for f in shard_files:
+        rows = read_rows(f)
+        header = Path(f).read_text().split("\n", 1)[0].split("\t")
+        if columns is None:
+            columns = header
+        elif header != columns:
+            raise UserError(f"{f} has columns {header}, other shards have {columns}")
+        for row in rows:
+            index = int(row["idx"])
+            seen = by_index.get(index)
+            if seen is not None and {k: v for k, v in seen.items() if k != "time"} != \
+                    {k: v for k, v in row.items() if k != "time"}:
+                raise UserError(f"index {index} has different results in two shard files ({f}): "
+                                f"they are not from the same run")
+            by_index.setdefault(index, row)
+    if columns is None:
+        raise UserError("no shard files to merge")
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write("\t".join(columns) + "\n")
+        for index in sorted(by_index):
+            f.write("\t".join(by_index[index][c] for c in columns) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+    return len(by_index)
+
+
+def settings_path(out_path) -> Path:
+    out = Path(out_path)
+    return out.with_name(out.name + ".settings.json")
+
+
+def check_or_record_settings(out_path, settings: dict) -> None:
+    """Resuming must not mix runs: record the settings next to a new result file, and refuse
+    to append to one whose recorded settings differ (names the first differing setting)."""
+    import json
+    path = settings_path(out_path)
+    if path.exists():
+        recorded = json.loads(path.read_text())
+        for key in sorted(set(recorded) | set(settings)):
+            if recorded.get(key) != settings.get(key):
+                raise UserError(f"{out_path} was written with {key}={recorded.get(key)!r}, this run has "
+                                f"{key}={settings.get(key)!r}: use another --out to avoid mixing runs")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(settings, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)

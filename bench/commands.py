@@ -1,0 +1,99 @@
+"""The `diffsmooth bench` command (registered on the main group). Only click is imported here;
+torch and the harness load when the command runs."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+def _csv(kind=str):
+    def parse(ctx, param, value):
+        if value is None:
+            return ()
+        try:
+            items = tuple(kind(v.strip()) for v in str(value).split(",") if v.strip())
+        except ValueError:
+            raise click.BadParameter(f"expected a comma-separated list, got {value!r}") from None
+        return items
+    return parse
+
+
+def _check_choices(values, allowed, name):
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise click.BadParameter(f"{', '.join(bad)} not in {', '.join(allowed)}", param_hint=name)
+    return values
+
+
+@click.command("bench")
+@click.option("--models", type=click.Choice(["demo", "cifar10", "imagenet"]), default="demo", show_default=True,
+              help="demo: embedded demo models (random same-architecture weights until trained); cifar10 / "
+                   "imagenet: full-size UNet + cifar_resnet110 / resnet50 with random weights (imagenet is "
+                   "very slow on CPU).")
+@click.option("--method", type=click.Choice(["rs", "dds", "diffsmooth"]), default="diffsmooth", show_default=True)
+@click.option("--sigma", type=float, default=0.5, show_default=True, help="Smoothing noise std.")
+@click.option("--n0", type=int, default=100, show_default=True, help="Selection samples per image.")
+@click.option("--n", type=int, default=None, help="Estimation samples to extrapolate to [default: 100000; "
+                                                   "imagenet 10000].")
+@click.option("--m", "m", type=int, default=5, show_default=True, help="Local noises (diffsmooth).")
+@click.option("--local-sigma", type=float, default=0.25, show_default=True)
+@click.option("--local-noise", type=click.Choice(["fixed", "fresh"]), default="fixed", show_default=True)
+@click.option("--batch", type=int, default=None, help="Engine batch [default per set: demo 200, cifar10 100, imagenet 4].")
+@click.option("--measure-n", type=int, default=None,
+              help="Samples actually run per image (n0 uses min(n0, this)) [default: demo 1000, cifar10 100, imagenet 4].")
+@click.option("--backend", "backends", default="torch", show_default=True, callback=_csv(),
+              help="Comma list of torch, onnxruntime (onnxruntime exports the models to a temp dir; "
+                   "skipped with a message when unavailable).")
+@click.option("--precision", "precisions", default="fp32", show_default=True, callback=_csv(),
+              help="Comma list of fp32, fp16, bf16 (non-fp32 only on CUDA).")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--images", type=int, default=1, show_default=True, help="Images certified per measurement.")
+@click.option("--no-reference", is_flag=True, help="Skip the reference-equivalent baseline.")
+@click.option("--reference-batch", type=int, default=50, show_default=True, help="Batch of the baseline (official: 50).")
+@click.option("--compare", is_flag=True, help="Show the published per-image times (other hardware) next to ours.")
+@click.option("--peak-tflops", type=float, default=None,
+              help="Peak TFLOP/s for the fraction-of-peak column [default: built-in GPU table; measured sgemm on CPU].")
+@click.option("--sweep", is_flag=True, help="Also time a batch x m grid (table, and PNG with --plot).")
+@click.option("--sweep-batches", default=None, callback=_csv(int), help="Comma list of batch sizes.")
+@click.option("--sweep-m", "sweep_ms", default=None, callback=_csv(int), help="Comma list of m values.")
+@click.option("--sweep-n", type=int, default=None, help="Samples per sweep point [default: max(batch, measure-n)].")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="PNG for the sweep.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's choice].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of the tables.")
+@click.option("--results", type=click.Path(dir_okay=False), default=None,
+              help="Append one JSON line per run (machine, versions, settings, timings) to this file.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def bench(**kw):
+    """Time certification per image, stage by stage; FLOP/s vs peak; engine vs reference-equivalent."""
+    from diffsmooth.bench.harness import BenchSettings, json_lines, run_bench, to_jsonable
+    from diffsmooth.bench.report import render
+
+    _check_choices(kw["backends"], ("torch", "onnxruntime"), "--backend")
+    _check_choices(kw["precisions"], ("fp32", "fp16", "bf16"), "--precision")
+    if kw["plot"] and not kw["sweep"]:
+        raise click.BadParameter("--plot draws the sweep: add --sweep", param_hint="--plot")
+    settings = BenchSettings(
+        models=kw["models"], method=kw["method"], sigma=kw["sigma"], n0=kw["n0"], n=kw["n"], m=kw["m"],
+        local_sigma=kw["local_sigma"], local_noise=kw["local_noise"], batch=kw["batch"],
+        backends=kw["backends"] or ("torch",), precisions=kw["precisions"] or ("fp32",), device=kw["device"],
+        images=kw["images"], measure_n=kw["measure_n"], reference=not kw["no_reference"],
+        reference_batch=kw["reference_batch"], compare=kw["compare"], peak_tflops=kw["peak_tflops"],
+        sweep=kw["sweep"], sweep_batches=kw["sweep_batches"], sweep_ms=kw["sweep_ms"], sweep_n=kw["sweep_n"],
+        plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"])
+    doc = to_jsonable(run_bench(settings))
+    if kw["results"]:
+        from pathlib import Path
+        path = Path(kw["results"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            for line in json_lines(doc):
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+    if kw["as_json"]:
+        click.echo(json.dumps(doc, indent=1, sort_keys=True))
+    else:
+        click.echo(render(doc))
+        if kw["results"]:
+            click.echo(f"\nappended {len(json_lines(doc))} JSON line(s) to {kw['results']}")

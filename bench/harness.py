@@ -1,0 +1,429 @@
+"""The benchmark run: build a model set, count its FLOPs, time the engine stage by stage at a
+small n, extrapolate to the requested n, and time a reference-structured baseline side by side
+on the same models. Returns one JSON-ready document (see `run_bench`)."""
+
+from __future__ import annotations
+
+import datetime
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..engine.errors import UserError
+from .flops import CONVENTION, stage_flops
+from .hardware import machine_info, peak_flops
+from .models import SET_SPECS, bench_images, build_model_set
+from .timing import (STAGE_NAMES, StageClock, extrapolation_table, make_timed_pipeline, split_fractions,
+                     synchronize, timed_noise)
+
+SCHEMA = "diffsmooth-bench/1"
+STANDARD_NS = (10_000, 100_000)
+EXTRAPOLATION_NOTE = ("seconds per certified image are measured at a small n and extrapolated linearly in "
+                      "Monte Carlo samples: (n0 + n) x measured seconds per sample + measured per-image "
+                      "statistics and row-write time")
+SWEEP_DEFAULTS = {"demo": ((25, 50, 100, 200, 400), (1, 3, 5, 11, 21)),
+                  "cifar10": ((25, 50, 100), (1, 5)),
+                  "imagenet": ((2, 4), (1, 5))}
+
+
+@dataclass
+class BenchSettings:
+    """Every knob of one benchmark run; None fields take the model set's defaults (models.SET_SPECS)."""
+
+    models: str = "demo"
+    method: str = "diffsmooth"
+    sigma: float = 0.5
+    n0: int = 100
+    n: Optional[int] = None
+    m: int = 5
+    local_sigma: float = 0.25
+    local_noise: str = "fixed"
+    alpha: float = 0.001
+    batch: Optional[int] = None
+    backends: Tuple[str, ...] = ("torch",)
+    precisions: Tuple[str, ...] = ("fp32",)
+    device: str = "cpu"
+    images: int = 1
+    measure_n: Optional[int] = None
+    reference: bool = True
+    reference_batch: int = 50
+    compare: bool = False
+    peak_tflops: Optional[float] = None
+    sweep: bool = False
+    sweep_batches: Tuple[int, ...] = ()
+    sweep_ms: Tuple[int, ...] = ()
+    sweep_n: Optional[int] = None
+    plot: Optional[str] = None
+    seed: int = 0
+    threads: Optional[int] = None
+    unet_overrides: Dict = field(default_factory=dict)
+    arch: Optional[str] = None
+    measure_cpu_peak: bool = True
+    progress: bool = True
+
+    def resolved(self) -> "BenchSettings":
+        """A copy with the model set's defaults filled in and the values checked."""
+        if self.models not in SET_SPECS:
+            raise UserError(f"unknown model set {self.models!r}: choose one of {', '.join(SET_SPECS)}")
+        spec = SET_SPECS[self.models]
+        s = replace(self, n=self.n or spec["n"], batch=self.batch or spec["batch"],
+                    measure_n=self.measure_n or spec["measure_n"])
+        batches, ms = SWEEP_DEFAULTS[self.models]
+        s = replace(s, sweep_batches=tuple(self.sweep_batches or batches),
+                    sweep_ms=tuple(self.sweep_ms or (ms if self.method == "diffsmooth" else (s.m,))))
+        for name in ("n0", "n", "batch", "images", "measure_n", "reference_batch", "m"):
+            if getattr(s, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
+        if s.threads is not None and s.threads < 1:
+            raise UserError(f"--threads must be >= 1, got {s.threads}")
+        if s.sweep_n is not None and s.sweep_n < 1:
+            raise UserError(f"--sweep-n must be >= 1, got {s.sweep_n}")
+        if any(b < 1 for b in s.sweep_batches) or any(m < 1 for m in s.sweep_ms):
+            raise UserError("sweep batch sizes and m values must be >= 1")
+        return s
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["backends"], d["precisions"] = list(self.backends), list(self.precisions)
+        d["sweep_batches"], d["sweep_ms"] = list(self.sweep_batches), list(self.sweep_ms)
+        for key in ("progress", "measure_cpu_peak"):
+            d.pop(key)
+        if not self.unet_overrides:
+            d.pop("unet_overrides")
+        if self.arch is None:
+            d.pop("arch")
+        return d
+
+
+def _progress(iterable, settings: BenchSettings, **kw):
+    if not settings.progress:
+        return iterable
+    from tqdm import tqdm
+    return tqdm(iterable, file=sys.stderr, dynamic_ncols=True, leave=False, **kw)
+
+
+def _method_config(settings: BenchSettings, m: Optional[int] = None):
+    from ..engine.methods import MethodConfig
+    return MethodConfig(settings.method, settings.sigma, m or settings.m, settings.local_sigma, settings.local_noise)
+
+
+def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = None) -> dict:
+    """FLOPs per Monte Carlo sample of the denoiser stage and of the classifier stage (incl. m)."""
+    from ..engine.methods import score_module
+    config = _method_config(settings, m)
+    shape = model_set.image_shape
+    den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma), shape)
+                    if config.uses_denoiser else (0, {}))
+    head = score_module(config, model_set.classifier, shape)
+    extra = [(config.m, *shape)] if getattr(head, "takes_noise", False) else []
+    cls, cls_ops = stage_flops(head, shape, extra)
+    calls = config.m if config.method == "diffsmooth" else 1
+    return {
+        "convention": CONVENTION,
+        "denoiser_per_sample": den,
+        "classifier_per_sample": cls,
+        "classifier_per_call": cls // calls,
+        "classifier_calls_per_sample": calls,
+        "total_per_sample": den + cls,
+        "denoiser_share": den / (den + cls) if den + cls else 0.0,
+        "by_op": {"denoiser": den_ops, "classifier": cls_ops},
+    }
+
+
+def build_stages(backend: str, precision: str, model_set, settings: BenchSettings, m: Optional[int] = None,
+                 workdir: Optional[str] = None):
+    """BaseClassifierStages on the requested backend; raises _Skip with the reason when unavailable."""
+    config = _method_config(settings, m)
+    if precision != "fp32" and torch.device(settings.device).type != "cuda":
+        raise _Skip(f"precision {precision} runs only on CUDA devices (device is {settings.device})")
+    if backend == "torch":
+        from ..engine.backends.torch_backend import TorchBackend
+        from ..engine.methods import build_torch_stages
+        runner = TorchBackend(device=settings.device, precision=precision)
+        return build_torch_stages(config, model_set.classifier, model_set.denoiser, runner,
+                                  model_set.image_shape, model_set.num_classes)
+    if backend == "onnxruntime":
+        try:
+            import onnxruntime  # noqa: F401
+            from ..engine.backends.onnxruntime_backend import build_onnx_stages
+            from ..export.onnx_export import export_models
+        except ImportError as exc:
+            raise _Skip(f"onnxruntime backend not available ({exc})") from None
+        if precision not in ("fp32", "fp16"):
+            raise _Skip(f"onnxruntime runs fp32 or fp16 graphs, not {precision}")
+        try:
+            export_models(config, model_set.image_shape, workdir, denoiser=model_set.denoiser,
+                          classifier=model_set.classifier, fp16=precision == "fp16",
+                          preset=SET_SPECS[model_set.name]["preset"])
+            return build_onnx_stages(workdir, config, model_set.image_shape, model_set.num_classes,
+                                     device=settings.device, precision=precision)
+        except Exception as exc:  # the backend is optional: any failure to export/load is a skip
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise _Skip(f"onnxruntime graphs could not be exported/loaded: {first}") from None
+    raise UserError(f"unknown backend {backend!r}: choose torch or onnxruntime")
+
+
+class _Skip(Exception):
+    """A backend/precision combination that cannot run here; the message says why."""
+
+
+def measure_engine(stages, model_set, images, settings: BenchSettings) -> dict:
+    """Certify each image at (n0_measured, n_measured) with timed stages; see timing.py."""
+    from ..engine.certification import certify_from_counts
+    from ..engine.pipeline import MonteCarloPipeline
+    from ..engine.results import ResultWriter, format_radius, format_time
+    device = stages.device
+    clock = StageClock(device)
+    pipe = make_timed_pipeline(stages, settings.sigma, settings.seed, clock)
+    n0m, nm = min(settings.n0, settings.measure_n), settings.measure_n
+    batch = settings.batch
+    x0 = images[0][0]
+
+    start = time.perf_counter()
+    with timed_noise(clock):
+        pipe.count(x0, 0, 0, min(batch, n0m + nm), batch)
+    synchronize(device)
+    first_batch_s = time.perf_counter() - start
+    clock.reset()
+
+    count_s = 0.0
+    predictions = []
+    with tempfile.TemporaryDirectory() as tmp, ResultWriter(Path(tmp) / "bench.tsv") as writer:
+        for i, (x, label) in enumerate(_progress(images, settings, desc="engine", unit="img")):
+            image_start = time.perf_counter()
+            with timed_noise(clock):
+                t0 = time.perf_counter()
+                selection = pipe.count(x, i, 0, n0m, batch)
+                estimation = pipe.count(x, i, n0m, nm, batch)
+                count_s += time.perf_counter() - t0
+            with clock.section("statistics"):
+                prediction, radius = certify_from_counts(selection.tolist(), estimation.tolist(),
+                                                         settings.alpha, settings.sigma)
+            with clock.section("io"):
+                writer.write(idx=i, label=int(label), predict=prediction, radius=format_radius(radius),
+                             correct=int(prediction == int(label)),
+                             time=format_time(time.perf_counter() - image_start))
+            predictions.append({"image": i, "predict": int(prediction), "radius": float(radius),
+                                "estimation_counts": estimation.tolist()})
+
+    samples = len(images) * (n0m + nm)
+    stage_s = {name: float(clock.seconds.get(name, 0.0)) for name in STAGE_NAMES}
+    stage_s["vote_count"] = max(0.0, count_s - stage_s["noise"] - stage_s["denoise"] - stage_s["classify"])
+    pipeline_s, rate_source = count_s, "timed pass (no extra syncs on CPU)"
+    if device.type == "cuda":      # timers synchronise per stage: measure the plain pipeline too
+        plain = MonteCarloPipeline(stages, settings.sigma, settings.seed)
+        synchronize(device)
+        t0 = time.perf_counter()
+        for i, (x, _) in enumerate(images):
+            plain.count(x, i, 0, n0m, batch)
+            plain.count(x, i, n0m, nm, batch)
+        synchronize(device)
+        pipeline_s, rate_source = time.perf_counter() - t0, "separate pass without stage timers"
+    fixed_s = (stage_s["statistics"] + stage_s["io"]) / len(images)
+    return {
+        "images": len(images),
+        "n0_measured": n0m,
+        "n_measured": nm,
+        "samples": samples,
+        "batch": batch,
+        "first_batch_s": first_batch_s,
+        "stage_seconds": stage_s,
+        "stage_fraction": split_fractions(stage_s),
+        "count_seconds": count_s,
+        "seconds_per_image_measured": (count_s + stage_s["statistics"] + stage_s["io"]) / len(images),
+        "pipeline_seconds": pipeline_s,
+        "pipeline_rate_source": rate_source,
+        "per_sample_s": pipeline_s / samples,
+        "per_image_fixed_s": fixed_s,
+        "predictions": predictions,
+    }
+
+
+def measure_reference(model_set, images, settings: BenchSettings) -> dict:
+    """The reference-structured baseline on the same models, samples and device (fp32 eager)."""
+    from .reference_equivalent import build_reference
+    ref = build_reference(settings.method, model_set, settings.sigma, settings.m, settings.local_sigma,
+                          device=settings.device, seed=settings.seed)
+    n0m, nm = min(settings.n0, settings.measure_n), settings.measure_n
+    batch = settings.reference_batch
+    start = time.perf_counter()
+    ref.count(images[0][0], min(batch, n0m + nm), batch)
+    synchronize(settings.device)
+    first_batch_s = time.perf_counter() - start
+    counts = []
+    synchronize(settings.device)
+    t0 = time.perf_counter()
+    for x, _ in _progress(images, settings, desc="reference-equivalent", unit="img"):
+        ref.count(x, n0m, batch)
+        counts.append(ref.count(x, nm, batch).tolist())
+    synchronize(settings.device)
+    elapsed = time.perf_counter() - t0
+    samples = len(images) * (n0m + nm)
+    return {"batch": batch, "samples": samples, "seconds": elapsed, "per_sample_s": elapsed / samples,
+            "samples_per_s": samples / elapsed, "first_batch_s": first_batch_s,
+            "estimation_counts": counts,
+            "structure": "fp32 eager, randn_like noise, tables to device per call, m-loop classifier "
+                         "with per-call softmax, .cpu() per batch, Python vote loop"}
+
+
+def _rates(measured: dict, flops: dict, peak: Optional[float], calls: int) -> Tuple[dict, dict]:
+    s = measured["stage_seconds"]
+    samples = measured["samples"]
+    rates = {
+        "pipeline_samples_per_s": samples / measured["pipeline_seconds"],
+        "denoiser_samples_per_s": samples / s["denoise"] if s["denoise"] > 0 else None,
+        "classifier_samples_per_s": samples / s["classify"] if s["classify"] > 0 else None,
+        "classifier_calls_per_s": calls * samples / s["classify"] if s["classify"] > 0 else None,
+    }
+
+    def achieved(flop_per_sample, rate):
+        return flop_per_sample * rate if rate else None
+
+    a = {
+        "pipeline_flops_per_s": achieved(flops["total_per_sample"], rates["pipeline_samples_per_s"]),
+        "denoiser_flops_per_s": achieved(flops["denoiser_per_sample"], rates["denoiser_samples_per_s"]),
+        "classifier_flops_per_s": achieved(flops["classifier_per_sample"], rates["classifier_samples_per_s"]),
+        "peak_flops_per_s": peak,
+    }
+    for key in ("pipeline", "denoiser", "classifier"):
+        v = a[f"{key}_flops_per_s"]
+        a[f"{key}_fraction_of_peak"] = v / peak if (v and peak) else None
+    return rates, a
+
+
+def run_sweep(model_set, images, settings: BenchSettings, precision: str = "fp32") -> dict:
+    """Seconds per certified image (extrapolated to settings.n) over batch sizes x m, torch backend."""
+    from ..engine.pipeline import MonteCarloPipeline
+    x = images[0][0]
+    rows = []
+    grid = [(m, b) for m in settings.sweep_ms for b in settings.sweep_batches]
+    bar = _progress(grid, settings, desc="sweep", unit="pt")
+    stages_for_m = {}
+    for m, b in bar:
+        if m not in stages_for_m:
+            stages_for_m = {m: build_stages("torch", precision, model_set, settings, m=m)}
+        stages = stages_for_m[m]
+        pipe = MonteCarloPipeline(stages, settings.sigma, settings.seed)
+        samples = settings.sweep_n or max(b, settings.measure_n)
+        pipe.count(x, 0, 0, b, b)                      # warm-up at this batch size
+        synchronize(stages.device)
+        t0 = time.perf_counter()
+        pipe.count(x, 0, 0, samples, b)
+        synchronize(stages.device)
+        per_sample = (time.perf_counter() - t0) / samples
+        rows.append({"batch": b, "m": m, "samples": samples, "per_sample_s": per_sample,
+                     "samples_per_s": 1.0 / per_sample,
+                     "seconds_per_image": per_sample * (settings.n0 + settings.n)})
+    return {"n0": settings.n0, "n": settings.n, "precision": precision, "backend": "torch",
+            "batches": list(settings.sweep_batches), "ms": list(settings.sweep_ms), "rows": rows,
+            "note": "statistics/row-write time (< 1 ms per image) not included"}
+
+
+def sweep_table(sweep: dict) -> List[List[Optional[float]]]:
+    """Seconds per image as a len(ms) x len(batches) grid (rows m, columns batch)."""
+    index = {(r["m"], r["batch"]): r["seconds_per_image"] for r in sweep["rows"]}
+    return [[index.get((m, b)) for b in sweep["batches"]] for m in sweep["ms"]]
+
+
+def run_bench(settings: BenchSettings) -> dict:
+    """Run the benchmark; returns {schema, timestamp, machine, settings, runs, skipped, sweep}."""
+    from .compare import compare_rows
+    settings = settings.resolved()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    doc = {"schema": SCHEMA,
+           "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "machine": machine_info(settings.device), "settings": settings.as_dict(),
+           "extrapolation": EXTRAPOLATION_NOTE, "runs": [], "skipped": [], "sweep": None}
+    from ..engine.backends.torch_backend import resolve_device
+    resolve_device(settings.device)
+    model_set = build_model_set(settings.models, settings.method, settings.sigma, settings.local_sigma,
+                                settings.seed, settings.unet_overrides or None, settings.arch)
+    images = bench_images(settings.models, settings.images, model_set.image_shape, settings.seed)
+    flops = count_model_flops(model_set, settings)
+    calls = flops["classifier_calls_per_sample"]
+    reference = None
+    ns = sorted({settings.n, *STANDARD_NS})
+    with tempfile.TemporaryDirectory(prefix="diffsmooth-bench-") as workdir:
+        for backend in settings.backends:
+            for precision in settings.precisions:
+                start = time.perf_counter()
+                try:
+                    sub = Path(workdir) / f"{backend}-{precision}"
+                    sub.mkdir(exist_ok=True)
+                    stages = build_stages(backend, precision, model_set, settings, workdir=str(sub))
+                except _Skip as why:
+                    doc["skipped"].append({"backend": backend, "precision": precision, "reason": str(why)})
+                    print(f"skipping {backend}/{precision}: {why}", file=sys.stderr)
+                    continue
+                build_s = time.perf_counter() - start
+                peak, peak_source = peak_flops(settings.device, precision, settings.peak_tflops,
+                                               settings.measure_cpu_peak)
+                measured = measure_engine(stages, model_set, images, settings)
+                if settings.reference and reference is None:
+                    reference = measure_reference(model_set, images, settings)
+                rates, achieved = _rates(measured, flops, peak, calls)
+                achieved["peak_source"] = peak_source
+                run = {
+                    "backend": backend, "precision": precision, "device": str(stages.device),
+                    "models": settings.models, "method": settings.method, "m": settings.m if
+                    settings.method == "diffsmooth" else None, "batch": settings.batch,
+                    "model_info": model_set.description, "stages": stages.describe(),
+                    "flops": flops,
+                    "warmup": {"build_models_s": model_set.build_s, "build_stages_s": build_s,
+                               "first_batch_s": measured.pop("first_batch_s"),
+                               "note": "excluded from all rates"},
+                    "measured": measured, "rates": rates, "achieved": achieved,
+                    "extrapolated": {"n0": settings.n0, "note": EXTRAPOLATION_NOTE,
+                                     "seconds_per_image": extrapolation_table(
+                                         measured["per_sample_s"], measured["per_image_fixed_s"], settings.n0, ns)},
+                }
+                if reference is not None:
+                    ref_table = extrapolation_table(reference["per_sample_s"], measured["per_image_fixed_s"],
+                                                    settings.n0, ns)
+                    run["reference_equivalent"] = dict(reference, seconds_per_image=ref_table,
+                                                       speedup=reference["per_sample_s"] / measured["per_sample_s"])
+                if settings.compare:
+                    run["compare"] = compare_rows(run, settings)
+                doc["runs"].append(run)
+    if settings.sweep:
+        cuda = torch.device(settings.device).type == "cuda"
+        doc["sweep"] = run_sweep(model_set, images, settings, settings.precisions[0] if cuda else "fp32")
+        doc["sweep"]["table"] = sweep_table(doc["sweep"])
+        if settings.plot:
+            from .report import plot_sweep
+            doc["sweep"]["plot"] = plot_sweep(doc["sweep"], settings.plot, title=f"{settings.models} "
+                                              f"{settings.method}, {doc['machine']['gpu'] or doc['machine']['cpu_model']}")
+    doc["machine"]["load_average_end"] = machine_info(settings.device)["load_average"]
+    return doc
+
+
+def json_lines(doc: dict) -> List[dict]:
+    """One self-contained record per run (machine + settings + run + timestamp) for --results."""
+    lines = []
+    for run in doc["runs"]:
+        lines.append({"schema": doc["schema"], "timestamp": doc["timestamp"], "machine": doc["machine"],
+                      "settings": doc["settings"], "run": run})
+    if doc.get("sweep"):
+        lines.append({"schema": doc["schema"], "timestamp": doc["timestamp"], "machine": doc["machine"],
+                      "settings": doc["settings"], "sweep": doc["sweep"]})
+    return lines
+
+
+def to_jsonable(obj):
+    """numpy scalars/arrays and tuples to plain JSON types."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return obj

@@ -1,0 +1,73 @@
+"""Splitting a run over processes: `--shard i/k` (Slurm arrays, no communication) or torchrun
+(torch.distributed: rank r of k takes shard r, rank 0 merges). Images are seeded per index, so
+results never depend on the number of shards."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """This process's share: every num_shards-th selected image starting at position `shard`."""
+
+    shard: int = 0
+    num_shards: int = 1
+    distributed: bool = False      # launched by torchrun: ranks meet at a barrier, rank 0 merges
+    local_rank: int = 0
+
+    def take(self, indices: Sequence[int]) -> List[int]:
+        return list(indices)[self.shard::self.num_shards]
+
+    @property
+    def is_merger(self) -> bool:
+        return self.distributed and self.shard == 0
+
+
+def parse_shard(text: str) -> ShardPlan:
+    """'i/k' with 0 <= i < k."""
+    try:
+        i, k = (int(p) for p in text.split("/"))
+    except ValueError:
+        raise UserError(f"--shard must look like i/k (e.g. 0/4), got {text!r}") from None
+    if not (k >= 1 and 0 <= i < k):
+        raise UserError(f"--shard i/k needs k >= 1 and 0 <= i < k, got {text!r}")
+    return ShardPlan(i, k)
+
+
+def plan_from(shard_option: Optional[str], device: str) -> ShardPlan:
+    """--shard if given; else torchrun's WORLD_SIZE/RANK (initialising torch.distributed); else 1 shard."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if shard_option:
+        if world > 1:
+            raise UserError("use either --shard or torchrun, not both")
+        return parse_shard(shard_option)
+    if world <= 1:
+        return ShardPlan()
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(days=7))
+    return ShardPlan(dist.get_rank(), dist.get_world_size(), True, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def rank_device(plan: ShardPlan, device: str) -> str:
+    """Under torchrun, `cuda` means this rank's own GPU (cuda:LOCAL_RANK)."""
+    return f"cuda:{plan.local_rank}" if plan.distributed and device == "cuda" else device
+
+
+def wait_for_all(plan: ShardPlan) -> None:
+    if plan.distributed:
+        import torch.distributed as dist
+        dist.barrier()
+
+
+def finish(plan: ShardPlan) -> None:
+    if plan.distributed:
+        import torch.distributed as dist
+        dist.destroy_process_group()

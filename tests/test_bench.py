@@ -1,0 +1,221 @@
+"""The benchmark harness: extrapolation arithmetic, FLOP counting, the JSON document of a tiny
+run, the reference-equivalent baseline (same maths, votes sum to n) and the sweep table. Not speed."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+TINY_UNET = {"image_size": 8, "model_channels": 32, "num_res_blocks": 1, "channel_mult": (1, 2),
+             "attention_resolutions": (4,), "dropout": 0.0}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: tiny tensors gain nothing from two, and a busy machine makes every
+    parallel region wait for a descheduled worker."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_settings(**kw):
+    from diffsmooth.bench.harness import BenchSettings
+    base = dict(models="cifar10", method="diffsmooth", sigma=0.5, n0=4, n=1000, m=3, batch=4, measure_n=6,
+                images=2, unet_overrides=dict(TINY_UNET), arch="cifar_resnet20", measure_cpu_peak=False,
+                progress=False, reference_batch=5, sweep_batches=(2, 4), sweep_ms=(1, 2), sweep_n=4)
+    base.update(kw)
+    return BenchSettings(**base)
+
+
+@pytest.fixture(scope="module")
+def tiny_set():
+    from diffsmooth.bench.models import build_model_set
+    torch.set_num_threads(1)
+    return build_model_set("cifar10", "diffsmooth", 0.5, 0.25, 0, dict(TINY_UNET), "cifar_resnet20")
+
+
+# ------------------------------------------------------------------------------------------
+# extrapolation
+
+
+def test_extrapolation_is_linear_in_samples():
+    from diffsmooth.bench.timing import extrapolate_seconds, extrapolation_table
+    assert extrapolate_seconds(0.01, 0.5, 100, 1000) == pytest.approx(0.01 * 1100 + 0.5)
+    assert extrapolate_seconds(2e-3, 0.0, 100, 100_000) == pytest.approx(200.2)
+    table = extrapolation_table(1e-3, 0.25, 100, [10_000, 100_000])
+    assert set(table) == {"10000", "100000"}
+    assert table["100000"] - table["10000"] == pytest.approx(90_000 * 1e-3)
+
+
+def test_split_fractions_sum_to_one():
+    from diffsmooth.bench.timing import split_fractions
+    f = split_fractions({"a": 1.0, "b": 3.0})
+    assert f == {"a": 0.25, "b": 0.75}
+
+
+# ------------------------------------------------------------------------------------------
+# FLOP counting
+
+
+def test_flops_conv_plus_linear_hand_count():
+    from diffsmooth.bench.flops import count_flops, stage_flops
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    # conv: 8 out channels x 4x4 outputs x (3 x 3 x 3) MACs; linear: 128 x 10 MACs; 2 FLOPs per MAC
+    conv = 2 * 8 * 4 * 4 * 27
+    linear = 2 * 128 * 10
+    total, by_op = count_flops(model, torch.zeros(1, 3, 4, 4))
+    assert total == conv + linear == 9472
+    assert by_op == {"convolution": conv, "addmm": linear}
+    per_sample, _ = stage_flops(model, (3, 4, 4), batch=3)
+    assert per_sample == 9472
+    assert next(model.parameters()).device.type == "cpu"       # counted on meta copies only
+
+
+def test_flops_bmm_counted():
+    from diffsmooth.bench.flops import count_flops
+
+    class Attn(nn.Module):
+        def forward(self, q, k):
+            return torch.bmm(q, k)
+
+    total, by_op = count_flops(Attn(), torch.zeros(2, 4, 5), torch.zeros(2, 5, 6))
+    assert total == 2 * 2 * 4 * 5 * 6 and "bmm" in by_op
+
+
+def test_flops_full_size_models_match_facts():
+    """FACTS §5 counts 2 x MAC: 16.8 GFLOP (CIFAR-10 UNet), 0.506 GFLOP (cifar_resnet110)."""
+    from diffsmooth.bench.flops import stage_flops
+    from diffsmooth.engine.models.resnet import build_classifier_net
+    from diffsmooth.engine.models.unet import PRESETS, UNetModel
+
+    class WithT(nn.Module):
+        def __init__(self, unet):
+            super().__init__()
+            self.unet = unet
+
+        def forward(self, x):
+            return self.unet(x, torch.zeros(x.shape[0], device=x.device))
+
+    with torch.device("meta"):
+        unet = UNetModel(PRESETS["cifar10"])
+        resnet = build_classifier_net("cifar_resnet110", 10, 3)
+    assert stage_flops(WithT(unet), (3, 32, 32))[0] / 1e9 == pytest.approx(16.77, abs=0.05)
+    assert stage_flops(resnet, (3, 32, 32))[0] / 1e9 == pytest.approx(0.506, abs=0.001)
+
+
+# ------------------------------------------------------------------------------------------
+# reference-equivalent baseline
+
+
+@pytest.mark.parametrize("method", ["rs", "dds", "diffsmooth"])
+def test_reference_equivalent_counts_shape_and_sum(tiny_set, method):
+    from diffsmooth.bench.reference_equivalent import ReferenceEquivalent
+    ref = ReferenceEquivalent(method, tiny_set.classifier, tiny_set.num_classes, 0.5,
+                              tiny_set.denoiser if method != "rs" else None, m=3)
+    x = torch.rand(tiny_set.image_shape)
+    counts = ref.count(x, 13, batch=5)            # two full batches and a partial one
+    assert counts.shape == (tiny_set.num_classes,)
+    assert counts.sum() == 13 and (counts >= 0).all()
+
+
+def test_reference_equivalent_does_the_engines_maths(tiny_set):
+    """Same denoised images and the same local-smoothing probabilities as the engine's modules."""
+    from diffsmooth.bench.reference_equivalent import ReferenceEquivalent
+    from diffsmooth.engine.methods import MethodConfig, score_module
+    ref = ReferenceEquivalent("diffsmooth", tiny_set.classifier, 10, 0.5, tiny_set.denoiser, m=3, local_sigma=0.25)
+    x = torch.rand(5, *tiny_set.image_shape)
+    head = score_module(MethodConfig("diffsmooth", 0.5, 3, 0.25), tiny_set.classifier, tiny_set.image_shape)
+    with torch.no_grad():
+        purified = tiny_set.denoiser.purifier(0.5)(x)
+        torch.testing.assert_close(ref._denoise(x), purified, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ref._classify(purified), head(purified), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------
+# a tiny run end to end
+
+
+@pytest.fixture(scope="module")
+def tiny_doc(tmp_path_factory):
+    from diffsmooth.bench.harness import run_bench, to_jsonable
+    torch.set_num_threads(1)
+    plot = tmp_path_factory.mktemp("bench") / "sweep.png"
+    return to_jsonable(run_bench(tiny_settings(compare=True, sweep=True, plot=str(plot),
+                                               precisions=("fp32", "fp16")))), plot
+
+
+def test_tiny_run_json_schema(tiny_doc):
+    from diffsmooth.bench.harness import SCHEMA, json_lines
+    from diffsmooth.bench.timing import STAGE_NAMES
+    doc, _ = tiny_doc
+    json.dumps(doc)
+    assert doc["schema"] == SCHEMA
+    for key in ("cpu_model", "cpu_cores", "torch", "onnxruntime", "load_average"):
+        assert key in doc["machine"]
+    assert doc["settings"]["n"] == 1000 and doc["settings"]["m"] == 3
+    assert [s["precision"] for s in doc["skipped"]] == ["fp16"] and "CUDA" in doc["skipped"][0]["reason"]
+    (run,) = doc["runs"]
+    assert run["backend"] == "torch" and run["precision"] == "fp32"
+    meas = run["measured"]
+    assert set(meas["stage_seconds"]) == set(STAGE_NAMES)
+    assert all(v >= 0 for v in meas["stage_seconds"].values())
+    assert meas["samples"] == 2 * (4 + 6)
+    assert all(sum(p["estimation_counts"]) == 6 for p in meas["predictions"])
+    f = run["flops"]
+    assert f["total_per_sample"] == f["denoiser_per_sample"] + f["classifier_per_sample"] > 0
+    assert f["classifier_per_sample"] == 3 * f["classifier_per_call"]
+    assert run["rates"]["pipeline_samples_per_s"] > 0
+    assert set(run["warmup"]) >= {"build_models_s", "build_stages_s", "first_batch_s"}
+    ex = run["extrapolated"]["seconds_per_image"]
+    assert set(ex) == {"1000", "10000", "100000"}
+    assert ex["100000"] > ex["10000"] > ex["1000"]
+    ref = run["reference_equivalent"]
+    assert ref["batch"] == 5 and ref["speedup"] > 0
+    assert all(sum(c) == 6 and len(c) == 10 for c in ref["estimation_counts"])
+    assert "hardware" in run["compare"]["note"].lower() or "other hardware" in run["compare"]["note"]
+    lines = json_lines(doc)
+    assert len(lines) == 2 and all({"machine", "settings", "timestamp"} <= set(l) for l in lines)
+    json.dumps(lines)
+
+
+def test_sweep_table_shape_and_plot(tiny_doc):
+    doc, plot = tiny_doc
+    sweep = doc["sweep"]
+    assert sweep["batches"] == [2, 4] and sweep["ms"] == [1, 2]
+    assert len(sweep["table"]) == 2 and all(len(row) == 2 for row in sweep["table"])
+    assert all(v > 0 for row in sweep["table"] for v in row)
+    assert len(sweep["rows"]) == 4
+    assert plot.exists() and plot.stat().st_size > 1000
+
+
+def test_render_mentions_extrapolation_and_hardware(tiny_doc):
+    from diffsmooth.bench.report import render
+    text = render(tiny_doc[0])
+    assert "extrapolated" in text and "reference-equivalent" in text and "RTX A6000" in text
+    assert "sweep" in text
+
+
+def test_sweep_table_grid():
+    from diffsmooth.bench.harness import sweep_table
+    sweep = {"batches": [1, 2, 3], "ms": [1, 5],
+             "rows": [{"batch": b, "m": m, "seconds_per_image": b * 10 + m} for m in (1, 5) for b in (1, 2, 3)]}
+    assert sweep_table(sweep) == [[11, 21, 31], [15, 25, 35]]
+
+
+def test_cli_json_and_results(tmp_path):
+    """The click command on the demo set, tiny n: one JSON document on stdout, JSON lines appended."""
+    from click.testing import CliRunner
+    from diffsmooth.bench.commands import bench
+    results = tmp_path / "r.jsonl"
+    args = ["--models", "demo", "--method", "rs", "--n0", "2", "--measure-n", "2", "--batch", "2",
+            "--reference-batch", "2", "--peak-tflops", "1", "--json", "--quiet", "--results", str(results)]
+    out = CliRunner().invoke(bench, args)
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["runs"][0]["method"] == "rs" and doc["runs"][0]["achieved"]["peak_source"] == "--peak-tflops"
+    out = CliRunner().invoke(bench, args)
+    lines = results.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["run"]["backend"] == "torch"
