@@ -55,7 +55,8 @@ def model_options(f):
         click.option("--unet-config", default=None, help="JSON of UNet config fields overriding the preset."),
         click.option("--schedule", type=click.Choice(["linear", "cosine"]), help="Override the preset's schedule."),
         click.option("--diffusion-steps", type=int, help="Override the preset's number of diffusion steps."),
-        click.option("--classifier", type=click.Path(), help="Classifier checkpoint (Cohen/SmoothAdv dict or state dict)."),
+        click.option("--classifier", type=click.Path(), multiple=True,
+                     help="Classifier checkpoint (Cohen/SmoothAdv dict or state dict); repeat for a sweep."),
         click.option("--arch", help="Classifier architecture when the checkpoint does not say."),
         click.option("--normalization", type=click.Choice(["normalize", "center", "none"]),
                      help="Input layer in front of the classifier [default: per dataset]."),
@@ -69,10 +70,13 @@ def model_options(f):
 
 def method_options(f):
     options = [
-        click.option("--method", type=click.Choice(["rs", "dds", "diffsmooth"]), default="diffsmooth", show_default=True),
+        click.option("--method", type=click.Choice(["rs", "dds", "diffsmooth"]), multiple=True,
+                     default=["diffsmooth"], show_default=True, help="Repeat for a sweep."),
         click.option("--sigma", type=float, default=0.5, show_default=True, help="Smoothing noise std (input in [0,1])."),
-        click.option("--local-sigma", type=float, default=0.25, show_default=True, help="sigma' of the local noises."),
-        click.option("--m", "--num-local", "m", type=int, default=5, show_default=True, help="Number of local noises."),
+        click.option("--local-sigma", type=float, multiple=True, default=[0.25], show_default=True,
+                     help="sigma' of the local noises; repeat for a sweep."),
+        click.option("--m", "--num-local", "m", type=int, multiple=True, default=[5], show_default=True,
+                     help="Number of local noises; repeat for a sweep (nested: m=21 serves 1,3,5,11)."),
         click.option("--local-noise", type=click.Choice(["fixed", "fresh"]), default="fixed", show_default=True,
                      help="fixed: drawn once (seed 42), as the reference; fresh: new per sample (Algorithm 3)."),
     ]
@@ -138,22 +142,40 @@ def _sources(kw, dataset_kind):
     return ModelSources(**given)
 
 
-def _prepare(kw):
-    """Dataset, selected indices, method config and Smooth from the parsed options."""
-    from diffsmooth.engine.assemble import build_smooth
+def _dataset(kw):
+    """The dataset and the selected indices (Cohen's --skip/--max convention)."""
     from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.distributed import plan_from, rank_device
     from diffsmooth.engine.errors import UserError
-    from diffsmooth.engine.methods import MethodConfig
-
     kind = kw["dataset"] or ("embedded" if not kw["data"] else None)
     if kind is None:
         raise UserError("--data given without --dataset: say which layout it is (cifar10, imagenet, npz, idx)")
     dataset = load_dataset(kind, kw["data"], split=kw["split"])
-    indices = dataset.indices_selected(kw["skip"], kw["max_index"])
-    config = MethodConfig(kw["method"], kw["sigma"], kw["m"], kw["local_sigma"], kw["local_noise"])
     if not 0 < kw["alpha"] < 1:
         raise UserError(f"alpha must be in (0, 1), got {kw['alpha']}")
+    return kind, dataset, dataset.indices_selected(kw["skip"], kw["max_index"])
+
+
+def _is_sweep(kw) -> bool:
+    return any(len(kw[k]) > 1 for k in ("method", "local_sigma", "m", "classifier"))
+
+
+def _single(kw):
+    """Options of a single-configuration run: the first (only) value of each repeatable option."""
+    single = dict(kw)
+    for key in ("method", "local_sigma", "m"):
+        single[key] = kw[key][0]
+    single["classifier"] = kw["classifier"][0] if kw["classifier"] else None
+    return single
+
+
+def _prepare(kw):
+    """Dataset, selected indices, method config, Smooth and shard plan from the parsed options."""
+    from diffsmooth.engine.assemble import build_smooth
+    from diffsmooth.engine.distributed import plan_from, rank_device
+    from diffsmooth.engine.methods import MethodConfig
+
+    kind, dataset, indices = _dataset(kw)
+    config = MethodConfig(kw["method"], kw["sigma"], kw["m"], kw["local_sigma"], kw["local_noise"])
     sources = _sources(kw, kind)
     plan = plan_from(kw["shard"], kw["device"])
     smooth = build_smooth(config, sources, tuple(dataset.image_shape), dataset.num_classes,
@@ -162,12 +184,89 @@ def _prepare(kw):
     return dataset, indices, config, smooth, plan
 
 
+def _certify_sweep(kw):
+    """Several classifiers / sigma' / m / methods at one sigma: denoise once, vote many times."""
+    from pathlib import Path as _Path
+    from diffsmooth.engine import demo_assets
+    from diffsmooth.engine.assemble import load_denoiser_from
+    from diffsmooth.engine.backends.torch_backend import TorchBackend
+    from diffsmooth.engine.checkpoints import load_classifier
+    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.methods import MethodConfig
+    from diffsmooth.engine.sweep import SweepPipeline, plan_entries, run_sweep
+
+    if kw["backend"] != "torch" or kw["shard"]:
+        raise UserError("sweeps run on the torch backend in one process (no --backend onnxruntime / --shard yet)")
+    for method in kw["method"]:                     # validates sigma, every sigma' and m
+        for ls in kw["local_sigma"]:
+            for m in kw["m"]:
+                MethodConfig(method, kw["sigma"], m, ls, kw["local_noise"])
+    kind, dataset, indices = _dataset(kw)
+    sources = _sources(dict(kw, classifier=kw["classifier"][0] if kw["classifier"] else None), kind)
+    if kw["classifier"]:
+        paths = {_Path(p).stem: p for p in kw["classifier"]}
+        if len(paths) != len(kw["classifier"]):
+            raise UserError("sweep classifiers need distinct file names (they name the result files)")
+        classifiers_for = lambda method, ls: list(paths)
+    else:
+        paths = {}
+
+        def classifiers_for(method, ls):
+            path = demo_assets.demo_classifier_for(method, kw["sigma"], ls if ls is not None else 0.0)
+            paths[path.stem] = str(path)
+            return [path.stem]
+    entries = plan_entries(kw["method"], classifiers_for, kw["local_sigma"], kw["m"])
+    modules = {name: load_classifier(paths[name], arch=sources.arch, dataset=sources.stats,
+                                     normalization=sources.normalization) for name in {e.classifier for e in entries}}
+    backend = TorchBackend(kw["device"], kw["precision"])
+    purify = None
+    if any(e.method != "rs" for e in entries):
+        purify = backend.stage(load_denoiser_from(sources).purifier(kw["sigma"]), "denoiser")
+    shape = tuple(dataset.image_shape)
+    num_classes = _probe_classes(backend, modules, shape, dataset.num_classes)
+    pipeline = SweepPipeline(entries, modules, purify, backend, kw["sigma"], shape, num_classes,
+                             kw["local_noise"], seed=kw["seed"])
+    settings = _settings("certify", dict(kw, method=list(kw["method"]), local_sigma=list(kw["local_sigma"]),
+                                         m=list(kw["m"]), classifier=list(kw["classifier"])))
+    click.echo(f"# sweep: {len(entries)} configurations at sigma={kw['sigma']}, images={len(indices)} -> {kw['out']}/",
+               err=True)
+    summary = run_sweep(pipeline, dataset, indices, kw["out"], n0=kw["n0"], n=kw["n"], alpha=kw["alpha"],
+                        batch=kw["batch"], settings=settings, progress=not kw["quiet"])
+    _report(summary)
+
+
+def _probe_classes(backend, modules, shape, data_classes):
+    """Classes scored by every classifier (they must agree and cover the data's labels)."""
+    import torch
+    from diffsmooth.engine.errors import UserError
+    counts = set()
+    for name, module in modules.items():
+        try:
+            counts.add(int(backend.stage(module, name)(torch.full((1, *shape), 0.5, device=backend.device)).shape[1]))
+        except RuntimeError as exc:
+            raise UserError(f"classifier {name} cannot take images of shape {shape}: "
+                            f"{str(exc).strip().splitlines()[0]}") from None
+    if len(counts) != 1:
+        raise UserError(f"the sweep's classifiers score different numbers of classes: {sorted(counts)}")
+    k = counts.pop()
+    if data_classes and data_classes > k:
+        raise UserError(f"the data has labels up to {data_classes - 1} but the classifiers score only {k} classes")
+    return k
+
+
 @main.command()
 @model_options
 @method_options
 @run_options
 def certify(**kw):
-    """CERTIFY each selected image; one TSV row per image (idx label predict radius correct time)."""
+    """CERTIFY each selected image; one TSV row per image (idx label predict radius correct time).
+
+    Several --method / --classifier / --local-sigma / --m values make a sweep: --out is then a
+    directory with one TSV per configuration and index.json; the denoiser runs once per batch.
+    """
+    if _is_sweep(kw):
+        return _certify_sweep(kw)
+    kw = _single(kw)
     dataset, indices, config, smooth, plan = _prepare(kw)
     click.echo(f"# {smooth.pipeline.stages.describe()}; sigma={config.sigma} n0={kw['n0']} n={kw['n']} "
                f"alpha={kw['alpha']} images={len(indices)} -> {kw['out']}", err=True)
@@ -180,6 +279,10 @@ def certify(**kw):
 @run_options
 def predict(**kw):
     """PREDICT each selected image (abstain = -1); TSV rows idx label predict correct time."""
+    from diffsmooth.engine.errors import UserError
+    if _is_sweep(kw):
+        raise UserError("predict takes one configuration: give each of --method/--classifier/--local-sigma/--m once")
+    kw = _single(kw)
     dataset, indices, config, smooth, plan = _prepare(kw)
     _run_sharded("predict", kw, dataset, indices, smooth, plan)
 
@@ -190,7 +293,7 @@ def _run_sharded(mode, kw, dataset, indices, smooth, plan):
     from diffsmooth.engine.results import check_or_record_settings, merge_results, shard_path
     from diffsmooth.engine.run import run_dataset
     out = kw["out"] if plan.num_shards == 1 else shard_path(kw["out"], plan.shard, plan.num_shards)
-    check_or_record_settings(out, _settings(mode, kw, smooth))
+    check_or_record_settings(out, _settings(mode, kw))
     summary = run_dataset(smooth, dataset, plan.take(indices), out, mode=mode, n0=kw["n0"], n=kw["n"],
                           alpha=kw["alpha"], batch=kw["batch"], progress=not kw["quiet"])
     _report(summary)
@@ -205,7 +308,7 @@ def _run_sharded(mode, kw, dataset, indices, smooth, plan):
     finish(plan)
 
 
-def _settings(mode, kw, smooth):
+def _settings(mode, kw):
     """What determines the rows of a result file (a resumed run must match it)."""
     keys = ("method", "sigma", "local_sigma", "m", "local_noise", "n0", "n", "alpha", "seed",
             "dataset", "data", "split", "denoiser", "preset", "unet_config", "classifier", "arch",
@@ -214,7 +317,7 @@ def _settings(mode, kw, smooth):
     settings["mode"] = mode
     if mode == "predict":
         settings.pop("n0")
-    if kw["method"] != "diffsmooth":
+    if kw["method"] != "diffsmooth" and not isinstance(kw["method"], list):
         for k in ("local_sigma", "m", "local_noise"):
             settings.pop(k)
     return settings
@@ -234,7 +337,7 @@ def _report(summary):
 @click.option("--plot", type=click.Path(), help="Write a certified-accuracy curve PNG here.")
 def analyze(files, radii, as_json, plot):
     """Certified accuracy at radii and ACR for result TSVs (either time format)."""
-    from diffsmooth.engine.analyze import markdown_table, plot_curves, summarize, to_json
+    from diffsmooth.engine.analyze import best_per_radius, markdown_table, plot_curves, summarize, to_json
     from diffsmooth.engine.errors import UserError
     try:
         radii = [float(r) for r in radii.split(",") if r.strip()]
@@ -242,7 +345,12 @@ def analyze(files, radii, as_json, plot):
         raise UserError(f"--radii must be comma-separated numbers, got {radii!r}") from None
     paths = _expand_result_files(files)
     summaries = [summarize(p, radii) for p in paths]
-    click.echo(to_json(summaries) if as_json else markdown_table(summaries, radii))
+    if as_json:
+        click.echo(to_json(summaries))
+    else:
+        click.echo(markdown_table(summaries, radii))
+        if len(summaries) > 1:
+            click.echo("\n" + best_per_radius(summaries, radii))
     if plot:
         plot_curves(paths, plot)
         click.echo(f"wrote {plot}", err=True)

@@ -38,12 +38,31 @@ class LocalSmoothingHead(nn.Module):
         return self.mode == "fresh"
 
     def forward(self, x_hat: torch.Tensor, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
-        b = x_hat.shape[0]
         delta = self.fixed_noise.unsqueeze(0) if self.mode == "fixed" else noise
-        y = (x_hat.unsqueeze(1) + self.local_sigma * delta.to(x_hat.dtype))     # [B,m,C,H,W]
-        y = y.reshape(b * self.m, *x_hat.shape[1:])
-        logits = self.classifier(y).float()
-        return torch.softmax(logits, dim=-1).view(b, self.m, -1).mean(dim=1)
+        return local_probabilities(self.classifier, x_hat, delta, self.local_sigma).mean(dim=1)
+
+
+def local_probabilities(classifier: nn.Module, x_hat: torch.Tensor, delta: torch.Tensor,
+                        local_sigma: float) -> torch.Tensor:
+    """softmax(classifier(x_hat + sigma' * delta_i)) for every local noise i, in ONE classifier
+    call over B*m images: x_hat [B,C,H,W], delta [1 or B, m, C,H,W] -> probabilities [B,m,K]."""
+    b, m = x_hat.shape[0], delta.shape[1]
+    y = (x_hat.unsqueeze(1) + local_sigma * delta.to(x_hat.dtype)).reshape(b * m, *x_hat.shape[1:])
+    logits = classifier(y).float()
+    return torch.softmax(logits, dim=-1).view(b, m, -1)
+
+
+class LocalProbabilities(nn.Module):
+    """(x_hat, delta [1|B, M, C,H,W]) -> per-noise probabilities [B,M,K]; the sweep averages
+    prefixes of it, so m in {1,3,5,11,21} costs one call at m=21."""
+
+    def __init__(self, classifier: nn.Module, local_sigma: float):
+        super().__init__()
+        self.classifier = classifier
+        self.local_sigma = float(local_sigma)
+
+    def forward(self, x_hat: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        return local_probabilities(self.classifier, x_hat, delta, self.local_sigma)
 
 
 class LogitsHead(nn.Module):

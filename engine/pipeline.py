@@ -15,6 +15,13 @@ from .errors import UserError
 from .noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
 
 
+def noisy_batch(x: torch.Tensor, sigma: float, seed: int, image_index: int, first_sample: int,
+                size: int) -> torch.Tensor:
+    """x + sigma * eps for samples first_sample..first_sample+size-1 (fp32, on x's device)."""
+    eps = gaussian(seed, STREAM_SMOOTHING, image_index, first_sample, size, x.shape, x.device)
+    return x.unsqueeze(0) + sigma * eps
+
+
 class NonFiniteScores(UserError):
     """A backend produced NaN/Inf scores: the votes of that pass cannot be trusted."""
 
@@ -34,9 +41,7 @@ class MonteCarloPipeline:
         return self.stages.num_classes
 
     def noisy_batch(self, x: torch.Tensor, image_index: int, first_sample: int, size: int) -> torch.Tensor:
-        """x + sigma * eps for samples first_sample..first_sample+size-1 (fp32, on the device)."""
-        eps = gaussian(self.seed, STREAM_SMOOTHING, image_index, first_sample, size, x.shape, x.device)
-        return x.unsqueeze(0) + self.sigma * eps
+        return noisy_batch(x, self.sigma, self.seed, image_index, first_sample, size)
 
     def scores(self, x: torch.Tensor, image_index: int, first_sample: int, size: int) -> torch.Tensor:
         """The base classifier's scores [size, K] on one batch of noisy copies of x."""

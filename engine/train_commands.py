@@ -29,20 +29,23 @@ def _at_least(lo):
 @click.option("--out", default=DEFAULT_OUT, show_default=True, type=click.Path(),
               help="Where to write demo_unet.pt, demo_classifier_s*.pt and MODELS.json.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Base seed of all training runs.")
-@click.option("--unet-steps", type=int, callback=_at_least(1), help="Denoiser optimisation steps [default: 1000].")
+@click.option("--unet-steps", type=int, callback=_at_least(1), help="Denoiser optimisation steps [default: 500].")
 @click.option("--unet-batch-size", type=int, callback=_at_least(1), help="Denoiser batch size [default: 128].")
 @click.option("--classifier-epochs", type=float, callback=_at_least(0.001),
-              help="Epochs per classifier [default: 3].")
+              help="Epochs per classifier [default: 1.5].")
 @click.option("--classifier-steps", type=int, callback=_at_least(1),
               help="Steps per classifier (overrides --classifier-epochs).")
 @click.option("--classifier-batch-size", type=int, callback=_at_least(1), help="Classifier batch size [default: 128].")
 @click.option("--train-limit", type=int, callback=_at_least(1), help="Train on only the first N images.")
 @click.option("--test-limit", type=int, callback=_at_least(1), help="Evaluate on only the first N test images.")
-@click.option("--threads", type=int, callback=_at_least(1), help="Torch threads [default: all usable cores].")
+@click.option("--workers", type=int, callback=_at_least(1),
+              help="Processes training models in parallel [default: usable cores, at most 2].")
+@click.option("--threads", type=int, callback=_at_least(1),
+              help="Torch threads per worker [default: cores // workers].")
 @click.option("--quick", is_flag=True, help="Tiny budget for smoke tests (a few steps on 256 images).")
 @click.option("--no-progress", is_flag=True, help="Hide the tqdm progress bars.")
 def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs, classifier_steps,
-               classifier_batch_size, train_limit, test_limit, threads, quick, no_progress):
+               classifier_batch_size, train_limit, test_limit, workers, threads, quick, no_progress):
     """Train the embedded demo denoiser and classifiers on Fashion-MNIST (CPU, fixed seeds)."""
     import dataclasses
 
@@ -53,13 +56,12 @@ def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs, 
                      classifier_epochs=classifier_epochs, classifier_steps=classifier_steps,
                      classifier_batch_size=classifier_batch_size, train_limit=train_limit,
                      test_limit=test_limit)
+    overrides = {k: v for k, v in overrides.items() if v is not None}
     if classifier_epochs is not None and classifier_steps is None:
         overrides["classifier_steps"] = None       # explicit epochs beat the quick budget's steps
-    budget = dataclasses.replace(budget, **{k: v for k, v in overrides.items()
-                                            if v is not None or k == "classifier_steps"
-                                            and classifier_epochs is not None})
-    manifest = run(out, data, seed=seed, budget=budget, threads=threads, command=_command_line(),
-                   progress=not no_progress)
+    budget = dataclasses.replace(budget, **overrides)
+    manifest = run(out, data, seed=seed, budget=budget, workers=workers, threads=threads,
+                   command=_command_line(), progress=not no_progress)
     for name, entry in manifest["models"].items():
         click.echo(f"{name}: {entry['file_bytes']} bytes, {entry['training']['wall_time_s']} s")
     click.echo(f"wrote {Path(out) / 'MODELS.json'}")

@@ -67,10 +67,13 @@ class TrainResult:
 
 def _set_threads(threads: Optional[int]) -> int:
     """Use `threads` intra-op threads (default: all cores this process may use)."""
-    if threads is None:
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = threads or _usable_cores()
     torch.set_num_threads(int(threads))
     return int(threads)
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _warmup_cosine(step: int, total: int, warmup: int, floor: float = 0.0) -> float:
@@ -304,9 +307,9 @@ def mse(a: torch.Tensor, b: torch.Tensor) -> float:
 class DemoBudget:
     """Step counts and batch sizes of one `train_demo` run (fixed numbers, not time limits)."""
 
-    unet_steps: int = 1000
+    unet_steps: int = 500
     unet_batch_size: int = 128
-    classifier_epochs: float = 3.0
+    classifier_epochs: float = 1.5
     classifier_steps: Optional[int] = None  # overrides classifier_epochs when given
     classifier_batch_size: int = 128
     train_limit: Optional[int] = None   # use only the first N training images (smoke tests)
@@ -347,65 +350,91 @@ def classifier_file(noise_sigma: float) -> str:
     return f"demo_classifier_s{noise_sigma:.2f}.pt"
 
 
+def _train_job(job: dict) -> tuple[str, dict]:
+    """Train and save one demo model (runs in a worker process or inline); returns (file, manifest entry)."""
+    from .checkpoints import save_cohen_checkpoint, save_unet_state
+
+    _set_threads(job["threads"])
+    budget, out = job["budget"], Path(job["out"])
+    x_train, y_train = _load_split(job["data_dir"], "train", budget.train_limit)
+    n = x_train.shape[0]
+    if job["kind"] == "denoiser":
+        res = train_denoiser(x_train, config="demo", schedule=PRESET_SCHEDULES["demo"],
+                             steps=budget.unet_steps, batch_size=budget.unet_batch_size,
+                             seed=job["seed"], progress=job["progress"])
+        save_unet_state(out / "demo_unet.pt", res.model)
+        return "demo_unet.pt", dict(
+            kind="denoiser", format="plain UNet state dict (improved-diffusion layout), EMA weights",
+            preset="demo", config=dataclasses.asdict(unet_config("demo")),
+            parameters=sum(p.numel() for p in res.model.parameters()),
+            training=dict(res.settings, steps=res.steps, batch_size=res.batch_size,
+                          epochs=round(res.steps * res.batch_size / n, 4), threads=job["threads"],
+                          final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
+    s = job["sigma"]
+    res = train_classifier(x_train, y_train, s, epochs=budget.classifier_epochs,
+                           steps=budget.classifier_steps, batch_size=budget.classifier_batch_size,
+                           seed=job["seed"], progress=job["progress"])
+    name = classifier_file(s)
+    save_cohen_checkpoint(out / name, res.model, CLASSIFIER_ARCH,
+                          epoch=int(math.ceil(res.settings["epochs"])), noise_sd=s,
+                          dataset="fashion-mnist", normalization="normalize")
+    return name, dict(
+        kind="classifier", arch=CLASSIFIER_ARCH, noise_sigma=s, num_classes=10, in_channels=1,
+        dataset_stats="fashion-mnist", normalization="normalize",
+        format="Cohen-style dict {'arch', 'state_dict' (keys '1.'), 'epoch', 'noise_sd', ...}",
+        parameters=sum(p.numel() for p in res.model.parameters()),
+        training=dict(res.settings, steps=res.steps, batch_size=res.batch_size, threads=job["threads"],
+                      final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
+
+
 def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
-               budget: DemoBudget = DemoBudget(), threads: Optional[int] = None,
-               command: Optional[str] = None, progress: bool = True,
+               budget: DemoBudget = DemoBudget(), workers: Optional[int] = None,
+               threads: Optional[int] = None, command: Optional[str] = None, progress: bool = True,
                log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Train the demo UNet and the three classifiers, write them and MODELS.json into out_dir.
 
-    Seeds: UNet `seed`, classifier at sigma s `seed + 1 + i` (i = index of s in 0, 0.25, 0.5).
+    The four trainings are independent jobs run by `workers` processes (default: one per core,
+    at most 2) with `threads` torch threads each (default: cores // workers); each job is seeded
+    and single-process, so its result does not depend on the scheduling. Seeds: UNet `seed`,
+    classifier at sigma s `seed + 1 + i` (i = index of s in 0, 0.25, 0.5).
     Returns the manifest (also written as out_dir/MODELS.json).
     """
-    from .checkpoints import load_classifier, load_unet, save_cohen_checkpoint, save_unet_state
+    from .checkpoints import load_classifier, load_unet
     from .data import load_arrays, load_dataset
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    threads = _set_threads(threads)
+    cores = _usable_cores()
+    workers = int(workers or max(1, min(2, cores)))
+    threads = int(threads or max(1, cores // workers))
     t_all = time.perf_counter()
-    log(f"train-demo: data {data_dir}, out {out}, seed {seed}, {threads} threads, {budget}")
+    log(f"train-demo: data {data_dir}, out {out}, seed {seed}, {workers} worker(s) x {threads} "
+        f"thread(s), {budget}")
     hashes = _idx_hashes(data_dir)
-    x_train, y_train = _load_split(data_dir, "train", budget.train_limit)
+    jobs = [dict(kind="denoiser", seed=seed)] + [dict(kind="classifier", sigma=s, seed=seed + 1 + i)
+                                                 for i, s in enumerate(CLASSIFIER_SIGMAS)]
+    for job in jobs:
+        job.update(threads=threads, budget=budget, out=str(out), data_dir=str(data_dir),
+                   progress=progress)
+    if workers == 1:
+        results = [_train_job(job) for job in jobs]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(_train_job, jobs))
+    models: dict[str, dict] = dict(results)
+    for name, entry in models.items():
+        log(f"{name}: {entry['training']['steps']} steps in {entry['training']['wall_time_s']:.0f} s, "
+            f"final loss {entry['training']['final_train_loss']:.4f}")
+
+    _set_threads(threads)
+    n_train = len(load_dataset("idx", data_dir, split="train"))
+    n_train = min(n_train, budget.train_limit or n_train)
     x_test, y_test = _load_split(data_dir, "test", budget.test_limit)
-    sub = load_dataset("embedded")
-    x_sub, y_sub = load_arrays(sub)
-    log(f"train {tuple(x_train.shape)}, test {tuple(x_test.shape)}, embedded {tuple(x_sub.shape)}")
-
-    models: dict[str, dict] = {}
+    x_sub, y_sub = load_arrays(load_dataset("embedded"))
     schedule = PRESET_SCHEDULES["demo"]
-
-    # -- denoiser
-    res = train_denoiser(x_train, config="demo", schedule=schedule, steps=budget.unet_steps,
-                         batch_size=budget.unet_batch_size, seed=seed, progress=progress)
     unet_path = out / "demo_unet.pt"
-    save_unet_state(unet_path, res.model)
-    log(f"denoiser: {res.steps} steps in {res.wall_time_s:.0f} s, final loss {res.final_loss:.4f}")
-    models["demo_unet.pt"] = dict(
-        kind="denoiser", format="plain UNet state dict (improved-diffusion layout), EMA weights",
-        preset="demo", config=dataclasses.asdict(unet_config("demo")),
-        parameters=sum(p.numel() for p in res.model.parameters()),
-        training=dict(res.settings, steps=res.steps, batch_size=res.batch_size,
-                      epochs=round(res.steps * res.batch_size / x_train.shape[0], 4),
-                      final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
-
-    # -- classifiers
-    for i, s in enumerate(CLASSIFIER_SIGMAS):
-        res_c = train_classifier(x_train, y_train, s, epochs=budget.classifier_epochs,
-                                 steps=budget.classifier_steps,
-                                 batch_size=budget.classifier_batch_size, seed=seed + 1 + i,
-                                 progress=progress)
-        path = out / classifier_file(s)
-        save_cohen_checkpoint(path, res_c.model, CLASSIFIER_ARCH, epoch=int(math.ceil(
-            res_c.settings["epochs"])), noise_sd=s, dataset="fashion-mnist", normalization="normalize")
-        log(f"classifier s{s:.2f}: {res_c.steps} steps in {res_c.wall_time_s:.0f} s, "
-            f"final loss {res_c.final_loss:.4f}")
-        models[classifier_file(s)] = dict(
-            kind="classifier", arch=CLASSIFIER_ARCH, noise_sigma=s, num_classes=10, in_channels=1,
-            dataset_stats="fashion-mnist", normalization="normalize",
-            format="Cohen-style dict {'arch', 'state_dict' (keys '1.'), 'epoch', 'noise_sd', ...}",
-            parameters=sum(p.numel() for p in res_c.model.parameters()),
-            training=dict(res_c.settings, steps=res_c.steps, batch_size=res_c.batch_size,
-                          final_train_loss=res_c.final_loss, wall_time_s=round(res_c.wall_time_s, 1)))
 
     # -- evaluation, with the models read back through the project's loaders
     log("evaluating ...")
@@ -444,12 +473,12 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
                      "trained with Gaussian augmentation at sigma 0, 0.25, 0.5, on Fashion-MNIST "
                      "(60k train images, 28x28 zero-padded to 32x32, [0,1])."),
         command=command or shlex.join([sys.executable] + sys.argv),
-        equivalent_command=_equivalent_command(data_dir, out, seed, budget, threads),
+        equivalent_command=_equivalent_command(data_dir, out, seed, budget, workers, threads),
         seed=seed,
         seeds={"demo_unet.pt": seed, **{classifier_file(s): seed + 1 + i
                                         for i, s in enumerate(CLASSIFIER_SIGMAS)}},
         budget=dataclasses.asdict(budget),
-        data=dict(directory=str(data_dir), sha256=hashes, train_images=int(x_train.shape[0]),
+        data=dict(directory=str(data_dir), sha256=hashes, train_images=n_train,
                   test_images=int(x_test.shape[0]),
                   preprocessing="uint8/255, zero-pad 28x28 -> 32x32 (load_dataset('idx', dir, split))",
                   embedded_subset="load_dataset('embedded'): 500 test images, first 50 per class"),
@@ -464,7 +493,8 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
             dds_accuracy="s0.00 classifier on the one-shot-denoised images (one sample of DDS)",
             wall_time_s=round(eval_wall, 1)),
         software=dict(python=platform.python_version(), torch=torch.__version__,
-                      numpy=np.__version__, threads=threads, machine=platform.machine()),
+                      numpy=np.__version__, workers=workers, threads_per_worker=threads,
+                      machine=platform.machine()),
         total_wall_time_s=round(time.perf_counter() - t_all, 1),
         models=models)
     with open(out / "MODELS.json", "w") as f:
@@ -474,13 +504,14 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
     return manifest
 
 
-def _equivalent_command(data_dir, out, seed: int, budget: DemoBudget, threads: int) -> str:
+def _equivalent_command(data_dir, out, seed: int, budget: DemoBudget, workers: int, threads: int) -> str:
     """The `diffsmooth train-demo` command line that reproduces this run."""
     args = ["diffsmooth", "train-demo", "--data", str(data_dir), "--out", str(out), "--seed", str(seed),
             "--unet-steps", str(budget.unet_steps), "--unet-batch-size", str(budget.unet_batch_size),
             "--classifier-epochs", f"{budget.classifier_epochs:g}",
             *(["--classifier-steps", str(budget.classifier_steps)] if budget.classifier_steps else []),
-            "--classifier-batch-size", str(budget.classifier_batch_size), "--threads", str(threads)]
+            "--classifier-batch-size", str(budget.classifier_batch_size),
+            "--workers", str(workers), "--threads", str(threads)]
     if budget.train_limit is not None:
         args += ["--train-limit", str(budget.train_limit)]
     if budget.test_limit is not None:

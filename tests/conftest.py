@@ -30,10 +30,14 @@ def tiny_models(tmp_path_factory):
     net = NormalizedClassifier(normalization_layer("normalize", "cifar10"), build_classifier_net("cifar_resnet20", 10, 3))
     net.eval()
     save_cohen_checkpoint(root / "clf.pt", net, "cifar_resnet20")
+    torch.manual_seed(1)
+    other = NormalizedClassifier(normalization_layer("normalize", "cifar10"), build_classifier_net("cifar_resnet20", 10, 3))
+    save_cohen_checkpoint(root / "clf_b.pt", other.eval(), "cifar_resnet20")
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(6, 8, 8, 3), dtype=np.uint8)
     np.savez(root / "data.npz", images=images, labels=np.array([0, 1, 2, 3, 4, 5]))
-    return {"unet": root / "unet.pt", "classifier": root / "clf.pt", "data": root / "data.npz",
+    return {"unet": root / "unet.pt", "classifier": root / "clf.pt", "classifier_b": root / "clf_b.pt",
+            "data": root / "data.npz",
             "unet_config": json.dumps(TINY_UNET), "root": root}
 
 

@@ -36,13 +36,13 @@ SHAPE = (1, 16, 16)            # small: these CPU tests must stay fast
 SIGMA = 0.5
 TINY_UNET = dict(image_size=16, in_channels=1, model_channels=32, num_res_blocks=1, attention_resolutions=(8,),
                  channel_mult=(1, 2), num_heads=2, dropout=0.0, learn_sigma=True)
-SAMPLES = 200                  # validation samples in tests (the default is 1000)
+SAMPLES = 100                  # validation samples in tests (the default is 1000)
 SCHEDULE = DiffusionSchedule("cosine", 4000, rescale_timesteps=True)
 CONFIGS = {
     "rs": MethodConfig("rs", SIGMA),
     "dds": MethodConfig("dds", SIGMA),
-    "diffsmooth-fixed": MethodConfig("diffsmooth", SIGMA, m=3, local_sigma=0.25, local_noise="fixed"),
-    "diffsmooth-fresh": MethodConfig("diffsmooth", SIGMA, m=3, local_sigma=0.25, local_noise="fresh"),
+    "diffsmooth-fixed": MethodConfig("diffsmooth", SIGMA, m=2, local_sigma=0.25, local_noise="fixed"),
+    "diffsmooth-fresh": MethodConfig("diffsmooth", SIGMA, m=2, local_sigma=0.25, local_noise="fresh"),
 }
 
 
@@ -132,7 +132,7 @@ def test_dynamic_batch_and_fp32_matches_torch(export_dir, models):
     s_cls = ort.InferenceSession(str(cls.path), providers=["CPUExecutionProvider"])
     for batch in (1, 5):
         x = torch.rand(batch, *SHAPE)
-        noise = torch.randn(batch, 3, *SHAPE)
+        noise = torch.randn(batch, 2, *SHAPE)
         with torch.no_grad():
             ref_h, ref_p = purifier(x), head(x, noise)
         got_h = s_den.run(None, {"x_rs": x.numpy()})[0]
@@ -223,8 +223,8 @@ def test_manifest_fields_and_hashes(export_dir):
         assert key in m
     c = read_manifest(_graph(graphs["diffsmooth-fresh"], "classifier").path.with_suffix(".json"))
     assert (c["role"], c["method"], c["m"], c["local_sigma"], c["local_noise"], c["num_classes"]) == \
-        ("classifier", "diffsmooth", 3, 0.25, "fresh", 10)
-    assert c["inputs"] == {"x": ["batch", *SHAPE], "noise": ["batch", 3, *SHAPE]}
+        ("classifier", "diffsmooth", 2, 0.25, "fresh", 10)
+    assert c["inputs"] == {"x": ["batch", *SHAPE], "noise": ["batch", 2, *SHAPE]}
     assert c["output"]["name"] == "probs"
     r = read_manifest(_graph(graphs["rs"], "classifier").path.with_suffix(".json"))
     assert r["output"]["name"] == "logits" and r["m"] is None
@@ -282,7 +282,7 @@ def test_backend_refuses_hash_mismatch_and_wrong_config(tmp_path, export_dir):
     assert isinstance(stages, BaseClassifierStages) and stages.num_classes == 10
     with pytest.raises(UserError, match="sigma=0.5 \\(want 0.25\\)"):
         build_onnx_stages(copy, MethodConfig("dds", 0.25), SHAPE)
-    with pytest.raises(UserError, match="m=3 \\(want 7\\)"):
+    with pytest.raises(UserError, match="m=2 \\(want 7\\)"):
         build_onnx_stages(copy, MethodConfig("diffsmooth", SIGMA, m=7, local_sigma=0.25), SHAPE)
     with pytest.raises(UserError, match="no denoiser graph|no matching denoiser"):
         build_onnx_stages(copy, MethodConfig("dds", SIGMA), (1, 28, 28))
@@ -327,9 +327,9 @@ def test_onnxruntime_certify_matches_torch(export_dir, models, name):
                                       TorchBackend(), SHAPE, 10)
     ort_stages = build_onnx_stages(out, config, SHAPE, 10)
     a, b = Smooth(MonteCarloPipeline(torch_stages, SIGMA, 3)), Smooth(MonteCarloPipeline(ort_stages, SIGMA, 3))
-    for i, x in enumerate(real_images(3)):
-        ra = a.certify(x, 20, 200, 0.001, 64, image_index=i)
-        rb = b.certify(x, 20, 200, 0.001, 64, image_index=i)
+    for i, x in enumerate(real_images(2)):
+        ra = a.certify(x, 10, 50, 0.05, 32, image_index=i)
+        rb = b.certify(x, 10, 50, 0.05, 32, image_index=i)
         assert ra[0] == rb[0] and abs(ra[1] - rb[1]) < 1e-6, (name, i, ra, rb)
 
 
@@ -362,22 +362,22 @@ def test_cli_export_validate_and_certify_backends_agree(tmp_path, checkpoints):
     model_args = ["--denoiser", str(checkpoints / "unet.pt"), "--unet-config", json.dumps(TINY_UNET),
                   "--schedule", "cosine", "--diffusion-steps", "4000", "--classifier", str(checkpoints / "clf.pt"),
                   "--stats", "fashion-mnist"]
-    method_args = ["--method", "diffsmooth", "--sigma", "0.5", "--m", "3", "--local-sigma", "0.25",
+    method_args = ["--method", "diffsmooth", "--sigma", "0.5", "--m", "2", "--local-sigma", "0.25",
                    "--local-noise", "fresh"]
     onnx_dir = tmp_path / "onnx"
     r = runner.invoke(group, ["export", *model_args, *method_args, "--image-shape", "1,16,16",
-                              "--out", str(onnx_dir), "--samples", "100"])
+                              "--out", str(onnx_dir), "--samples", "50"])
     assert r.exit_code == 0, (r.output, r.exception)
     assert r.output.count("ok ") == 2 and len(list(onnx_dir.glob("*.onnx"))) == 2
     m = read_manifest(next(onnx_dir.glob("denoiser_*.json")))
     assert m["source"]["sha256"] == sha256_file(checkpoints / "unet.pt") and m["validation"]["passed"]
-    r = runner.invoke(group, ["validate", "--onnx-dir", str(onnx_dir), "--samples", "100"])
+    r = runner.invoke(group, ["validate", "--onnx-dir", str(onnx_dir), "--samples", "50"])
     assert r.exit_code == 0, (r.output, r.exception)
     rows = {}
     for backend in ("torch", "onnxruntime"):
         out = tmp_path / f"{backend}.tsv"
         r = runner.invoke(main, ["certify", *model_args, *method_args, "--dataset", "npz", "--data", str(data),
-                                 "--n0", "10", "--n", "60", "--batch", "35", "--seed", "1",
+                                 "--n0", "10", "--n", "40", "--alpha", "0.05", "--batch", "25", "--seed", "1",
                                  "--backend", backend, "--onnx-dir", str(onnx_dir), "--out", str(out), "--quiet"])
         assert r.exit_code == 0, (backend, r.output, r.exception)
         rows[backend] = [line.split("\t")[:4] for line in out.read_text().splitlines()[1:]]
@@ -389,5 +389,5 @@ def test_cli_export_validate_and_certify_backends_agree(tmp_path, checkpoints):
     data = json.loads(man.read_text())
     data["onnx_sha256"] = sha256_file(cls)
     man.write_text(json.dumps(data))
-    r = runner.invoke(group, ["validate", "--onnx-dir", str(onnx_dir), "--samples", "100"])
+    r = runner.invoke(group, ["validate", "--onnx-dir", str(onnx_dir), "--samples", "50"])
     assert r.exit_code != 0 and isinstance(r.exception, ValidationFailed)

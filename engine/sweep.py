@@ -1,0 +1,179 @@
+"""One pass, many certificates: each noisy sample is denoised ONCE and then voted on by every
+configuration (classifier x sigma' x m x method) at one sigma.
+
+Why it is exact: every configuration sees the same smoothing noise (it depends only on seed,
+image and sample index), the same local noises (fixed: the reference's seed-42 draw, whose first
+m rows equal the m-row draw — checked, else drawn separately; fresh: Philox prefixes), and the
+same classifier arithmetic as a single run. So each configuration's rows are the rows a
+separate single-configuration run with the same seed writes; the sweep is only faster.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .backends.base import Stage
+from .certification import certify_from_counts
+from .errors import UserError
+from .local_smoothing import LocalProbabilities, LogitsHead
+from .noise import STREAM_LOCAL, fixed_local_noise, gaussian
+from .pipeline import NonFiniteScores, noisy_batch
+from .results import ResultWriter, format_radius, format_time
+from .smooth import check_certify_parameters
+
+
+@dataclass(frozen=True)
+class SweepEntry:
+    """One configuration of the sweep: its own votes and its own result file."""
+
+    method: str                     # rs | dds | diffsmooth
+    classifier: str                 # the classifier's name (file stem)
+    local_sigma: Optional[float] = None
+    m: Optional[int] = None
+
+    @property
+    def name(self) -> str:
+        base = f"{self.method}__{self.classifier}"
+        return base if self.method != "diffsmooth" else f"{base}__ls{self.local_sigma:g}__m{self.m}"
+
+
+def plan_entries(methods: Sequence[str], classifiers_for, local_sigmas: Sequence[float],
+                 ms: Sequence[int]) -> List[SweepEntry]:
+    """Every (method, classifier, sigma', m) asked for; `classifiers_for(method, sigma')` names
+    the classifiers a method uses at that local sigma (None for rs/dds)."""
+    entries = []
+    for method in methods:
+        if method == "diffsmooth":
+            entries += [SweepEntry(method, clf, float(ls), int(m))
+                        for ls in local_sigmas for clf in classifiers_for(method, ls) for m in ms]
+        else:
+            entries += [SweepEntry(method, clf) for clf in classifiers_for(method, None)]
+    if len(set(e.name for e in entries)) != len(entries):
+        raise UserError("two sweep configurations would share a result file: give classifiers distinct file names")
+    return entries
+
+
+class SweepPipeline:
+    """Counts the votes of every entry on the same noisy samples; the denoiser runs once per batch."""
+
+    def __init__(self, entries: Sequence[SweepEntry], classifiers: Dict[str, torch.nn.Module], purify: Optional[Stage],
+                 backend, sigma: float, image_shape: Tuple[int, ...], num_classes: int,
+                 local_noise: str = "fixed", local_noise_seed: int = 42, seed: int = 0):
+        self.entries = list(entries)
+        self.sigma, self.seed, self.num_classes = float(sigma), int(seed), int(num_classes)
+        self.image_shape = tuple(image_shape)
+        self.local_noise = local_noise
+        self.purify = purify
+        self.device = backend.device
+        self.logits = {name: backend.stage(LogitsHead(c), f"classifier {name}") for name, c in classifiers.items()}
+        self.local = {(e.classifier, e.local_sigma): backend.stage(LocalProbabilities(classifiers[e.classifier], e.local_sigma),
+                                                                   f"local {e.classifier} sigma'={e.local_sigma:g}")
+                      for e in self.entries if e.method == "diffsmooth"}
+        self.groups = self._noise_groups(local_noise_seed)
+
+    def _noise_groups(self, local_noise_seed: int) -> List[Tuple[int, List[int], Optional[torch.Tensor]]]:
+        """Sets of m served by one classifier call on the first M local noises (M = their max)."""
+        ms = sorted({e.m for e in self.entries if e.method == "diffsmooth"})
+        if not ms:
+            return []
+        if self.local_noise == "fresh":                 # Philox: prefixes are exact by construction
+            return [(ms[-1], ms, None)]
+        full = fixed_local_noise(ms[-1], self.image_shape, local_noise_seed)
+        shared = [m for m in ms if torch.equal(full[:m], fixed_local_noise(m, self.image_shape, local_noise_seed))]
+        groups = [(ms[-1], shared, full.to(self.device))]
+        groups += [(m, [m], fixed_local_noise(m, self.image_shape, local_noise_seed).to(self.device))
+                   for m in ms if m not in shared]
+        return groups
+
+    def _votes(self, x: torch.Tensor, image_index: int, first: int, size: int) -> Dict[SweepEntry, torch.Tensor]:
+        """Scores -> argmax votes [size] of every entry on one batch of noisy samples."""
+        x_rs = noisy_batch(x, self.sigma, self.seed, image_index, first, size)
+        x_hat = self.purify(x_rs) if self.purify is not None and any(e.method != "rs" for e in self.entries) else None
+        votes: Dict[SweepEntry, torch.Tensor] = {}
+        probs_cache = {}
+        for e in self.entries:
+            if e.method == "rs":
+                scores = self.logits[e.classifier](x_rs)
+            elif e.method == "dds":
+                scores = self.logits[e.classifier](x_hat)
+            else:
+                big_m, members, fixed = next(g for g in self.groups if e.m in g[1])
+                key = (e.classifier, e.local_sigma, big_m)
+                if key not in probs_cache:
+                    delta = (fixed.unsqueeze(0) if fixed is not None else
+                             gaussian(self.seed, STREAM_LOCAL, image_index, first, size, (big_m, *self.image_shape), self.device))
+                    probs_cache[key] = self.local[(e.classifier, e.local_sigma)](x_hat, delta)
+                probs = probs_cache[key]
+                scores = probs.mean(dim=1) if e.m == big_m else probs[:, :e.m].contiguous().mean(dim=1)
+            if not bool(torch.isfinite(scores).all()):
+                raise NonFiniteScores(f"image {image_index}: configuration {e.name} produced NaN/Inf scores; no rows written")
+            votes[e] = scores.argmax(dim=1)
+        return votes
+
+    def count(self, x: torch.Tensor, image_index: int, first: int, num: int, batch: int) -> Dict[SweepEntry, np.ndarray]:
+        """Vote counts per entry over samples first..first+num-1 (one host sync at the end)."""
+        x = x.to(self.device, torch.float32)
+        counts = {e: torch.zeros(self.num_classes, dtype=torch.int64, device=self.device) for e in self.entries}
+        done = 0
+        while done < num:
+            size = min(batch, num - done)
+            for e, v in self._votes(x, image_index, first + done, size).items():
+                counts[e] += torch.bincount(v, minlength=self.num_classes)
+            done += size
+        return {e: c.cpu().numpy() for e, c in counts.items()}
+
+
+def run_sweep(pipeline: SweepPipeline, dataset, indices: Sequence[int], out_dir, *, n0: int, n: int,
+              alpha: float, batch: int, settings: dict, progress: bool = True) -> dict:
+    """CERTIFY every selected image for every entry; one reference TSV per entry plus index.json.
+    The time column is the shared wall time of the image (all entries together)."""
+    check_certify_parameters(n0, n, alpha, batch)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    index = {"settings": settings, "entries": [dict(asdict(e), file=f"{e.name}.tsv") for e in pipeline.entries]}
+    index_path = out / "index.json"
+    if index_path.exists() and json.loads(index_path.read_text()) != json.loads(json.dumps(index)):
+        raise UserError(f"{out} holds a sweep with other settings or configurations: use another --out")
+    index_path.write_text(json.dumps(index, indent=1) + "\n")
+    writers = {e: ResultWriter(out / f"{e.name}.tsv") for e in pipeline.entries}
+    todo = [i for i in indices if any(i not in w.done for w in writers.values())]
+    from .run import stop_after_current_image
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(indices), initial=len(indices) - len(todo), unit="img",
+                   desc=f"sweep {len(pipeline.entries)} configs", dynamic_ncols=True)
+    written = 0
+    try:
+        with stop_after_current_image() as flag:
+            for i in todo:
+                x, label = dataset[i]
+                start = time.perf_counter()
+                selection = pipeline.count(x, i, 0, n0, batch)
+                estimation = pipeline.count(x, i, n0, n, batch)
+                elapsed = format_time(time.perf_counter() - start)
+                for e, w in writers.items():
+                    if i in w.done:
+                        continue
+                    pred, radius = certify_from_counts(selection[e].tolist(), estimation[e].tolist(), alpha, pipeline.sigma)
+                    w.write(idx=i, label=int(label), predict=pred, radius=format_radius(radius),
+                            correct=int(pred == int(label)), time=elapsed)
+                written += 1
+                if bar is not None:
+                    bar.update(1)
+                if flag.stop:
+                    break
+    finally:
+        for w in writers.values():
+            w.close()
+        if bar is not None:
+            bar.close()
+    return {"written": written, "skipped_done": len(indices) - len(todo), "interrupted": flag.stop,
+            "path": str(out), "files": [str(out / f"{e.name}.tsv") for e in pipeline.entries]}
