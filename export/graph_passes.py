@@ -103,6 +103,120 @@ def fold_constants(model: onnx.ModelProto) -> int:
     return folded
 
 
+def remove_noop_casts(model: onnx.ModelProto) -> int:
+    """Drop Cast nodes whose input already has the target type (torch's `.float()` on an fp32
+    tensor), rewiring their consumers; returns how many were removed."""
+    types = infer_types(model)
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    rename: Dict[str, str] = {}
+    kept = []
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in rename:
+                node.input[i] = rename[name]
+        to = next((a.i for a in node.attribute if a.name == "to"), None)
+        if node.op_type == "Cast" and node.domain in ("", "ai.onnx") and to is not None \
+                and types.get(node.input[0]) == to and node.output[0] not in outputs:
+            rename[node.output[0]] = node.input[0]
+            continue
+        kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return len(rename)
+
+
+_AFFINE_OPS = {"Mul", "Add", "Sub", "Div"}
+
+
+def fuse_affine_chains(model: onnx.ModelProto, min_length: int = 3) -> int:
+    """Collapse chains of Mul/Add/Sub/Div by float constants (x*a+b, then *c+d, ... as in the
+    UNet's GroupNorm affine followed by the scale-shift of the constant timestep embedding) into
+    one Mul and one Add; returns the number of chains collapsed. Saves full-tensor passes."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    consumers: Dict[str, int] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    outputs = {o.name for o in graph.output}
+    producer = {o: n for n in graph.node for o in n.output}
+
+    def const(name):
+        t = inits.get(name)
+        if t is None or t.data_type != TensorProto.FLOAT:
+            return None
+        return numpy_helper.to_array(t)
+
+    def step(node, x):
+        """(kind, constant) if node is `x op const` (or `const * x` / `const + x`), else None."""
+        if node.op_type not in _AFFINE_OPS or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+            return None
+        a, b = node.input
+        if a == x and const(b) is not None:
+            return node.op_type, const(b)
+        if b == x and const(a) is not None and node.op_type in ("Mul", "Add"):
+            return node.op_type, const(a)
+        return None
+
+    def follow(name):
+        """The single consumer of `name`, when there is exactly one and it is not a graph output."""
+        if consumers.get(name) != 1 or name in outputs:
+            return None
+        return next((n for n in graph.node if name in n.input), None)
+
+    removed, new_nodes_at, fused = set(), {}, 0
+    for node in graph.node:
+        if id(node) in removed or node.op_type not in _AFFINE_OPS:
+            continue
+        # start only at the head of a chain: the node's activation input is not itself in a chain
+        x = next((i for i in node.input if i not in inits), None)
+        if x is None or step(node, x) is None:
+            continue
+        prev = producer.get(x)
+        if prev is not None and id(prev) not in removed and step(prev, next((i for i in prev.input if i not in inits), "")) \
+                and follow(prev.output[0]) is node:
+            continue
+        chain, cur, val = [], node, x
+        while cur is not None and step(cur, val) is not None:
+            chain.append((cur, step(cur, val)))
+            val = cur.output[0]
+            cur = follow(val)
+        if len(chain) < min_length:
+            continue
+        a, b = np.ones((), np.float32), np.zeros((), np.float32)
+        for _, (op, c) in chain:
+            c = c.astype(np.float64)
+            if op == "Mul":
+                a, b = a * c, b * c
+            elif op == "Div":
+                a, b = a / c, b / c
+            elif op == "Add":
+                b = b + c
+            else:
+                b = b - c
+        last = chain[-1][0].output[0]
+        base = chain[0][0].name or f"affine{fused}"
+        a_name, b_name, mid = f"{base}__affine_a", f"{base}__affine_b", f"{base}__affine_mid"
+        graph.initializer.extend([numpy_helper.from_array(a.astype(np.float32), a_name),
+                                  numpy_helper.from_array(b.astype(np.float32), b_name)])
+        new_nodes_at[id(chain[0][0])] = [onnx.helper.make_node("Mul", [x, a_name], [mid], name=f"{base}__affine_mul"),
+                                         onnx.helper.make_node("Add", [mid, b_name], [last], name=f"{base}__affine_add")]
+        removed.update(id(n) for n, _ in chain)
+        fused += 1
+    if fused:
+        nodes = []
+        for node in graph.node:
+            if id(node) in new_nodes_at:
+                nodes.extend(new_nodes_at[id(node)])
+            elif id(node) not in removed:
+                nodes.append(node)
+        del graph.node[:]
+        graph.node.extend(nodes)
+        remove_unused(model)
+    return fused
+
+
 def remove_unused(model: onnx.ModelProto) -> None:
     """Drop nodes whose outputs nobody uses, then initializers nobody reads."""
     graph = model.graph

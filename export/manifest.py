@@ -70,17 +70,3 @@ def file_hashes(onnx_path, external_files: Iterable[str] = ()) -> dict:
     p = Path(onnx_path)
     return {"onnx_sha256": sha256_file(p),
             "external_data": {name: sha256_file(p.parent / name) for name in external_files}}
-
-
-def describe(manifest: dict) -> str:
-    """One short human line for a manifest (used in error messages that list what is there)."""
-    role = manifest.get("role", "?")
-    shape = "x".join(str(s) for s in manifest.get("image_shape", []))
-    parts = [role, f"sigma={manifest.get('sigma')}"]
-    if role == "classifier":
-        parts.append(f"method={manifest.get('method')}")
-        if manifest.get("method") == "diffsmooth":
-            parts += [f"m={manifest.get('m')}", f"local_sigma={manifest.get('local_sigma')}",
-                      f"local_noise={manifest.get('local_noise')}"]
-    parts += [shape, manifest.get("precision", "?")]
-    return f"{manifest.get('onnx_file', '?')} ({' '.join(str(x) for x in parts)})"

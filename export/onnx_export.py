@@ -27,7 +27,8 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.methods import MethodConfig, score_module
 
 from .fp16 import convert_mixed_fp16
-from .graph_passes import check_structure, fold_constants, initializer_bytes, op_counts
+from .graph_passes import (check_structure, fold_constants, fuse_affine_chains, initializer_bytes, op_counts,
+                           remove_noop_casts)
 from .manifest import file_hashes, package_versions, sha256_file, write_manifest
 
 OPSET = 17
@@ -96,6 +97,8 @@ def trace_to_onnx(module: nn.Module, example_inputs: Tuple[torch.Tensor, ...], i
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     fold_constants(model)
+    remove_noop_casts(model)
+    fuse_affine_chains(model)
     check_structure(model, opset)
     return model
 

@@ -94,7 +94,7 @@ def test_shipped_denoiser_denoises(manifest, subset):
     assert mse(den, x) == pytest.approx(rec["embedded_denoised_mse"], rel=MSE_RTOL)
 
 
-def _toy_data(n: int = 32, size: int = 16):
+def _toy_data(n: int = 32, size: int = 8):
     """Two easy classes of grey images: bright left half vs bright right half, plus mild noise."""
     g = torch.Generator().manual_seed(0)
     y = torch.arange(n) % 2
@@ -104,11 +104,20 @@ def _toy_data(n: int = 32, size: int = 16):
     return x, y
 
 
-def test_trainers_smoke(tmp_path):
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from threads, and spinning OpenMP threads crawl on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_trainers_smoke(tmp_path, one_thread):
     """A few optimisation steps lower both losses and the checkpoints load back via the project loaders."""
     x, y = _toy_data()
-    cfg = unet_config("demo", image_size=16, channel_mult=(1, 2), attention_resolutions=(8,))
-    res = train_denoiser(x, config=cfg, steps=30, batch_size=16, lr=3e-3, warmup=3,
+    cfg = unet_config("demo", image_size=8, channel_mult=(1, 2), attention_resolutions=(4,))
+    res = train_denoiser(x, config=cfg, steps=20, batch_size=16, lr=3e-3, warmup=3,
                          focus=(1000, 3000), focus_prob=1.0, progress=False)
     assert sum(res.losses[-5:]) < sum(res.losses[:5])
     save_unet_state(tmp_path / "unet.pt", res.model)
@@ -116,7 +125,7 @@ def test_trainers_smoke(tmp_path):
     t = torch.full((4,), 300.0)
     assert torch.equal(unet(x[:4], t), res.model(x[:4], t))
 
-    res_c = train_classifier(x, y, 0.25, steps=15, batch_size=16, lr=0.05, progress=False)
+    res_c = train_classifier(x, y, 0.25, steps=10, batch_size=16, lr=0.05, progress=False)
     assert sum(res_c.losses[-3:]) < sum(res_c.losses[:3])
     save_cohen_checkpoint(tmp_path / "clf.pt", res_c.model, "cifar_resnet20", epoch=1)
     clf = load_classifier(tmp_path / "clf.pt", dataset="fashion-mnist")

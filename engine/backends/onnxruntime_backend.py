@@ -60,9 +60,15 @@ def physical_cores() -> int:
 
 
 def session_options(threads: Optional[int] = None):
-    """CPU-friendly defaults: intra-op threads = physical cores, sequential, ORT_ENABLE_ALL."""
+    """CPU-friendly defaults: intra-op threads = physical cores (or $DIFFSMOOTH_ORT_THREADS),
+    sequential execution, ORT_ENABLE_ALL."""
     ort = _ort()
     so = ort.SessionOptions()
+    if not threads and os.environ.get("DIFFSMOOTH_ORT_THREADS", "").strip():
+        try:
+            threads = int(os.environ["DIFFSMOOTH_ORT_THREADS"])
+        except ValueError:
+            raise UserError(f"DIFFSMOOTH_ORT_THREADS must be an integer, got {os.environ['DIFFSMOOTH_ORT_THREADS']!r}") from None
     so.intra_op_num_threads = int(threads or physical_cores())
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -119,7 +125,10 @@ class OrtStage:
         self.name = name
         self.device = torch.device(device)
         self.precision = precision
-        requested = providers_for(self.device, provider, cache_dir=str(self.path.parent / "trt_cache"))
+        cache = self.path.parent / "trt_cache"
+        requested = providers_for(self.device, provider, cache_dir=str(cache))
+        if provider == "tensorrt":
+            cache.mkdir(exist_ok=True)
         try:
             self.session = ort.InferenceSession(str(self.path), session_options(threads), providers=requested)
         except Exception as exc:  # onnxruntime raises its own exception types
