@@ -40,7 +40,7 @@ def _check_choices(values, allowed, name):
 @click.option("--m", "m", type=int, default=5, show_default=True, help="Local noises (diffsmooth).")
 @click.option("--local-sigma", type=float, default=0.25, show_default=True)
 @click.option("--local-noise", type=click.Choice(["fixed", "fresh"]), default="fixed", show_default=True)
-@click.option("--batch", type=int, default=None, help="Engine batch [default per set: demo 200, cifar10 100, imagenet 4].")
+@click.option("--batch", type=int, default=None, help="Engine batch [default: CPU demo/cifar10 50, imagenet 4; CUDA 1000/400/32].")
 @click.option("--measure-n", type=int, default=None,
               help="Samples actually run per image (n0 uses min(n0, this)) [default: demo 1000, cifar10 100, imagenet 4].")
 @click.option("--backend", "backends", default="torch", show_default=True, callback=_csv(),
@@ -58,7 +58,7 @@ def _check_choices(values, allowed, name):
 @click.option("--sweep", is_flag=True, help="Also time a batch x m grid (table, and PNG with --plot).")
 @click.option("--sweep-batches", default=None, callback=_csv(int), help="Comma list of batch sizes.")
 @click.option("--sweep-m", "sweep_ms", default=None, callback=_csv(int), help="Comma list of m values.")
-@click.option("--sweep-n", type=int, default=None, help="Samples per sweep point [default: max(batch, measure-n)].")
+@click.option("--sweep-n", type=int, default=None, help="Samples per sweep point, at least one batch [default: --measure-n].")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="PNG for the sweep.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's choice].")
@@ -83,7 +83,10 @@ def bench(**kw):
         reference_batch=kw["reference_batch"], compare=kw["compare"], peak_tflops=kw["peak_tflops"],
         sweep=kw["sweep"], sweep_batches=kw["sweep_batches"], sweep_ms=kw["sweep_ms"], sweep_n=kw["sweep_n"],
         plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"])
-    doc = to_jsonable(run_bench(settings))
+    import contextlib
+    import sys
+    with contextlib.redirect_stdout(sys.stderr):      # stray prints (exporters) must not mix into --json
+        doc = to_jsonable(run_bench(settings))
     if kw["results"]:
         from pathlib import Path
         path = Path(kw["results"])

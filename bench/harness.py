@@ -72,7 +72,8 @@ class BenchSettings:
         if self.models not in SET_SPECS:
             raise UserError(f"unknown model set {self.models!r}: choose one of {', '.join(SET_SPECS)}")
         spec = SET_SPECS[self.models]
-        s = replace(self, n=self.n or spec["n"], batch=self.batch or spec["batch"],
+        cuda = str(self.device).startswith("cuda")
+        s = replace(self, n=self.n or spec["n"], batch=self.batch or spec["batch_cuda" if cuda else "batch"],
                     measure_n=self.measure_n or spec["measure_n"])
         batches, ms = SWEEP_DEFAULTS[self.models]
         s = replace(s, sweep_batches=tuple(self.sweep_batches or batches),
@@ -162,7 +163,7 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
                           classifier=model_set.classifier, fp16=precision == "fp16",
                           preset=SET_SPECS[model_set.name]["preset"])
             return build_onnx_stages(workdir, config, model_set.image_shape, model_set.num_classes,
-                                     device=settings.device, precision=precision)
+                                     device=settings.device, precision=precision, threads=settings.threads)
         except Exception as exc:  # the backend is optional: any failure to export/load is a skip
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise _Skip(f"onnxruntime graphs could not be exported/loaded: {first}") from None
@@ -173,8 +174,21 @@ class _Skip(Exception):
     """A backend/precision combination that cannot run here; the message says why."""
 
 
-def measure_engine(stages, model_set, images, settings: BenchSettings) -> dict:
-    """Certify each image at (n0_measured, n_measured) with timed stages; see timing.py."""
+def _chunks(first: int, total: int, size: int):
+    """(start, size) pieces covering samples first..first+total-1."""
+    done = 0
+    while done < total:
+        step = min(size, total - done)
+        yield first + done, step
+        done += step
+
+
+def measure(stages, model_set, images, settings: BenchSettings, reference=None) -> Tuple[dict, Optional[dict]]:
+    """Certify each image at (n0_measured, n_measured) with timed engine stages (see timing.py) and,
+    when `reference` is given, run the reference-equivalent baseline on the same samples interleaved
+    chunk by chunk in alternating order (ABBA), so both see the same machine load.
+
+    Returns (engine measurement, reference measurement or None)."""
     from ..engine.certification import certify_from_counts
     from ..engine.pipeline import MonteCarloPipeline
     from ..engine.results import ResultWriter, format_radius, format_time
@@ -182,7 +196,8 @@ def measure_engine(stages, model_set, images, settings: BenchSettings) -> dict:
     clock = StageClock(device)
     pipe = make_timed_pipeline(stages, settings.sigma, settings.seed, clock)
     n0m, nm = min(settings.n0, settings.measure_n), settings.measure_n
-    batch = settings.batch
+    batch, ref_batch = settings.batch, settings.reference_batch
+    chunk = max(batch, ref_batch) if reference is not None else max(n0m, nm)
     x0 = images[0][0]
 
     start = time.perf_counter()
@@ -191,17 +206,42 @@ def measure_engine(stages, model_set, images, settings: BenchSettings) -> dict:
     synchronize(device)
     first_batch_s = time.perf_counter() - start
     clock.reset()
+    ref_first_batch_s = None
+    if reference is not None:
+        start = time.perf_counter()
+        reference.count(x0, min(ref_batch, n0m + nm), ref_batch)
+        synchronize(device)
+        ref_first_batch_s = time.perf_counter() - start
 
-    count_s = 0.0
-    predictions = []
+    count_s = ref_s = 0.0
+    predictions, ref_counts = [], []
+    turn = 0
     with tempfile.TemporaryDirectory() as tmp, ResultWriter(Path(tmp) / "bench.tsv") as writer:
-        for i, (x, label) in enumerate(_progress(images, settings, desc="engine", unit="img")):
+        for i, (x, label) in enumerate(_progress(images, settings, desc=f"{stages.method} {stages.score.precision}",
+                                                 unit="img")):
             image_start = time.perf_counter()
-            with timed_noise(clock):
-                t0 = time.perf_counter()
-                selection = pipe.count(x, i, 0, n0m, batch)
-                estimation = pipe.count(x, i, n0m, nm, batch)
-                count_s += time.perf_counter() - t0
+            engine_counts = {}
+            ref_est = np.zeros(model_set.num_classes, dtype=np.int64)
+            for phase, first, total in (("selection", 0, n0m), ("estimation", n0m, nm)):
+                engine_counts[phase] = np.zeros(stages.num_classes, dtype=np.int64)
+                for lo, size in _chunks(first, total, chunk):
+                    order = ("engine", "reference") if turn % 2 == 0 else ("reference", "engine")
+                    turn += 1
+                    for who in order:
+                        if who == "engine":
+                            with timed_noise(clock):
+                                t0 = time.perf_counter()
+                                engine_counts[phase] += pipe.count(x, i, lo, size, batch)
+                                count_s += time.perf_counter() - t0
+                        elif reference is not None:
+                            synchronize(device)
+                            t0 = time.perf_counter()
+                            got = reference.count(x, size, ref_batch)
+                            synchronize(device)
+                            ref_s += time.perf_counter() - t0
+                            if phase == "estimation":
+                                ref_est += got
+            selection, estimation = engine_counts["selection"], engine_counts["estimation"]
             with clock.section("statistics"):
                 prediction, radius = certify_from_counts(selection.tolist(), estimation.tolist(),
                                                          settings.alpha, settings.sigma)
@@ -211,6 +251,7 @@ def measure_engine(stages, model_set, images, settings: BenchSettings) -> dict:
                              time=format_time(time.perf_counter() - image_start))
             predictions.append({"image": i, "predict": int(prediction), "radius": float(radius),
                                 "estimation_counts": estimation.tolist()})
+            ref_counts.append(ref_est.tolist())
 
     samples = len(images) * (n0m + nm)
     stage_s = {name: float(clock.seconds.get(name, 0.0)) for name in STAGE_NAMES}
@@ -226,12 +267,13 @@ def measure_engine(stages, model_set, images, settings: BenchSettings) -> dict:
         synchronize(device)
         pipeline_s, rate_source = time.perf_counter() - t0, "separate pass without stage timers"
     fixed_s = (stage_s["statistics"] + stage_s["io"]) / len(images)
-    return {
+    engine = {
         "images": len(images),
         "n0_measured": n0m,
         "n_measured": nm,
         "samples": samples,
         "batch": batch,
+        "interleave_chunk": chunk if reference is not None else None,
         "first_batch_s": first_batch_s,
         "stage_seconds": stage_s,
         "stage_fraction": split_fractions(stage_s),
@@ -243,33 +285,15 @@ def measure_engine(stages, model_set, images, settings: BenchSettings) -> dict:
         "per_image_fixed_s": fixed_s,
         "predictions": predictions,
     }
-
-
-def measure_reference(model_set, images, settings: BenchSettings) -> dict:
-    """The reference-structured baseline on the same models, samples and device (fp32 eager)."""
-    from .reference_equivalent import build_reference
-    ref = build_reference(settings.method, model_set, settings.sigma, settings.m, settings.local_sigma,
-                          device=settings.device, seed=settings.seed)
-    n0m, nm = min(settings.n0, settings.measure_n), settings.measure_n
-    batch = settings.reference_batch
-    start = time.perf_counter()
-    ref.count(images[0][0], min(batch, n0m + nm), batch)
-    synchronize(settings.device)
-    first_batch_s = time.perf_counter() - start
-    counts = []
-    synchronize(settings.device)
-    t0 = time.perf_counter()
-    for x, _ in _progress(images, settings, desc="reference-equivalent", unit="img"):
-        ref.count(x, n0m, batch)
-        counts.append(ref.count(x, nm, batch).tolist())
-    synchronize(settings.device)
-    elapsed = time.perf_counter() - t0
-    samples = len(images) * (n0m + nm)
-    return {"batch": batch, "samples": samples, "seconds": elapsed, "per_sample_s": elapsed / samples,
-            "samples_per_s": samples / elapsed, "first_batch_s": first_batch_s,
-            "estimation_counts": counts,
-            "structure": "fp32 eager, randn_like noise, tables to device per call, m-loop classifier "
-                         "with per-call softmax, .cpu() per batch, Python vote loop"}
+    ref = None
+    if reference is not None:
+        ref = {"batch": ref_batch, "samples": samples, "seconds": ref_s, "per_sample_s": ref_s / samples,
+               "samples_per_s": samples / ref_s, "first_batch_s": ref_first_batch_s,
+               "estimation_counts": ref_counts,
+               "interleaved": f"chunks of {chunk} samples, alternating engine/reference order",
+               "structure": "fp32 eager, randn_like noise, tables to device per call, m-loop classifier "
+                            "with per-call softmax, .cpu() per batch, Python vote loop"}
+    return engine, ref
 
 
 def _rates(measured: dict, flops: dict, peak: Optional[float], calls: int) -> Tuple[dict, dict]:
@@ -297,32 +321,39 @@ def _rates(measured: dict, flops: dict, peak: Optional[float], calls: int) -> Tu
     return rates, a
 
 
-def run_sweep(model_set, images, settings: BenchSettings, precision: str = "fp32") -> dict:
-    """Seconds per certified image (extrapolated to settings.n) over batch sizes x m, torch backend."""
+def run_sweep(model_set, images, settings: BenchSettings, precision: str = "fp32", repeats: int = 2) -> dict:
+    """Seconds per certified image (extrapolated to settings.n) over batch sizes x m, torch backend.
+
+    The grid is timed `repeats` times, alternately forwards and backwards, and each point keeps its
+    fastest pass: machine-load drift then biases neither end of the grid.
+    """
     from ..engine.pipeline import MonteCarloPipeline
     x = images[0][0]
-    rows = []
     grid = [(m, b) for m in settings.sweep_ms for b in settings.sweep_batches]
-    bar = _progress(grid, settings, desc="sweep", unit="pt")
-    stages_for_m = {}
-    for m, b in bar:
-        if m not in stages_for_m:
-            stages_for_m = {m: build_stages("torch", precision, model_set, settings, m=m)}
+    stages_for_m = {m: build_stages("torch", precision, model_set, settings, m=m) for m in settings.sweep_ms}
+    passes = {point: [] for point in grid}
+    order = [p for r in range(repeats) for p in (grid if r % 2 == 0 else grid[::-1])]
+    for m, b in _progress(order, settings, desc="sweep", unit="pt"):
         stages = stages_for_m[m]
         pipe = MonteCarloPipeline(stages, settings.sigma, settings.seed)
-        samples = settings.sweep_n or max(b, settings.measure_n)
+        samples = max(b, settings.sweep_n or settings.measure_n)
         pipe.count(x, 0, 0, b, b)                      # warm-up at this batch size
         synchronize(stages.device)
         t0 = time.perf_counter()
         pipe.count(x, 0, 0, samples, b)
         synchronize(stages.device)
-        per_sample = (time.perf_counter() - t0) / samples
-        rows.append({"batch": b, "m": m, "samples": samples, "per_sample_s": per_sample,
+        passes[(m, b)].append((time.perf_counter() - t0) / samples)
+    rows = []
+    for m, b in grid:
+        per_sample = min(passes[(m, b)])
+        rows.append({"batch": b, "m": m, "samples": max(b, settings.sweep_n or settings.measure_n),
+                     "per_sample_s": per_sample, "per_sample_s_passes": passes[(m, b)],
                      "samples_per_s": 1.0 / per_sample,
                      "seconds_per_image": per_sample * (settings.n0 + settings.n)})
     return {"n0": settings.n0, "n": settings.n, "precision": precision, "backend": "torch",
             "batches": list(settings.sweep_batches), "ms": list(settings.sweep_ms), "rows": rows,
-            "note": "statistics/row-write time (< 1 ms per image) not included"}
+            "repeats": repeats,
+            "note": "fastest of the passes per point; statistics/row-write time (< 10 ms per image) not included"}
 
 
 def sweep_table(sweep: dict) -> List[List[Optional[float]]]:
@@ -348,7 +379,6 @@ def run_bench(settings: BenchSettings) -> dict:
     images = bench_images(settings.models, settings.images, model_set.image_shape, settings.seed)
     flops = count_model_flops(model_set, settings)
     calls = flops["classifier_calls_per_sample"]
-    reference = None
     ns = sorted({settings.n, *STANDARD_NS})
     with tempfile.TemporaryDirectory(prefix="diffsmooth-bench-") as workdir:
         for backend in settings.backends:
@@ -365,9 +395,12 @@ def run_bench(settings: BenchSettings) -> dict:
                 build_s = time.perf_counter() - start
                 peak, peak_source = peak_flops(settings.device, precision, settings.peak_tflops,
                                                settings.measure_cpu_peak)
-                measured = measure_engine(stages, model_set, images, settings)
-                if settings.reference and reference is None:
-                    reference = measure_reference(model_set, images, settings)
+                baseline = None
+                if settings.reference:
+                    from .reference_equivalent import build_reference
+                    baseline = build_reference(settings.method, model_set, settings.sigma, settings.m,
+                                               settings.local_sigma, device=settings.device, seed=settings.seed)
+                measured, reference = measure(stages, model_set, images, settings, baseline)
                 rates, achieved = _rates(measured, flops, peak, calls)
                 achieved["peak_source"] = peak_source
                 run = {

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import click
 import torch
@@ -44,8 +45,10 @@ def _pair(torch_fn, ort_fn, iters: int, rounds: int = 2):
 
 
 def bench_set(name: str, *, batch: int, iters: int, threads: int, method: str, sigma: float, m: int,
-              local_sigma: float, local_noise: str, seed: int = 0, echo=print) -> List[Dict]:
-    """Rows for one model set: denoiser, classifier and pipeline samples/s for both backends."""
+              local_sigma: float, local_noise: str, seed: int = 0, echo=print,
+              cache: Optional[dict] = None) -> List[Dict]:
+    """Rows for one model set: denoiser, classifier and pipeline samples/s for both backends
+    (models and graphs are kept in `cache` between thread counts)."""
     from diffsmooth.bench.models import build_model_set
     from diffsmooth.engine.backends.base import BaseClassifierStages
     from diffsmooth.engine.backends.onnxruntime_backend import build_onnx_stages
@@ -55,13 +58,17 @@ def bench_set(name: str, *, batch: int, iters: int, threads: int, method: str, s
     from diffsmooth.export.onnx_export import export_models
 
     config = MethodConfig(method, sigma, m, local_sigma, local_noise)
-    models = build_model_set(name, method, sigma, local_sigma, seed)
+    cache = {} if cache is None else cache
+    if name not in cache:
+        models = build_model_set(name, method, sigma, local_sigma, seed)
+        echo(f"# {name}: {models.description} (built in {models.build_s:.1f} s); exporting ...")
+        out = tempfile.mkdtemp(prefix=f"ort-bench-{name}-")
+        t0 = time.perf_counter()
+        export_models(config, tuple(models.image_shape), out, denoiser=models.denoiser, classifier=models.classifier)
+        cache[name] = (models, out, time.perf_counter() - t0)
+    models, out, export_s = cache[name]
     shape = tuple(models.image_shape)
-    echo(f"# {name}: {models.description} (built in {models.build_s:.1f} s); exporting ...")
-    out = tempfile.mkdtemp(prefix=f"ort-bench-{name}-")
-    t0 = time.perf_counter()
-    export_models(config, shape, out, denoiser=models.denoiser, classifier=models.classifier)
-    export_s = time.perf_counter() - t0
+    echo(f"# {name}, {threads} thread(s)")
     t_stages = build_torch_stages(config, models.classifier, models.denoiser, TorchBackend(), shape,
                                   models.num_classes)
     o_stages = build_onnx_stages(out, config, shape, models.num_classes, threads=threads)
@@ -114,7 +121,8 @@ def markdown(rows: List[Dict]) -> str:
 @click.option("--sets", default="demo,cifar10", show_default=True, help="Model sets: demo, cifar10, imagenet.")
 @click.option("--batch", type=int, help="Samples per call [default: demo 64, cifar10 16, imagenet 2].")
 @click.option("--iters", type=int, help="Timed calls per round [default: demo 5, cifar10 3].")
-@click.option("--threads", type=int, help="Threads for both torch and ORT [default: physical cores].")
+@click.option("--threads", help="Thread counts for both torch and ORT, comma-separated, e.g. 1,2 "
+              "[default: physical cores].")
 @click.option("--method", type=click.Choice(["rs", "dds", "diffsmooth"]), default="diffsmooth", show_default=True)
 @click.option("--sigma", type=float, default=0.5, show_default=True)
 @click.option("--m", "m", type=int, default=5, show_default=True)
@@ -125,17 +133,27 @@ def main(sets, batch, iters, threads, method, sigma, m, local_sigma, local_noise
     """torch eager vs ONNX Runtime (CPU) throughput, side by side."""
     from diffsmooth.engine.backends.onnxruntime_backend import physical_cores
     from diffsmooth.export.manifest import package_versions
-    threads = threads or physical_cores()
-    torch.set_num_threads(threads)
+    try:
+        counts = [int(t) for t in threads.split(",")] if threads else [physical_cores()]
+    except ValueError:
+        raise click.BadParameter(f"--threads must be comma-separated integers, got {threads!r}") from None
     echo = (lambda *a: print(*a, file=sys.stderr)) if as_json else print
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    echo(f"# threads={threads} (torch and ORT); load average {load}")
+    echo(f"# threads={counts} (the same for torch and ORT); load average {load}")
     rows: List[Dict] = []
-    for name in [s.strip() for s in sets.split(",") if s.strip()]:
-        rows += bench_set(name, batch=batch or DEFAULT_BATCH.get(name, 8), iters=iters or DEFAULT_ITERS.get(name, 3),
-                          threads=threads, method=method, sigma=sigma, m=m, local_sigma=local_sigma,
-                          local_noise=local_noise, echo=echo)
-    meta = {"threads": threads, "load_average_before": load,
+    cache: dict = {}
+    try:
+        for n_threads in counts:
+            torch.set_num_threads(n_threads)
+            for name in [s.strip() for s in sets.split(",") if s.strip()]:
+                rows += bench_set(name, batch=batch or DEFAULT_BATCH.get(name, 8),
+                                  iters=iters or DEFAULT_ITERS.get(name, 3), threads=n_threads, method=method,
+                                  sigma=sigma, m=m, local_sigma=local_sigma, local_noise=local_noise, echo=echo,
+                                  cache=cache)
+    finally:
+        for _, out, _ in cache.values():
+            shutil.rmtree(out, ignore_errors=True)
+    meta = {"threads": counts, "load_average_before": load,
             "load_average_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
             "versions": package_versions(), "method": method, "sigma": sigma, "m": m}
     if as_json:

@@ -84,7 +84,7 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
         from .backends.onnxruntime_backend import build_onnx_stages
         if not onnx_dir:
             raise UserError("--backend onnxruntime needs --onnx-dir (made by `diffsmooth export`)")
-        stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device)
+        stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision)
     else:
         raise UserError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     return Smooth(MonteCarloPipeline(stages, config.sigma, seed))

@@ -29,12 +29,14 @@ def _at_least(lo):
 @click.option("--out", default=DEFAULT_OUT, show_default=True, type=click.Path(),
               help="Where to write demo_unet.pt, demo_classifier_s*.pt and MODELS.json.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Base seed of all training runs.")
-@click.option("--unet-steps", type=int, callback=_at_least(1), help="Denoiser optimisation steps [default: 500].")
+@click.option("--unet-steps", type=int, callback=_at_least(1), help="Denoiser optimisation steps [default: 300].")
 @click.option("--unet-batch-size", type=int, callback=_at_least(1), help="Denoiser batch size [default: 128].")
 @click.option("--classifier-epochs", type=float, callback=_at_least(0.001),
-              help="Epochs per classifier [default: 1.5].")
+              help="Epochs of each noisy (sigma 0.25, 0.5) classifier [default: 1].")
+@click.option("--clean-classifier-epochs", type=float, callback=_at_least(0.001),
+              help="Epochs of the clean (sigma 0) classifier [default: 2].")
 @click.option("--classifier-steps", type=int, callback=_at_least(1),
-              help="Steps per classifier (overrides --classifier-epochs).")
+              help="Steps per classifier (overrides both epoch options).")
 @click.option("--classifier-batch-size", type=int, callback=_at_least(1), help="Classifier batch size [default: 128].")
 @click.option("--train-limit", type=int, callback=_at_least(1), help="Train on only the first N images.")
 @click.option("--test-limit", type=int, callback=_at_least(1), help="Evaluate on only the first N test images.")
@@ -44,8 +46,8 @@ def _at_least(lo):
               help="Torch threads per worker [default: cores // workers].")
 @click.option("--quick", is_flag=True, help="Tiny budget for smoke tests (a few steps on 256 images).")
 @click.option("--no-progress", is_flag=True, help="Hide the tqdm progress bars.")
-def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs, classifier_steps,
-               classifier_batch_size, train_limit, test_limit, workers, threads, quick, no_progress):
+def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs,
+               clean_classifier_epochs, classifier_steps, classifier_batch_size, train_limit, test_limit, workers, threads, quick, no_progress):
     """Train the embedded demo denoiser and classifiers on Fashion-MNIST (CPU, fixed seeds)."""
     import dataclasses
 
@@ -53,11 +55,12 @@ def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs, 
 
     budget = QUICK_BUDGET if quick else DemoBudget()
     overrides = dict(unet_steps=unet_steps, unet_batch_size=unet_batch_size,
-                     classifier_epochs=classifier_epochs, classifier_steps=classifier_steps,
+                     classifier_epochs=classifier_epochs, clean_classifier_epochs=clean_classifier_epochs,
+                     classifier_steps=classifier_steps,
                      classifier_batch_size=classifier_batch_size, train_limit=train_limit,
                      test_limit=test_limit)
     overrides = {k: v for k, v in overrides.items() if v is not None}
-    if classifier_epochs is not None and classifier_steps is None:
+    if (classifier_epochs, clean_classifier_epochs) != (None, None) and classifier_steps is None:
         overrides["classifier_steps"] = None       # explicit epochs beat the quick budget's steps
     budget = dataclasses.replace(budget, **overrides)
     manifest = run(out, data, seed=seed, budget=budget, workers=workers, threads=threads,

@@ -36,8 +36,6 @@ CLASSIFIER_ARCH = "cifar_resnet20"
 CLASSIFIER_SIGMAS = (0.0, 0.25, 0.5)
 DENOISE_EVAL_SIGMAS = (0.25, 0.5)
 EVAL_NOISE_SEED = 20230  # seed of every evaluation noise tensor (see seeded_noise)
-IDX_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-             "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
 
 # Timesteps the one-shot denoiser is used at: t* for sigma 0.12 .. 1.0 is 573 .. 2809 (FACTS §1).
 # Training draws t uniformly from FOCUS_RANGE with probability FOCUS_PROB, else uniformly from
@@ -307,10 +305,11 @@ def mse(a: torch.Tensor, b: torch.Tensor) -> float:
 class DemoBudget:
     """Step counts and batch sizes of one `train_demo` run (fixed numbers, not time limits)."""
 
-    unet_steps: int = 500
+    unet_steps: int = 300
     unet_batch_size: int = 128
-    classifier_epochs: float = 1.5
-    classifier_steps: Optional[int] = None  # overrides classifier_epochs when given
+    classifier_epochs: float = 1.0          # the noisy (sigma > 0) classifiers
+    clean_classifier_epochs: float = 2.0    # the sigma = 0 classifier (DDS): more epochs for ~90%
+    classifier_steps: Optional[int] = None  # overrides both epoch counts when given
     classifier_batch_size: int = 128
     train_limit: Optional[int] = None   # use only the first N training images (smoke tests)
     test_limit: Optional[int] = None    # evaluate on only the first N test images (smoke tests)
@@ -371,7 +370,8 @@ def _train_job(job: dict) -> tuple[str, dict]:
                           epochs=round(res.steps * res.batch_size / n, 4), threads=job["threads"],
                           final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
     s = job["sigma"]
-    res = train_classifier(x_train, y_train, s, epochs=budget.classifier_epochs,
+    res = train_classifier(x_train, y_train, s,
+                           epochs=budget.classifier_epochs if s > 0 else budget.clean_classifier_epochs,
                            steps=budget.classifier_steps, batch_size=budget.classifier_batch_size,
                            seed=job["seed"], progress=job["progress"])
     name = classifier_file(s)
@@ -509,6 +509,7 @@ def _equivalent_command(data_dir, out, seed: int, budget: DemoBudget, workers: i
     args = ["diffsmooth", "train-demo", "--data", str(data_dir), "--out", str(out), "--seed", str(seed),
             "--unet-steps", str(budget.unet_steps), "--unet-batch-size", str(budget.unet_batch_size),
             "--classifier-epochs", f"{budget.classifier_epochs:g}",
+            "--clean-classifier-epochs", f"{budget.clean_classifier_epochs:g}",
             *(["--classifier-steps", str(budget.classifier_steps)] if budget.classifier_steps else []),
             "--classifier-batch-size", str(budget.classifier_batch_size),
             "--workers", str(workers), "--threads", str(threads)]

@@ -1,13 +1,7 @@
-"""Mixed fp16 in the ONNX graph itself (TensorRT 10.12+ builds strongly typed networks, so the
-precision of every op must be explicit): Conv/MatMul/Gemm run in half, data-movement and
-elementwise ops follow their activations' type, and everything else — GroupNorm statistics
-(InstanceNormalization), softmax, reductions, exp/sqrt, graph inputs and outputs — stays fp32.
-
-The fp32 export cannot tell which tensors torch's `.float()` meant to keep in fp32 (on an fp32
-tensor it is the identity, and the tracer routes later uses of the tensor through it), so such
-no-op `Cast(to=float)` nodes follow their input like Identity; the ops that need fp32 are forced
-by op type instead.
-"""
+"""Mixed fp16 written into the graph (TensorRT 10.12+ builds strongly typed networks): Conv/MatMul/
+Gemm in half, elementwise/data-movement ops follow their inputs, everything else (InstanceNorm,
+softmax, reductions, graph I/O) fp32. Which ops need fp32 is decided by op type: in an fp32 trace
+torch's `.float()` is a no-op Cast that says nothing about intent."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Small ONNX graph passes used after torch.onnx.export: constant folding (the legacy exporter
-leaves e.g. the constant timestep embedding's Cos/Sin/Gemm in the graph), dead-node removal,
-type inference that also works for graphs over 2 GiB, and structural checks."""
+"""ONNX passes run after torch.onnx.export: constant folding (the exporter leaves the constant timestep
+embedding's Cos/Sin/Gemm), no-op casts, affine chains, dead nodes, type inference, structure checks."""
 
 from __future__ import annotations
 
@@ -49,8 +48,8 @@ def constants_to_initializers(model: onnx.ModelProto) -> None:
 
 
 def fold_constants(model: onnx.ModelProto) -> int:
-    """Evaluate every node whose inputs are all constants (onnx.reference) and store its outputs
-    as initializers; returns the number of nodes folded. Nodes it cannot evaluate are kept."""
+    """Evaluate (onnx.reference) every node whose inputs are all constants into initializers;
+    returns the count. Nodes it cannot evaluate stay."""
     from onnx.reference import ReferenceEvaluator
 
     constants_to_initializers(model)
@@ -104,8 +103,8 @@ def fold_constants(model: onnx.ModelProto) -> int:
 
 
 def remove_noop_casts(model: onnx.ModelProto) -> int:
-    """Drop Cast nodes whose input already has the target type (torch's `.float()` on an fp32
-    tensor), rewiring their consumers; returns how many were removed."""
+    """Drop Cast nodes to the type their input already has (torch's `.float()` on fp32), rewiring
+    their consumers; returns how many."""
     types = infer_types(model)
     graph = model.graph
     outputs = {o.name for o in graph.output}
@@ -130,9 +129,8 @@ _AFFINE_OPS = {"Mul", "Add", "Sub", "Div"}
 
 
 def fuse_affine_chains(model: onnx.ModelProto, min_length: int = 3) -> int:
-    """Collapse chains of Mul/Add/Sub/Div by float constants (x*a+b, then *c+d, ... as in the
-    UNet's GroupNorm affine followed by the scale-shift of the constant timestep embedding) into
-    one Mul and one Add; returns the number of chains collapsed. Saves full-tensor passes."""
+    """Collapse chains of Mul/Add/Sub/Div by constants (GroupNorm affine then the constant scale-shift)
+    into one Mul + one Add, saving full-tensor passes; returns the number of chains."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     consumers: Dict[str, int] = {}
@@ -238,8 +236,8 @@ def remove_unused(model: onnx.ModelProto) -> None:
 
 
 def _skeleton(model: onnx.ModelProto, keep_bytes: int = 1 << 16) -> onnx.ModelProto:
-    """A copy whose large initializers keep only name/dtype/dims (enough for type inference,
-    and under the 2 GiB protobuf limit whatever the model's size)."""
+    """A copy whose large initializers keep only name/dtype/dims: enough for type inference, and
+    under the 2 GiB protobuf limit."""
     sk = onnx.ModelProto()
     sk.ir_version = model.ir_version
     sk.opset_import.extend(model.opset_import)
@@ -282,8 +280,8 @@ def op_counts(model: onnx.ModelProto) -> Counter:
 
 
 def check_structure(model: onnx.ModelProto, opset: int) -> None:
-    """UserError unless the graph uses default-domain opset `opset` and has no Einsum node
-    (TensorRT and several runtimes handle Einsum poorly; the UNet uses batched matmuls)."""
+    """UserError unless the graph has default-domain opset `opset` and no Einsum (which TensorRT
+    and several runtimes handle poorly)."""
     versions = {o.domain: o.version for o in model.opset_import}
     if versions.get("", versions.get("ai.onnx")) != opset:
         raise UserError(f"exported graph has opset {versions}, expected {opset}")

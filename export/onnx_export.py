@@ -1,10 +1,5 @@
-"""Export the denoiser (one sigma), the plain UNet and the classifier head to ONNX (opset 17,
-dynamic batch, no Einsum, fp32 and a mixed-fp16 variant), each with a JSON manifest.
-
-The denoiser graph is OneShotPurifier (x_rs -> x_hat: scaling, UNet at constant t*, x0 formula,
-clamp); the classifier graph is methods.score_module (normalisation, network, fp32 softmax and the
-mean over m for DiffSmooth, or plain logits for rs/dds).
-"""
+"""ONNX export (opset 17, dynamic batch, no Einsum, fp32 + mixed fp16, JSON manifest each) of the
+denoiser (OneShotPurifier at one sigma), the plain UNet and the classifier head (score_module)."""
 
 from __future__ import annotations
 
@@ -42,9 +37,8 @@ EXTERNAL_DATA_THRESHOLD = (2 << 30) - (64 << 20)
 
 
 class ConstantTimestepUNet(nn.Module):
-    """The UNet at one fixed timestep. While exporting it feeds a [1] timestep constant, so the
-    embedding (sin/cos, time MLP, every emb_layers Linear) depends on no input and folds away;
-    eagerly it passes [B] as the UNet expects. The ignored `t` keeps OneShotPurifier's call."""
+    """The UNet at one fixed timestep: exported with a [1] constant timestep so the whole embedding
+    path folds away (eagerly [B], as the UNet checks); OneShotPurifier's own `t` is ignored."""
 
     def __init__(self, unet: nn.Module, model_timestep: float):
         super().__init__()
@@ -71,8 +65,8 @@ def purifier_for_export(denoiser: DiffusionDenoiser, sigma: float) -> OneShotPur
 
 def trace_to_onnx(module: nn.Module, example_inputs: Tuple[torch.Tensor, ...], input_names: Sequence[str],
                   output_names: Sequence[str], opset: int = OPSET) -> onnx.ModelProto:
-    """Export with the TorchScript-based exporter (dynamo=False; falls back to the dynamo
-    exporter only if that is gone), batch axis dynamic, then fold constants and check structure."""
+    """TorchScript exporter (dynamo=False; the dynamo exporter only if that is gone), dynamic batch,
+    then the graph passes and the opset/Einsum check."""
     module = module.eval()
     dynamic_axes = {n: {0: "batch"} for n in list(input_names) + list(output_names)}
     tmp = Path(tempfile.mkdtemp(prefix="diffsmooth-export-"))
@@ -104,8 +98,8 @@ def trace_to_onnx(module: nn.Module, example_inputs: Tuple[torch.Tensor, ...], i
 
 
 def save_graph(model: onnx.ModelProto, path, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> dict:
-    """Write `model` to `path`, with its weights in `<name>.data` when they exceed the threshold;
-    run onnx.checker on the written file. Returns file facts for the manifest."""
+    """Write `model` (weights in `<name>.data` when over the threshold), run onnx.checker on the file;
+    returns hashes and sizes for the manifest."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data_name = path.with_suffix(".data").name

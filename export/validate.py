@@ -1,7 +1,5 @@
-"""Check exported graphs against torch on the same inputs: output errors per graph, and agreement
-of the base classifier's argmax votes (denoiser -> classifier, as the pipeline runs them) over
->= 1000 noisy samples of real images. Results go into the manifests; a graph below threshold
-raises ValidationFailed (a UserError: the CLI exits non-zero) and is refused by the backend."""
+"""Exported graphs vs torch on the same inputs: output errors and argmax-vote agreement of the
+denoiser -> classifier chain over >= 1000 noisy real images; results go into the manifests."""
 
 from __future__ import annotations
 
@@ -10,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -38,8 +35,7 @@ class ValidationFailed(UserError):
 
 
 def adapt_images(images: torch.Tensor, image_shape) -> torch.Tensor:
-    """Real images brought to `image_shape`: grey replicated to C channels (or channels averaged
-    to one), then bilinear resize; values stay in [0,1]."""
+    """Real images brought to `image_shape`: channels averaged/replicated, bilinear resize, in [0,1]."""
     c, h, w = (int(s) for s in image_shape)
     x = images.float()
     if x.shape[1] != c:
@@ -52,8 +48,8 @@ def adapt_images(images: torch.Tensor, image_shape) -> torch.Tensor:
 
 def validation_images(image_shape, count: int = DEFAULT_IMAGES, dataset: Optional[str] = None,
                       data: Optional[str] = None, split: str = "test") -> Tuple[torch.Tensor, List[int], str]:
-    """`count` images spread over a dataset (default: the embedded Fashion-MNIST subset),
-    adapted to `image_shape`; returns (images, dataset indices, description)."""
+    """(images, indices, description): `count` images spread over a dataset (default: the embedded
+    subset), adapted to `image_shape`."""
     from diffsmooth.engine.data import load_dataset
     kind = dataset or "embedded"
     ds = load_dataset(kind, data if kind != "embedded" else None, split=split)
@@ -103,9 +99,8 @@ def compare_stages(*, precision: str, sigma: float, image_shape, reference: Dict
                    samples: int = DEFAULT_SAMPLES, seed: int = 0, batch: int = 100,
                    images: Optional[torch.Tensor] = None, image_indices: Optional[Sequence[int]] = None,
                    images_desc: str = "given images") -> dict:
-    """Run torch (`reference`) and ONNX (`candidate`) {purify, score} stages on the same noisy
-    samples: per-stage output errors (each stage on identical inputs) and the agreement of the
-    chained argmax votes. Noise comes from engine/noise.gaussian, as in the pipeline."""
+    """Torch (`reference`) vs ONNX (`candidate`) {purify, score} stages on the pipeline's noisy samples:
+    per-stage errors on identical inputs and agreement of the chained argmax votes."""
     if precision not in VOTE_THRESHOLDS:
         raise UserError(f"precision must be one of {', '.join(VOTE_THRESHOLDS)}, got {precision!r}")
     if images is None:
@@ -221,8 +216,8 @@ def validate_graphs(graphs: Sequence, config: MethodConfig, image_shape, *, deno
                     samples: int = DEFAULT_SAMPLES, seed: int = 0, dataset: Optional[str] = None,
                     data: Optional[str] = None, threads: Optional[int] = None,
                     raise_on_failure: bool = True) -> Dict[str, dict]:
-    """Validate exported graphs (objects with .path/.role/.precision) against the torch models
-    they came from; write each result into its manifest; raise ValidationFailed on any failure."""
+    """Validate graphs (.path/.role/.precision) against their torch models, write results into the
+    manifests, raise ValidationFailed on any failure."""
     images, indices, desc = validation_images(image_shape, DEFAULT_IMAGES, dataset, data)
     by_precision: Dict[str, Dict[str, object]] = {}
     for g in graphs:
