@@ -110,6 +110,8 @@ def run_options(f):
         click.option("--shard", default=None, metavar="I/K",
                      help="Certify only shard I of K of the selected images (e.g. Slurm arrays); "
                           "merge with `diffsmooth merge`. Under torchrun the rank is the shard."),
+        click.option("--threads", type=int, default=None, callback=_positive("threads"),
+                     help="CPU threads for torch (default: torch's choice; on a shared machine use fewer)."),
         click.option("--quiet", is_flag=True, help="No progress bar."),
     ]
     for option in reversed(options):
@@ -155,6 +157,12 @@ def _dataset(kw):
     return kind, dataset, dataset.indices_selected(kw["skip"], kw["max_index"])
 
 
+def _set_threads(kw):
+    if kw.get("threads"):
+        import torch
+        torch.set_num_threads(kw["threads"])
+
+
 def _is_sweep(kw) -> bool:
     return any(len(kw[k]) > 1 for k in ("method", "local_sigma", "m", "classifier"))
 
@@ -174,6 +182,7 @@ def _prepare(kw):
     from diffsmooth.engine.distributed import plan_from, rank_device
     from diffsmooth.engine.methods import MethodConfig
 
+    _set_threads(kw)
     kind, dataset, indices = _dataset(kw)
     config = MethodConfig(kw["method"], kw["sigma"], kw["m"], kw["local_sigma"], kw["local_noise"])
     sources = _sources(kw, kind)
@@ -201,6 +210,7 @@ def _certify_sweep(kw):
         for ls in kw["local_sigma"]:
             for m in kw["m"]:
                 MethodConfig(method, kw["sigma"], m, ls, kw["local_noise"])
+    _set_threads(kw)
     kind, dataset, indices = _dataset(kw)
     sources = _sources(dict(kw, classifier=kw["classifier"][0] if kw["classifier"] else None), kind)
     if kw["classifier"]:
@@ -369,11 +379,13 @@ def analyze(files, radii, as_json, plot):
 @click.option("--batch", type=int, default=500, show_default=True, callback=_positive("batch"))
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--threads", type=int, default=None, callback=_positive("threads"), help="CPU threads for torch.")
 @click.option("--quiet", is_flag=True)
-def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, quiet):
+def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, threads, quiet):
     """Certify K shipped Fashion-MNIST images with rs, dds and diffsmooth on the embedded models."""
     from diffsmooth.engine.demo import run_demo
     from diffsmooth.engine.errors import UserError
+    _set_threads({"threads": threads})
     if not 0 < alpha < 1:
         raise UserError(f"alpha must be in (0, 1), got {alpha}")
     result = run_demo(out, images=images, n0=n0, n=n, alpha=alpha, sigma=sigma, m=m,
