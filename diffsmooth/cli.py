@@ -5,7 +5,6 @@ Every user-fixable problem (UserError) prints one line `error: ...` and exits wi
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -120,16 +119,8 @@ def run_options(f):
 
 
 def _sources(kw, dataset_kind):
-    from diffsmooth.engine.assemble import ModelSources
-    from diffsmooth.engine.errors import UserError
-    unet_config = {}
-    if kw["unet_config"]:
-        try:
-            unet_config = json.loads(kw["unet_config"])
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--unet-config is not valid JSON: {exc}") from None
-        if not isinstance(unet_config, dict):
-            raise UserError("--unet-config must be a JSON object of UNet config fields")
+    from diffsmooth.engine.assemble import ModelSources, parse_unet_config
+    unet_config = parse_unet_config(kw["unet_config"])
     default_stats = {"cifar10": "cifar10", "imagenet": "imagenet", "idx": "fashion-mnist",
                      "embedded": "fashion-mnist", "npz": "cifar10"}[dataset_kind]
     given = dict(denoiser=kw["denoiser"], preset=kw["preset"], unet_config=unet_config or None,

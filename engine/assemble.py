@@ -42,6 +42,20 @@ class ModelSources:
         return cls(**fields)
 
 
+def parse_unet_config(text: Optional[str]) -> dict:
+    """--unet-config: a JSON object of UNet config fields ({} when not given)."""
+    import json
+    if not text:
+        return {}
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--unet-config is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise UserError("--unet-config must be a JSON object of UNet config fields")
+    return config
+
+
 def load_denoiser_from(sources: ModelSources):
     """The one-shot denoiser named by `sources` (eval mode, CPU)."""
     from .denoise import load_denoiser

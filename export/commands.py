@@ -5,7 +5,6 @@ Only click is imported here; torch, onnx and onnxruntime load when a command run
 
 from __future__ import annotations
 
-import json
 
 import click
 
@@ -32,16 +31,8 @@ def _image_shape(value, preset, stats):
 
 def _sources(kw):
     """ModelSources from the options; neither model given means the embedded demo models."""
-    from diffsmooth.engine.assemble import ModelSources
-    from diffsmooth.engine.errors import UserError
-    unet_config = {}
-    if kw["unet_config"]:
-        try:
-            unet_config = json.loads(kw["unet_config"])
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--unet-config is not valid JSON: {exc}") from None
-        if not isinstance(unet_config, dict):
-            raise UserError("--unet-config must be a JSON object of UNet config fields")
+    from diffsmooth.engine.assemble import ModelSources, parse_unet_config
+    unet_config = parse_unet_config(kw["unet_config"])
     demo = not kw["denoiser"] and not kw["classifier"]
     preset = kw["preset"] or ("demo" if demo else ("cifar10" if kw["denoiser"] and not unet_config else None))
     stats = kw["stats"] or PRESET_STATS.get(preset, "cifar10")

@@ -2,7 +2,6 @@
 official checkpoint formats, and a small .npz dataset the tests write."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
