@@ -81,7 +81,8 @@ def test_torchrun_two_gloo_ranks_equal_one_process(tmp_path, tiny_cli_args):
 
 @pytest.mark.slow
 def test_sigkill_and_restart_equal_uninterrupted_run(tmp_path, tiny_cli_args):
-    args = ["certify", *tiny_cli_args, "--method", "rs", "--n0", "50", "--n", "3000", "--batch", "100", "--quiet"]
+    args = ["certify", *tiny_cli_args, "--method", "rs", "--n0", "50", "--n", "3000", "--batch", "100",
+            "--threads", "1", "--quiet"]
     whole, killed = tmp_path / "whole.tsv", tmp_path / "killed.tsv"
     invoke([*args, "--out", whole])
     rng = random.Random(1)
@@ -100,7 +101,8 @@ def test_sigkill_and_restart_equal_uninterrupted_run(tmp_path, tiny_cli_args):
 
 
 def test_sigint_stops_after_current_image(tmp_path, tiny_cli_args):
-    args = ["certify", *tiny_cli_args, "--method", "rs", "--n0", "50", "--n", "20000", "--batch", "500", "--quiet"]
+    args = ["certify", *tiny_cli_args, "--method", "rs", "--n0", "50", "--n", "20000", "--batch", "500",
+            "--threads", "1", "--quiet"]
     out = tmp_path / "int.tsv"
     proc = subprocess.Popen(_cli([*args, "--out", out]), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
