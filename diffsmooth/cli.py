@@ -361,13 +361,14 @@ def analyze(files, radii, as_json, plot):
 @click.option("--out", type=click.Path(), default="demo-out", show_default=True, help="Output directory.")
 @click.option("--images", type=int, default=30, show_default=True, callback=_positive("images"),
               help="K test images (spread over the 500 shipped ones).")
-@click.option("--n", "n", type=int, default=1000, show_default=True, callback=_positive("n"))
+@click.option("--n", "n", type=int, default=500, show_default=True, callback=_positive("n"),
+              help="Monte Carlo samples per image (the largest certifiable radius grows with n).")
 @click.option("--n0", type=int, default=100, show_default=True, callback=_positive("n0"))
 @click.option("--alpha", type=float, default=0.001, show_default=True)
 @click.option("--sigma", type=float, default=0.5, show_default=True)
 @click.option("--local-sigma", type=float, default=0.25, show_default=True)
 @click.option("--m", "m", type=int, default=5, show_default=True)
-@click.option("--batch", type=int, default=500, show_default=True, callback=_positive("batch"))
+@click.option("--batch", type=int, default=200, show_default=True, callback=_positive("batch"))
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--threads", type=int, default=None, callback=_positive("threads"), help="CPU threads for torch.")

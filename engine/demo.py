@@ -24,8 +24,8 @@ def spread_indices(total: int, count: int) -> List[int]:
     return sorted({int(i * total / count) for i in range(count)})
 
 
-def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 1000, alpha: float = 0.001,
-             sigma: float = 0.5, m: int = 5, local_sigma: float = 0.25, batch: int = 500,
+def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: float = 0.001,
+             sigma: float = 0.5, m: int = 5, local_sigma: float = 0.25, batch: int = 200,
              seed: int = 0, methods: Sequence[str] = METHODS, device: str = "cpu",
              sources: Optional[ModelSources] = None, dataset=None, progress: bool = True) -> Dict:
     """Certify the same images with each method; TSVs, a markdown table and a PNG into out_dir."""
