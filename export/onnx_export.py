@@ -103,20 +103,30 @@ def save_graph(model: onnx.ModelProto, path, external_data_threshold: int = EXTE
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data_name = path.with_suffix(".data").name
-    for stale in (path, path.with_suffix(".data")):
-        if stale.exists():
-            stale.unlink()
     size = initializer_bytes(model)
     external = size > external_data_threshold
-    if external:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_name, size_threshold=1024, convert_attribute=False)
-    else:
-        onnx.save_model(model, str(path))
+    # Written into a temporary sibling folder, checked, then renamed into place (data file first,
+    # graph last), so a crash never leaves a half-written graph under the final name.
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        onnx.checker.check_model(str(path), full_check=True)
-    except onnx.checker.ValidationError as exc:
-        raise UserError(f"onnx.checker rejects {path.name}: {str(exc).splitlines()[0]}") from None
+        staged = staging / path.name
+        if external:
+            onnx.save_model(model, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=data_name, size_threshold=1024, convert_attribute=False)
+        else:
+            onnx.save_model(model, str(staged))
+        try:
+            onnx.checker.check_model(str(staged), full_check=True)
+        except onnx.checker.ValidationError as exc:
+            raise UserError(f"onnx.checker rejects {path.name}: {str(exc).splitlines()[0]}") from None
+        stale_data = path.with_suffix(".data")
+        if external:
+            os.replace(staging / data_name, stale_data)
+        elif stale_data.exists():
+            stale_data.unlink()
+        os.replace(staged, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     facts = file_hashes(path, [data_name] if external else [])
     facts.update(weights_bytes=size, external_data_threshold=int(external_data_threshold),
                  op_counts=dict(sorted(op_counts(model).items())))

@@ -438,3 +438,28 @@ def test_cli_export_validate_and_certify_backends_agree(tmp_path, checkpoints):
     man.write_text(json.dumps(data))
     r = runner.invoke(group, ["validate", "--onnx-dir", str(onnx_dir), "--samples", "50"])
     assert r.exit_code != 0 and isinstance(r.exception, ValidationFailed)
+
+
+def test_backend_refuses_external_data_outside_its_folder_and_corrupt_graphs(tmp_path):
+    """Hostile ONNX: a tensor whose external data points outside the folder, and a corrupt file."""
+    import onnx
+    from onnx import helper, TensorProto
+    from diffsmooth.engine.backends.onnxruntime_backend import check_external_data_paths
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [1], [1.0])
+    weight.data_location = TensorProto.EXTERNAL
+    del weight.float_data[:]
+    entry = weight.external_data.add()
+    entry.key, entry.value = "location", "../../etc/passwd"
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [weight])
+    path = tmp_path / "evil.onnx"
+    onnx.save_model(helper.make_model(graph), str(path))
+    with pytest.raises(UserError, match="outside"):
+        check_external_data_paths(path)
+    with pytest.raises(UserError, match="outside"):
+        check_external_data_paths(tmp_path / "evil.onnx", ["/abs/data.bin"])
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x07garbage" * 10)
+    with pytest.raises(UserError, match="not a readable ONNX file"):
+        check_external_data_paths(corrupt)

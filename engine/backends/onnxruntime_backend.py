@@ -187,6 +187,25 @@ def sha256_file(path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def check_external_data_paths(onnx_path: Path, manifest_names: Sequence[str] = ()) -> None:
+    """UserError if the graph or its manifest points external data outside the graph's folder:
+    a crafted model could otherwise make ONNX Runtime read any file on the machine."""
+    import onnx
+    folder = onnx_path.parent.resolve()
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as exc:                          # protobuf DecodeError and friends
+        raise UserError(f"{onnx_path.name} is not a readable ONNX file ({type(exc).__name__}); re-export it") from None
+    names = list(manifest_names)
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            names += [entry.value for entry in tensor.external_data if entry.key == "location"]
+    for name in names:
+        target = (folder / name).resolve()
+        if Path(name).is_absolute() or folder not in target.parents:
+            raise UserError(f"{onnx_path.name}: external data {name!r} lies outside {folder}; refusing to load it")
+
+
 def verify_hashes(onnx_path, manifest: dict) -> None:
     """UserError unless the graph (and its external data) still has the sha256 its manifest records."""
     p = Path(onnx_path)
@@ -199,6 +218,7 @@ def verify_hashes(onnx_path, manifest: dict) -> None:
     if have != want:
         raise UserError(f"{p.name}: sha256 {have[:12]}... does not match its manifest ({want[:12]}...); "
                         "the file changed after export: re-export it")
+    check_external_data_paths(p, list(manifest.get("external_data") or {}))
     for name, digest in (manifest.get("external_data") or {}).items():
         q = p.parent / name
         if not q.exists():
