@@ -6,6 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from cli_helpers import rows_without_time
 from diffsmooth.cli import main
 from diffsmooth.engine.results import read_rows
 
@@ -14,10 +15,6 @@ FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet"]
 
 def invoke(args):
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-
-
-def rows_without_time(path):
-    return [{k: v for k, v in r.items() if k != "time"} for r in read_rows(path)]
 
 
 @pytest.mark.parametrize("method,extra", [("rs", []), ("dds", []), ("diffsmooth", ["--m", "3"]),

@@ -11,20 +11,11 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from cli_helpers import invoke_ok as invoke, rows_without_time
 from diffsmooth.cli import main
 from diffsmooth.engine.results import merge_results, read_rows, shard_path
 
 FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet"]
-
-
-def invoke(args):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result
-
-
-def rows_without_time(path):
-    return [{k: v for k, v in r.items() if k != "time"} for r in read_rows(path)]
 
 
 def test_shards_merge_to_the_single_run(tmp_path, tiny_cli_args):

@@ -7,22 +7,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from cli_helpers import invoke_ok as invoke, rows_without_time
 from diffsmooth.cli import main
 from diffsmooth.engine.noise import fixed_local_noise
 from diffsmooth.engine.results import read_rows
 from diffsmooth.engine.sweep import SweepEntry, plan_entries
 
 FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet", "--max", "3"]
-
-
-def invoke(args):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result
-
-
-def rows_without_time(path):
-    return [{k: v for k, v in r.items() if k != "time"} for r in read_rows(path)]
 
 
 def _model_args(tiny_models, classifiers):
