@@ -138,18 +138,14 @@ def compare_stages(*, precision: str, sigma: float, image_shape, reference: Dict
     result = {"precision": precision, "samples": per_image * len(images), "seed": seed,
               "images": images_desc, "sigma": sigma}
     failures = []
-    if has_purify:
-        result["denoiser"] = den_err.result(precision)
-        if not result["denoiser"]["passed"]:
-            r = result["denoiser"]
-            failures.append(f"denoiser max abs err {r['max_abs_err']:.3g} > {r['tolerance']:.3g}"
-                            if r["finite"] else "denoiser produced NaN/Inf")
+    for role, present, errors in (("denoiser", has_purify, den_err), ("classifier", has_score, cls_err)):
+        if not present:
+            continue
+        r = result[role] = errors.result(precision)
+        if not r["passed"]:
+            failures.append(f"{role} max abs err {r['max_abs_err']:.3g} > {r['tolerance']:.3g}"
+                            if r["finite"] else f"{role} produced NaN/Inf")
     if has_score:
-        result["classifier"] = cls_err.result(precision)
-        if not result["classifier"]["passed"]:
-            r = result["classifier"]
-            failures.append(f"classifier max abs err {r['max_abs_err']:.3g} > {r['tolerance']:.3g}"
-                            if r["finite"] else "classifier produced NaN/Inf")
         rate = agree / max(1, total)
         threshold = VOTE_THRESHOLDS[precision]
         result["votes"] = {"agreement": rate, "threshold": threshold, "samples": total,

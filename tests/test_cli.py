@@ -28,7 +28,9 @@ def test_certify_every_method(tmp_path, tiny_cli_args, method, extra):
     for r in rows:
         assert int(r["predict"]) in range(-1, 10)
         assert int(r["correct"]) == int(int(r["predict"]) == int(r["label"]))
-        assert float(r["radius"]) >= 0 and (float(r["radius"]) > 0 or True)
+        assert float(r["radius"]) >= 0
+        if int(r["predict"]) == -1:
+            assert float(r["radius"]) == 0.0          # abstain carries radius 0
         assert ":" in r["time"]
     assert out.read_text().splitlines()[0] == "idx\tlabel\tpredict\tradius\tcorrect\ttime"
 
