@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..engine.errors import UserError
+from diffsmooth.engine.errors import UserError
 from .flops import CONVENTION, stage_flops
 from .hardware import machine_info, peak_flops
 from .models import SET_SPECS, bench_images, build_model_set
@@ -110,13 +110,13 @@ def _progress(iterable, settings: BenchSettings, **kw):
 
 
 def _method_config(settings: BenchSettings, m: Optional[int] = None):
-    from ..engine.methods import MethodConfig
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
     return MethodConfig(settings.method, settings.sigma, m or settings.m, settings.local_sigma, settings.local_noise)
 
 
 def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = None) -> dict:
     """FLOPs per Monte Carlo sample of the denoiser stage and of the classifier stage (incl. m)."""
-    from ..engine.methods import score_module
+    from diffsmooth.engine.base_classifier.methods import score_module
     config = _method_config(settings, m)
     shape = model_set.image_shape
     den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma), shape)
@@ -144,15 +144,15 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
     if precision != "fp32" and torch.device(settings.device).type != "cuda":
         raise _Skip(f"precision {precision} runs only on CUDA devices (device is {settings.device})")
     if backend == "torch":
-        from ..engine.backends.torch_backend import TorchBackend
-        from ..engine.methods import build_torch_stages
+        from diffsmooth.engine.backends.torch_backend import TorchBackend
+        from diffsmooth.engine.base_classifier.methods import build_torch_stages
         runner = TorchBackend(device=settings.device, precision=precision)
         return build_torch_stages(config, model_set.classifier, model_set.denoiser, runner,
                                   model_set.image_shape, model_set.num_classes)
     if backend == "onnxruntime":
         try:
             import onnxruntime  # noqa: F401
-            from ..engine.backends.onnxruntime_backend import build_onnx_stages
+            from diffsmooth.engine.backends.onnxruntime_backend import build_onnx_stages
             from ..export.onnx_export import export_models
         except ImportError as exc:
             raise _Skip(f"onnxruntime backend not available ({exc})") from None
@@ -189,9 +189,9 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None) 
     chunk by chunk in alternating order (ABBA), so both see the same machine load.
 
     Returns (engine measurement, reference measurement or None)."""
-    from ..engine.certification import certify_from_counts
-    from ..engine.pipeline import MonteCarloPipeline
-    from ..engine.results import ResultWriter, format_radius, format_time
+    from diffsmooth.engine.certify.certification import certify_from_counts
+    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+    from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
     device = stages.device
     clock = StageClock(device)
     pipe = make_timed_pipeline(stages, settings.sigma, settings.seed, clock)
@@ -327,7 +327,7 @@ def run_sweep(model_set, images, settings: BenchSettings, precision: str = "fp32
     The grid is timed `repeats` times, alternately forwards and backwards, and each point keeps its
     fastest pass: machine-load drift then biases neither end of the grid.
     """
-    from ..engine.pipeline import MonteCarloPipeline
+    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     x = images[0][0]
     grid = [(m, b) for m in settings.sweep_ms for b in settings.sweep_batches]
     stages_for_m = {m: build_stages("torch", precision, model_set, settings, m=m) for m in settings.sweep_ms}
@@ -372,7 +372,7 @@ def run_bench(settings: BenchSettings) -> dict:
            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine_info(settings.device), "settings": settings.as_dict(),
            "extrapolation": EXTRAPOLATION_NOTE, "runs": [], "skipped": [], "sweep": None}
-    from ..engine.backends.torch_backend import resolve_device
+    from diffsmooth.engine.backends.torch_backend import resolve_device
     resolve_device(settings.device)
     model_set = build_model_set(settings.models, settings.method, settings.sigma, settings.local_sigma,
                                 settings.seed, settings.unet_overrides or None, settings.arch)

@@ -53,8 +53,8 @@ def bench_set(name: str, *, batch: int, iters: int, threads: int, method: str, s
     from diffsmooth.engine.backends.base import BaseClassifierStages
     from diffsmooth.engine.backends.onnxruntime_backend import build_onnx_stages
     from diffsmooth.engine.backends.torch_backend import TorchBackend
-    from diffsmooth.engine.methods import MethodConfig, build_torch_stages
-    from diffsmooth.engine.pipeline import MonteCarloPipeline
+    from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     from diffsmooth.export.onnx_export import export_models
 
     config = MethodConfig(method, sigma, m, local_sigma, local_noise)

@@ -16,10 +16,10 @@ import time
 import click
 import torch
 
-from ..engine.backends.torch_backend import TorchBackend
-from ..engine.methods import MethodConfig, build_torch_stages
-from ..engine.pipeline import MonteCarloPipeline
-from ..engine.sweep import SweepPipeline, plan_entries
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.runs.sweep import SweepPipeline, plan_entries
 
 LOCAL_SIGMAS = (0.12, 0.25, 0.5, 1.0)
 MS = (1, 3, 5, 11, 21)
@@ -27,13 +27,13 @@ MS = (1, 3, 5, 11, 21)
 
 def _demo_models():
     """(denoiser, {name: classifier}, image shape, 'embedded'|'random')."""
-    from ..engine import demo_assets
-    from ..engine.denoise import PRESET_SCHEDULES, DiffusionDenoiser
-    from ..engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
-    from ..engine.models.unet import PRESETS, UNetModel
+    from diffsmooth.engine.demo import shipped as demo_assets
+    from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+    from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
+    from diffsmooth.engine.models.unet import PRESETS, UNetModel
     if demo_assets.DEMO_UNET.exists() and demo_assets.demo_classifier_path(0.25).exists():
-        from ..engine.checkpoints import load_classifier
-        from ..engine.denoise import load_denoiser
+        from diffsmooth.engine.models.checkpoints import load_classifier
+        from diffsmooth.engine.base_classifier.denoise import load_denoiser
         den = load_denoiser(demo_assets.DEMO_UNET, "demo")
         clfs = {f"s{s:.2f}": load_classifier(demo_assets.demo_classifier_path(s), dataset="fashion-mnist")
                 for s in (0.25, 0.5)}
@@ -100,13 +100,13 @@ def cost_model(entries, unet_s: float, clf_s: float) -> tuple:
 def main(n, n0, images, batch, cifar_unet_img_s, cifar_clf_img_s, as_json):
     """Print sweep vs one-by-one time per image (measured on demo models, extrapolated to CIFAR-10)."""
     r = measure(n=n, n0=n0, images=images, batch=batch)
-    from ..engine.sweep import SweepEntry
+    from diffsmooth.engine.runs.sweep import SweepEntry
     entries = [SweepEntry(*e.split("__")[:2]) if e.startswith("dds") else
                SweepEntry("diffsmooth", e.split("__")[1], float(e.split("__ls")[1].split("__")[0]), int(e.split("__m")[1]))
                for e in r["entries"]]
     if cifar_unet_img_s is None or cifar_clf_img_s is None:
-        from ..engine.models.resnet import build_classifier_net
-        from ..engine.models.unet import PRESETS, UNetModel
+        from diffsmooth.engine.models.resnet import build_classifier_net
+        from diffsmooth.engine.models.unet import PRESETS, UNetModel
         torch.manual_seed(0)
         unet, clf = UNetModel(PRESETS["cifar10"]).eval(), build_classifier_net("cifar_resnet110", 10, 3).eval()
         x = torch.rand(8, 3, 32, 32)

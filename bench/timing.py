@@ -70,7 +70,7 @@ class TimedStage:
 
 def timed_stages(stages, clock: StageClock):
     """A copy of BaseClassifierStages whose purify/score are timed as denoise/classify."""
-    from ..engine.backends.base import BaseClassifierStages
+    from diffsmooth.engine.backends.base import BaseClassifierStages
     return BaseClassifierStages(
         stages.method,
         TimedStage(stages.purify, clock, "denoise") if stages.purify is not None else None,
@@ -86,7 +86,7 @@ def timed_noise(clock: StageClock):
 
     Swaps the `gaussian` the pipeline module calls for a timed wrapper and restores it after.
     """
-    from ..engine import pipeline as pipeline_module
+    from diffsmooth.engine.certify import monte_carlo as pipeline_module
     original = pipeline_module.gaussian
 
     def gaussian(*args, **kwargs):
@@ -102,7 +102,7 @@ def timed_noise(clock: StageClock):
 
 def make_timed_pipeline(stages, sigma: float, seed: int, clock: StageClock):
     """A MonteCarloPipeline over timed stages whose noisy_batch (noise + add) is timed as `noise`."""
-    from ..engine.pipeline import MonteCarloPipeline
+    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 
     class TimedPipeline(MonteCarloPipeline):
         def noisy_batch(self, x, image_index, first_sample, size):

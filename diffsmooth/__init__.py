@@ -7,12 +7,12 @@ TensorRT nor onnxruntime (nor, until an attribute is used, torch).
 __version__ = "0.1.0"
 
 _API = {
-    "load_denoiser": "diffsmooth.engine.denoise",
-    "DiffusionDenoiser": "diffsmooth.engine.denoise",
-    "load_classifier": "diffsmooth.engine.checkpoints",
-    "lower_confidence_bound": "diffsmooth.engine.certification",
-    "certified_radius": "diffsmooth.engine.certification",
-    "Smooth": "diffsmooth.engine.smooth",
+    "load_denoiser": "diffsmooth.engine.base_classifier.denoise",
+    "DiffusionDenoiser": "diffsmooth.engine.base_classifier.denoise",
+    "load_classifier": "diffsmooth.engine.models.checkpoints",
+    "lower_confidence_bound": "diffsmooth.engine.certify.certification",
+    "certified_radius": "diffsmooth.engine.certify.certification",
+    "Smooth": "diffsmooth.engine.certify.smooth",
     "load_dataset": "diffsmooth.engine.data",
 }
 

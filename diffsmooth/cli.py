@@ -119,7 +119,7 @@ def run_options(f):
 
 
 def _sources(kw, dataset_kind):
-    from diffsmooth.engine.assemble import ModelSources, parse_unet_config
+    from diffsmooth.engine.runs.assemble import ModelSources, parse_unet_config
     unet_config = parse_unet_config(kw["unet_config"])
     default_stats = {"cifar10": "cifar10", "imagenet": "imagenet", "idx": "fashion-mnist",
                      "embedded": "fashion-mnist", "npz": "cifar10"}[dataset_kind]
@@ -169,9 +169,9 @@ def _single(kw):
 
 def _prepare(kw):
     """Dataset, selected indices, method config, Smooth and shard plan from the parsed options."""
-    from diffsmooth.engine.assemble import build_smooth
-    from diffsmooth.engine.distributed import plan_from, rank_device
-    from diffsmooth.engine.methods import MethodConfig
+    from diffsmooth.engine.runs.assemble import build_smooth
+    from diffsmooth.engine.runs.sharding import plan_from, rank_device
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
 
     _set_threads(kw)
     kind, dataset, indices = _dataset(kw)
@@ -187,13 +187,13 @@ def _prepare(kw):
 def _certify_sweep(kw):
     """Several classifiers / sigma' / m / methods at one sigma: denoise once, vote many times."""
     from pathlib import Path as _Path
-    from diffsmooth.engine import demo_assets
-    from diffsmooth.engine.assemble import load_denoiser_from
+    from diffsmooth.engine.demo import shipped as demo_assets
+    from diffsmooth.engine.runs.assemble import load_denoiser_from
     from diffsmooth.engine.backends.torch_backend import TorchBackend
-    from diffsmooth.engine.checkpoints import load_classifier
+    from diffsmooth.engine.models.checkpoints import load_classifier
     from diffsmooth.engine.errors import UserError
-    from diffsmooth.engine.methods import MethodConfig
-    from diffsmooth.engine.sweep import SweepPipeline, plan_entries, run_sweep
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
+    from diffsmooth.engine.runs.sweep import SweepPipeline, plan_entries, run_sweep
 
     if kw["backend"] != "torch" or kw["shard"]:
         raise UserError("sweeps run on the torch backend in one process (no --backend onnxruntime / --shard yet)")
@@ -290,9 +290,9 @@ def predict(**kw):
 
 def _run_sharded(mode, kw, dataset, indices, smooth, plan):
     """Run this process's share; under torchrun rank 0 merges the shards into --out."""
-    from diffsmooth.engine.distributed import finish, wait_for_all
-    from diffsmooth.engine.results import check_or_record_settings, merge_results, shard_path
-    from diffsmooth.engine.run import run_dataset
+    from diffsmooth.engine.runs.sharding import finish, wait_for_all
+    from diffsmooth.engine.runs.results import check_or_record_settings, merge_results, shard_path
+    from diffsmooth.engine.runs.dataset_run import run_dataset
     out = kw["out"] if plan.num_shards == 1 else shard_path(kw["out"], plan.shard, plan.num_shards)
     check_or_record_settings(out, _settings(mode, kw))
     summary = run_dataset(smooth, dataset, plan.take(indices), out, mode=mode, n0=kw["n0"], n=kw["n"],
@@ -338,7 +338,7 @@ def _report(summary):
 @click.option("--plot", type=click.Path(), help="Write a certified-accuracy curve PNG here.")
 def analyze(files, radii, as_json, plot):
     """Certified accuracy at radii and ACR for result TSVs (either time format)."""
-    from diffsmooth.engine.analyze import best_per_radius, markdown_table, plot_curves, summarize, to_json
+    from diffsmooth.engine.runs.analyze import best_per_radius, markdown_table, plot_curves, summarize, to_json
     from diffsmooth.engine.errors import UserError
     try:
         radii = [float(r) for r in radii.split(",") if r.strip()]
@@ -375,7 +375,7 @@ def analyze(files, radii, as_json, plot):
 @click.option("--quiet", is_flag=True)
 def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, threads, quiet):
     """Certify K shipped Fashion-MNIST images with rs, dds and diffsmooth on the embedded models."""
-    from diffsmooth.engine.demo import run_demo
+    from diffsmooth.engine.demo.run import run_demo
     from diffsmooth.engine.errors import UserError
     _set_threads({"threads": threads})
     if not 0 < alpha < 1:
@@ -400,7 +400,7 @@ def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, 
 def purify(dataset, data, sigma, local_sigma, m, images, seed, out, **model_kw):
     """PNG grid: clean / noisy / one-shot denoised / locally smoothed images (the paper's figure)."""
     from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.demo import purify_grid
+    from diffsmooth.engine.demo.run import purify_grid
     from diffsmooth.engine.errors import UserError
     kind = dataset or ("embedded" if not data else None)
     if kind is None:
@@ -419,7 +419,7 @@ def purify(dataset, data, sigma, local_sigma, m, images, seed, out, **model_kw):
 @click.argument("shards", nargs=-1, required=True, type=click.Path())
 def merge(out, shards):
     """Merge shard TSVs into OUT: sorted by idx, every index once (conflicting rows are refused)."""
-    from diffsmooth.engine.results import merge_results
+    from diffsmooth.engine.runs.results import merge_results
     count = merge_results(shards, out)
     click.echo(f"merged {count} rows from {len(shards)} files into {out}", err=True)
 
@@ -436,7 +436,7 @@ def _expand_result_files(files):
 def _register_optional_commands():
     """Commands that live next to their code (training, export, benchmarks)."""
     import importlib
-    for module, names in (("diffsmooth.engine.train_commands", ["train_demo"]),
+    for module, names in (("diffsmooth.engine.demo.train_commands", ["train_demo"]),
                           ("diffsmooth.export.commands", ["export", "validate"]),
                           ("diffsmooth.bench.commands", ["bench"])):
         try:

@@ -31,7 +31,7 @@ def _image_shape(value, preset, stats):
 
 def _sources(kw):
     """ModelSources from the options; neither model given means the embedded demo models."""
-    from diffsmooth.engine.assemble import ModelSources, parse_unet_config
+    from diffsmooth.engine.runs.assemble import ModelSources, parse_unet_config
     unet_config = parse_unet_config(kw["unet_config"])
     demo = not kw["denoiser"] and not kw["classifier"]
     preset = kw["preset"] or ("demo" if demo else ("cifar10" if kw["denoiser"] and not unet_config else None))
@@ -74,9 +74,9 @@ def _sources(kw):
 @click.option("--seed", type=int, default=0, show_default=True, help="Noise seed for validation.")
 def export(**kw):
     """Export the denoiser (at --sigma) and the classifier head to ONNX, validated against torch."""
-    from diffsmooth.engine.assemble import load_classifier_from, load_denoiser_from
+    from diffsmooth.engine.runs.assemble import load_classifier_from, load_denoiser_from
     from diffsmooth.engine.errors import UserError
-    from diffsmooth.engine.methods import MethodConfig
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
 
     from .onnx_export import checkpoint_source, export_models
     from .validate import validate_graphs
@@ -93,7 +93,7 @@ def export(**kw):
         classifier = load_classifier_from(config, sources)
         path = sources.classifier
         if not path:
-            from diffsmooth.engine import demo_assets
+            from diffsmooth.engine.demo import shipped as demo_assets
             path = str(demo_assets.demo_classifier_for(config.method, config.sigma, config.local_sigma))
         cls_src = checkpoint_source(path, arch=sources.arch, normalization=sources.normalization, stats=sources.stats)
     if denoiser is None and classifier is None:

@@ -17,9 +17,9 @@ import onnx
 import torch
 from torch import nn
 
-from diffsmooth.engine.denoise import DiffusionDenoiser, OneShotPurifier
+from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, OneShotPurifier
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.methods import MethodConfig, score_module
+from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
 
 from .fp16 import convert_mixed_fp16
 from .graph_passes import (check_structure, fold_constants, fuse_affine_chains, initializer_bytes, op_counts,

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.methods import MethodConfig, score_module
-from diffsmooth.engine.noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
+from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
+from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
 
 from .manifest import update_manifest
 
@@ -288,9 +288,9 @@ def _check_source(manifest: dict, what: str) -> str:
 
 def load_denoiser_for(manifest: dict):
     """The torch denoiser a denoiser/unet manifest was exported from (checkpoint hash checked)."""
-    from diffsmooth.engine.checkpoints import load_unet
-    from diffsmooth.engine.denoise import DiffusionDenoiser
-    from diffsmooth.engine.schedule import DiffusionSchedule
+    from diffsmooth.engine.models.checkpoints import load_unet
+    from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
+    from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
     path = _check_source(manifest, "UNet")
     cfg = dict(manifest.get("unet_config") or {})
     if not cfg:
@@ -303,7 +303,7 @@ def load_denoiser_for(manifest: dict):
 
 def load_classifier_for(manifest: dict):
     """The torch classifier a classifier manifest was exported from (checkpoint hash checked)."""
-    from diffsmooth.engine.checkpoints import load_classifier
+    from diffsmooth.engine.models.checkpoints import load_classifier
     path = _check_source(manifest, "classifier")
     src = manifest["source"]
     return load_classifier(path, arch=src.get("arch"), dataset=src.get("stats") or "cifar10",

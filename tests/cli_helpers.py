@@ -3,7 +3,7 @@
 from click.testing import CliRunner
 
 from diffsmooth.cli import main
-from diffsmooth.engine.results import read_rows
+from diffsmooth.engine.runs.results import read_rows
 
 
 def invoke_ok(args):

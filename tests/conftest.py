@@ -14,7 +14,7 @@ TINY_UNET = {"image_size": 8, "model_channels": 32, "num_res_blocks": 1, "channe
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Paths of a tiny cifar10-family UNet state dict, a Cohen-style classifier and an npz."""
-    from diffsmooth.engine.checkpoints import save_cohen_checkpoint, save_unet_state
+    from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state
     from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
     from diffsmooth.engine.models.unet import UNetModel, unet_config
 

@@ -5,7 +5,7 @@ import random
 import pytest
 from scipy.stats import beta, norm
 
-from diffsmooth.engine.certification import (ABSTAIN, certified_radius, certify_from_counts,
+from diffsmooth.engine.certify.certification import (ABSTAIN, certified_radius, certify_from_counts,
                                              lower_confidence_bound, max_certifiable_radius,
                                              predict_from_counts, top_class)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from diffsmooth.engine.checkpoints import (
+from diffsmooth.engine.models.checkpoints import (
     extract_state_dict,
     load_classifier,
     load_unet,

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from cli_helpers import rows_without_time
 from diffsmooth.cli import main
-from diffsmooth.engine.results import read_rows
+from diffsmooth.engine.runs.results import read_rows
 
 FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet"]
 

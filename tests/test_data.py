@@ -492,13 +492,13 @@ def test_embedded_subset():
 
 
 def test_embedded_matches_data_md_and_rebuild(tmp_path):
-    blob = resources.files("diffsmooth.engine").joinpath(data.EMBEDDED_RESOURCE).read_bytes()
-    md = resources.files("diffsmooth.engine").joinpath("assets/DATA.md").read_text()
+    blob = resources.files("diffsmooth.engine.demo").joinpath(data.EMBEDDED_RESOURCE).read_bytes()
+    md = resources.files("diffsmooth.engine.demo").joinpath("assets/DATA.md").read_text()
     digest = hashlib.sha256(blob).hexdigest()
     assert digest in md and f"{len(blob):,} bytes" in md
     if not os.path.isdir(FMNIST_DIR):
         pytest.skip("dataset-fashion-mnist not installed")
-    from diffsmooth.engine.make_demo_data import build_embedded_subset
+    from diffsmooth.engine.demo.make_data import build_embedded_subset
     out = tmp_path / "subset.npz"
     assert build_embedded_subset(FMNIST_DIR, str(out)) == digest
     full = load_dataset("idx", FMNIST_DIR)

@@ -4,8 +4,8 @@ import pytest
 from click.testing import CliRunner
 
 from diffsmooth.cli import main
-from diffsmooth.engine import demo_assets
-from diffsmooth.engine.results import read_rows
+from diffsmooth.engine.demo import shipped as demo_assets
+from diffsmooth.engine.runs.results import read_rows
 
 pytestmark = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo weights not built")
 

@@ -1,4 +1,4 @@
-"""The shipped demo models (engine/assets) load strictly, reproduce MODELS.json, and denoise; the trainers work.
+"""The shipped demo models (engine/demo/assets) load strictly, reproduce MODELS.json, and denoise; the trainers work.
 
 Recorded accuracies are compared within ACC_TOL (a few of the 500 embedded images), which absorbs
 float rounding differences between machines and thread counts; MSEs within MSE_RTOL relative.
@@ -14,13 +14,13 @@ import sys
 import pytest
 import torch
 
-from diffsmooth.engine import demo_assets
-from diffsmooth.engine.checkpoints import (load_classifier, load_unet, read_checkpoint,
+from diffsmooth.engine.demo import shipped as demo_assets
+from diffsmooth.engine.models.checkpoints import (load_classifier, load_unet, read_checkpoint,
                                            save_cohen_checkpoint, save_unet_state)
 from diffsmooth.engine.data import load_arrays, load_dataset
-from diffsmooth.engine.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
 from diffsmooth.engine.models.unet import unet_config
-from diffsmooth.engine.training import (classifier_accuracy, mse, one_shot_denoise, sha256_file,
+from diffsmooth.engine.demo.training import (classifier_accuracy, mse, one_shot_denoise, sha256_file,
                                         train_classifier, train_denoiser)
 
 ACC_TOL = 0.01        # 5 of 500 images
@@ -30,7 +30,7 @@ ASSET_FILES = [demo_assets.DEMO_UNET, demo_assets.DEMO_MANIFEST,
                *(demo_assets.demo_classifier_path(s) for s in SIGMAS)]
 needs_assets = pytest.mark.skipif(
     not all(p.exists() for p in ASSET_FILES),
-    reason="embedded demo models absent from engine/assets: run `diffsmooth train-demo` to build them")
+    reason="embedded demo models absent from engine/demo/assets: run `diffsmooth train-demo` to build them")
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_trainers_smoke(tmp_path, one_thread):
 
 def test_train_command_import_is_light():
     """The click command module imports without torch (the CLI stays fast)."""
-    code = ("import sys, diffsmooth.engine.train_commands as m; "
+    code = ("import sys, diffsmooth.engine.demo.train_commands as m; "
             "assert m.train_demo.name == 'train-demo'; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -5,7 +5,7 @@ fp16/bf16 autocast producing valid votes."""
 import pytest
 import torch
 
-from diffsmooth.engine.noise import STREAM_SMOOTHING, gaussian, philox4x32
+from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian, philox4x32
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -23,12 +23,12 @@ def test_philox_integer_stream_identical_on_cuda():
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 def test_demo_pipeline_on_cuda(precision):
-    from diffsmooth.engine import demo_assets
+    from diffsmooth.engine.demo import shipped as demo_assets
     if not demo_assets.DEMO_UNET.exists():
         pytest.skip("embedded demo weights not built")
-    from diffsmooth.engine.assemble import ModelSources, build_smooth
+    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
     from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.methods import MethodConfig
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
     ds = load_dataset("embedded")
     config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
     gpu = build_smooth(config, ModelSources.demo(), (1, 32, 32), 10, device="cuda", precision=precision)

@@ -3,7 +3,7 @@
 import torch
 from scipy import stats
 
-from diffsmooth.engine.noise import STREAM_LOCAL, STREAM_SMOOTHING, fixed_local_noise, gaussian, philox4x32
+from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, fixed_local_noise, gaussian, philox4x32
 
 
 def _philox(counter, key):

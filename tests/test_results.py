@@ -2,9 +2,9 @@
 
 import pytest
 
-from diffsmooth.engine.analyze import average_certified_radius, certified_accuracy, markdown_table, summarize
+from diffsmooth.engine.runs.analyze import average_certified_radius, certified_accuracy, markdown_table, summarize
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.results import (CERTIFY_COLUMNS, ResultWriter, format_radius, format_time,
+from diffsmooth.engine.runs.results import (CERTIFY_COLUMNS, ResultWriter, format_radius, format_time,
                                        parse_time, read_rows)
 
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from cli_helpers import invoke_ok as invoke, rows_without_time
 from diffsmooth.cli import main
-from diffsmooth.engine.results import merge_results, read_rows, shard_path
+from diffsmooth.engine.runs.results import merge_results, read_rows, shard_path
 
 FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet"]
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from diffsmooth.engine.denoise import PRESET_SCHEDULES
+from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.schedule import DiffusionSchedule, betas_for
+from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, betas_for
 
 FACTS_TABLE = [
     # preset, sigma, t*, model timestep, sqrt(abar*), sqrt(1/abar*), sqrt(1/abar* - 1)

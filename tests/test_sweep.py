@@ -9,9 +9,9 @@ from click.testing import CliRunner
 
 from cli_helpers import invoke_ok as invoke, rows_without_time
 from diffsmooth.cli import main
-from diffsmooth.engine.noise import fixed_local_noise
-from diffsmooth.engine.results import read_rows
-from diffsmooth.engine.sweep import SweepEntry, plan_entries
+from diffsmooth.engine.certify.noise import fixed_local_noise
+from diffsmooth.engine.runs.results import read_rows
+from diffsmooth.engine.runs.sweep import SweepEntry, plan_entries
 
 FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet", "--max", "3"]
 

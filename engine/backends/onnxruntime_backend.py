@@ -12,9 +12,9 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..errors import UserError
-from ..methods import MethodConfig, probe
-from .base import BaseClassifierStages
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.base_classifier.methods import MethodConfig, probe
+from diffsmooth.engine.backends.base import BaseClassifierStages
 
 ORT_PRECISIONS = ("fp32", "fp16")
 GPU_PROVIDERS = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}

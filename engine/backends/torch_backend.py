@@ -8,7 +8,7 @@ import contextlib
 import torch
 from torch import nn
 
-from ..errors import UserError
+from diffsmooth.engine.errors import UserError
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 

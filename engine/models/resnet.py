@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import UserError
+from diffsmooth.engine.errors import UserError
 
 __all__ = [
     "BasicBlock",

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import UserError
+from diffsmooth.engine.errors import UserError
 
 __all__ = [
     "UNetConfig",
@@ -165,7 +165,7 @@ PRESETS: dict[str, UNetConfig] = {
         learn_sigma=True,
     ),
     # Small 1-channel denoiser trained by the project's demo trainer (Fashion-MNIST padded to 32x32);
-    # 877k parameters (3.5 MB fp32), sized for ~20 minutes of CPU training (engine/training.py).
+    # 877k parameters (3.5 MB fp32), sized for ~20 minutes of CPU training (engine/demo/training.py).
     "demo": UNetConfig(
         image_size=32,
         in_channels=1,

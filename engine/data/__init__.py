@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .errors import UserError
+from diffsmooth.engine.errors import UserError
 
 DATASET_KINDS = ("cifar10", "imagenet", "npz", "idx", "embedded")
 
@@ -608,19 +608,19 @@ def load_idx(path: str, split: str = "test", *, pad_to=32, num_classes: int | No
 
 
 def load_embedded(path: str | None = None, split: str = "test", *, pad_to=32) -> ArrayDataset:
-    """The shipped 500-image Fashion-MNIST test subset (see assets/DATA.md); padded to 32x32."""
+    """The shipped 500-image Fashion-MNIST test subset (see engine/demo/assets/DATA.md); padded to 32x32."""
     from importlib import resources
     if path is not None:
         raise UserError(f"path={path!r}: the embedded dataset ships with the package; "
                         "give no path (or use kind 'npz' for a file)")
     if split != "test":
         raise UserError(f"split={split!r}: the embedded subset holds only 'test' images")
-    res = resources.files(__package__).joinpath(EMBEDDED_RESOURCE)
+    res = resources.files("diffsmooth.engine.demo").joinpath(EMBEDDED_RESOURCE)
     try:
         blob = res.read_bytes()
     except OSError as e:
         raise UserError(f"{EMBEDDED_RESOURCE}: package data missing ({e}); reinstall the "
-                        "package or run python -m diffsmooth.engine.make_demo_data") from None
+                        "package or run python -m diffsmooth.engine.demo.make_data") from None
     z = _read_npz(io.BytesIO(blob), EMBEDDED_RESOURCE)
     names = [str(c) for c in z["class_names"]]
     return arrays_to_dataset(z["images"], z["labels"], name="fashion-mnist-subset",

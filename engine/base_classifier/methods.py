@@ -9,10 +9,10 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from .backends.base import BaseClassifierStages
-from .errors import UserError
-from .local_smoothing import LOCAL_NOISE_MODES, LocalSmoothingHead, LogitsHead
-from .noise import fixed_local_noise
+from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.base_classifier.local_smoothing import LOCAL_NOISE_MODES, LocalSmoothingHead, LogitsHead
+from diffsmooth.engine.certify.noise import fixed_local_noise
 
 METHODS = ("rs", "dds", "diffsmooth")
 

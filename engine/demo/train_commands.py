@@ -51,7 +51,7 @@ def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs,
     """Train the embedded demo denoiser and classifiers on Fashion-MNIST (CPU, fixed seeds)."""
     import dataclasses
 
-    from .training import QUICK_BUDGET, DemoBudget, train_demo as run
+    from diffsmooth.engine.demo.training import QUICK_BUDGET, DemoBudget, train_demo as run
 
     budget = QUICK_BUDGET if quick else DemoBudget()
     overrides = dict(unet_steps=unet_steps, unet_batch_size=unet_batch_size,
@@ -74,7 +74,7 @@ def _command_line() -> str:
     """How this process was started, as a shell command (python -m form for direct module runs)."""
     prog = Path(sys.argv[0]).name
     if prog in ("train_commands.py", "-c"):
-        prog = "python -m diffsmooth.engine.train_commands"
+        prog = "python -m diffsmooth.engine.demo.train_commands"
     return " ".join([prog] + [shlex.quote(a) for a in sys.argv[1:]])
 
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Sequence
 
-from .errors import UserError
+from diffsmooth.engine.errors import UserError
 
 CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")
 PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time")

@@ -11,8 +11,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .errors import UserError
-from .schedule import DiffusionSchedule, OneShotCoefficients
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, OneShotCoefficients
 
 # The diffusion schedule each UNet preset was trained with.
 PRESET_SCHEDULES = {
@@ -89,6 +89,6 @@ def load_denoiser(path, preset: Optional[str] = "cifar10", *, schedule: Optional
     `preset` picks the architecture and schedule ('cifar10', 'imagenet', 'demo'); keyword
     arguments override UNet config fields, or give the whole config when preset is None.
     """
-    from .checkpoints import load_unet
+    from diffsmooth.engine.models.checkpoints import load_unet
     unet = load_unet(path, preset, **config)
     return DiffusionDenoiser(unet, schedule_for(preset, schedule, diffusion_steps, rescale_timesteps))

@@ -3,7 +3,7 @@
 Rule: the first `per_class` test images of each class in test-set order, kept in test-set order.
 The zip is written with fixed timestamps so the same input gives a byte-identical file.
 
-    python -m diffsmooth.engine.make_demo_data [--idx-dir DIR] [--out PATH] [--per-class N]
+    python -m diffsmooth.engine.demo.make_data [--idx-dir DIR] [--out PATH] [--per-class N]
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import zipfile
 
 import numpy as np
 
-from .data import FASHION_MNIST_CLASSES, _find_idx, read_idx
-from .errors import UserError
+from diffsmooth.engine.data import FASHION_MNIST_CLASSES, _find_idx, read_idx
+from diffsmooth.engine.errors import UserError
 
 DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets",
@@ -73,7 +73,7 @@ def build_embedded_subset(idx_dir: str = DEFAULT_IDX_DIR, out_path: str = DEFAUL
 
 def main(argv=None) -> int:
     """Command-line entry: build the subset and print its path, size and sha256."""
-    ap = argparse.ArgumentParser(prog="python -m diffsmooth.engine.make_demo_data",
+    ap = argparse.ArgumentParser(prog="python -m diffsmooth.engine.demo.make_data",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--idx-dir", default=DEFAULT_IDX_DIR)
     ap.add_argument("--out", default=DEFAULT_OUT)

@@ -19,14 +19,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .backends.base import Stage
-from .certification import certify_from_counts
-from .errors import UserError
-from .local_smoothing import LocalProbabilities, LogitsHead
-from .noise import STREAM_LOCAL, fixed_local_noise, gaussian
-from .pipeline import NonFiniteScores, noisy_batch
-from .results import ResultWriter, format_radius, format_time
-from .smooth import check_certify_parameters
+from diffsmooth.engine.backends.base import Stage
+from diffsmooth.engine.certify.certification import certify_from_counts
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.base_classifier.local_smoothing import LocalProbabilities, LogitsHead
+from diffsmooth.engine.certify.noise import STREAM_LOCAL, fixed_local_noise, gaussian
+from diffsmooth.engine.certify.monte_carlo import NonFiniteScores, noisy_batch
+from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
+from diffsmooth.engine.certify.smooth import check_certify_parameters
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def run_sweep(pipeline: SweepPipeline, dataset, indices: Sequence[int], out_dir,
     index_path.write_text(json.dumps(index, indent=1) + "\n")
     writers = {e: ResultWriter(out / f"{e.name}.tsv") for e in pipeline.entries}
     todo = [i for i in indices if any(i not in w.done for w in writers.values())]
-    from .run import stop_after_current_image
+    from diffsmooth.engine.runs.dataset_run import stop_after_current_image
     bar = None
     if progress:
         from tqdm import tqdm

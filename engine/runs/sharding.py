@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from .errors import UserError
+from diffsmooth.engine.errors import UserError
 
 
 @dataclass(frozen=True)

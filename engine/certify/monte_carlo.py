@@ -1,6 +1,6 @@
 """Monte Carlo vote counting: noisy copies of one image -> base classifier -> class counts.
 
-Sample j of image i always gets the same noise (engine/noise.py), so counts do not depend on
+Sample j of image i always gets the same noise (engine/certify/noise.py), so counts do not depend on
 the batch size. Votes are counted on the device with bincount; the host sees one count
 vector per call (one sync per CERTIFY pass, not per batch).
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .backends.base import BaseClassifierStages
-from .errors import UserError
-from .noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
+from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
 
 
 def noisy_batch(x: torch.Tensor, sigma: float, seed: int, image_index: int, first_sample: int,

@@ -1,4 +1,4 @@
-"""Where the embedded demo's models and data live (package data in engine/assets/), and which
+"""Where the embedded demo's models and data live (package data in engine/demo/assets/), and which
 demo classifier serves which method: the Gaussian-augmented classifier trained at the noise
 level the method feeds it (sigma for RS, sigma' for DiffSmooth, clean for DDS)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import UserError
+from diffsmooth.engine.errors import UserError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 DEMO_UNET = ASSETS / "demo_unet.pt"

@@ -10,11 +10,11 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize
-from .assemble import ModelSources, build_smooth, load_denoiser_from
-from .methods import METHODS, MethodConfig
-from .noise import STREAM_SMOOTHING, fixed_local_noise, gaussian
-from .run import run_dataset
+from diffsmooth.engine.runs.analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize
+from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_denoiser_from
+from diffsmooth.engine.base_classifier.methods import METHODS, MethodConfig
+from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, fixed_local_noise, gaussian
+from diffsmooth.engine.runs.dataset_run import run_dataset
 
 
 def spread_indices(total: int, count: int) -> List[int]:
@@ -29,7 +29,7 @@ def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: f
              seed: int = 0, methods: Sequence[str] = METHODS, device: str = "cpu",
              sources: Optional[ModelSources] = None, dataset=None, progress: bool = True) -> Dict:
     """Certify the same images with each method; TSVs, a markdown table and a PNG into out_dir."""
-    from .data import load_dataset
+    from diffsmooth.engine.data import load_dataset
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dataset = dataset or load_dataset("embedded")
@@ -72,7 +72,7 @@ def purify_grid(out_png, *, sources: Optional[ModelSources] = None, dataset=None
     """One PNG: rows = clean, noisy (x + sigma*eps), one-shot denoised, denoised + sigma'*delta_i
     for the first m local noises (the paper's purified-images figure)."""
     from PIL import Image
-    from .data import load_dataset
+    from diffsmooth.engine.data import load_dataset
     dataset = dataset or load_dataset("embedded")
     denoiser = load_denoiser_from(sources or ModelSources.demo())
     idx = spread_indices(len(dataset), images)

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from . import demo_assets
-from .errors import UserError
-from .methods import MethodConfig, build_torch_stages
-from .pipeline import MonteCarloPipeline
-from .smooth import Smooth
+from diffsmooth.engine.demo import shipped as demo_assets
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.certify.smooth import Smooth
 
 BACKENDS = ("torch", "onnxruntime")
 
@@ -58,7 +58,7 @@ def parse_unet_config(text: Optional[str]) -> dict:
 
 def load_denoiser_from(sources: ModelSources):
     """The one-shot denoiser named by `sources` (eval mode, CPU)."""
-    from .denoise import load_denoiser
+    from diffsmooth.engine.base_classifier.denoise import load_denoiser
     if not sources.denoiser:
         raise UserError("give --denoiser CHECKPOINT")
     return load_denoiser(sources.denoiser, sources.preset, schedule=sources.schedule,
@@ -68,7 +68,7 @@ def load_denoiser_from(sources: ModelSources):
 
 def load_classifier_from(config: MethodConfig, sources: ModelSources):
     """The classifier named by `sources`, or the demo classifier matching the method's noise level."""
-    from .checkpoints import load_classifier
+    from diffsmooth.engine.models.checkpoints import load_classifier
     path = sources.classifier
     if not path:
         if sources.preset != demo_assets.DEMO_PRESET:
@@ -90,12 +90,12 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
                  precision: str = "fp32", seed: int = 0, onnx_dir: Optional[str] = None) -> Smooth:
     """A Smooth for `config` on the requested backend; probes the models with `image_shape`."""
     if backend == "torch":
-        from .backends.torch_backend import TorchBackend
+        from diffsmooth.engine.backends.torch_backend import TorchBackend
         runner = TorchBackend(device=device, precision=precision)
         denoiser, classifier = load_models(config, sources)
         stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes)
     elif backend == "onnxruntime":
-        from .backends.onnxruntime_backend import build_onnx_stages
+        from diffsmooth.engine.backends.onnxruntime_backend import build_onnx_stages
         if not onnx_dir:
             raise UserError("--backend onnxruntime needs --onnx-dir (made by `diffsmooth export`)")
         stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision)

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import UserError
-from .models.resnet import (
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models.resnet import (
     ARCHITECTURES,
     DATASET_STATS,
     DEFAULT_NORMALIZATION,
@@ -28,7 +28,7 @@ from .models.resnet import (
     build_classifier_net,
     normalization_layer,
 )
-from .models.unet import PRESETS, UNetConfig, UNetModel, unet_config
+from diffsmooth.engine.models.unet import PRESETS, UNetConfig, UNetModel, unet_config
 
 __all__ = [
     "read_checkpoint",

@@ -12,8 +12,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Optional, Sequence
 
-from .results import CERTIFY_COLUMNS, PREDICT_COLUMNS, ResultWriter, format_radius, format_time
-from .smooth import Smooth
+from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, PREDICT_COLUMNS, ResultWriter, format_radius, format_time
+from diffsmooth.engine.certify.smooth import Smooth
 
 
 class StopFlag:

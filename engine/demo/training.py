@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .denoise import PRESET_SCHEDULES, DiffusionDenoiser
-from .errors import UserError
-from .models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
-from .models.unet import UNetConfig, UNetModel, unet_config
-from .schedule import DiffusionSchedule
+from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
+from diffsmooth.engine.models.unet import UNetConfig, UNetModel, unet_config
+from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 CLASSIFIER_ARCH = "cifar_resnet20"
@@ -329,7 +329,7 @@ def sha256_file(path) -> str:
 
 def _idx_hashes(data_dir: str) -> dict[str, str]:
     """sha256 of the four Fashion-MNIST IDX files (raw or .gz, whichever is present)."""
-    from .data import _find_idx
+    from diffsmooth.engine.data import _find_idx
     out = {}
     for prefix, kind in (("train", "images-idx3"), ("train", "labels-idx1"),
                          ("t10k", "images-idx3"), ("t10k", "labels-idx1")):
@@ -339,7 +339,7 @@ def _idx_hashes(data_dir: str) -> dict[str, str]:
 
 
 def _load_split(data_dir: str, split: str, limit: Optional[int]):
-    from .data import load_arrays, load_dataset
+    from diffsmooth.engine.data import load_arrays, load_dataset
     ds = load_dataset("idx", data_dir, split=split)
     idx = None if limit is None else list(range(min(limit, len(ds))))
     return load_arrays(ds, idx)
@@ -351,7 +351,7 @@ def classifier_file(noise_sigma: float) -> str:
 
 def _train_job(job: dict) -> tuple[str, dict]:
     """Train and save one demo model (runs in a worker process or inline); returns (file, manifest entry)."""
-    from .checkpoints import save_cohen_checkpoint, save_unet_state
+    from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state
 
     _set_threads(job["threads"])
     budget, out = job["budget"], Path(job["out"])
@@ -399,8 +399,8 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
     classifier at sigma s `seed + 1 + i` (i = index of s in 0, 0.25, 0.5).
     Returns the manifest (also written as out_dir/MODELS.json).
     """
-    from .checkpoints import load_classifier, load_unet
-    from .data import load_arrays, load_dataset
+    from diffsmooth.engine.models.checkpoints import load_classifier, load_unet
+    from diffsmooth.engine.data import load_arrays, load_dataset
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import UserError
+from diffsmooth.engine.errors import UserError
 
 
 def betas_for(schedule: str, num_steps: int) -> np.ndarray:

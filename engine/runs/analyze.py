@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from .results import read_rows
+from diffsmooth.engine.runs.results import read_rows
 
 DEFAULT_RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 
@@ -32,7 +32,7 @@ def average_certified_radius(rows) -> float:
 
 def summarize(path, radii: Sequence[float] = DEFAULT_RADII) -> Dict:
     """One file's certified accuracies, ACR, row count and mean time per image."""
-    from .results import parse_time
+    from diffsmooth.engine.runs.results import parse_time
     rows = read_rows(path)
     times = [parse_time(r["time"]) for r in rows if "time" in r]
     return {

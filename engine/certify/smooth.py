@@ -10,9 +10,9 @@ from typing import Tuple
 
 import torch
 
-from .certification import ABSTAIN, certify_from_counts, predict_from_counts
-from .errors import UserError
-from .pipeline import MonteCarloPipeline
+from diffsmooth.engine.certify.certification import ABSTAIN, certify_from_counts, predict_from_counts
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 
 
 def check_certify_parameters(n0: int, n: int, alpha: float, batch: int) -> None:

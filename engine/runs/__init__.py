@@ -1,0 +1,1 @@
+"""Runs over datasets: building a Smooth from user settings, result files, resume, shards, sweeps, analysis."""
