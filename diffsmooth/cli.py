@@ -94,8 +94,9 @@ def run_options(f):
         click.option("--n", "--num-samples", "n", type=int, default=10000, show_default=True, callback=_positive("n"),
                      help="Monte Carlo samples for estimation (--num-samples: the same, for torchrun)."),
         click.option("--alpha", type=float, default=0.001, show_default=True),
-        click.option("--batch", type=int, default=1000, show_default=True, callback=_positive("batch"),
-                     help="Noisy samples per Monte Carlo batch (results do not depend on it)."),
+        click.option("--batch", type=int, default=None, callback=_positive("batch"),
+                     help="Noisy samples per Monte Carlo batch [default: 1000 on CPU; on CUDA 2000 for images "
+                          "up to 64x64, else 32]. Counts do not depend on it on CPU fp32 (see README)."),
         click.option("--skip", type=int, default=1, show_default=True, callback=_positive("skip"),
                      help="Use every skip-th image."),
         click.option("--max", "--max-index", "max_index", type=int, default=None,
@@ -105,6 +106,17 @@ def run_options(f):
         click.option("--onnx-dir", type=click.Path(), help="Exported graphs for --backend onnxruntime."),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
         click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True),
+        click.option("--compile/--no-compile", "compile", default=None,
+                     help="torch.compile the stages at one static batch shape [default: on for CUDA]."),
+        click.option("--cuda-graphs/--no-cuda-graphs", "cuda_graphs", default=None,
+                     help="Replay each compiled stage from a CUDA graph [default: on with --compile on CUDA]."),
+        click.option("--streams", type=click.IntRange(1, 2), default=None,
+                     help="2: denoise batch k+1 while classifying batch k on two CUDA streams [default: 2 on CUDA]."),
+        click.option("--validate-samples", type=click.IntRange(0), default=1000, show_default=True,
+                     help="Samples of the first image on which a compiled / fp16 / bf16 path is checked against "
+                          "eager fp32 once per run (0: skip)."),
+        click.option("--min-agreement", type=click.FloatRange(0, 1), default=0.999, show_default=True,
+                     help="Refuse the run when fewer votes agree with eager fp32 in that check."),
         click.option("--out", type=click.Path(), required=True, help="Result TSV (resumed if it exists)."),
         click.option("--shard", default=None, metavar="I/K",
                      help="Certify only shard I of K of the selected images (e.g. Slurm arrays); "
@@ -167,20 +179,37 @@ def _single(kw):
     return single
 
 
+def _fast_path(kw):
+    from diffsmooth.engine.runs.fast_path import FastPath
+    if kw["backend"] != "torch":
+        return FastPath()
+    return FastPath.resolve(kw["device"], kw["compile"], kw["cuda_graphs"], kw["streams"])
+
+
 def _prepare(kw):
     """Dataset, selected indices, method config, Smooth and shard plan from the parsed options."""
-    from diffsmooth.engine.runs.assemble import build_smooth
-    from diffsmooth.engine.runs.sharding import plan_from, rank_device
     from diffsmooth.engine.base_classifier.methods import MethodConfig
+    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.runs.assemble import build_checked_smooth
+    from diffsmooth.engine.runs.fast_path import default_batch
+    from diffsmooth.engine.runs.sharding import plan_from, rank_device
 
     _set_threads(kw)
     kind, dataset, indices = _dataset(kw)
+    if not indices:
+        raise UserError("no images selected (check --skip / --max)")
     config = MethodConfig(kw["method"], kw["sigma"], kw["m"], kw["local_sigma"], kw["local_noise"])
     sources = _sources(kw, kind)
     plan = plan_from(kw["shard"], kw["device"])
-    smooth = build_smooth(config, sources, tuple(dataset.image_shape), dataset.num_classes,
-                          backend=kw["backend"], device=rank_device(plan, kw["device"]),
-                          precision=kw["precision"], seed=kw["seed"], onnx_dir=kw["onnx_dir"])
+    device = rank_device(plan, kw["device"])
+    kw["batch"] = kw["batch"] or default_batch(device, tuple(dataset.image_shape))
+    fast = _fast_path(dict(kw, device=device))
+    kw["fast_path"] = fast.as_dict()
+    first = plan.take(indices)[0] if plan.take(indices) else indices[0]
+    smooth = build_checked_smooth(config, sources, tuple(dataset.image_shape), dataset.num_classes,
+                                  dataset[first][0], first, kw["batch"], backend=kw["backend"], device=device,
+                                  precision=kw["precision"], seed=kw["seed"], onnx_dir=kw["onnx_dir"], fast=fast,
+                                  validate_samples=kw["validate_samples"], min_agreement=kw["min_agreement"])
     return dataset, indices, config, smooth, plan
 
 
@@ -219,14 +248,20 @@ def _certify_sweep(kw):
     entries = plan_entries(kw["method"], classifiers_for, kw["local_sigma"], kw["m"])
     modules = {name: load_classifier(paths[name], arch=sources.arch, dataset=sources.stats,
                                      normalization=sources.normalization) for name in {e.classifier for e in entries}}
-    backend = TorchBackend(kw["device"], kw["precision"])
+    from diffsmooth.engine.runs.fast_path import default_batch
+    fast = _fast_path(kw)
+    kw["batch"] = kw["batch"] or default_batch(kw["device"], tuple(dataset.image_shape))
+    kw["fast_path"] = fast.as_dict()
+    backend = TorchBackend(kw["device"], kw["precision"], channels_last=fast.compile and fast.cuda_graphs,
+                           compile=fast.compile, cuda_graphs=fast.cuda_graphs)
     purify = None
     if any(e.method != "rs" for e in entries):
         purify = backend.stage(load_denoiser_from(sources).purifier(kw["sigma"]), "denoiser")
     shape = tuple(dataset.image_shape)
     num_classes = _probe_classes(backend, modules, shape, dataset.num_classes)
     pipeline = SweepPipeline(entries, modules, purify, backend, kw["sigma"], shape, num_classes,
-                             kw["local_noise"], seed=kw["seed"])
+                             kw["local_noise"], seed=kw["seed"], static_batch=fast.static_batch,
+                             compiled_noise=fast.compiled_noise)
     settings = _settings("certify", dict(kw, method=list(kw["method"]), local_sigma=list(kw["local_sigma"]),
                                          m=list(kw["m"]), classifier=list(kw["classifier"])))
     click.echo(f"# sweep: {len(entries)} configurations at sigma={kw['sigma']}, images={len(indices)} -> {kw['out']}/",
@@ -243,7 +278,9 @@ def _probe_classes(backend, modules, shape, data_classes):
     counts = set()
     for name, module in modules.items():
         try:
-            counts.add(int(backend.stage(module, name)(torch.full((1, *shape), 0.5, device=backend.device)).shape[1]))
+            stage = backend.stage(module, name)
+            probe = getattr(stage, "eager", stage)          # no compile for a batch-1 probe
+            counts.add(int(probe(torch.full((1, *shape), 0.5, device=backend.device)).shape[1]))
         except RuntimeError as exc:
             raise UserError(f"classifier {name} cannot take images of shape {shape}: "
                             f"{str(exc).strip().splitlines()[0]}") from None
@@ -269,7 +306,7 @@ def certify(**kw):
         return _certify_sweep(kw)
     kw = _single(kw)
     dataset, indices, config, smooth, plan = _prepare(kw)
-    click.echo(f"# {smooth.pipeline.stages.describe()}; sigma={config.sigma} n0={kw['n0']} n={kw['n']} "
+    click.echo(f"# {smooth.pipeline.describe()}; batch={kw['batch']} sigma={config.sigma} n0={kw['n0']} n={kw['n']} "
                f"alpha={kw['alpha']} images={len(indices)} -> {kw['out']}", err=True)
     _run_sharded("certify", kw, dataset, indices, smooth, plan)
 
@@ -313,8 +350,11 @@ def _settings(mode, kw):
     """What determines the rows of a result file (a resumed run must match it)."""
     keys = ("method", "sigma", "local_sigma", "m", "local_noise", "n0", "n", "alpha", "seed",
             "dataset", "data", "split", "denoiser", "preset", "unet_config", "classifier", "arch",
-            "normalization", "stats", "backend", "precision")
+            "normalization", "stats", "backend", "precision", "batch", "fast_path")
     settings = {k: kw.get(k) for k in keys}
+    # Counts repeat exactly at a fixed batch size, precision and kernel choice; across batch sizes
+    # only on CPU fp32 (measured on CUDA: fp16 changed 10 of 30,000 votes): a resume must match all.
+    settings["device_type"] = str(kw.get("device", "cpu")).split(":")[0]
     settings["mode"] = mode
     if mode == "predict":
         settings.pop("n0")
@@ -370,18 +410,23 @@ def analyze(files, radii, as_json, plot):
 @click.option("--m", "m", type=int, default=5, show_default=True)
 @click.option("--batch", type=int, default=200, show_default=True, callback=_positive("batch"))
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True)
+@click.option("--compile/--no-compile", "compile", default=None,
+              help="Compiled static-shape stages (+ CUDA graphs, 2 streams on CUDA) [default: on for CUDA].")
 @click.option("--threads", type=int, default=None, callback=_positive("threads"), help="CPU threads for torch.")
 @click.option("--quiet", is_flag=True)
-def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, threads, quiet):
+def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, precision, compile, threads, quiet):
     """Certify K shipped Fashion-MNIST images with rs, dds and diffsmooth on the embedded models."""
     from diffsmooth.engine.demo.run import run_demo
     from diffsmooth.engine.errors import UserError
     _set_threads({"threads": threads})
     if not 0 < alpha < 1:
         raise UserError(f"alpha must be in (0, 1), got {alpha}")
+    from diffsmooth.engine.runs.fast_path import FastPath
     result = run_demo(out, images=images, n0=n0, n=n, alpha=alpha, sigma=sigma, m=m,
-                      local_sigma=local_sigma, batch=batch, seed=seed, device=device, progress=not quiet)
+                      local_sigma=local_sigma, batch=batch, seed=seed, device=device, precision=precision,
+                      fast=FastPath.resolve(device, compile), progress=not quiet)
     click.echo(f"\n{result['header']}\n\n{result['table']}\n")
     timing = ", ".join(f"{k} {v:.1f} s" for k, v in result["seconds"].items())
     click.echo(f"time: {timing}; wrote {', '.join(result['files'])}, {out}/certified_accuracy.png, {out}/summary.md")

@@ -1,9 +1,15 @@
 """Torch backend: stages are nn.Modules run under inference_mode, on CPU or CUDA, in fp32 or
-autocast fp16/bf16 (GroupNorm statistics and softmax stay fp32 inside the models)."""
+autocast fp16/bf16 (GroupNorm statistics and softmax stay fp32 inside the models).
+
+The fast path (default on CUDA): channels_last, `torch.compile` at one static batch shape,
+cudnn.benchmark, and each stage replayed from a CUDA graph (engine/backends/cuda_graphs.py).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import sys
+from typing import Optional
 
 import torch
 from torch import nn
@@ -19,9 +25,24 @@ def resolve_device(device: str) -> torch.device:
         dev = torch.device(device)
     except RuntimeError as exc:
         raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {device!r} requested but CUDA is not available on this machine")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"device {device!r} requested but CUDA is not available on this machine")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UserError(f"device {device!r} requested but this machine has {torch.cuda.device_count()} GPU(s)")
     return dev
+
+
+class _ChannelsLast(nn.Module):
+    """Feeds the wrapped module its 4-D inputs in channels_last layout (what cuDNN/inductor like)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module.to(memory_format=torch.channels_last)
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.module(*(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+                             for t in inputs))
 
 
 class TorchStage:
@@ -34,16 +55,21 @@ class TorchStage:
         if precision != "fp32" and device.type != "cuda":
             raise UserError(f"precision {precision} is for CUDA devices; use fp32 on {device.type}")
         self.name, self.device, self.precision = name, device, precision
+        self.compiled = bool(compile)
         module = module.eval().to(device)
+        # The uncompiled stage: for one-off calls (shape probes) that must not compile a new graph.
+        self.eager = TorchStage(module, name, device, precision) if (compile or channels_last) else self
         if channels_last:
-            module = module.to(memory_format=torch.channels_last)
-        self.module = torch.compile(module) if compile else module
+            module = _ChannelsLast(module)
+        # dynamic=False: the pipeline feeds one static batch shape, so one graph serves the run.
+        self.module = torch.compile(module, dynamic=False) if compile else module
 
     def _autocast(self):
         dtype = PRECISIONS[self.precision]
         if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=dtype)
+        # No weight-cast cache: a CUDA graph must capture the casts, not reuse tensors made outside it.
+        return torch.autocast(device_type=self.device.type, dtype=dtype, cache_enabled=False)
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(), self._autocast():
@@ -51,16 +77,48 @@ class TorchStage:
 
 
 class TorchBackend:
-    """Builds TorchStages on one device and precision."""
+    """Builds TorchStages on one device and precision; `fast` turns on the compiled CUDA path."""
 
     name = "torch"
 
     def __init__(self, device: str = "cpu", precision: str = "fp32", channels_last: bool = False,
-                 compile: bool = False):
+                 compile: bool = False, cuda_graphs: bool = False, log=None):
         self.device = resolve_device(device)
         self.precision = precision
         self.channels_last = channels_last
         self.compile = compile
+        self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
+        self.log = log or (lambda message: print(message, file=sys.stderr))
+        if compile:
+            from diffsmooth.engine.backends.compile_cache import enable_compile_cache
+            enable_compile_cache()
+        if self.device.type == "cuda" and (compile or channels_last):
+            torch.backends.cudnn.benchmark = True      # one static shape: autotune its convolutions once
 
-    def stage(self, module: nn.Module, name: str) -> TorchStage:
-        return TorchStage(module, name, self.device, self.precision, self.channels_last, self.compile)
+    @classmethod
+    def fast(cls, device: str = "cuda", precision: str = "fp16", compile: Optional[bool] = None,
+             cuda_graphs: Optional[bool] = None, log=None) -> "TorchBackend":
+        """The fastest torch path for `device`: on CUDA compiled + channels_last + CUDA graphs unless
+        switched off; on CPU eager unless compile=True (inductor's C++ backend)."""
+        cuda = torch.device(device).type == "cuda"
+        compile = cuda if compile is None else compile
+        cuda_graphs = cuda if cuda_graphs is None else cuda_graphs
+        return cls(device, precision, channels_last=cuda and compile, compile=compile,
+                   cuda_graphs=cuda_graphs, log=log)
+
+    def describe(self) -> str:
+        parts = [self.precision]
+        if self.compile:
+            parts.append("compiled")
+        if self.channels_last:
+            parts.append("channels_last")
+        if self.cuda_graphs:
+            parts.append("CUDA graphs")
+        return ", ".join(parts)
+
+    def stage(self, module: nn.Module, name: str):
+        stage = TorchStage(module, name, self.device, self.precision, self.channels_last, self.compile)
+        if self.cuda_graphs:
+            from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
+            return CudaGraphStage(stage, log=self.log)
+        return stage

@@ -81,17 +81,20 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
 
 def probe(stages: BaseClassifierStages, image_shape: Tuple[int, ...]) -> int:
     """Run one blank sample through the stages: a shape the models cannot take becomes one clear
-    error here instead of a stack trace mid-run. Returns the number of classes scored."""
+    error here instead of a stack trace mid-run. Returns the number of classes scored.
+    Compiled stages are probed through their eager form, so no graph is compiled for batch 1."""
     x = torch.full((1, *image_shape), 0.5, device=stages.device)
+    purify = getattr(stages.purify, "eager", stages.purify)
+    score = getattr(stages.score, "eager", stages.score)
     try:
-        if stages.purify is not None:
-            x = stages.purify(x)
+        if purify is not None:
+            x = purify(x)
             if tuple(x.shape[1:]) != tuple(image_shape):
                 raise UserError(f"the denoiser returned shape {tuple(x.shape[1:])} for input {tuple(image_shape)}")
         inputs = [x]
         if stages.local_noise_shape is not None:
             inputs.append(torch.zeros((1, *stages.local_noise_shape), device=stages.device))
-        out = stages.score(*inputs)
+        out = score(*inputs)
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"the models cannot take images of shape {tuple(image_shape)} "

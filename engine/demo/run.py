@@ -26,8 +26,8 @@ def spread_indices(total: int, count: int) -> List[int]:
 
 def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: float = 0.001,
              sigma: float = 0.5, m: int = 5, local_sigma: float = 0.25, batch: int = 200,
-             seed: int = 0, methods: Sequence[str] = METHODS, device: str = "cpu",
-             sources: Optional[ModelSources] = None, dataset=None, progress: bool = True) -> Dict:
+             seed: int = 0, methods: Sequence[str] = METHODS, device: str = "cpu", precision: str = "fp32",
+             fast=None, sources: Optional[ModelSources] = None, dataset=None, progress: bool = True) -> Dict:
     """Certify the same images with each method; TSVs, a markdown table and a PNG into out_dir."""
     from diffsmooth.engine.data import load_dataset
     out = Path(out_dir)
@@ -38,7 +38,7 @@ def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: f
     for method in methods:
         config = MethodConfig(method, sigma, m=m, local_sigma=local_sigma)
         smooth = build_smooth(config, sources or ModelSources.demo(), tuple(dataset.image_shape),
-                              dataset.num_classes, device=device, seed=seed)
+                              dataset.num_classes, device=device, precision=precision, seed=seed, fast=fast)
         path = out / f"{method}.tsv"
         start = time.perf_counter()
         run_dataset(smooth, dataset, indices, path, n0=n0, n=n, alpha=alpha, batch=batch, progress=progress)
@@ -50,7 +50,7 @@ def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: f
     plot_curves(paths, out / "certified_accuracy.png", names=list(methods),
                 title=f"sigma={sigma}, n={n}, {len(indices)} images")
     header = (f"sigma={sigma}, sigma'={local_sigma}, m={m}, n0={n0}, n={n}, alpha={alpha}, "
-              f"K={len(indices)} images, seed={seed}, device={device}")
+              f"K={len(indices)} images, seed={seed}, device={device}, precision={precision}")
     (out / "summary.md").write_text(f"{header}\n\n{table}\n")
     return {"table": table, "header": header, "summaries": summaries, "seconds": seconds,
             "files": [str(p) for p in paths]}

@@ -14,6 +14,7 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.smooth import Smooth
+from diffsmooth.engine.runs.fast_path import MIN_AGREEMENT, FastPath, validate_fast_path
 
 BACKENDS = ("torch", "onnxruntime")
 
@@ -87,12 +88,21 @@ def load_models(config: MethodConfig, sources: ModelSources):
 
 def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
                  num_classes: Optional[int] = None, *, backend: str = "torch", device: str = "cpu",
-                 precision: str = "fp32", seed: int = 0, onnx_dir: Optional[str] = None) -> Smooth:
-    """A Smooth for `config` on the requested backend; probes the models with `image_shape`."""
+                 precision: str = "fp32", seed: int = 0, onnx_dir: Optional[str] = None,
+                 fast: Optional[FastPath] = None, models=None, log=None) -> Smooth:
+    """A Smooth for `config` on the requested backend; probes the models with `image_shape`.
+
+    `fast` (torch backend) picks compiled static-shape stages, CUDA graphs and two streams; by
+    default FastPath.resolve(device). `models` = (denoiser, classifier) already loaded.
+    """
+    if fast is None:
+        fast = FastPath.resolve(device) if backend == "torch" else FastPath()
     if backend == "torch":
         from diffsmooth.engine.backends.torch_backend import TorchBackend
-        runner = TorchBackend(device=device, precision=precision)
-        denoiser, classifier = load_models(config, sources)
+        runner = TorchBackend(device=device, precision=precision, channels_last=fast.compile and
+                              torch_device_type(device) == "cuda", compile=fast.compile,
+                              cuda_graphs=fast.cuda_graphs, log=log)
+        denoiser, classifier = models or load_models(config, sources)
         stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes)
     elif backend == "onnxruntime":
         from diffsmooth.engine.backends.onnxruntime_backend import build_onnx_stages
@@ -101,4 +111,35 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
         stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision)
     else:
         raise UserError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    return Smooth(MonteCarloPipeline(stages, config.sigma, seed))
+    return Smooth(MonteCarloPipeline(stages, config.sigma, seed, static_batch=fast.static_batch,
+                                     streams=fast.streams, compiled_noise=fast.compiled_noise, log=log))
+
+
+def torch_device_type(device: str) -> str:
+    import torch
+    return torch.device(device).type
+
+
+def build_checked_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
+                         num_classes: Optional[int], first_image, first_index: int, batch: int, *,
+                         backend: str = "torch", device: str = "cpu", precision: str = "fp32", seed: int = 0,
+                         onnx_dir: Optional[str] = None, fast: Optional[FastPath] = None,
+                         validate_samples: int = 1000, min_agreement: float = MIN_AGREEMENT, log=None) -> Smooth:
+    """build_smooth, then (torch backend, compiled or reduced precision) the once-per-run check of
+    its votes against eager fp32 on `first_image`, printed; refuses a path that disagrees."""
+    log = log or _stderr
+    fast = fast or (FastPath.resolve(device) if backend == "torch" else FastPath())
+    models = load_models(config, sources) if backend == "torch" else None
+    smooth = build_smooth(config, sources, image_shape, num_classes, backend=backend, device=device,
+                          precision=precision, seed=seed, onnx_dir=onnx_dir, fast=fast, models=models, log=log)
+    if backend == "torch" and (fast.changes_arithmetic or precision != "fp32") and validate_samples > 0:
+        reference = build_smooth(config, sources, image_shape, num_classes, device=device, precision="fp32",
+                                 seed=seed, fast=FastPath(), models=models, log=log)
+        validate_fast_path(smooth.pipeline, reference.pipeline, first_image, first_index, validate_samples,
+                           batch, min_agreement, log)
+    return smooth
+
+
+def _stderr(message: str) -> None:
+    import sys
+    print(message, file=sys.stderr)

@@ -49,15 +49,21 @@ def plan_from(shard_option: Optional[str], device: str) -> ShardPlan:
         return parse_shard(shard_option)
     if world <= 1:
         return ShardPlan()
+    import torch
     import torch.distributed as dist
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.startswith("cuda"):
+        # Each rank owns one GPU before NCCL starts, so collectives and allocations land on it.
+        torch.cuda.set_device(rank_device(ShardPlan(0, world, True, local_rank), device))
     if not dist.is_initialized():
         backend = "nccl" if device.startswith("cuda") else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(days=7))
-    return ShardPlan(dist.get_rank(), dist.get_world_size(), True, int(os.environ.get("LOCAL_RANK", "0")))
+    return ShardPlan(dist.get_rank(), dist.get_world_size(), True, local_rank)
 
 
 def rank_device(plan: ShardPlan, device: str) -> str:
-    """Under torchrun, `cuda` means this rank's own GPU (cuda:LOCAL_RANK)."""
+    """Under torchrun, `cuda` means this rank's own GPU (cuda:LOCAL_RANK); an explicit `cuda:N`
+    is kept as given (one GPU per rank is then the user's choice)."""
     return f"cuda:{plan.local_rank}" if plan.distributed and device == "cuda" else device
 
 

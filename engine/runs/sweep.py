@@ -24,7 +24,7 @@ from diffsmooth.engine.certify.certification import certify_from_counts
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.local_smoothing import LocalProbabilities, LogitsHead
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, fixed_local_noise, gaussian
-from diffsmooth.engine.certify.monte_carlo import NonFiniteScores, noisy_batch
+from diffsmooth.engine.certify.monte_carlo import NonFiniteScores, noisy_batch, plan_batches
 from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
 from diffsmooth.engine.certify.smooth import check_certify_parameters
 
@@ -65,11 +65,13 @@ class SweepPipeline:
 
     def __init__(self, entries: Sequence[SweepEntry], classifiers: Dict[str, torch.nn.Module], purify: Optional[Stage],
                  backend, sigma: float, image_shape: Tuple[int, ...], num_classes: int,
-                 local_noise: str = "fixed", local_noise_seed: int = 42, seed: int = 0):
+                 local_noise: str = "fixed", local_noise_seed: int = 42, seed: int = 0,
+                 static_batch: bool = False, compiled_noise: bool = False):
         self.entries = list(entries)
         self.sigma, self.seed, self.num_classes = float(sigma), int(seed), int(num_classes)
         self.image_shape = tuple(image_shape)
         self.local_noise = local_noise
+        self.static_batch, self.compiled_noise = bool(static_batch), bool(compiled_noise)
         self.purify = purify
         self.device = backend.device
         self.logits = {name: backend.stage(LogitsHead(c), f"classifier {name}") for name, c in classifiers.items()}
@@ -92,9 +94,9 @@ class SweepPipeline:
                    for m in ms if m not in shared]
         return groups
 
-    def _votes(self, x: torch.Tensor, image_index: int, first: int, size: int) -> Dict[SweepEntry, torch.Tensor]:
-        """Scores -> argmax votes [size] of every entry on one batch of noisy samples."""
-        x_rs = noisy_batch(x, self.sigma, self.seed, image_index, first, size)
+    def _votes(self, x: torch.Tensor, image_index: int, first: int, size: int) -> Dict[SweepEntry, tuple]:
+        """(argmax votes [size], all scores finite) of every entry on one batch of noisy samples."""
+        x_rs = noisy_batch(x, self.sigma, self.seed, image_index, first, size, self.compiled_noise)
         x_hat = self.purify(x_rs) if self.purify is not None and any(e.method != "rs" for e in self.entries) else None
         votes: Dict[SweepEntry, torch.Tensor] = {}
         probs_cache = {}
@@ -108,25 +110,28 @@ class SweepPipeline:
                 key = (e.classifier, e.local_sigma, big_m)
                 if key not in probs_cache:
                     delta = (fixed.unsqueeze(0) if fixed is not None else
-                             gaussian(self.seed, STREAM_LOCAL, image_index, first, size, (big_m, *self.image_shape), self.device))
+                             gaussian(self.seed, STREAM_LOCAL, image_index, first, size, (big_m, *self.image_shape), self.device,
+                                      compiled=self.compiled_noise))
                     probs_cache[key] = self.local[(e.classifier, e.local_sigma)](x_hat, delta)
                 probs = probs_cache[key]
                 scores = probs.mean(dim=1) if e.m == big_m else probs[:, :e.m].contiguous().mean(dim=1)
-            if not bool(torch.isfinite(scores).all()):
-                raise NonFiniteScores(f"image {image_index}: configuration {e.name} produced NaN/Inf scores; no rows written")
-            votes[e] = scores.argmax(dim=1)
+            votes[e] = (scores.argmax(dim=1), torch.isfinite(scores).all())
         return votes
 
     def count(self, x: torch.Tensor, image_index: int, first: int, num: int, batch: int) -> Dict[SweepEntry, np.ndarray]:
-        """Vote counts per entry over samples first..first+num-1 (one host sync at the end)."""
+        """Vote counts per entry over samples first..first+num-1: scatter-adds on the device, one host
+        sync at the end; static batches pad the tail with the next samples and drop their votes."""
         x = x.to(self.device, torch.float32)
         counts = {e: torch.zeros(self.num_classes, dtype=torch.int64, device=self.device) for e in self.entries}
-        done = 0
-        while done < num:
-            size = min(batch, num - done)
-            for e, v in self._votes(x, image_index, first + done, size).items():
-                counts[e] += torch.bincount(v, minlength=self.num_classes)
-            done += size
+        ones = torch.ones(batch, dtype=torch.int64, device=self.device)
+        finite = {e: torch.ones((), dtype=torch.bool, device=self.device) for e in self.entries}
+        for start, used, computed in plan_batches(first, num, batch, self.static_batch):
+            for e, (v, ok) in self._votes(x, image_index, start, computed).items():
+                counts[e].scatter_add_(0, v[:used], ones[:used])
+                finite[e].logical_and_(ok)
+        for e, ok in finite.items():
+            if not bool(ok):
+                raise NonFiniteScores(f"image {image_index}: configuration {e.name} produced NaN/Inf scores; no rows written")
         return {e: c.cpu().numpy() for e, c in counts.items()}
 
 

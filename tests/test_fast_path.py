@@ -1,0 +1,234 @@
+"""The GPU fast path's logic on CPU: static-shape padding, chunked classifier calls, the two-lane
+schedule, the settings that switch it, the check against eager fp32, and (slow) torch.compile of
+the stages and of the noise with inductor's C++ backend."""
+
+import numpy as np
+import pytest
+import torch
+
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.certify.lanes import SerialLanes, double_buffered
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, plan_batches
+from diffsmooth.engine.certify.noise import STREAM_LOCAL, gaussian
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.runs.fast_path import FastPath, default_batch, validate_fast_path
+
+SHAPE = (3, 8, 8)
+
+
+@pytest.fixture(scope="module")
+def tiny_stages():
+    """diffsmooth stages (fresh local noise, m=3) on a tiny UNet and a small conv classifier whose
+    votes spread over several classes (an untrained resnet20 votes one class only)."""
+    from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+    from diffsmooth.engine.models.unet import UNetModel, unet_config
+    from tests.conftest import TINY_UNET
+    torch.manual_seed(0)
+    unet = UNetModel(unet_config("cifar10", **TINY_UNET))
+    with torch.no_grad():
+        for p in unet.parameters():
+            if p.abs().sum() == 0:
+                p.normal_(0, 0.02)
+    denoiser = DiffusionDenoiser(unet, PRESET_SCHEDULES["cifar10"])
+    classifier = spread_classifier(2)
+    config = MethodConfig("diffsmooth", 0.5, m=3, local_sigma=0.25, local_noise="fresh")
+    return config, denoiser, classifier
+
+
+def spread_classifier(seed):
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 64, 10)).eval()
+    with torch.no_grad():
+        net[3].weight.mul_(4)
+    return net
+
+
+def make_pipeline(tiny_stages, backend=None, **kw):
+    config, denoiser, classifier = tiny_stages
+    stages = build_torch_stages(config, classifier, denoiser, backend or TorchBackend(), SHAPE, 10)
+    return MonteCarloPipeline(stages, config.sigma, seed=3, **kw)
+
+
+def image(seed=0):
+    return torch.rand(SHAPE, generator=torch.Generator().manual_seed(seed))
+
+
+def test_fixture_votes_spread(tiny_stages):
+    counts = make_pipeline(tiny_stages).count(image(), 0, 0, 200, 50)
+    assert (counts > 0).sum() >= 3, f"votes do not spread: {counts}"
+
+
+def test_plan_batches_pads_only_when_static():
+    assert plan_batches(100, 250, 100, static=False) == [(100, 100, 100), (200, 100, 100), (300, 50, 50)]
+    assert plan_batches(100, 250, 100, static=True) == [(100, 100, 100), (200, 100, 100), (300, 50, 100)]
+    assert plan_batches(0, 7, 100, static=True) == [(0, 7, 100)]
+
+
+def test_static_batch_counts_equal_unpadded(tiny_stages):
+    plain = make_pipeline(tiny_stages)
+    static = make_pipeline(tiny_stages, static_batch=True)
+    x = image(1)
+    for first, num, batch in ((0, 37, 16), (100, 90, 64)):
+        a, b = plain.count(x, 4, first, num, batch), static.count(x, 4, first, num, batch)
+        assert (a > 0).sum() >= 2
+        np.testing.assert_array_equal(a, b)
+        assert a.sum() == num
+
+
+def test_padding_rows_are_dropped_not_counted(tiny_stages):
+    """The votes of the padded tail are other samples': counting them would change the counts."""
+    pipe = make_pipeline(tiny_stages, static_batch=True)
+    x = image(2)
+    short = pipe.count(x, 0, 0, 10, 40)
+    full = make_pipeline(tiny_stages).count(x, 0, 0, 40, 40)
+    assert short.sum() == 10 and full.sum() == 40
+    assert not np.array_equal(short * 4, full)
+
+
+def test_chunked_classifier_calls_give_identical_counts(tiny_stages):
+    whole = make_pipeline(tiny_stages)
+    chunked = make_pipeline(tiny_stages)
+    chunked.score_chunks[48] = 4
+    x = image(3)
+    np.testing.assert_array_equal(whole.count(x, 1, 0, 96, 48), chunked.count(x, 1, 0, 96, 48))
+
+
+def test_out_of_memory_halves_the_chunk_and_retries(tiny_stages):
+    pipe = make_pipeline(tiny_stages)
+    inner = pipe.stages.score
+    seen = []
+
+    class SmallMemoryStage:
+        name, device, precision = inner.name, inner.device, inner.precision
+
+        def __call__(self, *inputs):
+            seen.append(inputs[0].shape[0])
+            if inputs[0].shape[0] > 12:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return inner(*inputs)
+
+    pipe.stages.score = SmallMemoryStage()
+    messages = []
+    pipe.log = messages.append
+    x = image(4)
+    counts = pipe.count(x, 2, 0, 48, 48)
+    np.testing.assert_array_equal(counts, make_pipeline(tiny_stages).count(x, 2, 0, 48, 48))
+    assert pipe.score_chunks[48] == 4 and seen[:3] == [48, 24, 12]
+    assert any("out of memory" in m for m in messages)
+
+
+def test_double_buffered_order():
+    order = list(double_buffered(4))
+    assert order == [("produce", 0), ("produce", 1), ("consume", 0), ("produce", 2), ("consume", 1),
+                     ("produce", 3), ("consume", 2), ("consume", 3)]
+    assert list(double_buffered(1)) == [("produce", 0), ("consume", 0)]
+    assert list(double_buffered(0)) == []
+
+
+class RecordingLanes(SerialLanes):
+    """SerialLanes that log which lane each call ran on and the tokens handed across."""
+
+    overlapping = True
+
+    def __init__(self):
+        self.events, self.lane = [], None
+
+    def _enter(self, lane):
+        lanes = self
+
+        class Ctx:
+            def __enter__(self):
+                lanes.lane = lane
+
+            def __exit__(self, *exc):
+                lanes.lane = None
+        return Ctx()
+
+    def producer(self):
+        return self._enter("producer")
+
+    def consumer(self):
+        return self._enter("consumer")
+
+    def handoff(self, tensors):
+        token = len(self.events)
+        self.events.append(("handoff", token, self.lane))
+        return token
+
+    def accept(self, token, tensors):
+        self.events.append(("accept", token, self.lane))
+
+    def begin(self):
+        self.events.append(("begin", None, None))
+
+    def end(self):
+        self.events.append(("end", None, None))
+
+
+def test_two_lane_schedule_hands_each_batch_across_once(tiny_stages):
+    pipe = make_pipeline(tiny_stages, static_batch=True)
+    lanes = RecordingLanes()
+    pipe.lanes = lanes
+    calls = []
+    produce, classify = pipe.produce, pipe.classify
+    pipe.produce = lambda x, i, first, size: calls.append(("produce", first, lanes.lane)) or produce(x, i, first, size)
+    pipe.classify = lambda h, i, first: calls.append(("classify", first, lanes.lane)) or classify(h, i, first)
+    x = image(5)
+    counts = pipe.count(x, 0, 10, 70, 20)
+    np.testing.assert_array_equal(counts, make_pipeline(tiny_stages).count(x, 0, 10, 70, 20))
+    assert [c[0] for c in calls] == ["produce", "produce", "classify", "produce", "classify", "produce",
+                                     "classify", "classify"]
+    assert all(lane == "producer" for kind, _, lane in calls if kind == "produce")
+    assert all(lane == "consumer" for kind, _, lane in calls if kind == "classify")
+    assert [c[1] for c in calls if c[0] == "classify"] == [10, 30, 50, 70]
+    handoffs = [e[1] for e in lanes.events if e[0] == "handoff"]
+    accepts = [e[1] for e in lanes.events if e[0] == "accept"]
+    assert handoffs == accepts and lanes.events[0][0] == "begin" and lanes.events[-1][0] == "end"
+
+
+def test_fast_path_defaults_and_errors():
+    cpu = FastPath.resolve("cpu")
+    assert not cpu.compile and not cpu.cuda_graphs and cpu.streams == 1 and not cpu.static_batch
+    compiled = FastPath.resolve("cpu", compile=True)
+    assert compiled.compile and compiled.static_batch and not compiled.compiled_noise
+    with pytest.raises(UserError, match="CUDA"):
+        FastPath.resolve("cpu", cuda_graphs=True)
+    with pytest.raises(UserError, match="streams"):
+        FastPath.resolve("cpu", streams=3)
+    assert default_batch("cpu", (3, 32, 32)) == 1000
+    assert default_batch("cuda", (3, 32, 32)) == 2000 and default_batch("cuda", (3, 224, 224)) == 32
+
+
+def test_validation_refuses_a_path_that_disagrees(tiny_stages):
+    good = make_pipeline(tiny_stages)
+    messages = []
+    report = validate_fast_path(good, make_pipeline(tiny_stages), image(6), 0, 64, 32, log=messages.append)
+    assert report.agree == 64 and report.max_abs_diff == 0.0 and "ok" in messages[0]
+    config, denoiser, classifier = tiny_stages
+    other = spread_classifier(0)
+    wrong = MonteCarloPipeline(build_torch_stages(config, other, denoiser, TorchBackend(), SHAPE, 10), 0.5, seed=3)
+    with pytest.raises(UserError, match="agree with eager fp32 on only"):
+        validate_fast_path(wrong, good, image(6), 0, 64, 32, log=messages.append)
+
+
+@pytest.mark.slow
+def test_compiled_noise_bit_identical_on_cpu():
+    for args in ((123456789012, STREAM_LOCAL, 7, 100, 6, (2, 3, 5)), (0, 0, 2**32 - 1, 2**32 - 6, 6, (2, 3, 5))):
+        eager = gaussian(*args)
+        compiled = gaussian(*args, compiled=True)
+        assert torch.equal(eager, compiled)
+
+
+@pytest.mark.slow
+def test_compiled_stages_match_eager_on_cpu(tiny_stages):
+    """torch.compile (inductor C++) of both stages at one static shape: the same counts as eager."""
+    fast = make_pipeline(tiny_stages, backend=TorchBackend(compile=True), static_batch=True)
+    eager = make_pipeline(tiny_stages)
+    x = image(8)
+    report = validate_fast_path(fast, eager, x, 0, 64, 32, log=lambda m: None)
+    assert report.fraction >= 0.999 and report.max_abs_diff < 1e-4
+    a, b = fast.count(x, 0, 0, 90, 32), eager.count(x, 0, 0, 90, 32)
+    assert (a > 0).sum() >= 2
+    np.testing.assert_array_equal(a, b)
