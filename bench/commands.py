@@ -40,15 +40,21 @@ def _check_choices(values, allowed, name):
 @click.option("--m", "m", type=int, default=5, show_default=True, help="Local noises (diffsmooth).")
 @click.option("--local-sigma", type=float, default=0.25, show_default=True)
 @click.option("--local-noise", type=click.Choice(["fixed", "fresh"]), default="fixed", show_default=True)
-@click.option("--batch", type=int, default=None, help="Engine batch [default: CPU demo/cifar10 50, imagenet 4; CUDA 1000/400/32].")
+@click.option("--batch", type=int, default=None, help="Engine batch [default: CPU demo/cifar10 50, imagenet 4; CUDA 2000/2000/32].")
 @click.option("--measure-n", type=int, default=None,
-              help="Samples actually run per image (n0 uses min(n0, this)) [default: demo 1000, cifar10 100, imagenet 4].")
+              help="Samples actually run per image (n0 uses min(n0, this)) [default: demo 1000, cifar10 100, imagenet 4; "
+                   "CUDA 20000/20000/640].")
 @click.option("--backend", "backends", default="torch", show_default=True, callback=_csv(),
               help="Comma list of torch, onnxruntime (onnxruntime exports the models to a temp dir; "
                    "skipped with a message when unavailable).")
 @click.option("--precision", "precisions", default="fp32", show_default=True, callback=_csv(),
               help="Comma list of fp32, fp16, bf16 (non-fp32 only on CUDA).")
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--compile/--no-compile", "compile", default=None,
+              help="Compiled static-shape torch stages [default: on for CUDA]; compile time is reported as warm-up.")
+@click.option("--cuda-graphs/--no-cuda-graphs", "cuda_graphs", default=None,
+              help="CUDA graph replay of the compiled stages [default: on with --compile on CUDA].")
+@click.option("--streams", type=click.IntRange(1, 2), default=None, help="Two CUDA streams [default: 2 on CUDA].")
 @click.option("--images", type=int, default=1, show_default=True, help="Images certified per measurement.")
 @click.option("--no-reference", is_flag=True, help="Skip the reference-equivalent baseline.")
 @click.option("--reference-batch", type=int, default=50, show_default=True, help="Batch of the baseline (official: 50).")
@@ -82,7 +88,8 @@ def bench(**kw):
         images=kw["images"], measure_n=kw["measure_n"], reference=not kw["no_reference"],
         reference_batch=kw["reference_batch"], compare=kw["compare"], peak_tflops=kw["peak_tflops"],
         sweep=kw["sweep"], sweep_batches=kw["sweep_batches"], sweep_ms=kw["sweep_ms"], sweep_n=kw["sweep_n"],
-        plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"])
+        plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"],
+        compile=kw["compile"], cuda_graphs=kw["cuda_graphs"], streams=kw["streams"])
     import contextlib
     import sys
     with contextlib.redirect_stdout(sys.stderr):      # stray prints (exporters) must not mix into --json

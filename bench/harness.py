@@ -66,6 +66,9 @@ class BenchSettings:
     arch: Optional[str] = None
     measure_cpu_peak: bool = True
     progress: bool = True
+    compile: Optional[bool] = None          # torch backend fast path; None: on for CUDA (engine/runs/fast_path.py)
+    cuda_graphs: Optional[bool] = None
+    streams: Optional[int] = None
 
     def resolved(self) -> "BenchSettings":
         """A copy with the model set's defaults filled in and the values checked."""
@@ -74,7 +77,7 @@ class BenchSettings:
         spec = SET_SPECS[self.models]
         cuda = str(self.device).startswith("cuda")
         s = replace(self, n=self.n or spec["n"], batch=self.batch or spec["batch_cuda" if cuda else "batch"],
-                    measure_n=self.measure_n or spec["measure_n"])
+                    measure_n=self.measure_n or spec["measure_n_cuda" if cuda else "measure_n"])
         batches, ms = SWEEP_DEFAULTS[self.models]
         s = replace(s, sweep_batches=tuple(self.sweep_batches or batches),
                     sweep_ms=tuple(self.sweep_ms or (ms if self.method == "diffsmooth" else (s.m,))))
@@ -89,12 +92,18 @@ class BenchSettings:
             raise UserError("sweep batch sizes and m values must be >= 1")
         return s
 
+    def fast_path(self):
+        """The torch backend's fast-path settings for this run."""
+        from diffsmooth.engine.runs.fast_path import FastPath
+        return FastPath.resolve(self.device, self.compile, self.cuda_graphs, self.streams)
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["backends"], d["precisions"] = list(self.backends), list(self.precisions)
         d["sweep_batches"], d["sweep_ms"] = list(self.sweep_batches), list(self.sweep_ms)
         for key in ("progress", "measure_cpu_peak"):
             d.pop(key)
+        d["fast_path"] = self.fast_path().as_dict()
         if not self.unet_overrides:
             d.pop("unet_overrides")
         if self.arch is None:
@@ -146,7 +155,10 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
     if backend == "torch":
         from diffsmooth.engine.backends.torch_backend import TorchBackend
         from diffsmooth.engine.base_classifier.methods import build_torch_stages
-        runner = TorchBackend(device=settings.device, precision=precision)
+        fast = settings.fast_path()
+        runner = TorchBackend(device=settings.device, precision=precision,
+                              channels_last=fast.compile and torch.device(settings.device).type == "cuda",
+                              compile=fast.compile, cuda_graphs=fast.cuda_graphs)
         return build_torch_stages(config, model_set.classifier, model_set.denoiser, runner,
                                   model_set.image_shape, model_set.num_classes)
     if backend == "onnxruntime":
@@ -170,6 +182,20 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
     raise UserError(f"unknown backend {backend!r}: choose torch or onnxruntime")
 
 
+def engine_seconds_table(measured: dict, settings: BenchSettings, ns) -> Dict[str, float]:
+    """Seconds per image at each target n: the samples a run computes (whole static batches, so
+    the padded tail is paid for) times the measured cost per computed sample, plus fixed costs."""
+    static, batch = measured["static_batch"], measured["batch"]
+    return {str(int(n)): measured["per_computed_sample_s"] * (computed_samples(settings.n0, batch, static)
+                                                             + computed_samples(int(n), batch, static))
+            + measured["per_image_fixed_s"] for n in ns}
+
+
+def computed_samples(num: int, batch: int, static: bool) -> int:
+    """Samples a pass of `num` computes: static batches round it up to whole batches."""
+    return -(-num // batch) * batch if static else num
+
+
 class _Skip(Exception):
     """A backend/precision combination that cannot run here; the message says why."""
 
@@ -183,7 +209,8 @@ def _chunks(first: int, total: int, size: int):
         done += step
 
 
-def measure(stages, model_set, images, settings: BenchSettings, reference=None) -> Tuple[dict, Optional[dict]]:
+def measure(stages, model_set, images, settings: BenchSettings, reference=None,
+            fast=None) -> Tuple[dict, Optional[dict]]:
     """Certify each image at (n0_measured, n_measured) with timed engine stages (see timing.py) and,
     when `reference` is given, run the reference-equivalent baseline on the same samples interleaved
     chunk by chunk in alternating order (ABBA), so both see the same machine load.
@@ -194,12 +221,17 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None) 
     from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
     device = stages.device
     clock = StageClock(device)
-    pipe = make_timed_pipeline(stages, settings.sigma, settings.seed, clock)
+    static = bool(fast and fast.static_batch)
+    pipe = make_timed_pipeline(stages, settings.sigma, settings.seed, clock, static_batch=static,
+                               compiled_noise=bool(fast and fast.compiled_noise))
     n0m, nm = min(settings.n0, settings.measure_n), settings.measure_n
     batch, ref_batch = settings.batch, settings.reference_batch
     chunk = max(batch, ref_batch) if reference is not None else max(n0m, nm)
     x0 = images[0][0]
 
+    if fast and fast.compile:
+        print(f"# warming up the compiled fast path ({stages.describe()}): the first run compiles "
+              f"(about a minute per stage on a GPU; cached on disk for the next run)", file=sys.stderr)
     start = time.perf_counter()
     with timed_noise(clock):
         pipe.count(x0, 0, 0, min(batch, n0m + nm), batch)
@@ -258,7 +290,10 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None) 
     stage_s["vote_count"] = max(0.0, count_s - stage_s["noise"] - stage_s["denoise"] - stage_s["classify"])
     pipeline_s, rate_source = count_s, "timed pass (no extra syncs on CPU)"
     if device.type == "cuda":      # timers synchronise per stage: measure the plain pipeline too
-        plain = MonteCarloPipeline(stages, settings.sigma, settings.seed)
+        plain = MonteCarloPipeline(stages, settings.sigma, settings.seed, static_batch=static,
+                                   streams=fast.streams if fast else 1,
+                                   compiled_noise=bool(fast and fast.compiled_noise))
+        plain.count(x0, 0, 0, batch, batch)                 # warm the second stream's path
         synchronize(device)
         t0 = time.perf_counter()
         for i, (x, _) in enumerate(images):
@@ -266,6 +301,7 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None) 
             plain.count(x, i, n0m, nm, batch)
         synchronize(device)
         pipeline_s, rate_source = time.perf_counter() - t0, "separate pass without stage timers"
+    computed = len(images) * (computed_samples(n0m, batch, static) + computed_samples(nm, batch, static))
     fixed_s = (stage_s["statistics"] + stage_s["io"]) / len(images)
     engine = {
         "images": len(images),
@@ -281,7 +317,10 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None) 
         "seconds_per_image_measured": (count_s + stage_s["statistics"] + stage_s["io"]) / len(images),
         "pipeline_seconds": pipeline_s,
         "pipeline_rate_source": rate_source,
+        "static_batch": static,
+        "samples_computed": computed,
         "per_sample_s": pipeline_s / samples,
+        "per_computed_sample_s": pipeline_s / computed,
         "per_image_fixed_s": fixed_s,
         "predictions": predictions,
     }
@@ -400,7 +439,8 @@ def run_bench(settings: BenchSettings) -> dict:
                     from .reference_equivalent import build_reference
                     baseline = build_reference(settings.method, model_set, settings.sigma, settings.m,
                                                settings.local_sigma, device=settings.device, seed=settings.seed)
-                measured, reference = measure(stages, model_set, images, settings, baseline)
+                measured, reference = measure(stages, model_set, images, settings, baseline,
+                                              fast=settings.fast_path() if backend == "torch" else None)
                 rates, achieved = _rates(measured, flops, peak, calls)
                 achieved["peak_source"] = peak_source
                 run = {
@@ -413,15 +453,16 @@ def run_bench(settings: BenchSettings) -> dict:
                                "first_batch_s": measured.pop("first_batch_s"),
                                "note": "excluded from all rates"},
                     "measured": measured, "rates": rates, "achieved": achieved,
+                    "fast_path": settings.fast_path().as_dict() if backend == "torch" else None,
                     "extrapolated": {"n0": settings.n0, "note": EXTRAPOLATION_NOTE,
-                                     "seconds_per_image": extrapolation_table(
-                                         measured["per_sample_s"], measured["per_image_fixed_s"], settings.n0, ns)},
+                                     "seconds_per_image": engine_seconds_table(measured, settings, ns)},
                 }
                 if reference is not None:
                     ref_table = extrapolation_table(reference["per_sample_s"], measured["per_image_fixed_s"],
                                                     settings.n0, ns)
+                    engine_at_n = run["extrapolated"]["seconds_per_image"][str(settings.n)]
                     run["reference_equivalent"] = dict(reference, seconds_per_image=ref_table,
-                                                       speedup=reference["per_sample_s"] / measured["per_sample_s"])
+                                                       speedup=ref_table[str(settings.n)] / engine_at_n)
                 if settings.compare:
                     run["compare"] = compare_rows(run, settings)
                 doc["runs"].append(run)

@@ -102,8 +102,11 @@ class ReferenceEquivalent:
 
 def build_reference(method: str, model_set, sigma: float, m: int, local_sigma: float,
                     device="cpu", seed: Optional[int] = 0) -> ReferenceEquivalent:
-    """The baseline on the same torch modules as the engine run (shared weights, no copies)."""
+    """The baseline on copies of the engine run's torch modules (same weights; copies so the
+    engine's channels_last conversion does not change the baseline's memory layout)."""
+    import copy
     if seed is not None:
         torch.manual_seed(seed)
-    return ReferenceEquivalent(method, model_set.classifier, model_set.num_classes, sigma,
-                               model_set.denoiser, m, local_sigma, device=device)
+    return ReferenceEquivalent(method, copy.deepcopy(model_set.classifier), model_set.num_classes, sigma,
+                               copy.deepcopy(model_set.denoiser) if model_set.denoiser is not None else None,
+                               m, local_sigma, device=device)

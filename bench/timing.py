@@ -100,8 +100,9 @@ def timed_noise(clock: StageClock):
         pipeline_module.gaussian = original
 
 
-def make_timed_pipeline(stages, sigma: float, seed: int, clock: StageClock):
-    """A MonteCarloPipeline over timed stages whose noisy_batch (noise + add) is timed as `noise`."""
+def make_timed_pipeline(stages, sigma: float, seed: int, clock: StageClock, **pipeline_options):
+    """A MonteCarloPipeline over timed stages whose noisy_batch (noise + add) is timed as `noise`
+    (serial: the timers synchronise anyway; `pipeline_options` e.g. static_batch, compiled_noise)."""
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 
     class TimedPipeline(MonteCarloPipeline):
@@ -109,7 +110,7 @@ def make_timed_pipeline(stages, sigma: float, seed: int, clock: StageClock):
             with clock.section("noise"):
                 return super().noisy_batch(x, image_index, first_sample, size)
 
-    return TimedPipeline(timed_stages(stages, clock), sigma, seed)
+    return TimedPipeline(timed_stages(stages, clock), sigma, seed, streams=1, **pipeline_options)
 
 
 def extrapolate_seconds(per_sample_s: float, per_image_fixed_s: float, n0: int, n: int) -> float:

@@ -41,8 +41,8 @@ class _ChannelsLast(nn.Module):
         self.module = module.to(memory_format=torch.channels_last)
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.module(*(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
-                             for t in inputs))
+        converted = [t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs]
+        return self.module(*converted)
 
 
 class TorchStage:

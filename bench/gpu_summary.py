@@ -1,0 +1,66 @@
+"""One table from bench/gpu_check.sh's outputs: seconds per image of the engine and of the
+reference-equivalent baseline (same process, same GPU), the targets, and the vote agreement.
+
+    python -m diffsmooth.bench.gpu_summary OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+TARGETS = {"cifar10": {"seconds": 8.0, "ratio": 15.0}, "imagenet": {"seconds": 50.0, "ratio": None}}
+
+
+def _runs(path: Path):
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip() and '"run"' in line]
+
+
+def summarize(out_dir) -> str:
+    out = Path(out_dir)
+    lines = []
+    runs = _runs(out / "bench.jsonl")
+    gpu = runs[0]["machine"].get("gpu") if runs else None
+    lines.append(f"GPU: {gpu or 'unknown'}")
+    lines.append("")
+    lines.append("| models | n | engine path | warm-up (compile) s | engine s/image | reference-equivalent s/image | "
+                 "ratio | target | met |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for line in runs:
+        run, settings = line["run"], line["settings"]
+        n = str(settings["n"])
+        engine = run["extrapolated"]["seconds_per_image"][n]
+        ref = run.get("reference_equivalent")
+        ref_s = ref["seconds_per_image"][n] if ref else None
+        ratio = ref_s / engine if ref_s else None
+        target = TARGETS.get(run["models"], {})
+        goals, met = [], []
+        if target.get("seconds"):
+            goals.append(f"<= {target['seconds']:g} s")
+            met.append(engine <= target["seconds"])
+        if target.get("ratio") and ratio is not None:
+            goals.append(f">= {target['ratio']:g}x")
+            met.append(ratio >= target["ratio"])
+        fp = run.get("fast_path") or {}
+        path = f"{run['backend']} {run['precision']}" + "".join(
+            f", {k}" for k, on in (("compiled", fp.get("compile")), ("CUDA graphs", fp.get("cuda_graphs")),
+                                   ("2 streams", fp.get("streams") == 2)) if on)
+        lines.append(f"| {run['models']} | {int(n):,} | {path} | {run['warmup']['first_batch_s']:.0f} | {engine:.2f} | "
+                     f"{'%.1f' % ref_s if ref_s else '-'} | {'%.1fx' % ratio if ratio else '-'} | "
+                     f"{', '.join(goals) or '-'} | {('yes' if all(met) else 'NO') if met else '-'} |")
+    agreement = out / "agreement.json"
+    if agreement.exists():
+        from diffsmooth.bench.agreement import table
+        lines += ["", table(json.loads(agreement.read_text()))]
+    tests = out / "gpu_tests.log"
+    if tests.exists():
+        tail = [l for l in tests.read_text().splitlines() if " passed" in l or " failed" in l or " error" in l]
+        lines += ["", f"GPU tests: {tail[-1].strip('= ') if tail else 'no summary line (see gpu_tests.log)'}"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(summarize(sys.argv[1] if len(sys.argv) > 1 else "."))
