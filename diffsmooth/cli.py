@@ -186,8 +186,9 @@ def _fast_path(kw):
     return FastPath.resolve(kw["device"], kw["compile"], kw["cuda_graphs"], kw["streams"])
 
 
-def _prepare(kw):
-    """Dataset, selected indices, method config, Smooth and shard plan from the parsed options."""
+def _prepare(kw, mode="certify"):
+    """Dataset, selected indices, method config, Smooth and shard plan from the parsed options.
+    The result file's recorded settings are checked before any model is built or compiled."""
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.errors import UserError
     from diffsmooth.engine.runs.assemble import build_checked_smooth
@@ -205,6 +206,9 @@ def _prepare(kw):
     kw["batch"] = kw["batch"] or default_batch(device, tuple(dataset.image_shape))
     fast = _fast_path(dict(kw, device=device))
     kw["fast_path"] = fast.as_dict()
+    from diffsmooth.engine.runs.results import check_or_record_settings, shard_path
+    check_or_record_settings(kw["out"] if plan.num_shards == 1 else shard_path(kw["out"], plan.shard, plan.num_shards),
+                             _settings(mode, kw), record=False)
     first = plan.take(indices)[0] if plan.take(indices) else indices[0]
     smooth = build_checked_smooth(config, sources, tuple(dataset.image_shape), dataset.num_classes,
                                   dataset[first][0], first, kw["batch"], backend=kw["backend"], device=device,
@@ -321,7 +325,7 @@ def predict(**kw):
     if _is_sweep(kw):
         raise UserError("predict takes one configuration: give each of --method/--classifier/--local-sigma/--m once")
     kw = _single(kw)
-    dataset, indices, config, smooth, plan = _prepare(kw)
+    dataset, indices, config, smooth, plan = _prepare(kw, "predict")
     _run_sharded("predict", kw, dataset, indices, smooth, plan)
 
 

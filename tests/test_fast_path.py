@@ -232,3 +232,23 @@ def test_compiled_stages_match_eager_on_cpu(tiny_stages):
     a, b = fast.count(x, 0, 0, 90, 32), eager.count(x, 0, 0, 90, 32)
     assert (a > 0).sum() >= 2
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("change", [["--batch", "3"], ["--streams", "2"], ["--compile"]])
+def test_resume_refuses_other_batch_or_fast_path(tmp_path, tiny_cli_args, change):
+    """Counts repeat only at the same batch, precision and kernels: a resume must match them."""
+    from click.testing import CliRunner
+    from diffsmooth.cli import main
+    from tests.cli_helpers import invoke_ok
+    out = tmp_path / "r.tsv"
+    base = ["certify", *tiny_cli_args, "--method", "dds", "--n0", "4", "--n", "8", "--max", "1", "--quiet",
+            "--out", out]
+    invoke_ok([*base, "--batch", "4"])
+    args = [*base, "--batch", "4"]
+    if change[0] == "--batch":
+        args = [*base, *change]
+    else:
+        args += change
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 2
+    assert "use another --out" in result.output and ("batch" in result.output or "fast_path" in result.output)

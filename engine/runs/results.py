@@ -158,9 +158,10 @@ def settings_path(out_path) -> Path:
     return out.with_name(out.name + ".settings.json")
 
 
-def check_or_record_settings(out_path, settings: dict) -> None:
+def check_or_record_settings(out_path, settings: dict, record: bool = True) -> None:
     """Resuming must not mix runs: record the settings next to a new result file, and refuse
-    to append to one whose recorded settings differ (names the first differing setting)."""
+    to append to one whose recorded settings differ (names the first differing setting).
+    record=False only checks (before models load, so a failed start records nothing)."""
     import json
     path = settings_path(out_path)
     if path.exists():
@@ -169,6 +170,8 @@ def check_or_record_settings(out_path, settings: dict) -> None:
             if recorded.get(key) != settings.get(key):
                 raise UserError(f"{out_path} was written with {key}={recorded.get(key)!r}, this run has "
                                 f"{key}={settings.get(key)!r}: use another --out to avoid mixing runs")
+        return
+    if not record:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
