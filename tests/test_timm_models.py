@@ -208,16 +208,18 @@ def test_bench_cli_with_timm_arch():
 
 
 def test_export_and_validate_tiny_beit(tmp_path):
+    """fp32 + mixed-fp16 graphs of the DiffSmooth classifier head (m local noises), weights as external
+    data (forced by a tiny threshold, as BEiT-L's would be past 2 GiB), validated against torch."""
     pytest.importorskip("onnxruntime")
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.export.onnx_export import export_models
     from diffsmooth.export.validate import validate_graphs
     net = tiny_beit()
     clf = load_classifier(official_checkpoint(tmp_path / "b.pt", net))
-    config = MethodConfig("rs", 0.25)
-    graphs = export_models(config, SHAPE, tmp_path / "onnx", classifier=clf, external_data_threshold=1000)
-    assert len(graphs) == 1
-    graph = graphs[0].path
-    assert graph.with_suffix(".data").stat().st_size > 4 * sum(p.numel() for p in net.parameters()) * 0.9
-    results = validate_graphs(graphs, config, SHAPE, classifier=clf, samples=200)
-    assert len(results) == 1 and all(r["passed"] for r in results.values())
+    config = MethodConfig("diffsmooth", 0.25, m=2, local_sigma=0.12, local_noise="fixed")
+    graphs = export_models(config, SHAPE, tmp_path / "onnx", classifier=clf, fp16=True, external_data_threshold=1000)
+    assert sorted(g.precision for g in graphs) == ["fp16", "fp32"]
+    fp32 = next(g.path for g in graphs if g.precision == "fp32")
+    assert fp32.with_suffix(".data").stat().st_size > 0.9 * 4 * sum(p.numel() for p in net.parameters())
+    results = validate_graphs(graphs, config, SHAPE, classifier=clf, samples=300)
+    assert len(results) == 2 and all(r["passed"] for r in results.values())
