@@ -223,3 +223,23 @@ def test_export_and_validate_tiny_beit(tmp_path):
     assert fp32.with_suffix(".data").stat().st_size > 0.9 * 4 * sum(p.numel() for p in net.parameters())
     results = validate_graphs(graphs, config, SHAPE, classifier=clf, samples=300)
     assert len(results) == 2 and all(r["passed"] for r in results.values())
+
+
+@pytest.mark.slow
+def test_broken_torchvision_falls_back_to_placeholders(tmp_path):
+    """A torchvision that fails at import (built for another torch) does not block timm models."""
+    fake = tmp_path / "torchvision"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    code = (
+        "import sys\n"
+        "from diffsmooth.engine.models.timm_models import create_timm_net\n"
+        "net = create_timm_net('beit_large_patch16_224', 10, None, dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2))\n"
+        "import torch; print(tuple(net(torch.rand(1, 3, 32, 32)).shape))\n"
+        "print('left:', sorted(m for m in sys.modules if m.startswith('torchvision')))\n"
+    )
+    import os
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "(1, 10)" in out.stdout and "left: []" in out.stdout

@@ -118,18 +118,46 @@ def import_timm(arch: str = "timm"):
     if importlib.util.find_spec("timm") is None:
         raise UserError(f"architecture {arch!r} needs timm, which is not installed: {INSTALL_HINT}")
     if _torchvision_installed():
-        return importlib.import_module("timm")
+        try:
+            return importlib.import_module("timm")
+        except Exception as exc:  # noqa: BLE001 - typically a torchvision built for another torch
+            if "torchvision" not in _traceback_modules(exc):
+                raise UserError(f"timm is installed but cannot be imported ({_one_line(exc)}); {INSTALL_HINT}") from None
+            _forget_modules(("timm", "torchvision"))   # retry as if torchvision were absent
     finder = _TorchvisionPlaceholders()
     sys.meta_path.insert(0, finder)
     try:
         return importlib.import_module("timm")
-    except ImportError as exc:
-        raise UserError(f"timm is installed but cannot be imported ({exc}); {INSTALL_HINT}") from None
+    except Exception as exc:  # noqa: BLE001 - any failure to import timm is one line for the user
+        _forget_modules(("timm",))
+        raise UserError(f"timm is installed but cannot be imported ({_one_line(exc)}); {INSTALL_HINT}") from None
     finally:
         sys.meta_path.remove(finder)
         # Nothing outside timm's own module globals keeps the placeholders: others see no torchvision.
-        for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
-            del sys.modules[name]
+        _forget_modules(("torchvision",))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _forget_modules(roots) -> None:
+    for name in [n for n in sys.modules if n.split(".", 1)[0] in roots]:
+        del sys.modules[name]
+
+
+def _traceback_modules(exc: BaseException) -> set:
+    """Top-level package names of the files in an exception's traceback (and its message)."""
+    found = set()
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_globals.get("__name__", "")
+        found.add(name.split(".", 1)[0])
+        tb = tb.tb_next
+    if "torchvision" in str(exc):
+        found.add("torchvision")
+    return found
 
 
 def _check_kwargs(model_kwargs) -> dict:
