@@ -103,3 +103,28 @@ def test_check_compile_really_compiles_on_cpu():
         assert check.get("cpu", "").startswith("ok"), check
     else:
         assert not check.get("cpu", "").startswith("ok")
+
+
+def test_gpu_block_from_device_properties(monkeypatch):
+    """The CUDA part, fed fake device properties (no GPU here): memory, compute capability, readiness."""
+    import types
+    import torch
+    props = [types.SimpleNamespace(name="NVIDIA H200", total_memory=150_121_545_728, major=9, minor=0),
+             types.SimpleNamespace(name="Tesla P100", total_memory=17_071_734_784, major=6, minor=0)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    monkeypatch.setattr(env_report, "_nvidia_driver", lambda: "570.1")
+    info = env_report._torch()
+    assert info["gpus"] == [
+        {"index": 0, "name": "NVIDIA H200", "memory_gib": 139.8, "compute_capability": "9.0"},
+        {"index": 1, "name": "Tesla P100", "memory_gib": 15.9, "compute_capability": "6.0"},
+    ]
+    assert info["nvidia_driver"] == "570.1"
+    monkeypatch.setattr(env_report, "_compiler", lambda var, names: "/usr/bin/" + names[0])
+    assert env_report._compile_readiness(info, "3.6.0")["cuda_ready"] is False      # the P100 is too old for triton
+    info["gpus"] = info["gpus"][:1]
+    assert env_report._compile_readiness(info, "3.6.0")["cuda_ready"] is True
+    assert env_report._compile_readiness(info, "not installed")["cuda_ready"] is False
+    text = env_report.format_env({"torch": info})
+    assert "- index: 0" in text and "compute_capability: 9.0" in text and "memory_gib: 139.8" in text
