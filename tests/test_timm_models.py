@@ -243,3 +243,24 @@ def test_broken_torchvision_falls_back_to_placeholders(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert "(1, 10)" in out.stdout and "left: []" in out.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_beit_counts_on_cuda(tmp_path, precision):
+    """Tiny BEiT through the torch backend on CUDA: votes sum to n, do not depend on the batch, and
+    (fp32) agree with the CPU's up to near-ties."""
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
+    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
+    path = official_checkpoint(tmp_path / "b.pt", tiny_beit())
+    config = MethodConfig("rs", 0.25)
+    sources = ModelSources(classifier=str(path), stats="imagenet")
+    gpu = build_smooth(config, sources, SHAPE, 10, device="cuda", precision=precision)
+    x = torch.rand(SHAPE, generator=torch.Generator().manual_seed(0))
+    counts = torch.as_tensor(gpu.pipeline.count(x, 0, 0, 400, 200))
+    assert int(counts.sum()) == 400 and int((counts > 0).sum()) > 1
+    assert torch.equal(counts, torch.as_tensor(gpu.pipeline.count(x, 0, 0, 400, 64)))
+    if precision == "fp32":
+        cpu = torch.as_tensor(build_smooth(config, sources, SHAPE, 10).pipeline.count(x, 0, 0, 400, 200))
+        assert int(cpu.argmax()) == int(counts.argmax()) and int((cpu - counts).abs().sum()) <= 8
