@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 
@@ -258,7 +259,9 @@ def adapt_timm_state_dict(net: nn.Module, state_dict: Mapping[str, torch.Tensor]
     # would trip over them; the strict load afterwards names them.
     foreign = OrderedDict((k, v) for k, v in state_dict.items() if not _has_owner(net, k))
     try:
-        out = fn(OrderedDict((k, v) for k, v in state_dict.items() if k not in foreign), net)
+        with warnings.catch_warnings():      # resampling warnings: such a key is refused just below
+            warnings.simplefilter("ignore")
+            out = fn(OrderedDict((k, v) for k, v in state_dict.items() if k not in foreign), net)
     except Exception as exc:  # noqa: BLE001 - any failure of timm's remapping is a checkpoint that does not fit
         text = str(exc).strip().splitlines()
         raise UserError(f"checkpoint does not fit timm model {type(net).__name__}: timm's checkpoint filter failed "
