@@ -32,6 +32,8 @@ def _check_choices(values, allowed, name):
               help="demo: embedded demo models (random same-architecture weights until trained); cifar10 / "
                    "imagenet: full-size UNet + cifar_resnet110 / resnet50 with random weights (imagenet is "
                    "very slow on CPU).")
+@click.option("--arch", default=None,
+              help="Classifier architecture instead of the set's (e.g. beit_large_patch16_224, timm:<name>; random weights).")
 @click.option("--method", type=click.Choice(["rs", "dds", "diffsmooth"]), default="diffsmooth", show_default=True)
 @click.option("--sigma", type=float, default=0.5, show_default=True, help="Smoothing noise std.")
 @click.option("--n0", type=int, default=100, show_default=True, help="Selection samples per image.")
@@ -89,7 +91,7 @@ def bench(**kw):
         reference_batch=kw["reference_batch"], compare=kw["compare"], peak_tflops=kw["peak_tflops"],
         sweep=kw["sweep"], sweep_batches=kw["sweep_batches"], sweep_ms=kw["sweep_ms"], sweep_n=kw["sweep_n"],
         plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"],
-        compile=kw["compile"], cuda_graphs=kw["cuda_graphs"], streams=kw["streams"])
+        compile=kw["compile"], cuda_graphs=kw["cuda_graphs"], streams=kw["streams"], arch=kw["arch"])
     import contextlib
     import sys
     with contextlib.redirect_stdout(sys.stderr):      # stray prints (exporters) must not mix into --json

@@ -87,9 +87,16 @@ def calibrate_batchnorm_(net: nn.Module, image_shape, seed: int = 0, batch: int 
 
 
 def random_classifier(arch: str, num_classes: int, image_shape, stats: str, seed: int = 0):
-    """Sequential(normalisation, arch) with random weights and calibrated BatchNorm."""
+    """Sequential(normalisation, arch) with random weights and calibrated BatchNorm (timm: timm's init)."""
     from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
+    from diffsmooth.engine.models.timm_models import is_timm_arch
     torch.manual_seed(seed)
+    if is_timm_arch(arch):
+        from diffsmooth.engine.models.resnet import NormalizeLayer
+        from diffsmooth.engine.models.timm_models import create_timm_net, timm_input_stats
+        kwargs = {} if tuple(image_shape[1:]) == (224, 224) else {"img_size": tuple(int(s) for s in image_shape[1:])}
+        net = create_timm_net(arch, num_classes, int(image_shape[0]), kwargs)
+        return NormalizedClassifier(NormalizeLayer(*timm_input_stats(arch, net)), net).eval()
     net = build_classifier_net(arch, num_classes, int(image_shape[0]))
     model = NormalizedClassifier(normalization_layer("normalize", stats), net)
     return calibrate_batchnorm_(model, image_shape, seed)

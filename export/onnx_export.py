@@ -125,6 +125,11 @@ def save_graph(model: onnx.ModelProto, path, external_data_threshold: int = EXTE
         elif stale_data.exists():
             stale_data.unlink()
         os.replace(staged, path)
+        if external:
+            # Saving as external data empties the in-memory initializers; refill them from the final
+            # file so the same proto can still be converted (the fp16 variant is made from it next).
+            from onnx.external_data_helper import load_external_data_for_model
+            load_external_data_for_model(model, str(path.parent))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     facts = file_hashes(path, [data_name] if external else [])

@@ -90,8 +90,8 @@ class TorchBackend:
         self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
         self.log = log or (lambda message: print(message, file=sys.stderr))
         if compile:
-            from diffsmooth.engine.backends.compile_cache import enable_compile_cache
-            enable_compile_cache()
+            from diffsmooth.engine.backends.compile_cache import use_compile_cache
+            use_compile_cache()
         if self.device.type == "cuda" and (compile or channels_last):
             torch.backends.cudnn.benchmark = True      # one static shape: autotune its convolutions once
 

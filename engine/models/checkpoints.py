@@ -23,11 +23,13 @@ from diffsmooth.engine.models.resnet import (
     DATASET_STATS,
     DEFAULT_NORMALIZATION,
     NORMALIZATION_MODES,
+    NormalizeLayer,
     NormalizedClassifier,
     _dataset_key,
     build_classifier_net,
     normalization_layer,
 )
+from diffsmooth.engine.models.timm_models import is_timm_arch
 from diffsmooth.engine.models.unet import PRESETS, UNetConfig, UNetModel, unet_config
 
 __all__ = [
@@ -259,16 +261,26 @@ def load_classifier(
     normalization: str | None = None,
     num_classes: int | None = None,
     in_channels: int | None = None,
+    model_kwargs: Mapping | None = None,
 ) -> NormalizedClassifier:
-    """Load a Cohen/SmoothAdv/DiffSmooth classifier checkpoint as Sequential(normalisation, net) in eval mode."""
+    """Load a Cohen/SmoothAdv/DiffSmooth classifier checkpoint as Sequential(normalisation, net) in eval mode.
+
+    timm architectures (`beit_large_patch16_224`, `timm:<name>`) take `model_kwargs` for timm.create_model,
+    else the checkpoint's own 'model_kwargs' entry.
+    """
     if normalization is not None and normalization not in NORMALIZATION_MODES:
         raise UserError(f"unknown normalization {normalization!r}; choose one of {', '.join(NORMALIZATION_MODES)}")
-    state_dict, ckpt_arch = extract_state_dict(read_checkpoint(path))
+    checkpoint = read_checkpoint(path)
+    state_dict, ckpt_arch = extract_state_dict(checkpoint)
     arch = arch or ckpt_arch
     if arch is None:
-        raise UserError(f"checkpoint {path} does not record its architecture; pass arch= one of {', '.join(ARCHITECTURES)}")
+        raise UserError(f"checkpoint {path} does not record its architecture; pass arch= one of {_known_archs()}")
+    if is_timm_arch(arch):
+        if model_kwargs is None and isinstance(checkpoint, Mapping) and isinstance(checkpoint.get("model_kwargs"), Mapping):
+            model_kwargs = checkpoint["model_kwargs"]
+        return _load_timm_classifier(state_dict, arch, dataset, normalization, num_classes, in_channels, model_kwargs)
     if arch not in ARCHITECTURES:
-        raise UserError(f"unknown classifier architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
+        raise UserError(f"unknown classifier architecture {arch!r}; known: {_known_archs()}")
     fc, conv1 = state_dict.get("fc.weight"), state_dict.get("conv1.weight")
     if num_classes is None and isinstance(fc, torch.Tensor) and fc.dim() == 2:
         num_classes = int(fc.shape[0])
@@ -292,6 +304,34 @@ def load_classifier(
     return NormalizedClassifier(norm, net).eval()
 
 
+def _known_archs() -> str:
+    return ", ".join([*ARCHITECTURES, "beit_large_patch16_224", "timm:<model name>"])
+
+
+def _load_timm_classifier(state_dict, arch, dataset, normalization, num_classes, in_channels, model_kwargs):
+    """A timm classifier behind its input normalisation: the model's own mean/std unless one is asked for."""
+    from diffsmooth.engine.models.timm_models import (
+        adapt_timm_state_dict, create_timm_net, timm_classifier_key, timm_first_conv_key, timm_input_stats,
+    )
+    head = state_dict.get(f"{timm_classifier_key(arch)}.weight")
+    if num_classes is None and isinstance(head, torch.Tensor) and head.dim() == 2:
+        num_classes = int(head.shape[0])
+    first = timm_first_conv_key(arch)
+    stem = state_dict.get(f"{first}.weight") if first else None
+    if in_channels is None and isinstance(stem, torch.Tensor) and stem.dim() == 4:
+        in_channels = int(stem.shape[1])
+    net = create_timm_net(arch, num_classes, in_channels, model_kwargs)
+    if normalization is None:
+        mean, std = timm_input_stats(arch, net)
+        norm = NormalizeLayer(mean, std)
+    else:
+        norm = normalization_layer(normalization, dataset)
+    state_dict = adapt_timm_state_dict(net, state_dict)
+    n_cls = getattr(net, "num_classes", num_classes)
+    load_weights(net, state_dict, f"timm classifier '{arch}' ({n_cls} classes)")
+    return NormalizedClassifier(norm, net).eval()
+
+
 def _atomic_save(obj, path) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -306,8 +346,8 @@ def _cpu_state(module: nn.Module, prefix: str = "") -> OrderedDict:
 
 def save_cohen_checkpoint(path, net: nn.Module, arch: str, **extra) -> None:
     """Write {'arch', 'state_dict' (keys prefixed `1.`), **extra} like Cohen et al.'s training script."""
-    if arch not in ARCHITECTURES:
-        raise UserError(f"unknown classifier architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
+    if arch not in ARCHITECTURES and not is_timm_arch(arch):
+        raise UserError(f"unknown classifier architecture {arch!r}; known: {_known_archs()}")
     clash = {"arch", "state_dict"} & set(extra)
     if clash:
         raise UserError(f"save_cohen_checkpoint: extra fields may not override {', '.join(sorted(clash))}")
