@@ -101,8 +101,10 @@ def run_options(f):
         click.option("--max", "--max-index", "max_index", type=int, default=None,
                      help="Stop before this dataset index (--max-index: the same, for torchrun)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Noise seed (per image, per sample)."),
-        click.option("--backend", type=click.Choice(["torch", "onnxruntime"]), default="torch", show_default=True),
-        click.option("--onnx-dir", type=click.Path(), help="Exported graphs for --backend onnxruntime."),
+        click.option("--backend", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch",
+                     show_default=True),
+        click.option("--onnx-dir", type=click.Path(),
+                     help="Exported graphs for --backend onnxruntime (and their built plans for tensorrt)."),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
         click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True),
         click.option("--out", type=click.Path(), required=True, help="Result TSV (resumed if it exists)."),
@@ -180,7 +182,7 @@ def _prepare(kw):
     plan = plan_from(kw["shard"], kw["device"])
     smooth = build_smooth(config, sources, tuple(dataset.image_shape), dataset.num_classes,
                           backend=kw["backend"], device=rank_device(plan, kw["device"]),
-                          precision=kw["precision"], seed=kw["seed"], onnx_dir=kw["onnx_dir"])
+                          precision=kw["precision"], seed=kw["seed"], onnx_dir=kw["onnx_dir"], batch=kw["batch"])
     return dataset, indices, config, smooth, plan
 
 
@@ -196,7 +198,8 @@ def _certify_sweep(kw):
     from diffsmooth.engine.runs.sweep import SweepPipeline, plan_entries, run_sweep
 
     if kw["backend"] != "torch" or kw["shard"]:
-        raise UserError("sweeps run on the torch backend in one process (no --backend onnxruntime / --shard yet)")
+        raise UserError("sweeps run on the torch backend in one process (no --backend onnxruntime/tensorrt "
+                        "or --shard yet)")
     for method in kw["method"]:                     # validates sigma, every sigma' and m
         for ls in kw["local_sigma"]:
             for m in kw["m"]:
@@ -437,7 +440,7 @@ def _register_optional_commands():
     """Commands that live next to their code (training, export, benchmarks)."""
     import importlib
     for module, names in (("diffsmooth.engine.demo.train_commands", ["train_demo"]),
-                          ("diffsmooth.export.commands", ["export", "validate"]),
+                          ("diffsmooth.export.commands", ["export", "validate", "build_engine"]),
                           ("diffsmooth.bench.commands", ["bench"])):
         try:
             mod = importlib.import_module(module)

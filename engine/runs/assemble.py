@@ -15,7 +15,7 @@ from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.smooth import Smooth
 
-BACKENDS = ("torch", "onnxruntime")
+BACKENDS = ("torch", "onnxruntime", "tensorrt")
 
 
 @dataclass
@@ -87,7 +87,8 @@ def load_models(config: MethodConfig, sources: ModelSources):
 
 def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
                  num_classes: Optional[int] = None, *, backend: str = "torch", device: str = "cpu",
-                 precision: str = "fp32", seed: int = 0, onnx_dir: Optional[str] = None) -> Smooth:
+                 precision: str = "fp32", seed: int = 0, onnx_dir: Optional[str] = None,
+                 batch: int = 1000) -> Smooth:
     """A Smooth for `config` on the requested backend; probes the models with `image_shape`."""
     if backend == "torch":
         from diffsmooth.engine.backends.torch_backend import TorchBackend
@@ -99,6 +100,13 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
         if not onnx_dir:
             raise UserError("--backend onnxruntime needs --onnx-dir (made by `diffsmooth export`)")
         stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision)
+    elif backend == "tensorrt":
+        from diffsmooth.engine.backends.tensorrt_select import build_trt_stages
+        if not onnx_dir:
+            raise UserError("--backend tensorrt needs --onnx-dir (graphs from `diffsmooth export`, plans from "
+                            "`diffsmooth build-engine`)")
+        stages = build_trt_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision,
+                                  batch=batch)
     else:
         raise UserError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     return Smooth(MonteCarloPipeline(stages, config.sigma, seed))
