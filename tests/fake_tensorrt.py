@@ -70,10 +70,28 @@ class FakeContext:
         self.streams.append(stream_handle)
         first = next(iter(self.engine.spec["inputs"]))
         shape = self.shapes[first]
+        scale = self.engine.spec.get("scale", 2.0)
+        if self.engine.spec.get("gpu"):
+            _gpu_scale(self.addresses[first], self.addresses[self.engine.spec["output"]], shape, scale,
+                       stream_handle)
+            return True
         x = _view(self.addresses[first], shape)
         out = _view(self.addresses[self.engine.spec["output"]], shape)
-        out[...] = self.engine.spec.get("scale", 2.0) * x
+        out[...] = scale * x
         return True
+
+
+def _gpu_scale(in_ptr: int, out_ptr: int, shape, scale: float, stream_handle: int) -> None:
+    """Enqueue out = scale * x on the given CUDA stream through CuPy, from raw device pointers
+    (as TensorRT would), without synchronizing."""
+    import cupy
+    n = int(np.prod(shape))
+
+    def array(ptr):
+        mem = cupy.cuda.UnownedMemory(ptr, n * 4, None)
+        return cupy.ndarray(tuple(shape), cupy.float32, cupy.cuda.MemoryPointer(mem, 0))
+    with cupy.cuda.ExternalStream(stream_handle):
+        cupy.multiply(array(in_ptr), cupy.float32(scale), out=array(out_ptr))
 
 
 class _Runtime:
@@ -103,7 +121,8 @@ FAKE.Runtime = _Runtime
 FAKE.Logger = _Logger
 
 
-def fake_plan(inputs: dict, output: str = "y", scale: float = 2.0, dtypes=None) -> bytes:
-    """Bytes the fake runtime deserializes: {input: (min, opt, max) shapes}."""
+def fake_plan(inputs: dict, output: str = "y", scale: float = 2.0, dtypes=None, gpu: bool = False) -> bytes:
+    """Bytes the fake runtime deserializes: {input: (min, opt, max) shapes}; gpu: buffers are CUDA
+    device pointers (the fake then computes with CuPy on the stream it is given)."""
     return json.dumps({"inputs": {k: [list(s) for s in v] for k, v in inputs.items()}, "output": output,
-                       "scale": scale, "dtypes": dtypes or {}}).encode()
+                       "scale": scale, "dtypes": dtypes or {}, "gpu": gpu}).encode()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -433,6 +434,47 @@ def test_bench_skips_tensorrt_with_the_reason(no_tensorrt):
     from diffsmooth.bench.harness import _Skip, _tensorrt_stages
     with pytest.raises(_Skip, match="tensorrt is not installed"):
         _tensorrt_stages(None, "fp16", None, None, None)
+
+
+def _has_cupy():
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not _has_cupy(), reason="needs a CUDA GPU and CuPy")
+def test_fake_stage_on_gpu_enqueues_on_the_callers_stream_without_sync(tmp_path, monkeypatch):
+    """Real CUDA, FAKE TensorRT (CuPy does the 'plan'): the stage must bind torch's device buffers
+    and enqueue on the stream current at call time, behind work already queued there, and must not
+    wait for it. Proves the stream wiring only."""
+    monkeypatch.setitem(sys.modules, "tensorrt", FAKE)
+    plan = tmp_path / "g.plan"
+    plan.write_bytes(fake_plan({"x": [(1, 3, 64, 64), (256, 3, 64, 64), (256, 3, 64, 64)]}, scale=3.0, gpu=True))
+    stage = TrtStage(plan, "denoiser", trt_backend.cuda_device("cuda"), "fp16")
+    base = torch.rand(256, 3, 64, 64, device="cuda")
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = []
+    for i, s in enumerate(streams):
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(200_000_000)                   # ~0.1 s of queued work on this stream
+            x = base * (i + 1)                               # written only after the sleep
+            start = time.perf_counter()
+            outs.append(stage(x))
+            returned_after = time.perf_counter() - start
+            assert not s.query(), "the stage waited for its stream"
+            assert returned_after < 0.05
+    torch.cuda.synchronize()
+    for i, out in enumerate(outs):
+        torch.testing.assert_close(out, 3.0 * base * (i + 1))
+    handles = sorted(h for ctx in stage.engine.contexts for h in ctx.streams)
+    assert handles == sorted(int(s.cuda_stream) for s in streams) and len(stage.engine.contexts) == 2
+    name, cc = trt_backend.gpu_identity(stage.device)
+    print(f"gpu identity: {name!r} sm{cc}")
+    assert name and cc.count(".") == 1
 
 
 # ------------------------------------------------------------------------------------------
