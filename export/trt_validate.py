@@ -49,8 +49,10 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
     if samples < MIN_SAMPLES:
         raise UserError(f"plan validation needs >= {MIN_SAMPLES} noisy samples, got --samples {samples}")
     from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
-    from diffsmooth.engine.backends.tensorrt_backend import TrtStage
-    stage_fn = stage_fn or (lambda plan, name, precision: _OnHost(TrtStage(plan, name, device, precision)))
+    if stage_fn is None:
+        from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device
+        dev = cuda_device(device)
+        stage_fn = lambda plan, name, precision: _OnHost(TrtStage(plan, name, dev, precision))  # noqa: E731
     reference_fn = reference_fn or (lambda path, name: OrtStage(path, name, "cpu", "fp32", threads=threads))
     found = scan_manifests(onnx_dir)
     out: Dict[str, dict] = {}

@@ -539,3 +539,57 @@ def test_plan_validation_records_votes_and_fails_on_disagreement(tmp_path):
     assert read_plan_manifest(plan)[0]["validation"]["passed"] is False
     with pytest.raises(UserError, match=">= 1000"):
         validate_plans([result], tmp_path, samples=999)
+
+
+def test_polygraphy_build_passes_the_intended_settings(tmp_path, monkeypatch):
+    """Wiring only: Polygraphy's loaders are replaced by recorders (TensorRT is FAKE here), but the
+    keyword arguments are first checked against the signatures of the installed Polygraphy."""
+    import inspect
+    pg = pytest.importorskip("polygraphy.backend.trt")
+    from diffsmooth.export import trt_build
+
+    for cls, kwargs in ((pg.NetworkFromOnnxPath, ["strongly_typed"]),
+                        (pg.CreateConfig, ["profiles", "memory_pool_limits", "load_timing_cache",
+                                           "profiling_verbosity", "tf32"]),
+                        (pg.EngineBytesFromNetwork, ["config", "save_timing_cache"])):
+        params = {k for c in cls.__mro__ if "__init__" in vars(c) for k in inspect.signature(c.__init__).parameters}
+        assert all(k in params for k in kwargs), (cls.__name__, [k for k in kwargs if k not in params])
+
+    calls = {}
+
+    def recorder(name, result=None):
+        def make(*args, **kwargs):
+            calls[name] = (args, kwargs)
+            return result if result is not None else (lambda: b"serialized plan")
+        return make
+    fake = type(sys)("tensorrt")
+    fake.__dict__.update(FAKE.__dict__)
+    fake.MemoryPoolType = type("MemoryPoolType", (), {"WORKSPACE": "WORKSPACE"})
+    fake.ProfilingVerbosity = type("ProfilingVerbosity", (), {"DETAILED": "DETAILED"})
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    monkeypatch.setattr(pg, "NetworkFromOnnxPath", recorder("network", "network-loader"))
+    monkeypatch.setattr(pg, "CreateConfig", recorder("config", "config-loader"))
+    monkeypatch.setattr(pg, "EngineBytesFromNetwork", recorder("engine"))
+    profile = profile_for({"x": ["batch", 3, 8, 8], "noise": ["batch", 2, 3, 8, 8]}, 64, 128)
+    cache = tmp_path / "caches" / "timing.cache"
+    data = trt_build.polygraphy_build(tmp_path / "g.onnx", profile, workspace_bytes=1 << 30, timing_cache=cache)
+    assert data == b"serialized plan" and cache.parent.is_dir()
+    assert calls["network"] == ((str(tmp_path / "g.onnx"),), {"strongly_typed": True})
+    config = calls["config"][1]
+    assert config["memory_pool_limits"] == {"WORKSPACE": 1 << 30}
+    assert config["profiling_verbosity"] == "DETAILED" and config["load_timing_cache"] is None   # no cache yet
+    (p,) = config["profiles"]
+    assert tuple(p["x"].min) == (1, 3, 8, 8) and tuple(p["x"].opt) == (64, 3, 8, 8)
+    assert tuple(p["noise"].max) == (128, 2, 3, 8, 8)
+    assert calls["engine"] == (("network-loader",), {"config": "config-loader", "save_timing_cache": str(cache)})
+    cache.write_bytes(b"timings")
+    trt_build.polygraphy_build(tmp_path / "g.onnx", profile, workspace_bytes=1 << 30, timing_cache=cache)
+    assert calls["config"][1]["load_timing_cache"] == str(cache)
+
+
+def test_shell_probe_exits_1_with_the_reason_without_tensorrt():
+    import subprocess
+    probe = "import sys; sys.modules['tensorrt'] = None; import runpy; " \
+            "runpy.run_module('diffsmooth.engine.backends.tensorrt_backend', run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "tensorrt is not installed" in r.stdout

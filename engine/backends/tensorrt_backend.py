@@ -162,3 +162,9 @@ class TrtStage:
         if not ctx.execute_async_v3(int(stream.cuda_stream)):
             raise RuntimeError(f"{self.name}: TensorRT execute_async_v3 failed (see TensorRT's log above)")
         return out
+
+
+if __name__ == "__main__":     # `python -m diffsmooth.engine.backends.tensorrt_backend`: exit 0 iff usable
+    usable, reason = tensorrt_available()
+    print(reason)
+    raise SystemExit(0 if usable else 1)
