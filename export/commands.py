@@ -197,6 +197,8 @@ def _build_and_validate(onnx_dir, target, *, batch, max_batch=None, precisions=N
     from .validate import ValidationFailed
     if batch < 1 or (max_batch is not None and max_batch < batch):
         raise UserError(f"need 1 <= batch <= max batch, got batch {batch}, max batch {max_batch}")
+    if workspace_bytes is not None and workspace_bytes < (1 << 20):
+        raise UserError(f"--workspace-gb must allow at least 1 MiB, got {workspace_bytes} bytes")
     if validate and samples < MIN_SAMPLES:
         raise UserError(f"plan validation needs --samples >= {MIN_SAMPLES} (got {samples}), or --no-validate")
     echo = lambda line: click.echo(line, err=True)   # noqa: E731

@@ -426,6 +426,8 @@ def test_cli_build_engine_options_are_checked(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "batch <= max batch" in r.output
     r = _run(["build-engine", "--onnx-dir", tmp_path, "--samples", "999"])
     assert r.exit_code == 2 and "--samples >= 1000" in r.output
+    r = _run(["build-engine", "--onnx-dir", tmp_path, "--workspace-gb", "0"])
+    assert r.exit_code == 2 and "--workspace-gb" in r.output
     r = _run(["build-engine", "--onnx-dir", tmp_path / "missing"])
     assert r.exit_code == 2 and "no such directory" in r.output
 
