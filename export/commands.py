@@ -65,7 +65,7 @@ def _sources(kw):
               help="fixed: m noises baked into the graph (seed 42); fresh: the graph takes them as input.")
 @click.option("--image-shape", help="C,H,W [default: from the preset: cifar10 3,32,32; imagenet 3,224,224; demo 1,32,32].")
 @click.option("--out", required=True, type=click.Path(), help="Folder for the .onnx graphs and their manifests.")
-@click.option("--fp16", is_flag=True, help="Also write mixed-fp16 graphs (half Conv/MatMul/Gemm, fp32 norms/softmax/IO).")
+@click.option("--fp16", is_flag=True, help="Also write mixed-fp16 graphs (half, except fp32 norms/softmax/reductions/IO).")
 @click.option("--also-unet", is_flag=True, help="Also write the plain UNet graph (x_t, t) -> out.")
 @click.option("--no-validate", is_flag=True, help="Skip the torch-vs-ONNX Runtime validation.")
 @click.option("--samples", type=int, default=1000, show_default=True, help="Noisy samples for vote agreement.")
