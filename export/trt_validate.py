@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-import torch
 
 from diffsmooth.engine.backends.onnxruntime_backend import find_graph, scan_manifests, wanted_fields
 from diffsmooth.engine.backends.trt_plans import read_plan_manifest, write_plan_manifest

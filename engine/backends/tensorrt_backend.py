@@ -9,7 +9,7 @@ no TensorRT). Its wiring is tested against a fake `tensorrt` module."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
