@@ -47,8 +47,8 @@ def _check_choices(values, allowed, name):
               help="Samples actually run per image (n0 uses min(n0, this)) [default: demo 1000, cifar10 100, imagenet 4; "
                    "CUDA 20000/20000/640].")
 @click.option("--backend", "backends", default="torch", show_default=True, callback=_csv(),
-              help="Comma list of torch, onnxruntime (onnxruntime exports the models to a temp dir; "
-                   "skipped with a message when unavailable).")
+              help="Comma list of torch, onnxruntime, tensorrt (onnxruntime/tensorrt export the models to a "
+                   "temp dir, tensorrt also builds plans there; skipped with a message when unavailable).")
 @click.option("--precision", "precisions", default="fp32", show_default=True, callback=_csv(),
               help="Comma list of fp32, fp16, bf16 (non-fp32 only on CUDA).")
 @click.option("--device", default="cpu", show_default=True)
@@ -79,7 +79,7 @@ def bench(**kw):
     from diffsmooth.bench.harness import BenchSettings, json_lines, run_bench, to_jsonable
     from diffsmooth.bench.report import render
 
-    _check_choices(kw["backends"], ("torch", "onnxruntime"), "--backend")
+    _check_choices(kw["backends"], ("torch", "onnxruntime", "tensorrt"), "--backend")
     _check_choices(kw["precisions"], ("fp32", "fp16", "bf16"), "--precision")
     if kw["plot"] and not kw["sweep"]:
         raise click.BadParameter("--plot draws the sweep: add --sweep", param_hint="--plot")

@@ -179,7 +179,33 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
         except Exception as exc:  # the backend is optional: any failure to export/load is a skip
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise _Skip(f"onnxruntime graphs could not be exported/loaded: {first}") from None
-    raise UserError(f"unknown backend {backend!r}: choose torch or onnxruntime")
+    if backend == "tensorrt":
+        return _tensorrt_stages(config, precision, model_set, settings, workdir)
+    raise UserError(f"unknown backend {backend!r}: choose torch, onnxruntime or tensorrt")
+
+
+def _tensorrt_stages(config, precision, model_set, settings, workdir):
+    """Export the graphs, build plans for settings.batch (not vote-validated: `build-engine` does
+    that), load them; a _Skip when TensorRT or the GPU is missing. Never run on this project's machines."""
+    from diffsmooth.engine.backends.tensorrt_backend import tensorrt_available
+    ok, why = tensorrt_available()
+    if not ok:
+        raise _Skip(why)
+    if precision not in ("fp32", "fp16"):
+        raise _Skip(f"tensorrt runs plans of the fp32 or fp16 graphs, not {precision}")
+    from diffsmooth.engine.backends.tensorrt_select import build_trt_stages
+    from ..export.onnx_export import export_models
+    from ..export.trt_build import build_plans, current_target
+    try:
+        export_models(config, model_set.image_shape, workdir, denoiser=model_set.denoiser,
+                      classifier=model_set.classifier, fp16=precision == "fp16",
+                      preset=SET_SPECS[model_set.name]["preset"])
+        build_plans(workdir, current_target(settings.device), batch=settings.batch, precisions=(precision,),
+                    echo=lambda line: print(line, file=sys.stderr))
+        return build_trt_stages(workdir, config, model_set.image_shape, model_set.num_classes,
+                                device=settings.device, precision=precision, batch=settings.batch)
+    except UserError as exc:
+        raise _Skip(f"tensorrt plans could not be built/loaded: {exc}") from None
 
 
 def engine_seconds_table(measured: dict, settings: BenchSettings, ns) -> Dict[str, float]:

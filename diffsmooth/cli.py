@@ -102,8 +102,10 @@ def run_options(f):
         click.option("--max", "--max-index", "max_index", type=int, default=None,
                      help="Stop before this dataset index (--max-index: the same, for torchrun)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Noise seed (per image, per sample)."),
-        click.option("--backend", type=click.Choice(["torch", "onnxruntime"]), default="torch", show_default=True),
-        click.option("--onnx-dir", type=click.Path(), help="Exported graphs for --backend onnxruntime."),
+        click.option("--backend", type=click.Choice(["torch", "onnxruntime", "tensorrt"]), default="torch",
+                     show_default=True),
+        click.option("--onnx-dir", type=click.Path(),
+                     help="Exported graphs for --backend onnxruntime (and their built plans for tensorrt)."),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
         click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True),
         click.option("--compile/--no-compile", "compile", default=None,
@@ -229,7 +231,8 @@ def _certify_sweep(kw):
     from diffsmooth.engine.runs.sweep import SweepPipeline, plan_entries, run_sweep
 
     if kw["backend"] != "torch" or kw["shard"]:
-        raise UserError("sweeps run on the torch backend in one process (no --backend onnxruntime / --shard yet)")
+        raise UserError("sweeps run on the torch backend in one process (no --backend onnxruntime/tensorrt "
+                        "or --shard yet)")
     for method in kw["method"]:                     # validates sigma, every sigma' and m
         for ls in kw["local_sigma"]:
             for m in kw["m"]:
@@ -500,7 +503,7 @@ def _register_optional_commands():
     """Commands that live next to their code (training, export, benchmarks)."""
     import importlib
     for module, names in (("diffsmooth.engine.demo.train_commands", ["train_demo"]),
-                          ("diffsmooth.export.commands", ["export", "validate"]),
+                          ("diffsmooth.export.commands", ["export", "validate", "build_engine"]),
                           ("diffsmooth.bench.commands", ["bench"])):
         try:
             mod = importlib.import_module(module)

@@ -65,13 +65,18 @@ def _sources(kw):
               help="fixed: m noises baked into the graph (seed 42); fresh: the graph takes them as input.")
 @click.option("--image-shape", help="C,H,W [default: from the preset: cifar10 3,32,32; imagenet 3,224,224; demo 1,32,32].")
 @click.option("--out", required=True, type=click.Path(), help="Folder for the .onnx graphs and their manifests.")
-@click.option("--fp16", is_flag=True, help="Also write mixed-fp16 graphs (half Conv/MatMul/Gemm, fp32 norms/softmax/IO).")
+@click.option("--fp16", is_flag=True, help="Also write mixed-fp16 graphs (half, except fp32 norms/softmax/reductions/IO).")
 @click.option("--also-unet", is_flag=True, help="Also write the plain UNet graph (x_t, t) -> out.")
 @click.option("--no-validate", is_flag=True, help="Skip the torch-vs-ONNX Runtime validation.")
 @click.option("--samples", type=int, default=1000, show_default=True, help="Noisy samples for vote agreement.")
 @click.option("--dataset", type=click.Choice(DATASETS), help="Validation images [default: embedded subset].")
 @click.option("--data", type=click.Path(), help="Dataset directory or file for --dataset.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Noise seed for validation.")
+@click.option("--trt", is_flag=True, help="Also build TensorRT plans of the written graphs (needs TensorRT + GPU).")
+@click.option("--trt-batch", type=int, default=1000, show_default=True,
+              help="Batch the plans are optimised for (profile: 1..--trt-max-batch).")
+@click.option("--trt-max-batch", type=int, default=None, help="Largest batch the plans take [default: --trt-batch].")
+@click.option("--device", default="cuda", show_default=True, help="GPU for --trt.")
 def export(**kw):
     """Export the denoiser (at --sigma) and the classifier head to ONNX, validated against torch."""
     from diffsmooth.engine.runs.assemble import load_classifier_from, load_denoiser_from
@@ -99,6 +104,7 @@ def export(**kw):
     if denoiser is None and classifier is None:
         raise UserError(f"nothing to export: method {config.method} uses no denoiser; give --classifier "
                         "(or --also-unet to export the UNet alone)")
+    target = _trt_target(kw["device"]) if kw["trt"] else None   # fail before exporting, not after
     graphs = export_models(config, shape, kw["out"], denoiser=denoiser, classifier=classifier, fp16=kw["fp16"],
                            also_unet=kw["also_unet"], denoiser_source=den_src, classifier_source=cls_src,
                            preset=sources.preset)
@@ -106,12 +112,16 @@ def export(**kw):
         click.echo(f"wrote {g.path}", err=True)
     if kw["no_validate"]:
         click.echo("validation skipped (--no-validate): manifests record validation: null", err=True)
-        return
-    results = validate_graphs(graphs, config, shape, denoiser=denoiser, classifier=classifier,
-                              samples=kw["samples"], seed=kw["seed"], dataset=kw["dataset"], data=kw["data"],
-                              raise_on_failure=False)
-    _echo_results(results)
-    _raise_if_failed(results)
+    else:
+        results = validate_graphs(graphs, config, shape, denoiser=denoiser, classifier=classifier,
+                                  samples=kw["samples"], seed=kw["seed"], dataset=kw["dataset"], data=kw["data"],
+                                  raise_on_failure=False)
+        _echo_results(results)
+        _raise_if_failed(results)
+    if target is not None:
+        _build_and_validate(kw["out"], target, batch=kw["trt_batch"], max_batch=kw["trt_max_batch"],
+                            only=[g.path for g in graphs], validate=not kw["no_validate"], samples=kw["samples"],
+                            seed=kw["seed"], dataset=kw["dataset"], data=kw["data"], device=kw["device"])
 
 
 @click.command("validate")
@@ -141,3 +151,68 @@ def _raise_if_failed(results):
     failed = [f"{Path(p).name}: {r['summary']}" for p, r in results.items() if not r["passed"]]
     if failed:
         raise ValidationFailed("ONNX validation failed (" + "; ".join(failed) + "); results are in the manifests")
+
+
+@click.command("build-engine")
+@click.option("--onnx-dir", required=True, type=click.Path(), help="Folder written by `diffsmooth export`.")
+@click.option("--batch", type=int, default=1000, show_default=True,
+              help="The run's batch: the profile's opt (and max) batch; min is 1.")
+@click.option("--max-batch", type=int, default=None, help="Largest batch the plans take [default: --batch].")
+@click.option("--precision", "precisions", type=click.Choice(["fp32", "fp16"]), multiple=True,
+              help="Build only the graphs of this precision (repeatable) [default: all in --onnx-dir].")
+@click.option("--device", default="cuda", show_default=True, help="The GPU to build for (plans are GPU-specific).")
+@click.option("--workspace-gb", type=float, default=4.0, show_default=True, help="Builder workspace limit.")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), default=None,
+              help="Timing cache file [default: one per GPU model in ~/.cache/diffsmooth/tensorrt].")
+@click.option("--rebuild", is_flag=True, help="Rebuild even when a cached plan matches.")
+@click.option("--no-validate", is_flag=True, help="Skip the plan-vs-ONNX Runtime vote validation.")
+@click.option("--samples", type=int, default=1000, show_default=True, help="Noisy samples for vote agreement (>= 1000).")
+@click.option("--dataset", type=click.Choice(DATASETS), help="Validation images [default: embedded subset].")
+@click.option("--data", type=click.Path(), help="Dataset directory or file for --dataset.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed for validation.")
+def build_engine(onnx_dir, batch, max_batch, precisions, device, workspace_gb, timing_cache, rebuild, no_validate,
+                 samples, dataset, data, seed):
+    """Build (or reuse cached) TensorRT plans of the graphs in --onnx-dir, inspect and validate them."""
+    target = _trt_target(device)
+    _build_and_validate(onnx_dir, target, batch=batch, max_batch=max_batch, precisions=precisions or None,
+                        workspace_bytes=int(workspace_gb * (1 << 30)), timing_cache=timing_cache, rebuild=rebuild,
+                        validate=not no_validate, samples=samples, seed=seed, dataset=dataset, data=data,
+                        device=device)
+
+
+def _trt_target(device):
+    from .trt_build import current_target
+    return current_target(device)
+
+
+def _build_and_validate(onnx_dir, target, *, batch, max_batch=None, precisions=None, only=None,
+                        workspace_bytes=None, timing_cache=None, rebuild=False, validate=True, samples=1000,
+                        seed=0, dataset=None, data=None, device="cuda"):
+    """Build/reuse the plans, print their inspection, validate them; non-zero exit on any failure."""
+    from diffsmooth.engine.backends.trt_plans import DEFAULT_WORKSPACE_BYTES
+    from diffsmooth.engine.errors import UserError
+
+    from .trt_build import build_plans
+    from .trt_validate import MIN_SAMPLES, validate_plans
+    from .validate import ValidationFailed
+    if batch < 1 or (max_batch is not None and max_batch < batch):
+        raise UserError(f"need 1 <= batch <= max batch, got batch {batch}, max batch {max_batch}")
+    if workspace_bytes is not None and workspace_bytes < (1 << 20):
+        raise UserError(f"--workspace-gb must allow at least 1 MiB, got {workspace_bytes} bytes")
+    if validate and samples < MIN_SAMPLES:
+        raise UserError(f"plan validation needs --samples >= {MIN_SAMPLES} (got {samples}), or --no-validate")
+    echo = lambda line: click.echo(line, err=True)   # noqa: E731
+    results = build_plans(onnx_dir, target, batch=batch, max_batch=max_batch, precisions=precisions, only=only,
+                          workspace_bytes=workspace_bytes or DEFAULT_WORKSPACE_BYTES,
+                          timing_cache=timing_cache, rebuild=rebuild, echo=echo)
+    for r in results:
+        click.echo(f"plan {r.plan_path}")
+    bad = [f"{r.plan_path.name}: {'; '.join(r.inspection.get('failures', []))}" for r in results
+           if r.inspection and not r.inspection.get("passed", True)]
+    if validate:
+        validate_plans(results, onnx_dir, device=device, samples=samples, seed=seed, dataset=dataset, data=data,
+                       echo=echo)
+    else:
+        click.echo("plan validation skipped (--no-validate): plan manifests record validation: null", err=True)
+    if bad:
+        raise ValidationFailed("TensorRT plan precision is not as intended (" + " | ".join(bad) + ")")

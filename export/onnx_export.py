@@ -22,8 +22,7 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
 
 from .fp16 import convert_mixed_fp16
-from .graph_passes import (check_structure, fold_constants, fuse_affine_chains, initializer_bytes, op_counts,
-                           remove_noop_casts)
+from .graph_passes import check_structure, fuse_affine_chains, initializer_bytes, op_counts, optimize
 from .manifest import file_hashes, package_versions, sha256_file, write_manifest
 
 OPSET = 17
@@ -90,8 +89,7 @@ def trace_to_onnx(module: nn.Module, example_inputs: Tuple[torch.Tensor, ...], i
         model = onnx.load(str(path))       # pulls in external data if the exporter wrote any
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    fold_constants(model)
-    remove_noop_casts(model)
+    model = optimize(model)
     fuse_affine_chains(model)
     check_structure(model, opset)
     return model

@@ -16,7 +16,7 @@ from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.smooth import Smooth
 from diffsmooth.engine.runs.fast_path import MIN_AGREEMENT, FastPath, validate_fast_path
 
-BACKENDS = ("torch", "onnxruntime")
+BACKENDS = ("torch", "onnxruntime", "tensorrt")
 
 
 @dataclass
@@ -89,7 +89,7 @@ def load_models(config: MethodConfig, sources: ModelSources):
 def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
                  num_classes: Optional[int] = None, *, backend: str = "torch", device: str = "cpu",
                  precision: str = "fp32", seed: int = 0, onnx_dir: Optional[str] = None,
-                 fast: Optional[FastPath] = None, models=None, log=None) -> Smooth:
+                 fast: Optional[FastPath] = None, models=None, log=None, batch: int = 1000) -> Smooth:
     """A Smooth for `config` on the requested backend; probes the models with `image_shape`.
 
     `fast` (torch backend) picks compiled static-shape stages, CUDA graphs and two streams; by
@@ -97,6 +97,8 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
     """
     if fast is None:
         fast = FastPath.resolve(device) if backend == "torch" else FastPath()
+        if backend == "tensorrt" and torch_device_type(device) == "cuda":
+            fast = FastPath(static_batch=True, streams=2)       # plans are built for the run's batch
     if backend == "torch":
         from diffsmooth.engine.backends.torch_backend import TorchBackend
         runner = TorchBackend(device=device, precision=precision, channels_last=fast.compile and
@@ -109,6 +111,13 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
         if not onnx_dir:
             raise UserError("--backend onnxruntime needs --onnx-dir (made by `diffsmooth export`)")
         stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision)
+    elif backend == "tensorrt":
+        from diffsmooth.engine.backends.tensorrt_select import build_trt_stages
+        if not onnx_dir:
+            raise UserError("--backend tensorrt needs --onnx-dir (graphs from `diffsmooth export`, plans from "
+                            "`diffsmooth build-engine`)")
+        stages = build_trt_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision,
+                                  batch=batch)
     else:
         raise UserError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     return Smooth(MonteCarloPipeline(stages, config.sigma, seed, static_batch=fast.static_batch,
@@ -128,10 +137,12 @@ def build_checked_smooth(config: MethodConfig, sources: ModelSources, image_shap
     """build_smooth, then (torch backend, compiled or reduced precision) the once-per-run check of
     its votes against eager fp32 on `first_image`, printed; refuses a path that disagrees."""
     log = log or _stderr
-    fast = fast or (FastPath.resolve(device) if backend == "torch" else FastPath())
     models = load_models(config, sources) if backend == "torch" else None
+    if backend == "torch" and fast is None:
+        fast = FastPath.resolve(device)
     smooth = build_smooth(config, sources, image_shape, num_classes, backend=backend, device=device,
-                          precision=precision, seed=seed, onnx_dir=onnx_dir, fast=fast, models=models, log=log)
+                          precision=precision, seed=seed, onnx_dir=onnx_dir, fast=fast, models=models, log=log,
+                          batch=batch)
     if backend == "torch" and (fast.changes_arithmetic or precision != "fp32") and validate_samples > 0:
         reference = build_smooth(config, sources, image_shape, num_classes, device=device, precision="fp32",
                                  seed=seed, fast=FastPath(), models=models, log=log)

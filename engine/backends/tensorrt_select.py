@@ -1,0 +1,62 @@
+"""Which TensorRT plans serve a method config: the ONNX graphs are picked exactly as for ONNX
+Runtime (same manifest lookup), then the plan built from each graph for this GPU, TensorRT version
+and batch. Kept parallel to build_onnx_stages so both compositions can move together."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.onnxruntime_backend import find_graph, scan_manifests, wanted_fields
+from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device, gpu_identity, import_tensorrt
+from diffsmooth.engine.backends.trt_plans import choose_plan, scan_plans
+from diffsmooth.engine.base_classifier.methods import MethodConfig, probe
+from diffsmooth.engine.errors import UserError
+
+TRT_PRECISIONS = ("fp32", "fp16")
+
+
+def plan_for(onnx_dir, role: str, want: dict, precision: str, *, tensorrt_version: str, gpu_name: str,
+             compute_capability: str, batch: int):
+    """(plan path, plan manifest, graph manifest) for the graph of `role` matching `want`."""
+    path, manifest = find_graph(scan_manifests(onnx_dir), role, want, onnx_dir)
+    plans = scan_plans(onnx_dir, manifest["onnx_sha256"], precision)
+    plan, plan_manifest = choose_plan(plans, tensorrt_version=tensorrt_version, gpu_name=gpu_name,
+                                      compute_capability=compute_capability, batch=batch,
+                                      graph_name=path.name, onnx_dir=onnx_dir)
+    validation = plan_manifest.get("validation")
+    if isinstance(validation, dict) and validation.get("passed") is False:
+        raise UserError(f"{plan.name} failed validation ({validation.get('summary', 'see its manifest')}); "
+                        "rebuild it or use --backend onnxruntime")
+    return plan, plan_manifest, manifest
+
+
+def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
+                     device: str = "cuda", precision: str = "fp32", batch: int = 1000) -> BaseClassifierStages:
+    """Stages for `config` from the plans built beside the graphs in `onnx_dir`."""
+    if precision not in TRT_PRECISIONS:
+        raise UserError(f"--backend tensorrt runs plans built from the fp32 or fp16 graphs, not {precision}")
+    trt = import_tensorrt()
+    dev = cuda_device(device)
+    gpu_name, cc = gpu_identity(dev)
+    key = dict(tensorrt_version=str(trt.__version__), gpu_name=gpu_name, compute_capability=cc, batch=int(batch))
+    want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
+    purify = None
+    if config.uses_denoiser:
+        plan, _, _ = plan_for(onnx_dir, "denoiser", want_denoiser, precision, **key)
+        purify = TrtStage(plan, f"denoiser[{plan.name}]", dev, precision, trt)
+    plan, _, manifest = plan_for(onnx_dir, "classifier", want_classifier, precision, **key)
+    if num_classes is not None and manifest.get("num_classes") not in (None, num_classes):
+        raise UserError(f"{plan.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
+    label = "local-smoothing classifier" if config.method == "diffsmooth" else "classifier"
+    score = TrtStage(plan, f"{label}[{plan.name}]", dev, precision, trt)
+    local_shape = (int(config.m), *map(int, image_shape)) if (
+        config.method == "diffsmooth" and config.local_noise == "fresh") else None
+    if len(score.input_names) != (2 if local_shape else 1):
+        raise UserError(f"{plan.name} takes inputs {score.input_names}, which does not fit "
+                        f"local noise mode {config.local_noise!r}")
+    stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
+    stages.num_classes = probe(stages, tuple(image_shape))
+    if num_classes is not None and stages.num_classes != num_classes:
+        raise UserError(f"the classifier plan outputs {stages.num_classes} classes but the data has {num_classes}")
+    return stages

@@ -1,0 +1,118 @@
+"""TensorRT plans vs ONNX Runtime fp32 on the pipeline's noisy real samples (the same
+compare_stages as `diffsmooth validate`): output errors and >= 99.9% argmax-vote agreement;
+results go into the plan manifests. Never executed here (needs TensorRT and a GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+
+from diffsmooth.engine.backends.onnxruntime_backend import find_graph, scan_manifests, wanted_fields
+from diffsmooth.engine.backends.trt_plans import read_plan_manifest, write_plan_manifest
+from diffsmooth.engine.errors import UserError
+
+from .validate import DEFAULT_IMAGES, DEFAULT_SAMPLES, ValidationFailed, compare_stages, config_from_manifest, \
+    validation_images
+
+MIN_SAMPLES = 1000
+
+
+class _OnHost:
+    """A stage whose output comes back to the CPU (the ONNX Runtime reference runs there)."""
+
+    def __init__(self, stage):
+        self.stage = stage
+
+    def __call__(self, *inputs):
+        return self.stage(*inputs).float().cpu()
+
+
+def _record(plan_path: Path, result: dict) -> None:
+    manifest, why = read_plan_manifest(plan_path)
+    if manifest is None:
+        raise UserError(f"cannot record validation of {plan_path.name}: {why}")
+    for k in ("format", "version", "plan_file"):
+        manifest.pop(k, None)
+    manifest["validation"] = result
+    write_plan_manifest(plan_path, manifest)
+
+
+def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int = DEFAULT_SAMPLES, seed: int = 0,
+                   dataset: Optional[str] = None, data: Optional[str] = None, threads: Optional[int] = None,
+                   stage_fn: Optional[Callable] = None, reference_fn: Optional[Callable] = None,
+                   echo: Callable[[str], None] = print) -> Dict[str, dict]:
+    """Validate built plans (PlanResults) against the fp32 ONNX graphs run by ONNX Runtime on the
+    CPU; each classifier plan is checked chained behind the denoiser plan of its precision and sigma.
+    Raises ValidationFailed (non-zero exit) when any plan fails."""
+    if samples < MIN_SAMPLES:
+        raise UserError(f"plan validation needs >= {MIN_SAMPLES} noisy samples, got --samples {samples}")
+    from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
+    if stage_fn is None:
+        from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device
+        dev = cuda_device(device)
+        stage_fn = lambda plan, name, precision: _OnHost(TrtStage(plan, name, dev, precision))  # noqa: E731
+    reference_fn = reference_fn or (lambda path, name: OrtStage(path, name, "cpu", "fp32", threads=threads))
+    found = scan_manifests(onnx_dir)
+    out: Dict[str, dict] = {}
+    used = set()
+    groups: List[tuple] = []
+    for r in (r for r in results if r.role == "classifier"):
+        config = config_from_manifest(r.graph_manifest)
+        shape = r.graph_manifest["image_shape"]
+        den = None
+        if config.uses_denoiser:
+            den = next((d for d in results if d.role == "denoiser" and d.precision == r.precision
+                        and d.graph_manifest["image_shape"] == shape
+                        and abs(float(d.graph_manifest["sigma"]) - config.sigma) < 1e-12), None)
+            if den is not None:
+                used.add(den.plan_path)
+        groups.append((config, shape, den, r))
+    for d in (d for d in results if d.role == "denoiser" and d.plan_path not in used):
+        from diffsmooth.engine.base_classifier.methods import MethodConfig
+        groups.append((MethodConfig("dds", float(d.graph_manifest["sigma"])), d.graph_manifest["image_shape"], d, None))
+    failed = []
+    for config, shape, den, cls in groups:
+        want_den, want_cls = wanted_fields(config, shape, "fp32")
+        reference = {"purify": None, "score": None}
+        candidate = {"purify": None, "score": None}
+        local_shape = None
+        batch = 100
+        if den is not None:
+            ref_path, _ = find_graph(found, "denoiser", want_den, onnx_dir)
+            reference["purify"] = reference_fn(ref_path, "denoiser (ONNX Runtime fp32)")
+            candidate["purify"] = stage_fn(den.plan_path, "denoiser (TensorRT)", den.precision)
+            batch = min(batch, _max_batch(den))
+        if cls is not None:
+            ref_path, _ = find_graph(found, "classifier", want_cls, onnx_dir)
+            reference["score"] = reference_fn(ref_path, "classifier (ONNX Runtime fp32)")
+            candidate["score"] = stage_fn(cls.plan_path, "classifier (TensorRT)", cls.precision)
+            batch = min(batch, _max_batch(cls))
+            if config.method == "diffsmooth" and config.local_noise == "fresh":
+                local_shape = (int(config.m), *map(int, shape))
+        if den is not None and reference["purify"] is None:
+            raise UserError(f"no fp32 denoiser graph in {onnx_dir} to validate {den.plan_path.name} against")
+        precision = (cls or den).precision
+        images, indices, desc = validation_images(shape, DEFAULT_IMAGES, dataset, data)
+        res = compare_stages(precision=precision, sigma=config.sigma, image_shape=shape, reference=reference,
+                             candidate=candidate, local_noise_shape=local_shape, samples=samples, seed=seed,
+                             batch=batch, images=images, image_indices=indices, images_desc=desc)
+        res["reference"] = "onnxruntime fp32 (cpu)"
+        for r in (den, cls):
+            if r is not None:
+                _record(r.plan_path, res)
+                out[str(r.plan_path)] = res
+        state = "ok  " if res["passed"] else "FAIL"
+        names = " + ".join(r.plan_path.name for r in (den, cls) if r is not None)
+        echo(f"{state} {names}: {res['summary']}")
+        if not res["passed"]:
+            failed.append(f"{names}: {res['summary']}")
+    if failed:
+        raise ValidationFailed("TensorRT plan validation failed (" + "; ".join(failed) + "); results are in the "
+                               "plan manifests, and --backend tensorrt refuses these plans")
+    return out
+
+
+def _max_batch(r) -> int:
+    profile = (r.manifest.get("key") or {}).get("profile") or {}
+    return int(next(iter(profile.values()))["max"][0]) if profile else 1

@@ -1,0 +1,597 @@
+"""The TensorRT path without TensorRT: plan cache keys and the rebuild decision, plan manifests,
+profile selection from the batch, inspector parsing, stage input checks, CLI wiring and errors.
+
+Where TensorRT itself would be called, tests inject either build/load functions or a FAKE
+`tensorrt` module (tests/fake_tensorrt.py): those tests prove the wiring only. Tests that need real
+TensorRT and a GPU are marked and skip with the reason."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from diffsmooth.cli import main
+from diffsmooth.engine.backends import tensorrt_backend as trt_backend
+from diffsmooth.engine.backends.tensorrt_backend import TrtStage, tensorrt_available
+from diffsmooth.engine.backends.trt_plans import (cache_key, choose_plan, plan_manifest_path, plan_path_for,
+                                                  profile_covers, profile_for, read_plan_manifest, reuse_decision,
+                                                  scan_plans, write_plan_manifest)
+from diffsmooth.engine.backends.onnxruntime_backend import sha256_file
+from diffsmooth.engine.errors import UserError
+from diffsmooth.export.manifest import write_manifest
+from diffsmooth.export.trt_build import Target, build_plans, ensure_plan
+from diffsmooth.export.trt_inspect import datatype_of, layer_roles, summarize
+
+from fake_tensorrt import FAKE, fake_plan
+
+H100 = Target("10.12.0", "NVIDIA H100 80GB HBM3", "9.0")
+A100 = Target("10.12.0", "NVIDIA A100-SXM4-80GB", "8.0")
+INPUTS = {"x_rs": ["batch", 1, 8, 8]}
+
+
+def _graph(folder: Path, name: str, role: str = "denoiser", precision: str = "fp16", inputs=None,
+           scale: float = 1.0, **fields):
+    """A small valid ONNX graph (x * scale) with an export manifest, as `diffsmooth export` writes."""
+    inputs = inputs or INPUTS
+    in_name = next(iter(inputs))
+    c = helper.make_tensor("c", TensorProto.FLOAT, [], [scale])
+    node = helper.make_node("Mul", [in_name, "c"], ["out"])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(in_name, TensorProto.FLOAT, ["batch", 1, 8, 8])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 1, 8, 8])], [c])
+    path = folder / name
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    manifest = {"role": role, "precision": precision, "image_shape": [1, 8, 8], "inputs": inputs,
+                "output": {"name": "out", "shape": ["batch", 1, 8, 8]}, "sigma": 0.5,
+                "onnx_sha256": sha256_file(path), "external_data": {}, "validation": None}
+    manifest.update(fields)
+    write_manifest(path, manifest)
+    return path, manifest
+
+
+# ------------------------------------------------------------------------------------------
+# Profiles and keys
+
+
+def test_profile_from_batch_is_one_to_max_with_opt_at_the_batch():
+    p = profile_for({"x": ["batch", 3, 32, 32], "noise": ["batch", 5, 3, 32, 32]}, 400, 1000)
+    assert p["x"] == {"min": [1, 3, 32, 32], "opt": [400, 3, 32, 32], "max": [1000, 3, 32, 32]}
+    assert p["noise"]["min"] == [1, 5, 3, 32, 32] and p["noise"]["max"][0] == 1000
+    assert profile_for({"x": ["batch", 1]}, 50)["x"]["max"] == [50, 1]       # max defaults to the batch
+    assert profile_covers(p, 1000) and profile_covers(p, 1) and not profile_covers(p, 1001)
+    with pytest.raises(UserError, match="smaller than the batch"):
+        profile_for({"x": ["batch", 1]}, 100, 10)
+    with pytest.raises(UserError, match="no leading batch axis"):
+        profile_for({"x": [4, 1]}, 10)
+    with pytest.raises(UserError, match=">= 1"):
+        profile_for({"x": ["batch", 1]}, 0)
+
+
+def test_plan_names_differ_by_gpu_and_profile(tmp_path):
+    onnx_path = tmp_path / "denoiser_s0.5_1x8x8_fp16.onnx"
+    p = profile_for(INPUTS, 1000)
+    a = plan_path_for(onnx_path, H100.gpu_name, H100.compute_capability, p)
+    b = plan_path_for(onnx_path, A100.gpu_name, A100.compute_capability, p)
+    c = plan_path_for(onnx_path, H100.gpu_name, H100.compute_capability, profile_for(INPUTS, 500))
+    assert len({a, b, c}) == 3 and a.parent == tmp_path
+    assert a.name == "denoiser_s0.5_1x8x8_fp16.nvidia-h100-80gb-hbm3-sm90.b1000-1000.plan"
+    assert plan_manifest_path(a).name.endswith(".plan.json")
+
+
+def _key(**over):
+    fields = dict(onnx_sha256="a" * 64, tensorrt_version="10.12.0", gpu_name="NVIDIA H100 80GB HBM3",
+                  compute_capability="9.0", profile=profile_for(INPUTS, 1000), precision="fp16")
+    fields.update(over)
+    return cache_key(**fields)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("onnx_sha256", "b" * 64), ("tensorrt_version", "10.13.0"), ("gpu_name", "NVIDIA A100-SXM4-80GB"),
+    ("compute_capability", "8.0"), ("profile", profile_for(INPUTS, 999)), ("precision", "fp32")])
+def test_reuse_decision_names_the_field_that_changed(tmp_path, field, value):
+    plan = tmp_path / "g.plan"
+    plan.write_bytes(b"plan bytes")
+    write_plan_manifest(plan, {"key": _key(), "plan_sha256": sha256_file(plan)})
+    assert reuse_decision(plan, _key(), sha256_file) == (True, "")
+    ok, why = reuse_decision(plan, _key(**{field: value}), sha256_file)
+    assert not ok and field in why and "\n" not in why
+
+
+def test_reuse_decision_missing_damaged_or_changed_plans(tmp_path):
+    plan = tmp_path / "g.plan"
+    assert reuse_decision(plan, _key(), sha256_file) == (False, "no plan g.plan yet")
+    plan.write_bytes(b"plan bytes")
+    ok, why = reuse_decision(plan, _key(), sha256_file)
+    assert not ok and "missing" in why
+    plan_manifest_path(plan).write_text("{not json")
+    ok, why = reuse_decision(plan, _key(), sha256_file)
+    assert not ok and "not readable JSON" in why
+    write_plan_manifest(plan, {"key": _key(), "plan_sha256": sha256_file(plan)})
+    plan.write_bytes(b"other bytes")
+    ok, why = reuse_decision(plan, _key(), sha256_file)
+    assert not ok and "changed after it was built" in why
+
+
+def _plan_manifest(tmp_path, name, target, batch, max_batch=None, sha="a" * 64, precision="fp16"):
+    plan = tmp_path / name
+    plan.write_bytes(b"x")
+    key = cache_key(onnx_sha256=sha, tensorrt_version=target.tensorrt_version, gpu_name=target.gpu_name,
+                    compute_capability=target.compute_capability, profile=profile_for(INPUTS, batch, max_batch),
+                    precision=precision)
+    write_plan_manifest(plan, {"key": key, "plan_sha256": sha256_file(plan)})
+    return plan
+
+
+def test_choose_plan_by_gpu_tensorrt_and_batch(tmp_path):
+    small = _plan_manifest(tmp_path, "a.plan", H100, 100)
+    big = _plan_manifest(tmp_path, "b.plan", H100, 400, 2000)
+    exact = _plan_manifest(tmp_path, "c.plan", H100, 1000, 4000)
+    _plan_manifest(tmp_path, "d.plan", A100, 1000)
+    _plan_manifest(tmp_path, "e.plan", H100, 1000, sha="f" * 64)         # another graph
+    _plan_manifest(tmp_path, "f.plan", H100, 1000, precision="fp32")      # another precision
+    plans = scan_plans(tmp_path, "a" * 64, "fp16")
+    assert sorted(p.name for p, _ in plans) == ["a.plan", "b.plan", "c.plan", "d.plan"]
+    kw = dict(tensorrt_version="10.12.0", gpu_name=H100.gpu_name, compute_capability="9.0", graph_name="g.onnx",
+              onnx_dir=tmp_path)
+    assert choose_plan(plans, batch=1000, **kw)[0] == exact               # opt == the run's batch
+    assert choose_plan(plans, batch=50, **kw)[0] == small                 # else the smallest max that covers
+    assert choose_plan(plans, batch=1500, **kw)[0] == big
+    with pytest.raises(UserError, match=r"take batches up to \[100, 2000, 4000\], not 5000"):
+        choose_plan(plans, batch=5000, **kw)
+    with pytest.raises(UserError, match="built for another GPU .*NVIDIA H100 80GB HBM3 sm9.0.*not NVIDIA L4"):
+        choose_plan(plans, **dict(kw, gpu_name="NVIDIA L4", compute_capability="8.9"), batch=10)
+    with pytest.raises(UserError, match="built with TensorRT 10.12.0, this is 10.13.1"):
+        choose_plan(plans, **dict(kw, tensorrt_version="10.13.1"), batch=10)
+    with pytest.raises(UserError, match="no TensorRT plan for g.onnx"):
+        choose_plan([], batch=10, **kw)
+
+
+# ------------------------------------------------------------------------------------------
+# The cache around the build (build/load/inspect injected: no TensorRT here)
+
+
+class FakeBuilder:
+    """Stands in for Polygraphy + TensorRT: counts builds, 'plans' are JSON that the loader accepts."""
+
+    def __init__(self):
+        self.builds = []
+
+    def build(self, onnx_path, profile, *, workspace_bytes, timing_cache):
+        self.builds.append((Path(onnx_path).name, profile, workspace_bytes, timing_cache))
+        return json.dumps({"built_from": Path(onnx_path).name, "n": len(self.builds)}).encode()
+
+    @staticmethod
+    def load(data):
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise UserError("cannot deserialize") from None
+
+    @staticmethod
+    def inspect(engine, profile):
+        return INSPECTOR_FP16
+
+
+def test_plans_are_built_reused_and_rebuilt_with_one_line_why(tmp_path):
+    onnx_path, manifest = _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx")
+    fb, lines = FakeBuilder(), []
+    kw = dict(batch=1000, echo=lines.append, build_fn=fb.build, load_fn=fb.load, inspect_fn=fb.inspect,
+              timing_cache=tmp_path / "timing.cache")
+    first = ensure_plan(onnx_path, manifest, H100, **kw)
+    assert first.built and len(fb.builds) == 1 and lines[0].startswith("building ") and "no plan" in lines[0]
+    assert fb.builds[0][1]["x_rs"] == {"min": [1, 1, 8, 8], "opt": [1000, 1, 8, 8], "max": [1000, 1, 8, 8]}
+    m, _ = read_plan_manifest(first.plan_path)
+    assert m["key"]["gpu_name"] == H100.gpu_name and m["key"]["precision"] == "fp16"
+    assert m["plan_sha256"] == sha256_file(first.plan_path) and m["validation"] is None
+    assert m["build"]["strongly_typed"] and m["build"]["profiling_verbosity"] == "DETAILED"
+    assert m["inspection"]["passed"] and (tmp_path / m["inspector_file"]).exists()
+    assert not list(tmp_path.glob("*.tmp"))
+
+    lines.clear()
+    again = ensure_plan(onnx_path, manifest, H100, **kw)
+    assert not again.built and len(fb.builds) == 1 and lines == [f"reusing {first.plan_path.name} (key matches)"]
+
+    first.plan_path.write_bytes(b"\x00garbage")                  # damaged: the manifest hash catches it
+    lines.clear()
+    ensure_plan(onnx_path, manifest, H100, **kw)
+    assert len(fb.builds) == 2 and "changed after it was built" in lines[0]
+
+    calls = []
+
+    def refuse_once(data):                                        # intact bytes the runtime refuses
+        calls.append(data)
+        if len(calls) == 1:
+            raise RuntimeError("Serialization assertion magicTagRead failed")
+        return fb.load(data)
+    lines.clear()
+    ensure_plan(onnx_path, manifest, H100, **dict(kw, load_fn=refuse_once))
+    assert len(fb.builds) == 3 and "fails to deserialize (Serialization assertion" in lines[0]
+
+    onnx_path2, manifest2 = _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx", scale=2.0)   # re-exported
+    lines.clear()
+    ensure_plan(onnx_path2, manifest2, H100, **kw)
+    assert len(fb.builds) == 4 and "onnx_sha256" in lines[0]
+
+    lines.clear()
+    other = ensure_plan(onnx_path2, manifest2, A100, **kw)       # another GPU: its own plan file
+    assert other.built and other.plan_path != first.plan_path and "no plan" in lines[0]
+    ensure_plan(onnx_path2, manifest2, H100, **dict(kw, rebuild=True))
+    assert len(fb.builds) == 6
+
+
+def test_build_plans_refuses_graphs_that_failed_validation_and_filters_precision(tmp_path):
+    _graph(tmp_path, "d16.onnx", precision="fp16")
+    _graph(tmp_path, "d32.onnx", precision="fp32")
+    _graph(tmp_path, "unet.onnx", role="unet", precision="fp32")
+    fb = FakeBuilder()
+    kw = dict(batch=8, echo=lambda s: None, build_fn=fb.build, load_fn=fb.load, inspect_fn=fb.inspect,
+              timing_cache=tmp_path / "t.cache")
+    results = build_plans(tmp_path, H100, precisions=["fp32"], **kw)
+    assert [r.onnx_path.name for r in results] == ["d32.onnx"]
+    assert sorted(b[0] for b in fb.builds) == ["d32.onnx"]
+    _graph(tmp_path, "bad.onnx", precision="fp16", validation={"passed": False, "summary": "votes 97%"})
+    with pytest.raises(UserError, match="bad.onnx failed ONNX validation"):
+        build_plans(tmp_path, H100, **kw)
+    with pytest.raises(UserError, match="no denoiser/classifier graphs at precision bf16"):
+        build_plans(tmp_path, H100, precisions=["bf16"], **kw)
+
+
+# ------------------------------------------------------------------------------------------
+# Inspection (inspector JSON in the documented detailed format, written here by hand)
+
+
+def _layer(name, ltype, param, in_fmt, out_fmt, out_name=None):
+    return {"Name": name, "LayerType": ltype, "ParameterType": param,
+            "Inputs": [{"Name": name + ":in", "Location": "Device", "Dimensions": [8, 1, 8, 8],
+                        "Format/Datatype": in_fmt}],
+            "Outputs": [{"Name": out_name or name + ":out", "Location": "Device", "Dimensions": [8, 1, 8, 8],
+                         "Format/Datatype": out_fmt}]}
+
+
+INSPECTOR_FP16 = {"Layers": [
+    _layer("Reformatting CopyNode for Input Tensor 0 to /conv_in/Conv", "Reformat", "Reformat",
+           "Row major linear FP32", "Channel major FP16 format where channel % 8 == 0"),
+    _layer("/conv_in/Conv", "CaskConvolution", "Convolution", "Channel major FP16 format where channel % 8 == 0",
+           "Channel major FP16 format where channel % 8 == 0"),
+    _layer("/norm/InstanceNormalization", "Normalization", "Normalization", "Row major linear FP32",
+           "Row major linear FP32"),
+    _layer("/attn/Softmax", "SoftMax", "SoftMax", "Row major linear FP32", "Row major linear FP32"),
+    _layer("/out/Cast", "Cast", "Cast", "Half", "Float", out_name="out"),
+], "Bindings": ["x_rs", "out"]}
+
+
+def test_inspection_reports_half_layers_and_checks_the_mixed_precision():
+    assert datatype_of("Channel major FP16 format where channel % 8 == 0") == "fp16"
+    assert datatype_of("Row major linear FP32") == "fp32" and datatype_of("Half") == "fp16"
+    assert datatype_of("Float") == "fp32" and datatype_of("N/A due to dynamic shapes") is None
+    assert layer_roles(INSPECTOR_FP16["Layers"][0]) == []        # a reformat is not the conv it feeds
+    ok = summarize(INSPECTOR_FP16, "fp16", ["out"])
+    assert ok["passed"] and ok["half_layers"] == ["Reformatting CopyNode for Input Tensor 0 to /conv_in/Conv",
+                                                  "/conv_in/Conv"]
+    assert ok["by_role"]["convolution"] == {"fp16": 1} and ok["by_role"]["softmax"] == {"fp32": 1}
+
+    bad = json.loads(json.dumps(INSPECTOR_FP16))
+    bad["Layers"][1] = _layer("/conv_in/Conv", "CaskConvolution", "Convolution", "Row major linear FP32",
+                              "Row major linear FP32")
+    bad["Layers"][3] = _layer("/attn/Softmax", "SoftMax", "SoftMax", "Half", "Half")
+    bad["Layers"][4] = _layer("/out/Cast", "Cast", "Cast", "Float", "Half", out_name="out")
+    r = summarize(bad, "fp16", ["out"])
+    assert not r["passed"]
+    assert any("convolution /conv_in/Conv runs in fp32" in f for f in r["failures"])
+    assert any("softmax /attn/Softmax runs in fp16" in f for f in r["failures"])
+    assert any("graph output out is fp16" in f for f in r["failures"])
+    assert not summarize(INSPECTOR_FP16, "fp32", ["out"])["passed"]        # half layers in an fp32 plan
+    names_only = summarize({"Layers": ["/conv_in/Conv", "/norm/InstanceNormalization"]}, "fp16")
+    assert not names_only["detailed"] and not names_only["passed"]
+
+
+# ------------------------------------------------------------------------------------------
+# The stage, against the FAKE tensorrt module (wiring only)
+
+
+class _Stream:
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+@pytest.fixture
+def fake_trt(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", FAKE)
+    current = {"stream": _Stream(111)}
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current["stream"])
+    return current
+
+
+def test_fake_stage_binds_torch_buffers_and_enqueues_on_the_current_stream(tmp_path, fake_trt):
+    plan = tmp_path / "g.plan"
+    plan.write_bytes(fake_plan({"x": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)]}, scale=3.0))
+    stage = TrtStage(plan, "denoiser", "cpu", "fp16")        # cpu only because the runtime is fake
+    assert stage.input_names == ["x"] and stage.output_name == "y"
+    x = torch.randn(5, 1, 4, 4)
+    out = stage(x)
+    assert torch.equal(out, 3.0 * x)                         # the fake read x and wrote y at the given addresses
+    ctx = stage.engine.contexts[0]
+    assert ctx.streams == [111] and ctx.shapes["x"] == (5, 1, 4, 4)
+    fake_trt["stream"] = _Stream(222)                        # another stream: its own context
+    stage(x[:1])
+    assert len(stage.engine.contexts) == 2 and stage.engine.contexts[1].streams == [222]
+    fake_trt["stream"] = _Stream(111)
+    stage(x)
+    assert len(stage.engine.contexts) == 2 and ctx.streams == [111, 111]
+    with pytest.raises(UserError, match=r"batch 9 is outside the plan's profile \[1, 8\]"):
+        stage(torch.zeros(9, 1, 4, 4))
+    with pytest.raises(UserError, match=r"the plan takes \[batch, 1, 4, 4\]"):
+        stage(torch.zeros(2, 1, 4, 5))
+    with pytest.raises(UserError, match="takes 1 input"):
+        stage(x, x)
+
+
+def test_fake_stage_refuses_bad_plans(tmp_path, fake_trt):
+    plan = tmp_path / "g.plan"
+    plan.write_bytes(b"\x00not a plan")
+    with pytest.raises(UserError, match="TensorRT cannot deserialize g.plan"):
+        TrtStage(plan, "d", "cpu", "fp16")
+    plan.write_bytes(fake_plan({"x": [(1, 2), (4, 2), (4, 2)]}, dtypes={"y": "HALF"}))
+    with pytest.raises(UserError, match="tensor y is HALF, stages take and return float32"):
+        TrtStage(plan, "d", "cpu", "fp16")
+
+
+def test_tensorrt_available_and_missing_tensorrt(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)                      # import fails
+    ok, why = tensorrt_available()
+    assert not ok and "not installed" in why
+    with pytest.raises(UserError, match="needs TensorRT"):
+        trt_backend.import_tensorrt()
+    monkeypatch.setitem(sys.modules, "tensorrt", FAKE)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    ok, why = tensorrt_available()
+    assert not ok and "no CUDA device" in why and "10.99.0-fake" in why
+    with pytest.raises(UserError, match="needs a CUDA GPU"):
+        trt_backend.cuda_device("cuda")
+    with pytest.raises(UserError, match="runs on a CUDA device"):
+        trt_backend.cuda_device("cpu")
+
+
+def test_select_refuses_precision_missing_gpu_and_failed_validation(tmp_path, monkeypatch):
+    from diffsmooth.engine.backends.tensorrt_select import build_trt_stages, plan_for
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
+    config = MethodConfig("dds", 0.5)
+    with pytest.raises(UserError, match="not bf16"):
+        build_trt_stages(tmp_path, config, (1, 8, 8), precision="bf16")
+    monkeypatch.setitem(sys.modules, "tensorrt", FAKE)
+    with pytest.raises(UserError, match="runs on a CUDA device"):
+        build_trt_stages(tmp_path, config, (1, 8, 8), device="cpu", precision="fp16")
+    path, manifest = _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx")
+    fb = FakeBuilder()
+    result = ensure_plan(path, manifest, H100, batch=100, echo=lambda s: None, build_fn=fb.build, load_fn=fb.load,
+                         inspect_fn=fb.inspect, timing_cache=tmp_path / "t.cache")
+    want = {"sigma": 0.5, "image_shape": [1, 8, 8], "precision": "fp16"}
+    kw = dict(tensorrt_version=H100.tensorrt_version, gpu_name=H100.gpu_name,
+              compute_capability=H100.compute_capability)
+    plan, plan_manifest, graph_manifest = plan_for(tmp_path, "denoiser", want, "fp16", batch=100, **kw)
+    assert plan == result.plan_path and graph_manifest["onnx_sha256"] == manifest["onnx_sha256"]
+    with pytest.raises(UserError, match="take batches up to"):
+        plan_for(tmp_path, "denoiser", want, "fp16", batch=101, **kw)
+    m, _ = read_plan_manifest(plan)
+    m["validation"] = {"passed": False, "summary": "vote agreement 99.10%"}
+    for k in ("format", "version", "plan_file"):
+        m.pop(k)
+    write_plan_manifest(plan, m)
+    with pytest.raises(UserError, match="failed validation \\(vote agreement 99.10%\\)"):
+        plan_for(tmp_path, "denoiser", want, "fp16", batch=100, **kw)
+
+
+# ------------------------------------------------------------------------------------------
+# CLI wiring (no TensorRT on this machine: one line, exit 2)
+
+
+@pytest.fixture
+def no_tensorrt(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+
+
+def _run(args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_cli_without_tensorrt_is_one_line_and_exit_2(tmp_path, no_tensorrt):
+    _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx")
+    for args in (["build-engine", "--onnx-dir", tmp_path],
+                 ["certify", "--backend", "tensorrt", "--onnx-dir", tmp_path, "--out", tmp_path / "r.tsv"],
+                 ["predict", "--backend", "tensorrt", "--onnx-dir", tmp_path, "--out", tmp_path / "p.tsv"],
+                 ["export", "--out", tmp_path / "new", "--trt", "--method", "rs"]):
+        r = _run(args)
+        assert r.exit_code == 2, r.output
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: --backend tensorrt needs TensorRT"), r.output
+    assert not (tmp_path / "new").exists()                   # export --trt fails before writing graphs
+    assert not (tmp_path / "r.tsv").exists()
+    r = _run(["certify", "--backend", "tensorrt", "--out", tmp_path / "r.tsv"])
+    assert r.exit_code == 2 and "needs --onnx-dir" in r.output
+
+
+def test_cli_build_engine_options_are_checked(tmp_path, monkeypatch):
+    import diffsmooth.export.commands as commands
+    monkeypatch.setattr(commands, "_trt_target", lambda device: H100)
+    _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx")
+    r = _run(["build-engine", "--onnx-dir", tmp_path, "--batch", "100", "--max-batch", "10"])
+    assert r.exit_code == 2 and "batch <= max batch" in r.output
+    r = _run(["build-engine", "--onnx-dir", tmp_path, "--samples", "999"])
+    assert r.exit_code == 2 and "--samples >= 1000" in r.output
+    r = _run(["build-engine", "--onnx-dir", tmp_path, "--workspace-gb", "0"])
+    assert r.exit_code == 2 and "--workspace-gb" in r.output
+    r = _run(["build-engine", "--onnx-dir", tmp_path / "missing"])
+    assert r.exit_code == 2 and "no such directory" in r.output
+
+
+def test_bench_skips_tensorrt_with_the_reason(no_tensorrt):
+    from diffsmooth.bench.harness import _Skip, _tensorrt_stages
+    with pytest.raises(_Skip, match="tensorrt is not installed"):
+        _tensorrt_stages(None, "fp16", None, None, None)
+
+
+def _has_cupy():
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not _has_cupy(), reason="needs a CUDA GPU and CuPy")
+def test_fake_stage_on_gpu_enqueues_on_the_callers_stream_without_sync(tmp_path, monkeypatch):
+    """Real CUDA, FAKE TensorRT (CuPy does the 'plan'): the stage must bind torch's device buffers
+    and enqueue on the stream current at call time, behind work already queued there, and must not
+    wait for it. Proves the stream wiring only."""
+    monkeypatch.setitem(sys.modules, "tensorrt", FAKE)
+    plan = tmp_path / "g.plan"
+    plan.write_bytes(fake_plan({"x": [(1, 3, 64, 64), (256, 3, 64, 64), (256, 3, 64, 64)]}, scale=3.0, gpu=True))
+    stage = TrtStage(plan, "denoiser", trt_backend.cuda_device("cuda"), "fp16")
+    base = torch.rand(256, 3, 64, 64, device="cuda")
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = []
+    for i, s in enumerate(streams):
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(200_000_000)                   # ~0.1 s of queued work on this stream
+            x = base * (i + 1)                               # written only after the sleep
+            start = time.perf_counter()
+            outs.append(stage(x))
+            returned_after = time.perf_counter() - start
+            assert not s.query(), "the stage waited for its stream"
+            assert returned_after < 0.05
+    torch.cuda.synchronize()
+    for i, out in enumerate(outs):
+        torch.testing.assert_close(out, 3.0 * base * (i + 1))
+    handles = sorted(h for ctx in stage.engine.contexts for h in ctx.streams)
+    assert handles == sorted(int(s.cuda_stream) for s in streams) and len(stage.engine.contexts) == 2
+    name, cc = trt_backend.gpu_identity(stage.device)
+    print(f"gpu identity: {name!r} sm{cc}")
+    assert name and cc.count(".") == 1
+
+
+# ------------------------------------------------------------------------------------------
+# Real TensorRT (never run on this project's machines)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not tensorrt_available()[0], reason=f"needs TensorRT and a GPU: {tensorrt_available()[1]}")
+def test_real_plan_matches_onnxruntime(tmp_path):
+    """Builds a real plan of a tiny graph and runs it through the stage on torch's stream."""
+    from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
+    from diffsmooth.export.trt_build import current_target
+    path, manifest = _graph(tmp_path, "denoiser_s0.5_1x8x8_fp32.onnx", precision="fp32", scale=1.5)
+    result = build_plans(tmp_path, current_target("cuda"), batch=16, echo=print)[0]
+    stage = TrtStage(result.plan_path, "denoiser", "cuda", "fp32")
+    x = torch.rand(16, 1, 8, 8, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        got = stage(x)
+    torch.cuda.synchronize()
+    want = OrtStage(path, "ort", "cpu", "fp32")(x.cpu())
+    np.testing.assert_allclose(got.cpu().numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------
+# Plan validation: the real compare_stages machinery, with an ONNX Runtime stage standing in for
+# the TensorRT one (the graph itself as a correct "plan"; a class-shuffling stage as a broken one)
+
+
+def test_plan_validation_records_votes_and_fails_on_disagreement(tmp_path):
+    from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
+    from diffsmooth.export.onnx_export import export_models
+    from diffsmooth.export.trt_build import PlanResult
+    from diffsmooth.export.trt_validate import validate_plans
+    from diffsmooth.export.validate import ValidationFailed, validation_images
+    from test_export import SHAPE, tiny_classifier
+
+    torch.set_num_threads(1)
+    config = MethodConfig("rs", 0.25)                        # the tiny classifier's votes spread at 0.25
+    graphs = export_models(config, SHAPE, tmp_path, classifier=tiny_classifier())
+    g = graphs[0]
+    plan = tmp_path / "classifier.plan"
+    plan.write_bytes(b"stand-in")
+    key = {"profile": profile_for(g.manifest["inputs"], 100), "precision": "fp32"}
+    write_plan_manifest(plan, {"key": key, "plan_sha256": sha256_file(plan), "validation": None})
+    result = PlanResult(g.path, plan, "classifier", "fp32", g.manifest, {"key": key}, True)
+    graph = OrtStage(g.path, "stand-in", "cpu", "fp32", threads=1)
+    x, _, _ = validation_images(SHAPE, 10)
+    votes = graph((x + 0.25 * torch.randn(x.shape, generator=torch.Generator().manual_seed(0)))).argmax(1)
+    assert len(set(votes.tolist())) >= 3                     # the votes spread over several classes
+
+    lines = []
+    out = validate_plans([result], tmp_path, stage_fn=lambda p, n, prec: graph, threads=1, echo=lines.append)
+    res = out[str(plan)]
+    assert res["passed"] and res["votes"]["samples"] >= 1000 and res["votes"]["threshold"] == 0.9999
+    assert read_plan_manifest(plan)[0]["validation"]["passed"] and lines[0].startswith("ok   classifier.plan")
+
+    shuffled = lambda xs: graph(xs).roll(1, dims=1)     # noqa: E731 - a plan with wrong scores
+    with pytest.raises(ValidationFailed, match="vote agreement"):
+        validate_plans([result], tmp_path, stage_fn=lambda p, n, prec: shuffled, threads=1, echo=lines.append)
+    assert read_plan_manifest(plan)[0]["validation"]["passed"] is False
+    with pytest.raises(UserError, match=">= 1000"):
+        validate_plans([result], tmp_path, samples=999)
+
+
+def test_polygraphy_build_passes_the_intended_settings(tmp_path, monkeypatch):
+    """Wiring only: Polygraphy's loaders are replaced by recorders (TensorRT is FAKE here), but the
+    keyword arguments are first checked against the signatures of the installed Polygraphy."""
+    import inspect
+    pg = pytest.importorskip("polygraphy.backend.trt")
+    from diffsmooth.export import trt_build
+
+    for cls, kwargs in ((pg.NetworkFromOnnxPath, ["strongly_typed"]),
+                        (pg.CreateConfig, ["profiles", "memory_pool_limits", "load_timing_cache",
+                                           "profiling_verbosity", "tf32"]),
+                        (pg.EngineBytesFromNetwork, ["config", "save_timing_cache"])):
+        params = {k for c in cls.__mro__ if "__init__" in vars(c) for k in inspect.signature(c.__init__).parameters}
+        assert all(k in params for k in kwargs), (cls.__name__, [k for k in kwargs if k not in params])
+
+    calls = {}
+
+    def recorder(name, result=None):
+        def make(*args, **kwargs):
+            calls[name] = (args, kwargs)
+            return result if result is not None else (lambda: b"serialized plan")
+        return make
+    fake = type(sys)("tensorrt")
+    fake.__dict__.update(FAKE.__dict__)
+    fake.MemoryPoolType = type("MemoryPoolType", (), {"WORKSPACE": "WORKSPACE"})
+    fake.ProfilingVerbosity = type("ProfilingVerbosity", (), {"DETAILED": "DETAILED"})
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    monkeypatch.setattr(pg, "NetworkFromOnnxPath", recorder("network", "network-loader"))
+    monkeypatch.setattr(pg, "CreateConfig", recorder("config", "config-loader"))
+    monkeypatch.setattr(pg, "EngineBytesFromNetwork", recorder("engine"))
+    profile = profile_for({"x": ["batch", 3, 8, 8], "noise": ["batch", 2, 3, 8, 8]}, 64, 128)
+    cache = tmp_path / "caches" / "timing.cache"
+    data = trt_build.polygraphy_build(tmp_path / "g.onnx", profile, workspace_bytes=1 << 30, timing_cache=cache)
+    assert data == b"serialized plan" and cache.parent.is_dir()
+    assert calls["network"] == ((str(tmp_path / "g.onnx"),), {"strongly_typed": True})
+    config = calls["config"][1]
+    assert config["memory_pool_limits"] == {"WORKSPACE": 1 << 30}
+    assert config["profiling_verbosity"] == "DETAILED" and config["load_timing_cache"] is None   # no cache yet
+    (p,) = config["profiles"]
+    assert tuple(p["x"].min) == (1, 3, 8, 8) and tuple(p["x"].opt) == (64, 3, 8, 8)
+    assert tuple(p["noise"].max) == (128, 2, 3, 8, 8)
+    assert calls["engine"] == (("network-loader",), {"config": "config-loader", "save_timing_cache": str(cache)})
+    cache.write_bytes(b"timings")
+    trt_build.polygraphy_build(tmp_path / "g.onnx", profile, workspace_bytes=1 << 30, timing_cache=cache)
+    assert calls["config"][1]["load_timing_cache"] == str(cache)
+
+
+def test_shell_probe_exits_1_with_the_reason_without_tensorrt():
+    import subprocess
+    probe = "import sys; sys.modules['tensorrt'] = None; import runpy; " \
+            "runpy.run_module('diffsmooth.engine.backends.tensorrt_backend', run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "tensorrt is not installed" in r.stdout
