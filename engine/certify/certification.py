@@ -48,7 +48,7 @@ def top_class(counts: Sequence[int]) -> int:
 
 def certify_from_counts(selection: Sequence[int], estimation: Sequence[int],
                         alpha: float, sigma: float) -> Tuple[int, float]:
-    """CERTIFY: (cA, radius), or (ABSTAIN, 0.0) when the bound does not exceed 1/2."""
+    """CERTIFY: (cA, radius), or (ABSTAIN, 0.0) when pA_lower < 1/2 (FACTS §3, as Cohen's core.py)."""
     c_a = top_class(selection)
     radius = certified_radius(int(estimation[c_a]), int(sum(estimation)), alpha, sigma)
     if radius is None:
