@@ -329,11 +329,11 @@ def sha256_file(path) -> str:
 
 def _idx_hashes(data_dir: str) -> dict[str, str]:
     """sha256 of the four Fashion-MNIST IDX files (raw or .gz, whichever is present)."""
-    from diffsmooth.engine.data import _find_idx
+    from diffsmooth.engine.data.idx import find_idx
     out = {}
     for prefix, kind in (("train", "images-idx3"), ("train", "labels-idx1"),
                          ("t10k", "images-idx3"), ("t10k", "labels-idx1")):
-        p = _find_idx(data_dir, prefix, kind)
+        p = find_idx(data_dir, prefix, kind)
         out[os.path.basename(p)] = sha256_file(p)
     return out
 
