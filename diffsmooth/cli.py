@@ -239,14 +239,14 @@ def _certify_sweep(kw):
 def _probe_classes(backend, modules, shape, data_classes):
     """Classes scored by every classifier (they must agree and cover the data's labels)."""
     import torch
-    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.errors import UserError, first_line
     counts = set()
     for name, module in modules.items():
         try:
             counts.add(int(backend.stage(module, name)(torch.full((1, *shape), 0.5, device=backend.device)).shape[1]))
         except RuntimeError as exc:
             raise UserError(f"classifier {name} cannot take images of shape {shape}: "
-                            f"{str(exc).strip().splitlines()[0]}") from None
+                            f"{first_line(exc)}") from None
     if len(counts) != 1:
         raise UserError(f"the sweep's classifiers score different numbers of classes: {sorted(counts)}")
     k = counts.pop()

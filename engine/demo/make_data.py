@@ -9,7 +9,6 @@ The zip is written with fixed timestamps so the same input gives a byte-identica
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import os
 import zipfile
@@ -18,6 +17,7 @@ import numpy as np
 
 from diffsmooth.engine.data.idx import FASHION_MNIST_CLASSES, find_idx, read_idx
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.hashing import sha256_file
 
 DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets",
@@ -67,8 +67,7 @@ def build_embedded_subset(idx_dir: str = DEFAULT_IDX_DIR, out_path: str = DEFAUL
         "class_names": np.array(FASHION_MNIST_CLASSES),
         "num_classes": np.array(len(FASHION_MNIST_CLASSES), dtype=np.int64),
     })
-    with open(out_path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    return sha256_file(out_path)
 
 
 def main(argv=None) -> int:

@@ -95,7 +95,7 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
         denoiser, classifier = load_models(config, sources)
         stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes)
     elif backend == "onnxruntime":
-        from diffsmooth.engine.backends.onnxruntime_backend import build_onnx_stages
+        from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
         if not onnx_dir:
             raise UserError("--backend onnxruntime needs --onnx-dir (made by `diffsmooth export`)")
         stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision)
