@@ -138,13 +138,12 @@ def _sources(kw, dataset_kind):
 def _dataset(kw):
     """The dataset and the selected indices (Cohen's --skip/--max convention)."""
     from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.errors import UserError, check_alpha
     kind = kw["dataset"] or ("embedded" if not kw["data"] else None)
     if kind is None:
         raise UserError("--data given without --dataset: say which layout it is (cifar10, imagenet, npz, idx)")
     dataset = load_dataset(kind, kw["data"], split=kw["split"])
-    if not 0 < kw["alpha"] < 1:
-        raise UserError(f"alpha must be in (0, 1), got {kw['alpha']}")
+    check_alpha(kw["alpha"])
     return kind, dataset, dataset.indices_selected(kw["skip"], kw["max_index"])
 
 
@@ -376,10 +375,9 @@ def analyze(files, radii, as_json, plot):
 def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, threads, quiet):
     """Certify K shipped Fashion-MNIST images with rs, dds and diffsmooth on the embedded models."""
     from diffsmooth.engine.demo.run import run_demo
-    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.errors import check_alpha
     _set_threads({"threads": threads})
-    if not 0 < alpha < 1:
-        raise UserError(f"alpha must be in (0, 1), got {alpha}")
+    check_alpha(alpha)
     result = run_demo(out, images=images, n0=n0, n=n, alpha=alpha, sigma=sigma, m=m,
                       local_sigma=local_sigma, batch=batch, seed=seed, device=device, progress=not quiet)
     click.echo(f"\n{result['header']}\n\n{result['table']}\n")

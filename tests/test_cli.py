@@ -68,6 +68,15 @@ def test_skip_and_max_select_like_cohen(tmp_path, tiny_cli_args):
     assert rows_without_time(out) == [r for r in rows_without_time(whole) if int(r["idx"]) in (0, 2, 4)]
 
 
+def test_predict_keys_noise_by_dataset_index(tmp_path, tiny_cli_args):
+    whole, part = tmp_path / "whole.tsv", tmp_path / "part.tsv"
+    base = ["predict", *tiny_cli_args, "--method", "dds", *FAST]
+    assert invoke([*base, "--out", whole]).exit_code == 0
+    assert_rows_spread(whole, abstain=True)
+    assert invoke([*base, "--skip", "2", "--out", part]).exit_code == 0
+    assert rows_without_time(part) == [r for r in rows_without_time(whole) if int(r["idx"]) % 2 == 0]
+
+
 def test_predict_and_analyze(tmp_path, tiny_cli_args):
     pred = tmp_path / "pred.tsv"
     assert invoke(["predict", *tiny_cli_args, "--method", "rs", *FAST, "--out", pred]).exit_code == 0
