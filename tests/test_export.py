@@ -26,7 +26,7 @@ from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifi
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel  # noqa: E402
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline  # noqa: E402
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule  # noqa: E402
-from diffsmooth.engine.certify.smooth import Smooth  # noqa: E402
+from diffsmooth.engine.certify.core import Smooth  # noqa: E402
 from diffsmooth.export.fp16 import precision_report  # noqa: E402
 from diffsmooth.export.graph_passes import infer_types  # noqa: E402
 from diffsmooth.engine.hashing import sha256_file  # noqa: E402

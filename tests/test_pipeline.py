@@ -12,7 +12,7 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, NonFiniteScores
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
-from diffsmooth.engine.certify.smooth import Smooth
+from diffsmooth.engine.certify.core import Smooth
 
 SHAPE = (1, 8, 8)
 
@@ -164,7 +164,7 @@ def test_constant_classifier_gets_maximal_radius():
     config = MethodConfig("rs", 0.25)
     stages = build_torch_stages(config, Constant(), None, TorchBackend(), SHAPE, 3)
     pred, radius = Smooth(MonteCarloPipeline(stages, 0.25)).certify(image(), 10, 1000, 0.001, 256)
-    from diffsmooth.engine.certify.certification import max_certifiable_radius
+    from diffsmooth.engine.certify.core import max_certifiable_radius
     assert pred == 2 and radius == pytest.approx(max_certifiable_radius(1000, 0.001, 0.25))
 
 

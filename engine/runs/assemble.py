@@ -13,7 +13,7 @@ from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-from diffsmooth.engine.certify.smooth import Smooth
+from diffsmooth.engine.certify.core import Smooth
 
 BACKENDS = ("torch", "onnxruntime")
 
