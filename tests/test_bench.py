@@ -85,6 +85,7 @@ def test_flops_bmm_counted():
     assert total == 2 * 2 * 4 * 5 * 6 and "bmm" in by_op
 
 
+@pytest.mark.slow
 def test_flops_full_size_models_match_facts():
     """FACTS §5 counts 2 x MAC: 16.8 GFLOP (CIFAR-10 UNet), 0.506 GFLOP (cifar_resnet110)."""
     from diffsmooth.bench.flops import stage_flops
@@ -153,6 +154,7 @@ def tiny_doc(tmp_path_factory):
                                                precisions=("fp32", "fp16")))), plot
 
 
+@pytest.mark.slow
 def test_tiny_run_json_schema(tiny_doc):
     from diffsmooth.bench.harness import SCHEMA, json_lines
     from diffsmooth.bench.timing import STAGE_NAMES
@@ -188,6 +190,7 @@ def test_tiny_run_json_schema(tiny_doc):
     json.dumps(lines)
 
 
+@pytest.mark.slow
 def test_sweep_table_shape_and_plot(tiny_doc):
     doc, plot = tiny_doc
     sweep = doc["sweep"]
@@ -198,6 +201,7 @@ def test_sweep_table_shape_and_plot(tiny_doc):
     assert plot.exists() and plot.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_render_mentions_extrapolation_and_hardware(tiny_doc):
     from diffsmooth.bench.report import render
     text = render(tiny_doc[0])

@@ -10,6 +10,7 @@ from diffsmooth.engine.runs.results import read_rows
 pytestmark = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo weights not built")
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     out = tmp_path / "demo"
     result = CliRunner().invoke(main, ["demo", "--out", str(out), "--images", "2", "--n", "30", "--n0", "10",
@@ -23,6 +24,7 @@ def test_demo_runs_end_to_end(tmp_path):
     assert "n=30" in (out / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_demo_refuses_a_folder_of_other_settings(tmp_path):
     out = tmp_path / "demo"
     base = ["demo", "--out", str(out), "--images", "2", "--n0", "10", "--batch", "40", "--quiet"]

@@ -193,6 +193,7 @@ def test_fp16_graph_is_mixed_precision(export_dir, models):
     assert (got - denoiser.denoise(x, SIGMA)).abs().max() < 2e-2
 
 
+@pytest.mark.slow
 def test_external_data_when_over_threshold(tmp_path, models):
     denoiser, _ = models
     (g,) = export_denoiser(denoiser, SIGMA, SHAPE, tmp_path, external_data_threshold=1024)
@@ -281,6 +282,7 @@ def test_manifest_fields_and_hashes(export_dir):
 # Validation
 
 
+@pytest.mark.slow
 def test_validation_passes_and_is_recorded(export_dir, models):
     denoiser, classifier = models
     _, graphs = export_dir
@@ -364,6 +366,7 @@ def test_cuda_without_gpu_runtime_is_a_clear_error(export_dir):
         build_onnx_stages(out, CONFIGS["rs"], SHAPE, device="cuda")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_onnxruntime_certify_matches_torch(export_dir, models, name):
     """The key property: same seed -> same predictions and radii with either backend."""
@@ -395,6 +398,7 @@ def checkpoints(tmp_path_factory, models):
     return d
 
 
+@pytest.mark.slow
 def test_cli_export_validate_and_certify_backends_agree(tmp_path, checkpoints):
     import click
     from click.testing import CliRunner

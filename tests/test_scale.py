@@ -94,6 +94,7 @@ def test_sigkill_and_restart_equal_uninterrupted_run(tmp_path, tiny_cli_args):
     assert indices == sorted(set(indices))
 
 
+@pytest.mark.slow
 def test_sigint_stops_after_current_image(tmp_path, tiny_cli_args):
     args = ["certify", *tiny_cli_args, "--method", "rs", "--n0", "50", "--n", "20000", "--batch", "500",
             "--threads", "1", "--quiet"]

@@ -24,6 +24,7 @@ def _model_args(tiny_models, classifiers):
     return args
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fixed", "fresh"])
 def test_sweep_rows_equal_single_runs(tmp_path, tiny_models, mode):
     clfs = [tiny_models["classifier"], tiny_models["classifier_b"]]
