@@ -164,7 +164,7 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
     if backend == "onnxruntime":
         try:
             import onnxruntime  # noqa: F401
-            from diffsmooth.engine.backends.onnxruntime_backend import build_onnx_stages
+            from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
             from ..export.onnx_export import export_models
         except ImportError as exc:
             raise _Skip(f"onnxruntime backend not available ({exc})") from None
@@ -193,7 +193,7 @@ def _tensorrt_stages(config, precision, model_set, settings, workdir):
         raise _Skip(why)
     if precision not in ("fp32", "fp16"):
         raise _Skip(f"tensorrt runs plans of the fp32 or fp16 graphs, not {precision}")
-    from diffsmooth.engine.backends.tensorrt_select import build_trt_stages
+    from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
     from ..export.onnx_export import export_models
     from ..export.trt_build import build_plans, current_target
     try:
@@ -242,7 +242,7 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
     chunk by chunk in alternating order (ABBA), so both see the same machine load.
 
     Returns (engine measurement, reference measurement or None)."""
-    from diffsmooth.engine.certify.certification import certify_from_counts
+    from diffsmooth.engine.certify.core import certify_from_counts
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
     device = stages.device

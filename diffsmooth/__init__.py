@@ -10,9 +10,9 @@ _API = {
     "load_denoiser": "diffsmooth.engine.base_classifier.denoise",
     "DiffusionDenoiser": "diffsmooth.engine.base_classifier.denoise",
     "load_classifier": "diffsmooth.engine.models.checkpoints",
-    "lower_confidence_bound": "diffsmooth.engine.certify.certification",
-    "certified_radius": "diffsmooth.engine.certify.certification",
-    "Smooth": "diffsmooth.engine.certify.smooth",
+    "lower_confidence_bound": "diffsmooth.engine.certify.core",
+    "certified_radius": "diffsmooth.engine.certify.core",
+    "Smooth": "diffsmooth.engine.certify.core",
     "load_dataset": "diffsmooth.engine.data",
 }
 

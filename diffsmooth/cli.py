@@ -152,13 +152,12 @@ def _sources(kw, dataset_kind):
 def _dataset(kw):
     """The dataset and the selected indices (Cohen's --skip/--max convention)."""
     from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.errors import UserError, check_alpha
     kind = kw["dataset"] or ("embedded" if not kw["data"] else None)
     if kind is None:
         raise UserError("--data given without --dataset: say which layout it is (cifar10, imagenet, npz, idx)")
     dataset = load_dataset(kind, kw["data"], split=kw["split"])
-    if not 0 < kw["alpha"] < 1:
-        raise UserError(f"alpha must be in (0, 1), got {kw['alpha']}")
+    check_alpha(kw["alpha"])
     return kind, dataset, dataset.indices_selected(kw["skip"], kw["max_index"])
 
 
@@ -281,7 +280,7 @@ def _certify_sweep(kw):
 def _probe_classes(backend, modules, shape, data_classes):
     """Classes scored by every classifier (they must agree and cover the data's labels)."""
     import torch
-    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.errors import UserError, first_line
     counts = set()
     for name, module in modules.items():
         try:
@@ -290,7 +289,7 @@ def _probe_classes(backend, modules, shape, data_classes):
             counts.add(int(probe(torch.full((1, *shape), 0.5, device=backend.device)).shape[1]))
         except RuntimeError as exc:
             raise UserError(f"classifier {name} cannot take images of shape {shape}: "
-                            f"{str(exc).strip().splitlines()[0]}") from None
+                            f"{first_line(exc)}") from None
     if len(counts) != 1:
         raise UserError(f"the sweep's classifiers score different numbers of classes: {sorted(counts)}")
     k = counts.pop()
@@ -426,10 +425,9 @@ def analyze(files, radii, as_json, plot):
 def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, precision, compile, threads, quiet):
     """Certify K shipped Fashion-MNIST images with rs, dds and diffsmooth on the embedded models."""
     from diffsmooth.engine.demo.run import run_demo
-    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.errors import check_alpha
     _set_threads({"threads": threads})
-    if not 0 < alpha < 1:
-        raise UserError(f"alpha must be in (0, 1), got {alpha}")
+    check_alpha(alpha)
     from diffsmooth.engine.runs.fast_path import FastPath
     result = run_demo(out, images=images, n0=n0, n=n, alpha=alpha, sigma=sigma, m=m,
                       local_sigma=local_sigma, batch=batch, seed=seed, device=device, precision=precision,

@@ -5,7 +5,13 @@ class UserError(Exception):
     """A bad path, shape, parameter or checkpoint: the message says what to change."""
 
 
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (its type name when the message is empty)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (its type name when empty), for one-line errors."""
+    text = str(exc).strip().splitlines()
+    return text[0][:limit] if text else type(exc).__name__
+
+
+def check_alpha(alpha: float) -> None:
+    """UserError unless 0 < alpha < 1 (the failure probability of CERTIFY and PREDICT)."""
+    if not 0 < alpha < 1:
+        raise UserError(f"alpha must be in (0, 1), got {alpha}")

@@ -41,7 +41,21 @@ def convert_mixed_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
                                             keep_io_types=True, disable_shape_infer=True,
                                             op_block_list=blocked)
     _fp32_outputs(half, outputs)
+    _casts_match_value_info(half)
     return half
+
+
+def _casts_match_value_info(model: onnx.ModelProto) -> None:
+    """Hand-written fix-up: onnxconverter-common 1.16.0 retypes a Cast(to=float) node's output to fp16
+    in value_info but leaves the node's `to` attribute at float (seen on timm's BEiT attention), so
+    the graph fails shape inference. Make the node produce what the converter declared its output to be."""
+    declared = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
+    for node in model.graph.node:
+        if node.op_type != "Cast" or declared.get(node.output[0]) != TensorProto.FLOAT16:
+            continue
+        for a in node.attribute:
+            if a.name == "to" and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.FLOAT16
 
 
 def _fp32_outputs(model: onnx.ModelProto, names) -> None:

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Dict, Iterable, Optional
 
-from diffsmooth.engine.backends.onnxruntime_backend import (  # noqa: F401 - re-exported
-    MANIFEST_FORMAT, scan_manifests, sha256_file, verify_hashes)
+from diffsmooth.engine.backends.manifests import MANIFEST_FORMAT
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.hashing import sha256_file
 
 MANIFEST_VERSION = 1
 ROLES = ("denoiser", "unet", "classifier")

@@ -18,12 +18,14 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, OneShotPurifier
-from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
 
 from .fp16 import convert_mixed_fp16
 from .graph_passes import check_structure, fuse_affine_chains, initializer_bytes, op_counts, optimize
-from .manifest import file_hashes, package_versions, sha256_file, write_manifest
+from diffsmooth.engine.hashing import sha256_file
+
+from .manifest import file_hashes, package_versions, write_manifest
 
 OPSET = 17
 PRECISIONS = ("fp32", "fp16")
@@ -116,7 +118,7 @@ def save_graph(model: onnx.ModelProto, path, external_data_threshold: int = EXTE
         try:
             onnx.checker.check_model(str(staged), full_check=True)
         except onnx.checker.ValidationError as exc:
-            raise UserError(f"onnx.checker rejects {path.name}: {str(exc).splitlines()[0]}") from None
+            raise UserError(f"onnx.checker rejects {path.name}: {first_line(exc)}") from None
         stale_data = path.with_suffix(".data")
         if external:
             os.replace(staging / data_name, stale_data)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from diffsmooth.engine.backends.onnxruntime_backend import scan_manifests, sha256_file, verify_hashes
+from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
+from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.backends.trt_plans import (DEFAULT_WORKSPACE_BYTES, cache_key, gpu_slug, plan_path_for,
                                                   profile_for, reuse_decision, write_plan_manifest)
 from diffsmooth.engine.errors import UserError

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 
-from diffsmooth.engine.backends.onnxruntime_backend import find_graph, scan_manifests, wanted_fields
+from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
+from diffsmooth.engine.base_classifier.onnx_stages import wanted_fields
 from diffsmooth.engine.backends.trt_plans import read_plan_manifest, write_plan_manifest
 from diffsmooth.engine.errors import UserError
 

@@ -273,7 +273,7 @@ class _Graph:
 
 
 def _check_source(manifest: dict, what: str) -> str:
-    from diffsmooth.engine.backends.onnxruntime_backend import sha256_file
+    from diffsmooth.engine.hashing import sha256_file
     src = manifest.get("source") or {}
     path = src.get("path")
     if not path:
@@ -321,7 +321,7 @@ def config_from_manifest(manifest: dict) -> MethodConfig:
 def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dataset: Optional[str] = None,
                  data: Optional[str] = None, threads: Optional[int] = None) -> Dict[str, dict]:
     """Validate every graph in `onnx_dir` against the checkpoints named in its manifest."""
-    from diffsmooth.engine.backends.onnxruntime_backend import scan_manifests, verify_hashes
+    from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
     graphs = [_Graph(p, m.get("role"), m.get("precision"), m) for p, m in scan_manifests(onnx_dir)]
     for g in graphs:
         verify_hashes(g.path, g.manifest)

@@ -1,5 +1,5 @@
 """The benchmark harness: extrapolation arithmetic, FLOP counting, the JSON document of a tiny
-run, the reference-equivalent baseline (same maths, votes sum to n) and the sweep table. Not speed."""
+run, the reference-equivalent baseline (same maths, every sample counted for its vote) and the sweep table. Not speed."""
 
 import json
 
@@ -85,6 +85,7 @@ def test_flops_bmm_counted():
     assert total == 2 * 2 * 4 * 5 * 6 and "bmm" in by_op
 
 
+@pytest.mark.slow
 def test_flops_full_size_models_match_facts():
     """FACTS §5 counts 2 x MAC: 16.8 GFLOP (CIFAR-10 UNet), 0.506 GFLOP (cifar_resnet110)."""
     from diffsmooth.bench.flops import stage_flops
@@ -110,15 +111,21 @@ def test_flops_full_size_models_match_facts():
 # reference-equivalent baseline
 
 
+class _OneClass(nn.Module):
+    """Scores class 7 highest for every input."""
+
+    def forward(self, x):
+        out = torch.zeros(x.shape[0], 10)
+        out[:, 7] = 1.0
+        return out
+
+
 @pytest.mark.parametrize("method", ["rs", "dds", "diffsmooth"])
-def test_reference_equivalent_counts_shape_and_sum(tiny_set, method):
+def test_reference_equivalent_counts_every_sample_for_its_vote(tiny_set, method):
     from diffsmooth.bench.reference_equivalent import ReferenceEquivalent
-    ref = ReferenceEquivalent(method, tiny_set.classifier, tiny_set.num_classes, 0.5,
-                              tiny_set.denoiser if method != "rs" else None, m=3)
-    x = torch.rand(tiny_set.image_shape)
-    counts = ref.count(x, 13, batch=5)            # two full batches and a partial one
-    assert counts.shape == (tiny_set.num_classes,)
-    assert counts.sum() == 13 and (counts >= 0).all()
+    ref = ReferenceEquivalent(method, _OneClass(), 10, 0.5, tiny_set.denoiser if method != "rs" else None, m=3)
+    counts = ref.count(torch.rand(tiny_set.image_shape), 13, batch=5)   # two full batches and a partial one
+    assert counts.tolist() == [0] * 7 + [13, 0, 0]
 
 
 def test_reference_equivalent_does_the_engines_maths(tiny_set):
@@ -147,6 +154,7 @@ def tiny_doc(tmp_path_factory):
                                                precisions=("fp32", "fp16")))), plot
 
 
+@pytest.mark.slow
 def test_tiny_run_json_schema(tiny_doc):
     from diffsmooth.bench.harness import SCHEMA, json_lines
     from diffsmooth.bench.timing import STAGE_NAMES
@@ -163,7 +171,8 @@ def test_tiny_run_json_schema(tiny_doc):
     assert set(meas["stage_seconds"]) == set(STAGE_NAMES)
     assert all(v >= 0 for v in meas["stage_seconds"].values())
     assert meas["samples"] == 2 * (4 + 6)
-    assert all(sum(p["estimation_counts"]) == 6 for p in meas["predictions"])
+    assert all(len(p["estimation_counts"]) == 10 and all(isinstance(c, int) and c >= 0 for c in p["estimation_counts"])
+               for p in meas["predictions"])
     f = run["flops"]
     assert f["total_per_sample"] == f["denoiser_per_sample"] + f["classifier_per_sample"] > 0
     assert f["classifier_per_sample"] == 3 * f["classifier_per_call"]
@@ -174,13 +183,14 @@ def test_tiny_run_json_schema(tiny_doc):
     assert ex["100000"] > ex["10000"] > ex["1000"]
     ref = run["reference_equivalent"]
     assert ref["batch"] == 5 and ref["speedup"] > 0
-    assert all(sum(c) == 6 and len(c) == 10 for c in ref["estimation_counts"])
-    assert "hardware" in run["compare"]["note"].lower() or "other hardware" in run["compare"]["note"]
+    assert all(len(c) == 10 and all(isinstance(v, int) and v >= 0 for v in c) for c in ref["estimation_counts"])
+    assert "hardware" in run["compare"]["note"].lower()
     lines = json_lines(doc)
     assert len(lines) == 2 and all({"machine", "settings", "timestamp"} <= set(l) for l in lines)
     json.dumps(lines)
 
 
+@pytest.mark.slow
 def test_sweep_table_shape_and_plot(tiny_doc):
     doc, plot = tiny_doc
     sweep = doc["sweep"]
@@ -191,6 +201,7 @@ def test_sweep_table_shape_and_plot(tiny_doc):
     assert plot.exists() and plot.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_render_mentions_extrapolation_and_hardware(tiny_doc):
     from diffsmooth.bench.report import render
     text = render(tiny_doc[0])

@@ -5,7 +5,8 @@ import random
 import pytest
 from scipy.stats import beta, norm
 
-from diffsmooth.engine.certify.certification import (ABSTAIN, certified_radius, certify_from_counts,
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.certify.core import (ABSTAIN, certified_radius, certify_from_counts,
                                              lower_confidence_bound, max_certifiable_radius,
                                              predict_from_counts, top_class)
 
@@ -71,5 +72,7 @@ def test_bound_statistical_coverage():
 def test_bad_arguments():
     with pytest.raises(ValueError):
         lower_confidence_bound(5, 4, 0.001)
-    with pytest.raises(ValueError):
+    with pytest.raises(UserError, match="alpha must be in"):
         lower_confidence_bound(1, 4, 1.5)
+    with pytest.raises(UserError, match="alpha must be in"):
+        predict_from_counts([3, 1], 0.0)

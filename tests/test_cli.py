@@ -6,7 +6,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli_helpers import rows_without_time
+from cli_helpers import assert_rows_spread, rows_without_time
 from diffsmooth.cli import main
 from diffsmooth.engine.runs.results import read_rows
 
@@ -32,6 +32,7 @@ def test_certify_every_method(tmp_path, tiny_cli_args, method, extra):
         if int(r["predict"]) == -1:
             assert float(r["radius"]) == 0.0          # abstain carries radius 0
         assert ":" in r["time"]
+    assert_rows_spread(out, abstain=True)             # the abstain branch is reached, not just allowed
     assert out.read_text().splitlines()[0] == "idx\tlabel\tpredict\tradius\tcorrect\ttime"
 
 
@@ -40,6 +41,7 @@ def test_batch_size_does_not_change_results(tmp_path, tiny_cli_args):
     base = ["certify", *tiny_cli_args, "--method", "diffsmooth", "--m", "2", "--n0", "8", "--n", "40", "--quiet"]
     assert invoke([*base, "--batch", "7", "--out", a]).exit_code == 0
     assert invoke([*base, "--batch", "48", "--out", b]).exit_code == 0
+    assert_rows_spread(a)
     assert rows_without_time(a) == rows_without_time(b)
 
 
@@ -51,14 +53,28 @@ def test_resume_continues_without_duplicates(tmp_path, tiny_cli_args):
     assert len(read_rows(part)) == 3
     result = invoke([*base, "--out", part])
     assert "3 already done" in result.output
+    assert_rows_spread(whole)
     assert rows_without_time(part) == rows_without_time(whole)
 
 
 def test_skip_and_max_select_like_cohen(tmp_path, tiny_cli_args):
-    out = tmp_path / "r.tsv"
+    out, whole = tmp_path / "r.tsv", tmp_path / "whole.tsv"
     assert invoke(["certify", *tiny_cli_args, "--method", "rs", *FAST, "--skip", "2", "--max", "5",
                    "--out", out]).exit_code == 0
     assert [int(r["idx"]) for r in read_rows(out)] == [0, 2, 4]
+    # an image's noise is keyed by its dataset index, not by its position in the run
+    assert invoke(["certify", *tiny_cli_args, "--method", "rs", *FAST, "--out", whole]).exit_code == 0
+    assert_rows_spread(whole)
+    assert rows_without_time(out) == [r for r in rows_without_time(whole) if int(r["idx"]) in (0, 2, 4)]
+
+
+def test_predict_keys_noise_by_dataset_index(tmp_path, tiny_cli_args):
+    whole, part = tmp_path / "whole.tsv", tmp_path / "part.tsv"
+    base = ["predict", *tiny_cli_args, "--method", "dds", *FAST]
+    assert invoke([*base, "--out", whole]).exit_code == 0
+    assert_rows_spread(whole, abstain=True)
+    assert invoke([*base, "--skip", "2", "--out", part]).exit_code == 0
+    assert rows_without_time(part) == [r for r in rows_without_time(whole) if int(r["idx"]) % 2 == 0]
 
 
 def test_predict_and_analyze(tmp_path, tiny_cli_args):

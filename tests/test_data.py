@@ -157,11 +157,22 @@ def test_pad_rejects_larger_images(tmp_path):
     assert x[0, 40].abs().sum() == 0 and x[0, :, :2].abs().sum() == 0
 
 
-@pytest.mark.skipif(not os.path.isdir(FMNIST_DIR), reason="dataset-fashion-mnist not installed")
-def test_real_fashion_mnist_idx():
-    ds = load_dataset("idx", FMNIST_DIR)
-    assert len(ds) == 10000 and ds.image_shape == (1, 32, 32)
-    assert ds.class_names[0] == "T-shirt/top" and ds[0][1] == 9   # first test item: ankle boot
+@pytest.mark.skipif(not os.path.isdir(FMNIST_DIR), reason="needs the system's Fashion-MNIST (dataset-fashion-mnist)")
+def test_real_fashion_mnist_idx_and_embedded_rebuild(tmp_path):
+    """The one test that reads the system copy: its IDX files, and the shipped subset rebuilt from them."""
+    full = load_dataset("idx", FMNIST_DIR)
+    assert len(full) == 10000 and full.image_shape == (1, 32, 32)
+    assert full.class_names[0] == "T-shirt/top" and full[0][1] == 9   # first test item: ankle boot
+    from diffsmooth.engine.demo.make_data import build_embedded_subset
+    out = tmp_path / "subset.npz"
+    blob = resources.files("diffsmooth.engine.demo").joinpath(data.EMBEDDED_RESOURCE).read_bytes()
+    assert build_embedded_subset(FMNIST_DIR, str(out)) == hashlib.sha256(blob).hexdigest()
+    sub = load_dataset("embedded")
+    labels = full._labels.numpy()
+    expect = np.sort(np.concatenate([np.flatnonzero(labels == c)[:50] for c in range(10)]))
+    np.testing.assert_array_equal(sub.source_indices, expect)
+    x, _ = load_arrays(full, expect[::50].tolist())
+    torch.testing.assert_close(x, load_arrays(sub, range(0, 500, 50))[0], rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -491,23 +502,10 @@ def test_embedded_subset():
     assert load_dataset("embedded", pad_to=None).image_shape == (1, 28, 28)
 
 
-def test_embedded_matches_data_md_and_rebuild(tmp_path):
+def test_embedded_matches_data_md():
     blob = resources.files("diffsmooth.engine.demo").joinpath(data.EMBEDDED_RESOURCE).read_bytes()
     md = resources.files("diffsmooth.engine.demo").joinpath("assets/DATA.md").read_text()
-    digest = hashlib.sha256(blob).hexdigest()
-    assert digest in md and f"{len(blob):,} bytes" in md
-    if not os.path.isdir(FMNIST_DIR):
-        pytest.skip("dataset-fashion-mnist not installed")
-    from diffsmooth.engine.demo.make_data import build_embedded_subset
-    out = tmp_path / "subset.npz"
-    assert build_embedded_subset(FMNIST_DIR, str(out)) == digest
-    full = load_dataset("idx", FMNIST_DIR)
-    sub = load_dataset("embedded")
-    labels = full._labels.numpy()
-    expect = np.sort(np.concatenate([np.flatnonzero(labels == c)[:50] for c in range(10)]))
-    np.testing.assert_array_equal(sub.source_indices, expect)
-    x, _ = load_arrays(full, expect[::50].tolist())
-    torch.testing.assert_close(x, load_arrays(sub, range(0, 500, 50))[0], rtol=0, atol=0)
+    assert hashlib.sha256(blob).hexdigest() in md and f"{len(blob):,} bytes" in md
 
 
 # ------------------------------------------------------------------------------------------

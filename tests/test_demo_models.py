@@ -19,8 +19,9 @@ from diffsmooth.engine.models.checkpoints import (load_classifier, load_unet, re
                                            save_cohen_checkpoint, save_unet_state)
 from diffsmooth.engine.data import load_arrays, load_dataset
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.unet import unet_config
-from diffsmooth.engine.demo.training import (classifier_accuracy, mse, one_shot_denoise, sha256_file,
+from diffsmooth.engine.demo.training import (classifier_accuracy, mse, one_shot_denoise,
                                         train_classifier, train_denoiser)
 
 ACC_TOL = 0.01        # 5 of 500 images
@@ -59,6 +60,7 @@ def test_manifest_matches_files(manifest):
 
 
 @needs_assets
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma", SIGMAS)
 def test_shipped_classifier_reproduces_manifest(manifest, subset, sigma):
     """Cohen-format checkpoint, loaded strictly, gets the recorded clean/noisy accuracy on the subset."""
@@ -81,6 +83,7 @@ def test_shipped_classifier_reproduces_manifest(manifest, subset, sigma):
 
 
 @needs_assets
+@pytest.mark.slow
 def test_shipped_denoiser_denoises(manifest, subset):
     """Plain state dict, strict load, and one-shot denoising at sigma 0.5 beats the noisy input."""
     raw = read_checkpoint(demo_assets.DEMO_UNET)
@@ -113,6 +116,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_trainers_smoke(tmp_path, one_thread):
     """A few optimisation steps lower both losses and the checkpoints load back via the project loaders."""
     x, y = _toy_data()

@@ -15,7 +15,8 @@ import torch
 ort = pytest.importorskip("onnxruntime")
 
 from diffsmooth.engine.backends.base import BaseClassifierStages  # noqa: E402
-from diffsmooth.engine.backends.onnxruntime_backend import OrtStage, build_onnx_stages  # noqa: E402
+from diffsmooth.engine.backends.onnxruntime_backend import OrtStage  # noqa: E402
+from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages  # noqa: E402
 from diffsmooth.engine.backends.torch_backend import TorchBackend  # noqa: E402
 from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state  # noqa: E402
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser  # noqa: E402
@@ -25,10 +26,11 @@ from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifi
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel  # noqa: E402
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline  # noqa: E402
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule  # noqa: E402
-from diffsmooth.engine.certify.smooth import Smooth  # noqa: E402
+from diffsmooth.engine.certify.core import Smooth  # noqa: E402
 from diffsmooth.export.fp16 import precision_report  # noqa: E402
 from diffsmooth.export.graph_passes import infer_types  # noqa: E402
-from diffsmooth.export.manifest import read_manifest, sha256_file  # noqa: E402
+from diffsmooth.engine.hashing import sha256_file  # noqa: E402
+from diffsmooth.export.manifest import read_manifest  # noqa: E402
 from diffsmooth.export.onnx_export import export_denoiser, export_models, export_unet  # noqa: E402
 from diffsmooth.export.validate import ValidationFailed, validate_graphs, validation_images  # noqa: E402
 
@@ -191,6 +193,7 @@ def test_fp16_graph_is_mixed_precision(export_dir, models):
     assert (got - denoiser.denoise(x, SIGMA)).abs().max() < 2e-2
 
 
+@pytest.mark.slow
 def test_external_data_when_over_threshold(tmp_path, models):
     denoiser, _ = models
     (g,) = export_denoiser(denoiser, SIGMA, SHAPE, tmp_path, external_data_threshold=1024)
@@ -281,6 +284,7 @@ def test_manifest_fields_and_hashes(export_dir):
 # Validation
 
 
+@pytest.mark.slow
 def test_validation_passes_and_is_recorded(export_dir, models):
     denoiser, classifier = models
     _, graphs = export_dir
@@ -364,6 +368,7 @@ def test_cuda_without_gpu_runtime_is_a_clear_error(export_dir):
         build_onnx_stages(out, CONFIGS["rs"], SHAPE, device="cuda")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_onnxruntime_certify_matches_torch(export_dir, models, name):
     """The key property: same seed -> same predictions and radii with either backend."""
@@ -395,6 +400,7 @@ def checkpoints(tmp_path_factory, models):
     return d
 
 
+@pytest.mark.slow
 def test_cli_export_validate_and_certify_backends_agree(tmp_path, checkpoints):
     import click
     from click.testing import CliRunner
@@ -446,7 +452,7 @@ def test_backend_refuses_external_data_outside_its_folder_and_corrupt_graphs(tmp
     """Hostile ONNX: a tensor whose external data points outside the folder, and a corrupt file."""
     import onnx
     from onnx import helper, TensorProto
-    from diffsmooth.engine.backends.onnxruntime_backend import check_external_data_paths
+    from diffsmooth.engine.backends.manifests import check_external_data_paths
     weight = helper.make_tensor("w", TensorProto.FLOAT, [1], [1.0])
     weight.data_location = TensorProto.EXTERNAL
     del weight.float_data[:]

@@ -54,6 +54,8 @@ def test_demo_pipeline_on_cuda(precision):
     counts = pipe.count(x, 0, 0, 1000, 250)
     assert (counts > 0).sum() >= 2, f"votes do not spread: {counts}"
     np.testing.assert_array_equal(counts, pipe.count(x, 0, 0, 1000, 250))     # an identical run repeats
+    halves = pipe.count(x, 0, 0, 500, 250) + pipe.count(x, 0, 500, 500, 250)
+    np.testing.assert_array_equal(counts, halves)                              # sample ranges on the device
     report = measure_agreement(pipe, fp32, x, 0, 2000, 250)
     assert report.fraction >= MIN_AGREEMENT[precision], report.line()
 

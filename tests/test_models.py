@@ -33,18 +33,25 @@ from diffsmooth.engine.models.unet import (
 
 
 def _keys_dir() -> Path | None:
-    candidates = []
+    """The reference key lists: $DIFFSMOOTH_SHARED if set (then they must be there), else the
+    shared folder beside the checkout (`<repo>/../shared`) or inside it (`<repo>/shared`)."""
     env = os.environ.get("DIFFSMOOTH_SHARED")
     if env:
-        candidates += [Path(env) / "reference" / "keys", Path(env) / "keys"]
-    candidates.append(Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "keys")
-    return next((c for c in candidates if c.is_dir()), None)
+        found = [c for c in (Path(env) / "reference" / "keys", Path(env) / "keys") if c.is_dir()]
+        if not found:
+            pytest.fail(f"DIFFSMOOTH_SHARED={env} has no reference/keys folder")
+        return found[0]
+    repo = Path(__file__).resolve().parents[1]
+    return next((c for c in (repo.parent / "shared" / "reference" / "keys", repo / "shared" / "reference" / "keys")
+                 if c.is_dir()), None)
 
 
 def _reference_entries(name: str) -> list:
     d = _keys_dir()
-    if d is None or not (d / f"{name}.json").is_file():
-        pytest.skip(f"reference key list {name}.json not found (expected in ../shared/reference/keys or $DIFFSMOOTH_SHARED)")
+    if d is None:
+        pytest.skip("reference key lists not found (expected in <repo>/../shared/reference/keys or $DIFFSMOOTH_SHARED)")
+    if not (d / f"{name}.json").is_file():
+        pytest.fail(f"{d} has no {name}.json")
     return json.loads((d / f"{name}.json").read_text())["entries"]
 
 

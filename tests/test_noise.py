@@ -1,5 +1,6 @@
 """Counter-based noise: Philox known-answer vectors, batch independence, Gaussian statistics."""
 
+import pytest
 import torch
 from scipy import stats
 
@@ -50,3 +51,14 @@ def test_fixed_local_noise_is_reproducible_torch_randn():
     a = fixed_local_noise(5, (3, 8, 8))
     g = torch.Generator().manual_seed(42)
     assert torch.equal(a, torch.randn((5, 3, 8, 8), generator=g))
+
+
+@pytest.mark.parametrize("image,first,num", [(0, 2**32 - 2, 4), (0, 2**32, 1), (2**32, 0, 1), (-1, 0, 1),
+                                             (0, -1, 2), (0, 0, -1)])
+def test_indices_beyond_32_bits_are_refused(image, first, num):
+    with pytest.raises(ValueError, match="32 bits"):
+        gaussian(0, 0, image, first, num, (2,))
+
+
+def test_last_32_bit_sample_index_is_allowed():
+    assert gaussian(0, 0, 2**32 - 1, 2**32 - 2, 2, (2,)).shape == (2, 2)

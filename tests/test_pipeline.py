@@ -12,7 +12,7 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, NonFiniteScores
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
-from diffsmooth.engine.certify.smooth import Smooth
+from diffsmooth.engine.certify.core import Smooth
 
 SHAPE = (1, 8, 8)
 
@@ -53,7 +53,40 @@ def test_counts_do_not_depend_on_batch_size(method, mode):
     smooth = make_smooth(method, local_noise=mode)
     a = smooth.pipeline.count(image(), 4, 0, 200, batch=7)
     b = smooth.pipeline.count(image(), 4, 0, 200, batch=200)
-    assert a.sum() == 200 and np.array_equal(a, b)
+    assert (a > 0).sum() >= 2, f"votes {a} do not spread: equal counts would prove nothing"
+    assert np.array_equal(a, b)
+
+
+def explicit_votes(method, mode, image_index, first, num, sigma=0.5, m=3, seed=0):
+    """The votes of samples first..first+num-1 built one by one from the noise definition
+    (x + sigma * eps_j, one-shot denoise, local noises, argmax), independent of the pipeline."""
+    from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, fixed_local_noise, gaussian
+    classifier = toy_classifier()
+    denoiser = DiffusionDenoiser(ToyEps(), DiffusionSchedule("cosine", 4000, True), channels=1)
+    votes = []
+    with torch.no_grad():
+        for j in range(first, first + num):
+            x = image().unsqueeze(0) + sigma * gaussian(seed, STREAM_SMOOTHING, image_index, j, 1, SHAPE)
+            if method != "rs":
+                x = denoiser.denoise(x, sigma)
+            if method == "diffsmooth":
+                delta = (fixed_local_noise(m, SHAPE) if mode == "fixed"
+                         else gaussian(seed, STREAM_LOCAL, image_index, j, 1, (m, *SHAPE))[0])
+                scores = torch.softmax(classifier(x + 0.25 * delta), dim=-1).mean(0)
+            else:
+                scores = classifier(x)[0]
+            votes.append(int(scores.argmax()))
+    return np.bincount(votes, minlength=4)
+
+
+@pytest.mark.parametrize("method,mode", [("rs", "fixed"), ("dds", "fixed"), ("diffsmooth", "fixed"),
+                                         ("diffsmooth", "fresh")])
+def test_counts_equal_votes_of_explicit_samples(method, mode):
+    """Batches starting mid-run (sample 13, batch 7) count exactly the samples they name."""
+    expected = explicit_votes(method, mode, image_index=5, first=13, num=60)
+    assert (expected > 0).sum() >= 2, f"votes {expected} do not spread"
+    got = make_smooth(method, local_noise=mode).pipeline.count(image(), 5, 13, 60, batch=7)
+    assert np.array_equal(got, expected)
 
 
 def test_counts_depend_on_seed_and_image_index():
@@ -92,17 +125,34 @@ def test_diffsmooth_m_local_noises_in_one_classifier_call():
     assert calls == [50, 50, 50]       # B x m images per call, no Python loop over m
 
 
-def test_fixed_and_fresh_local_noise_differ_but_both_valid():
+def test_fixed_and_fresh_local_noise_differ():
+    # each mode's counts equal its own definition (test_counts_equal_votes_of_explicit_samples)
     a = make_smooth("diffsmooth", local_noise="fixed").pipeline.count(image(), 0, 0, 300, 100)
     b = make_smooth("diffsmooth", local_noise="fresh").pipeline.count(image(), 0, 0, 300, 100)
-    assert a.sum() == b.sum() == 300
+    assert not np.array_equal(a, b)
 
 
-def test_certify_and_predict_run():
-    smooth = make_smooth("diffsmooth")
-    pred, radius = smooth.certify(image(), n0=20, n=200, alpha=0.001, batch=64, image_index=2)
-    assert pred == Smooth.ABSTAIN and radius == 0.0 or 0 <= pred < 4 and radius > 0
-    assert smooth.predict(image(), n=100, alpha=0.001, batch=64) in (-1, 0, 1, 2, 3)
+def test_certify_selects_on_n0_and_bounds_on_the_next_n():
+    """CERTIFY by hand from explicit votes: cA from samples 0..n0-1, pA_lower from samples
+    n0..n0+n-1 (scipy's beta quantile), radius sigma * Phi^-1(pA_lower)."""
+    from scipy.stats import beta, norm
+    sigma, n0, n, alpha = 0.25, 20, 200, 0.01
+    selection = explicit_votes("rs", "fixed", 2, 0, n0, sigma=sigma)
+    estimation = explicit_votes("rs", "fixed", 2, n0, n, sigma=sigma)
+    c_a = int(np.argmax(selection))
+    assert (estimation > 0).sum() >= 2 and int(np.argmax(estimation)) == c_a
+    p_lower = beta.ppf(alpha, estimation[c_a], n - estimation[c_a] + 1)
+    assert p_lower > 0.5, "the hand computation must reach the certify branch"
+    pred, radius = make_smooth("rs", sigma=sigma).certify(image(), n0=n0, n=n, alpha=alpha, batch=64, image_index=2)
+    assert pred == c_a and radius == pytest.approx(sigma * norm.ppf(p_lower), rel=1e-9)
+
+
+def test_predict_follows_the_binomial_test():
+    from scipy.stats import binomtest
+    counts = explicit_votes("rs", "fixed", 3, 0, 100, sigma=0.25)
+    top, second = sorted(counts)[::-1][:2]
+    expected = int(np.argmax(counts)) if binomtest(top, top + second, 0.5).pvalue <= 0.001 else Smooth.ABSTAIN
+    assert make_smooth("rs", sigma=0.25).predict(image(), n=100, alpha=0.001, batch=64, image_index=3) == expected
 
 
 def test_constant_classifier_gets_maximal_radius():
@@ -114,7 +164,7 @@ def test_constant_classifier_gets_maximal_radius():
     config = MethodConfig("rs", 0.25)
     stages = build_torch_stages(config, Constant(), None, TorchBackend(), SHAPE, 3)
     pred, radius = Smooth(MonteCarloPipeline(stages, 0.25)).certify(image(), 10, 1000, 0.001, 256)
-    from diffsmooth.engine.certify.certification import max_certifiable_radius
+    from diffsmooth.engine.certify.core import max_certifiable_radius
     assert pred == 2 and radius == pytest.approx(max_certifiable_radius(1000, 0.001, 0.25))
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from cli_helpers import invoke_ok as invoke, rows_without_time
+from cli_helpers import assert_rows_spread, invoke_ok as invoke, rows_without_time
 from diffsmooth.cli import main
 from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.runs.results import read_rows
@@ -18,12 +18,13 @@ FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet", "--max", "3"]
 
 def _model_args(tiny_models, classifiers):
     args = ["--denoiser", tiny_models["unet"], "--preset", "cifar10", "--unet-config", tiny_models["unet_config"],
-            "--dataset", "npz", "--data", tiny_models["data"]]
+            "--dataset", "npz", "--data", tiny_models["data"], "--sigma", tiny_models["sigma"]]
     for c in classifiers:
         args += ["--classifier", c]
     return args
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fixed", "fresh"])
 def test_sweep_rows_equal_single_runs(tmp_path, tiny_models, mode):
     clfs = [tiny_models["classifier"], tiny_models["classifier_b"]]
@@ -34,13 +35,14 @@ def test_sweep_rows_equal_single_runs(tmp_path, tiny_models, mode):
     index = json.loads((sweep_dir / "index.json").read_text())
     assert len(index["entries"]) == 2 * (1 + 1 + 2 * 2)
     checks = [("rs", clfs[0], []), ("dds", clfs[1], []),
-              ("diffsmooth", clfs[0], ["--local-sigma", "0.25", "--m", "1"]),
-              ("diffsmooth", clfs[1], ["--local-sigma", "0.12", "--m", "3"])]
+              ("diffsmooth", clfs[0], ["--local-sigma", "0.12", "--m", "3"]),
+              ("diffsmooth", clfs[1], ["--local-sigma", "0.12", "--m", "1"])]
     for method, clf, extra in checks:
         single = tmp_path / f"{method}-{clf.stem}-{len(extra)}.tsv"
         invoke(["certify", *_model_args(tiny_models, [clf]), "--method", method, *extra, "--local-noise", mode,
                 *FAST, "--out", single])
         name = f"{method}__{clf.stem}" + (f"__ls{extra[1]}__m{extra[3]}" if extra else "")
+        assert_rows_spread(single)
         assert rows_without_time(sweep_dir / f"{name}.tsv") == rows_without_time(single), name
     table = invoke(["analyze", sweep_dir, "--radii", "0,0.25"]).output
     assert "best configuration per radius" in table and "not the accuracy of one certified classifier" in table
@@ -55,7 +57,7 @@ def test_sweep_resume_and_settings_guard(tmp_path, tiny_models):
     result = invoke([*args, "--out", out])
     assert "2 already done" in result.output
     assert len(read_rows(out / f"rs__{tiny_models['classifier'].stem}.tsv")) == 6
-    bad = CliRunner().invoke(main, [str(a) for a in [*args, "--sigma", "0.25", "--out", out]])
+    bad = CliRunner().invoke(main, [str(a) for a in [*args, "--sigma", "0.5", "--out", out]])
     assert bad.exit_code == 2 and "other settings" in bad.output
 
 

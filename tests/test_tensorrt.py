@@ -25,7 +25,7 @@ from diffsmooth.engine.backends.tensorrt_backend import TrtStage, tensorrt_avail
 from diffsmooth.engine.backends.trt_plans import (cache_key, choose_plan, plan_manifest_path, plan_path_for,
                                                   profile_covers, profile_for, read_plan_manifest, reuse_decision,
                                                   scan_plans, write_plan_manifest)
-from diffsmooth.engine.backends.onnxruntime_backend import sha256_file
+from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.errors import UserError
 from diffsmooth.export.manifest import write_manifest
 from diffsmooth.export.trt_build import Target, build_plans, ensure_plan
@@ -361,7 +361,7 @@ def test_tensorrt_available_and_missing_tensorrt(monkeypatch):
 
 
 def test_select_refuses_precision_missing_gpu_and_failed_validation(tmp_path, monkeypatch):
-    from diffsmooth.engine.backends.tensorrt_select import build_trt_stages, plan_for
+    from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages, plan_for
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     config = MethodConfig("dds", 0.5)
     with pytest.raises(UserError, match="not bf16"):

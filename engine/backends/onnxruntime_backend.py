@@ -1,10 +1,9 @@
-"""ONNX Runtime backend: exported graphs (diffsmooth.export) as Stages, picked and hash-checked via
-their manifests; onnxruntime is imported lazily so `import diffsmooth` works without it."""
+"""ONNX Runtime backend: an exported graph (diffsmooth.export) as a Stage, with the session options
+and execution providers for a device; onnxruntime is imported lazily so `import diffsmooth` works
+without it. Which graphs a method needs is decided above, in base_classifier/onnx_stages.py."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -12,13 +11,10 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.base_classifier.methods import MethodConfig, probe
-from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.errors import UserError, first_line
 
 ORT_PRECISIONS = ("fp32", "fp16")
 GPU_PROVIDERS = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
-MANIFEST_FORMAT = "diffsmooth-onnx-manifest"
 
 
 def _ort():
@@ -125,8 +121,7 @@ class OrtStage:
         try:
             self.session = ort.InferenceSession(str(self.path), session_options(threads), providers=requested)
         except Exception as exc:  # onnxruntime raises its own exception types
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"onnxruntime cannot load {self.path.name}: {first}") from None
+            raise UserError(f"onnxruntime cannot load {self.path.name}: {first_line(exc)}") from None
         wanted = requested[0] if isinstance(requested[0], str) else requested[0][0]
         got = self.session.get_providers()
         if not got or got[0] != wanted:
@@ -172,168 +167,3 @@ class OrtStage:
 
 # --------------------------------------------------------------------------------------------
 # Picking graphs by manifest
-
-
-def _close(a, b) -> bool:
-    return a is not None and b is not None and abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b)))
-
-
-def sha256_file(path, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file's bytes, read in chunks (graphs and checkpoints can be GiBs)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(chunk), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def check_external_data_paths(onnx_path: Path, manifest_names: Sequence[str] = ()) -> None:
-    """UserError if the graph or its manifest points external data outside the graph's folder:
-    a crafted model could otherwise make ONNX Runtime read any file on the machine."""
-    import onnx
-    folder = onnx_path.parent.resolve()
-    try:
-        model = onnx.load(str(onnx_path), load_external_data=False)
-    except Exception as exc:                          # protobuf DecodeError and friends
-        raise UserError(f"{onnx_path.name} is not a readable ONNX file ({type(exc).__name__}); re-export it") from None
-    names = list(manifest_names)
-    for tensor in model.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            names += [entry.value for entry in tensor.external_data if entry.key == "location"]
-    for name in names:
-        target = (folder / name).resolve()
-        if Path(name).is_absolute() or folder not in target.parents:
-            raise UserError(f"{onnx_path.name}: external data {name!r} lies outside {folder}; refusing to load it")
-
-
-def verify_hashes(onnx_path, manifest: dict) -> None:
-    """UserError unless the graph (and its external data) still has the sha256 its manifest records."""
-    p = Path(onnx_path)
-    if not p.exists():
-        raise UserError(f"{p.name} is named by its manifest but missing from {p.parent}")
-    want = manifest.get("onnx_sha256")
-    if not want:
-        raise UserError(f"the manifest of {p.name} records no onnx_sha256; re-export it")
-    have = sha256_file(p)
-    if have != want:
-        raise UserError(f"{p.name}: sha256 {have[:12]}... does not match its manifest ({want[:12]}...); "
-                        "the file changed after export: re-export it")
-    check_external_data_paths(p, list(manifest.get("external_data") or {}))
-    for name, digest in (manifest.get("external_data") or {}).items():
-        q = p.parent / name
-        if not q.exists():
-            raise UserError(f"{p.name}: its external data file {name} is missing from {p.parent}")
-        if sha256_file(q) != digest:
-            raise UserError(f"{p.name}: external data {name} does not match its manifest's sha256; re-export it")
-
-
-def scan_manifests(onnx_dir, require: bool = True) -> List[Tuple[Path, dict]]:
-    """(graph path, manifest) for every export manifest in `onnx_dir`, sorted by file name."""
-    d = Path(onnx_dir)
-    if not d.is_dir():
-        raise UserError(f"--onnx-dir {d}: no such directory (make it with `diffsmooth export --out {d}`)")
-    found = []
-    for p in sorted(d.glob("*.json")):
-        try:
-            data = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT:
-            found.append((d / data.get("onnx_file", p.with_suffix(".onnx").name), data))
-    if require and not found:
-        raise UserError(f"--onnx-dir {d} holds no exported graphs (no manifests); run `diffsmooth export --out {d}`")
-    return found
-
-
-def _mismatches(manifest: dict, want: dict) -> List[str]:
-    """Names of the fields in `want` that `manifest` does not match."""
-    bad = []
-    for key, value in want.items():
-        have = manifest.get(key)
-        if isinstance(value, float):
-            if not _close(have, value):
-                bad.append(f"{key}={have} (want {value})")
-        elif isinstance(value, (list, tuple)):
-            if list(have or []) != list(value):
-                bad.append(f"{key}={have} (want {list(value)})")
-        elif have != value:
-            bad.append(f"{key}={have} (want {value})")
-    return bad
-
-
-def _describe_want(role: str, want: dict) -> str:
-    parts = [f"{k}={'x'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in want.items()
-             if k != "role"]
-    return f"{role} graph with " + ", ".join(parts)
-
-
-def find_graph(found: List[Tuple[Path, dict]], role: str, want: dict, onnx_dir) -> Tuple[Path, dict]:
-    """The one graph of `role` whose manifest matches `want`; a UserError naming the closest
-    candidates and their mismatching fields otherwise."""
-    same_role = [(p, m) for p, m in found if m.get("role") == role]
-    matches = [(p, m) for p, m in same_role if not _mismatches(m, want)]
-    if not matches:
-        if not same_role:
-            raise UserError(f"no {role} graph in {onnx_dir} (need a {_describe_want(role, want)}); "
-                            f"export it with `diffsmooth export`")
-        near = sorted(same_role, key=lambda pm: len(_mismatches(pm[1], want)))[:3]
-        why = "; ".join(f"{p.name}: {', '.join(_mismatches(m, want))}" for p, m in near)
-        raise UserError(f"no matching {_describe_want(role, want)} in {onnx_dir} ({why})")
-    if len(matches) > 1:
-        raise UserError(f"several {role} graphs in {onnx_dir} match ({', '.join(p.name for p, _ in matches)}); "
-                        "keep one")
-    path, manifest = matches[0]
-    verify_hashes(path, manifest)
-    validation = manifest.get("validation")
-    if isinstance(validation, dict) and validation.get("passed") is False:
-        raise UserError(f"{path.name} failed validation against torch ({validation.get('summary', 'see its manifest')}); "
-                        "re-export it or use --backend torch")
-    return path, manifest
-
-
-def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[dict, dict]:
-    """Manifest fields the denoiser and the classifier graph must have for `config`."""
-    shape = [int(s) for s in image_shape]
-    denoiser = {"sigma": float(config.sigma), "image_shape": shape, "precision": precision}
-    classifier = {"method": config.method, "sigma": float(config.sigma), "image_shape": shape,
-                  "precision": precision}
-    if config.method == "diffsmooth":
-        classifier.update(m=int(config.m), local_sigma=float(config.local_sigma), local_noise=config.local_noise)
-        if config.local_noise == "fixed":
-            classifier["local_noise_seed"] = int(config.local_noise_seed)
-    return denoiser, classifier
-
-
-def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
-                      device: str = "cpu", precision: str = "fp32", provider: Optional[str] = None,
-                      threads: Optional[int] = None) -> BaseClassifierStages:
-    """Stages for `config` from the graphs in `onnx_dir` (picked and hash-checked via manifests)."""
-    if precision not in ORT_PRECISIONS:
-        raise UserError(f"--backend onnxruntime runs the exported fp32 or fp16 graphs, not {precision}")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {device!r} requested but CUDA is not available on this machine")
-    found = scan_manifests(onnx_dir)
-    want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
-    purify = None
-    if config.uses_denoiser:
-        path, _ = find_graph(found, "denoiser", want_denoiser, onnx_dir)
-        purify = OrtStage(path, f"denoiser[{path.name}]", dev, precision, provider, threads)
-    path, manifest = find_graph(found, "classifier", want_classifier, onnx_dir)
-    if num_classes is not None and manifest.get("num_classes") not in (None, num_classes):
-        raise UserError(f"{path.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
-    label = "local-smoothing classifier" if config.method == "diffsmooth" else "classifier"
-    score = OrtStage(path, f"{label}[{path.name}]", dev, precision, provider, threads)
-    local_shape = (int(config.m), *map(int, image_shape)) if (
-        config.method == "diffsmooth" and config.local_noise == "fresh") else None
-    if len(score.input_names) != (2 if local_shape else 1):
-        raise UserError(f"{path.name} takes inputs {score.input_names}, which does not fit "
-                        f"local noise mode {config.local_noise!r}")
-    stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
-    stages.num_classes = probe(stages, tuple(image_shape))
-    if num_classes is not None and stages.num_classes != num_classes:
-        raise UserError(f"the classifier graph outputs {stages.num_classes} classes but the data has {num_classes}")
-    return stages

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.base_classifier.local_smoothing import LOCAL_NOISE_MODES, LocalSmoothingHead, LogitsHead
 from diffsmooth.engine.certify.noise import fixed_local_noise
 
@@ -96,9 +96,8 @@ def probe(stages: BaseClassifierStages, image_shape: Tuple[int, ...]) -> int:
             inputs.append(torch.zeros((1, *stages.local_noise_shape), device=stages.device))
         out = score(*inputs)
     except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"the models cannot take images of shape {tuple(image_shape)} "
-                        f"({stages.describe()}): {first}") from exc
+                        f"({stages.describe()}): {first_line(exc)}") from exc
     if out.dim() != 2:
         raise UserError(f"the classifier stage returned shape {tuple(out.shape)}, expected [B, classes]")
     return int(out.shape[1])

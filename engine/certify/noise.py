@@ -91,7 +91,8 @@ def gaussian(seed: int, stream: int, image: int, first_sample: int, num_samples:
     Four normals come from each counter, so element e of sample j is a pure function of
     (seed, stream, image, j, e). `compiled` runs the same arithmetic as one compiled kernel.
     """
-    if not 0 <= image <= MASK32 or not (0 <= first_sample and first_sample + num_samples <= MASK32 + 1):
+    if not (0 <= image <= MASK32 and 0 <= first_sample and 0 <= num_samples
+            and first_sample + num_samples <= MASK32 + 1):
         raise ValueError("image and sample indices must fit in 32 bits")
     numel = 1
     for s in shape:

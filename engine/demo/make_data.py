@@ -9,15 +9,15 @@ The zip is written with fixed timestamps so the same input gives a byte-identica
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import os
 import zipfile
 
 import numpy as np
 
-from diffsmooth.engine.data import FASHION_MNIST_CLASSES, _find_idx, read_idx
+from diffsmooth.engine.data.idx import FASHION_MNIST_CLASSES, find_idx, read_idx
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.hashing import sha256_file
 
 DEFAULT_IDX_DIR = "/usr/share/datasets/fashion-mnist"
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets",
@@ -54,8 +54,8 @@ def save_npz_reproducible(path: str, arrays: dict[str, np.ndarray]) -> None:
 def build_embedded_subset(idx_dir: str = DEFAULT_IDX_DIR, out_path: str = DEFAULT_OUT,
                           per_class: int = 50) -> str:
     """Write the demo subset (uint8 28x28 images, labels, test indices, class names); return sha256."""
-    images = read_idx(_find_idx(idx_dir, "t10k", "images-idx3"))
-    labels = read_idx(_find_idx(idx_dir, "t10k", "labels-idx1"))
+    images = read_idx(find_idx(idx_dir, "t10k", "images-idx3"))
+    labels = read_idx(find_idx(idx_dir, "t10k", "labels-idx1"))
     if images.shape != (10000, 28, 28) or labels.shape != (10000,):
         raise UserError(f"{idx_dir}: expected the Fashion-MNIST test set (10000 x 28x28), "
                         f"got images {list(images.shape)} and labels {list(labels.shape)}")
@@ -67,8 +67,7 @@ def build_embedded_subset(idx_dir: str = DEFAULT_IDX_DIR, out_path: str = DEFAUL
         "class_names": np.array(FASHION_MNIST_CLASSES),
         "num_classes": np.array(len(FASHION_MNIST_CLASSES), dtype=np.int64),
     })
-    with open(out_path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    return sha256_file(out_path)
 
 
 def main(argv=None) -> int:

@@ -15,6 +15,8 @@ from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_den
 from diffsmooth.engine.base_classifier.methods import METHODS, MethodConfig
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, fixed_local_noise, gaussian
 from diffsmooth.engine.runs.dataset_run import run_dataset
+from diffsmooth.engine.runs.results import check_or_record_settings, settings_path
+from diffsmooth.engine.errors import UserError
 
 
 def spread_indices(total: int, count: int) -> List[int]:
@@ -34,12 +36,17 @@ def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: f
     out.mkdir(parents=True, exist_ok=True)
     dataset = dataset or load_dataset("embedded")
     indices = spread_indices(len(dataset), images)
+    configs = {method: MethodConfig(method, sigma, m=m, local_sigma=local_sigma) for method in methods}
+    settings = {method: dict(config.as_dict(), mode="demo", n0=n0, n=n, alpha=alpha, seed=seed, images=indices,
+                             models="embedded" if sources is None else repr(sources))
+                for method, config in configs.items()}
+    _refuse_other_runs(out, settings)
     paths, seconds = [], {}
-    for method in methods:
-        config = MethodConfig(method, sigma, m=m, local_sigma=local_sigma)
+    for method, config in configs.items():
         smooth = build_smooth(config, sources or ModelSources.demo(), tuple(dataset.image_shape),
                               dataset.num_classes, device=device, precision=precision, seed=seed, fast=fast)
         path = out / f"{method}.tsv"
+        check_or_record_settings(path, settings[method])
         start = time.perf_counter()
         run_dataset(smooth, dataset, indices, path, n0=n0, n=n, alpha=alpha, batch=batch, progress=progress)
         seconds[method] = time.perf_counter() - start
@@ -54,6 +61,17 @@ def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: f
     (out / "summary.md").write_text(f"{header}\n\n{table}\n")
     return {"table": table, "header": header, "summaries": summaries, "seconds": seconds,
             "files": [str(p) for p in paths]}
+
+
+def _refuse_other_runs(out: Path, settings: Dict[str, dict]) -> None:
+    """Before anything is written: a demo folder holding rows of other settings (or rows with
+    no recorded settings) is refused, so summary.md never describes rows of another run."""
+    for method, wanted in settings.items():
+        path = out / f"{method}.tsv"
+        if settings_path(path).exists():
+            check_or_record_settings(path, wanted)          # equal settings: nothing to do
+        elif path.exists() and path.stat().st_size > 0:
+            raise UserError(f"{path} holds rows whose settings were not recorded: use another --out")
 
 
 def _to_uint8(images: torch.Tensor, scale: int) -> np.ndarray:

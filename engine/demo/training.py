@@ -8,7 +8,6 @@ official formats plus a `MODELS.json` manifest recording how they were made and 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -27,6 +26,7 @@ from tqdm.auto import tqdm
 
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel, unet_config
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
@@ -319,21 +319,13 @@ QUICK_BUDGET = DemoBudget(unet_steps=3, unet_batch_size=16, classifier_steps=3,
                           classifier_batch_size=16, train_limit=256, test_limit=200)
 
 
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _idx_hashes(data_dir: str) -> dict[str, str]:
     """sha256 of the four Fashion-MNIST IDX files (raw or .gz, whichever is present)."""
-    from diffsmooth.engine.data import _find_idx
+    from diffsmooth.engine.data.idx import find_idx
     out = {}
     for prefix, kind in (("train", "images-idx3"), ("train", "labels-idx1"),
                          ("t10k", "images-idx3"), ("t10k", "labels-idx1")):
-        p = _find_idx(data_dir, prefix, kind)
+        p = find_idx(data_dir, prefix, kind)
         out[os.path.basename(p)] = sha256_file(p)
     return out
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.models.resnet import (
     ARCHITECTURES,
     DATASET_STATS,
@@ -65,11 +65,6 @@ def _numpy_safe_globals() -> list:
     return out
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
-
-
 def read_checkpoint(path) -> object:
     """torch.load(path, map_location="cpu", weights_only=True) with one-line UserErrors for bad files."""
     p = Path(path)
@@ -111,20 +106,20 @@ def read_checkpoint(path) -> object:
                 f"refusing to load {p}: it is not a plain PyTorch weights file (a generic pickle or code-carrying object); "
                 f"save the checkpoint with torch.save(state_dict) from a trusted environment"
             ) from None
-        raise UserError(f"{p} is not a PyTorch checkpoint ({_first_line(exc)}); check the path") from None
+        raise UserError(f"{p} is not a PyTorch checkpoint ({first_line(exc)}); check the path") from None
     except EOFError:
         raise UserError(f"checkpoint {p} ends early (truncated); download or copy it again") from None
     except RuntimeError as exc:
         msg = str(exc)
         if "central directory" in msg or "unexpected EOF" in msg or "failed reading" in msg:
-            raise UserError(f"checkpoint {p} is truncated or corrupted ({_first_line(exc)[:80]}); download or copy it again") from None
+            raise UserError(f"checkpoint {p} is truncated or corrupted ({first_line(exc)[:80]}); download or copy it again") from None
         if is_zip:
             raise UserError(f"{p} is a zip archive but not a PyTorch checkpoint; check the path") from None
-        raise UserError(f"cannot read checkpoint {p}: {_first_line(exc)}") from None
+        raise UserError(f"cannot read checkpoint {p}: {first_line(exc)}") from None
     except (KeyError, ValueError, IndexError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{p} is not a PyTorch checkpoint ({type(exc).__name__}: {_first_line(exc)}); check the path") from None
+        raise UserError(f"{p} is not a PyTorch checkpoint ({type(exc).__name__}: {first_line(exc)}); check the path") from None
     except OSError as exc:
-        raise UserError(f"cannot read checkpoint {p}: {exc.strerror or _first_line(exc)}") from None
+        raise UserError(f"cannot read checkpoint {p}: {exc.strerror or first_line(exc)}") from None
     except MemoryError:
         raise UserError(f"not enough memory to load checkpoint {p}") from None
 
@@ -209,7 +204,7 @@ def load_weights(module: nn.Module, state_dict: Mapping[str, torch.Tensor], what
     try:
         module.load_state_dict(state_dict, strict=True, assign=assign)
     except RuntimeError as exc:  # e.g. a dtype that cannot be copied
-        raise UserError(f"checkpoint does not load into {what}: {_first_line(exc)}") from None
+        raise UserError(f"checkpoint does not load into {what}: {first_line(exc)}") from None
 
 
 def _describe_unet(preset: str | None, config: UNetConfig) -> str:

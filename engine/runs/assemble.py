@@ -13,7 +13,7 @@ from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-from diffsmooth.engine.certify.smooth import Smooth
+from diffsmooth.engine.certify.core import Smooth
 from diffsmooth.engine.runs.fast_path import MIN_AGREEMENT, FastPath, validate_fast_path
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
@@ -107,12 +107,12 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
         denoiser, classifier = models or load_models(config, sources)
         stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes)
     elif backend == "onnxruntime":
-        from diffsmooth.engine.backends.onnxruntime_backend import build_onnx_stages
+        from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
         if not onnx_dir:
             raise UserError("--backend onnxruntime needs --onnx-dir (made by `diffsmooth export`)")
         stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision)
     elif backend == "tensorrt":
-        from diffsmooth.engine.backends.tensorrt_select import build_trt_stages
+        from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
         if not onnx_dir:
             raise UserError("--backend tensorrt needs --onnx-dir (graphs from `diffsmooth export`, plans from "
                             "`diffsmooth build-engine`)")

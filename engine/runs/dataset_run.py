@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Callable, Optional, Sequence
 
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, PREDICT_COLUMNS, ResultWriter, format_radius, format_time
-from diffsmooth.engine.certify.smooth import Smooth
+from diffsmooth.engine.certify.core import Smooth
 
 
 class StopFlag:

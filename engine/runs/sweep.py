@@ -20,13 +20,13 @@ import numpy as np
 import torch
 
 from diffsmooth.engine.backends.base import Stage
-from diffsmooth.engine.certify.certification import certify_from_counts
+from diffsmooth.engine.certify.core import certify_from_counts
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.local_smoothing import LocalProbabilities, LogitsHead
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, fixed_local_noise, gaussian
 from diffsmooth.engine.certify.monte_carlo import NonFiniteScores, noisy_batch, plan_batches
 from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
-from diffsmooth.engine.certify.smooth import check_certify_parameters
+from diffsmooth.engine.certify.core import check_certify_parameters
 
 
 @dataclass(frozen=True)

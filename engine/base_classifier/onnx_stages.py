@@ -1,0 +1,62 @@
+"""Base-classifier stages from exported graphs: which denoiser and classifier graph a method
+config needs (manifest fields), loaded as ONNX Runtime stages and probed once."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
+from diffsmooth.engine.backends.onnxruntime_backend import ORT_PRECISIONS, OrtStage
+from diffsmooth.engine.base_classifier.methods import MethodConfig, probe
+from diffsmooth.engine.errors import UserError
+
+
+def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[dict, dict]:
+    """Manifest fields the denoiser and the classifier graph must have for `config`."""
+    shape = [int(s) for s in image_shape]
+    denoiser = {"sigma": float(config.sigma), "image_shape": shape, "precision": precision}
+    classifier = {"method": config.method, "sigma": float(config.sigma), "image_shape": shape,
+                  "precision": precision}
+    if config.method == "diffsmooth":
+        classifier.update(m=int(config.m), local_sigma=float(config.local_sigma), local_noise=config.local_noise)
+        if config.local_noise == "fixed":
+            classifier["local_noise_seed"] = int(config.local_noise_seed)
+    return denoiser, classifier
+
+
+def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
+                      device: str = "cpu", precision: str = "fp32", provider: Optional[str] = None,
+                      threads: Optional[int] = None) -> BaseClassifierStages:
+    """Stages for `config` from the graphs in `onnx_dir` (picked and hash-checked via manifests)."""
+    if precision not in ORT_PRECISIONS:
+        raise UserError(f"--backend onnxruntime runs the exported fp32 or fp16 graphs, not {precision}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {device!r} requested but CUDA is not available on this machine")
+    found = scan_manifests(onnx_dir)
+    want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
+    purify = None
+    if config.uses_denoiser:
+        path, _ = find_graph(found, "denoiser", want_denoiser, onnx_dir)
+        purify = OrtStage(path, f"denoiser[{path.name}]", dev, precision, provider, threads)
+    path, manifest = find_graph(found, "classifier", want_classifier, onnx_dir)
+    if num_classes is not None and manifest.get("num_classes") not in (None, num_classes):
+        raise UserError(f"{path.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
+    label = "local-smoothing classifier" if config.method == "diffsmooth" else "classifier"
+    score = OrtStage(path, f"{label}[{path.name}]", dev, precision, provider, threads)
+    local_shape = (int(config.m), *map(int, image_shape)) if (
+        config.method == "diffsmooth" and config.local_noise == "fresh") else None
+    if len(score.input_names) != (2 if local_shape else 1):
+        raise UserError(f"{path.name} takes inputs {score.input_names}, which does not fit "
+                        f"local noise mode {config.local_noise!r}")
+    stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
+    stages.num_classes = probe(stages, tuple(image_shape))
+    if num_classes is not None and stages.num_classes != num_classes:
+        raise UserError(f"the classifier graph outputs {stages.num_classes} classes but the data has {num_classes}")
+    return stages

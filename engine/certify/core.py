@@ -1,0 +1,118 @@
+"""CERTIFY and PREDICT of Cohen et al. (2019), "Certified Adversarial Robustness via Randomized
+Smoothing", Algorithm "certify and predict"; read next to the paper as Cohen's `core.py`.
+
+The math works on integer vote counts in plain Python + scipy: selection counts (n0 samples) pick
+the class cA, estimation counts (n further samples) give nA, the one-sided Clopper-Pearson bound
+pA_lower holds with probability >= 1 - alpha, and the l2 radius is sigma * Phi^-1(pA_lower); the
+smoothed classifier abstains when pA_lower < 1/2. `Smooth` draws the counts from a Monte Carlo
+pipeline (certify/monte_carlo.py). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple
+
+from scipy.stats import beta, binomtest, norm
+
+from diffsmooth.engine.errors import UserError, check_alpha
+
+if TYPE_CHECKING:                       # the pipeline (and torch) are only needed by callers
+    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+
+ABSTAIN = -1
+
+
+# --------------------------------------------------------------------------------------------
+# The math: counts in, (class, radius) out
+
+
+def lower_confidence_bound(n_a: int, n: int, alpha: float) -> float:
+    """One-sided (1 - alpha) Clopper-Pearson lower bound on p from n_a successes in n trials."""
+    check_alpha(alpha)
+    if n < 1 or not 0 <= n_a <= n:
+        raise ValueError(f"need 0 <= n_a <= n and n >= 1, got n_a={n_a}, n={n}")
+    if n_a == 0:
+        return 0.0
+    return float(beta.ppf(alpha, n_a, n - n_a + 1))
+
+
+def certified_radius(n_a: int, n: int, alpha: float, sigma: float) -> Optional[float]:
+    """l2 radius sigma * Phi^-1(pA_lower), or None (abstain) when pA_lower < 1/2."""
+    p_lower = lower_confidence_bound(n_a, n, alpha)
+    if p_lower < 0.5:
+        return None
+    return float(sigma * norm.ppf(p_lower))
+
+
+def top_class(counts: Sequence[int]) -> int:
+    """Index of the largest count; the first maximum wins ties (numpy/torch argmax order)."""
+    best = 0
+    for i, c in enumerate(counts):
+        if c > counts[best]:
+            best = i
+    return best
+
+
+def certify_from_counts(selection: Sequence[int], estimation: Sequence[int],
+                        alpha: float, sigma: float) -> Tuple[int, float]:
+    """CERTIFY: (cA, radius), or (ABSTAIN, 0.0) when pA_lower < 1/2 (as the reference)."""
+    c_a = top_class(selection)
+    radius = certified_radius(int(estimation[c_a]), int(sum(estimation)), alpha, sigma)
+    if radius is None:
+        return ABSTAIN, 0.0
+    return c_a, radius
+
+
+def predict_from_counts(counts: Sequence[int], alpha: float) -> int:
+    """PREDICT: the top class if a two-sided binomial test rejects a tie with the runner-up."""
+    check_alpha(alpha)
+    order = sorted(range(len(counts)), key=lambda i: (-counts[i], i))
+    c1 = int(counts[order[0]])
+    c2 = int(counts[order[1]]) if len(order) > 1 else 0
+    if c1 + c2 == 0 or binomtest(c1, c1 + c2, 0.5).pvalue > alpha:
+        return ABSTAIN
+    return order[0]
+
+
+def max_certifiable_radius(n: int, alpha: float, sigma: float) -> float:
+    """The radius when all n votes agree: sigma * Phi^-1(alpha^(1/n))."""
+    return float(sigma * norm.ppf(alpha ** (1.0 / n)))
+
+
+# --------------------------------------------------------------------------------------------
+# The smoothed classifier: samples in, counts out, then the math above
+
+
+def check_certify_parameters(n0: int, n: int, alpha: float, batch: int) -> None:
+    """UserError for parameters CERTIFY cannot work with."""
+    if n0 < 1:
+        raise UserError(f"n0 must be >= 1, got {n0}")
+    if n < 1:
+        raise UserError(f"n must be >= 1, got {n}")
+    check_alpha(alpha)
+    if batch < 1:
+        raise UserError(f"batch must be >= 1, got {batch}")
+
+
+class Smooth:
+    """g(x) = the most probable vote of the base classifier under N(x, sigma^2 I)."""
+
+    ABSTAIN = ABSTAIN
+
+    def __init__(self, pipeline: "MonteCarloPipeline"):
+        self.pipeline = pipeline
+        self.sigma = pipeline.sigma
+
+    def certify(self, x, n0: int, n: int, alpha: float, batch: int, image_index: int = 0) -> Tuple[int, float]:
+        """(cA, radius) with P[g(x + delta) = cA for all ||delta|| < radius] >= 1 - alpha,
+        or (ABSTAIN, 0.0). Samples 0..n0-1 select, samples n0..n0+n-1 estimate."""
+        check_certify_parameters(n0, n, alpha, batch)
+        selection = self.pipeline.count(x, image_index, 0, n0, batch)
+        estimation = self.pipeline.count(x, image_index, n0, n, batch)
+        return certify_from_counts(selection.tolist(), estimation.tolist(), alpha, self.sigma)
+
+    def predict(self, x, n: int, alpha: float, batch: int, image_index: int = 0) -> int:
+        """g(x), or ABSTAIN; wrong with probability at most alpha when it does not abstain."""
+        check_certify_parameters(1, n, alpha, batch)
+        counts = self.pipeline.count(x, image_index, 0, n, batch)
+        return predict_from_counts(counts.tolist(), alpha)
