@@ -352,6 +352,7 @@ def _settings(mode, kw):
         settings.pop("n0")
     rule = _sequential_rule(kw)
     if rule is not None:
+        settings.pop("n")                       # n only sets n-max's default
         settings.update(sequential=True, radii=list(rule.radii), n_max=rule.n_max)
     if kw["method"] != "diffsmooth" and not isinstance(kw["method"], list):
         for k in ("local_sigma", "m", "local_noise"):

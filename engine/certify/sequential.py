@@ -20,8 +20,12 @@ Running max / min of L_t / U_t stay valid (they are intersections of the C_t).
 
 Why not Clopper-Pearson at every look: repeated looks at a fixed-n bound inflate the error far
 beyond alpha (tests/test_sequential.py measures it); a union bound over every sample index
-(alpha / n_max each) is valid but looser than the mixture. Hand-written (no maintained scipy
-routine computes this CS); about twenty lines of numpy.
+(alpha / n_max each) is valid but looser than the mixture. (Bonferroni over a short look schedule
+fixed in advance, alpha / K per look, can be a little tighter at the last look for small K; the
+mixture needs no schedule and is tight early, where most images stop.)
+Hand-written: scipy has no confidence sequences, and the `confseq` package (Howard &
+Waudby-Smith), which has this bound, ships only as a C++/Boost source build; this is about
+twenty lines of numpy and vectorised over paths for the coverage test.
 """
 
 from __future__ import annotations
