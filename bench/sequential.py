@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from diffsmooth.engine.certify.certification import certify_from_counts
+from diffsmooth.engine.certify.certification import certify_from_counts, top_class
 from diffsmooth.engine.certify.sequential import certify_sequential, look_schedule, rule_from_options
 from diffsmooth.engine.runs.analyze import certified_accuracy, clopper_pearson
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, ResultWriter, format_radius, format_time
@@ -36,7 +36,8 @@ def replay_counter(recorded: dict):
 
 
 def certify_both(pipeline, x, image_index: int, *, n0: int, n: int, alpha: float, batch: int, rule):
-    """((fixed prediction, radius), (sequential prediction, radius, samples)) from one pass."""
+    """((fixed prediction, radius), (sequential prediction, radius, samples), votes for cA out of n)
+    from one pass."""
     recorded = {(0, n0): pipeline.count(x, image_index, 0, n0, batch)}
     first, total = n0, None
     for size in look_schedule(n):
@@ -45,7 +46,8 @@ def certify_both(pipeline, x, image_index: int, *, n0: int, n: int, alpha: float
         total = counts if total is None else total + counts
         first += size
     fixed = certify_from_counts(recorded[(0, n0)].tolist(), total.tolist(), alpha, pipeline.sigma)
-    return fixed, certify_sequential(replay_counter(recorded), n0, rule)
+    c_a = top_class(recorded[(0, n0)].tolist())
+    return fixed, certify_sequential(replay_counter(recorded), n0, rule), int(total[c_a])
 
 
 def _accuracy_rows(rows, radii):
@@ -97,13 +99,13 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
         (out / name).unlink(missing_ok=True)
     fixed_w = ResultWriter(out / "fixed.tsv")
     seq_w = ResultWriter(out / "sequential.tsv", CERTIFY_COLUMNS + ("samples",))
-    fixed_rows, seq_rows, seq_samples = [], [], 0
+    fixed_rows, seq_rows, seq_samples, votes_for_ca = [], [], 0, []
     start = time.perf_counter()
     try:
         for done, i in enumerate(indices, 1):
             x, label = dataset[i]
             t0 = time.perf_counter()
-            (f_pred, f_rad), (s_pred, s_rad, used) = certify_both(smooth.pipeline, x, i, n0=n0, n=n, alpha=alpha,
+            (f_pred, f_rad), (s_pred, s_rad, used), n_a = certify_both(smooth.pipeline, x, i, n0=n0, n=n, alpha=alpha,
                                                                   batch=batch, rule=rule)
             elapsed = format_time(time.perf_counter() - t0)
             frow = dict(idx=i, label=int(label), predict=f_pred, radius=format_radius(f_rad),
@@ -115,6 +117,7 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
             fixed_rows.append(frow)
             seq_rows.append(srow)
             seq_samples += used
+            votes_for_ca.append(n_a)
             if progress:
                 print(f"[{done}/{len(indices)}] image {i}: fixed {f_pred} r={f_rad:.3f} | sequential {s_pred} "
                       f"r={s_rad:.3f} after {used} samples", file=sys.stderr, flush=True)
@@ -131,7 +134,8 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
                          precision=precision, method=method, sigma=sigma, m=m, local_sigma=local_sigma, seed=seed,
                          look_schedule=look_schedule(n)),
         "images": len(indices),
-        "fixed": {"samples": fixed_samples, "certified_accuracy": fixed_acc},
+        "fixed": {"samples": fixed_samples, "certified_accuracy": fixed_acc,
+                  "votes_for_cA_of_n": votes_for_ca},
         "sequential": {"samples": seq_samples, "certified_accuracy": seq_acc,
                        "samples_per_image": [r["samples"] for r in seq_rows]},
         "speedup": fixed_samples / seq_samples,

@@ -19,6 +19,7 @@ def test_replay_equals_real_runs(tmp_path):
     assert report["images"] == 4 and report["fixed"]["samples"] == 4 * 520
     used = report["sequential"]["samples_per_image"]
     assert report["sequential"]["samples"] == sum(used) and len(set(used)) >= 2
+    assert len(report["fixed"]["votes_for_cA_of_n"]) == 4 and all(0 <= v <= 500 for v in report["fixed"]["votes_for_cA_of_n"])
     cli = ["certify", "--method", "rs", "--sigma", "0.5", "--n0", "20", "--alpha", "0.01", "--batch", "100",
            "--skip", "125", "--quiet"]                      # indices 0, 125, 250, 375 = the bench's 4 images
     invoke_ok([*cli, "--n", "500", "--out", tmp_path / "fixed.tsv"])
