@@ -273,7 +273,8 @@ def _certify_sweep(kw):
     click.echo(f"# sweep: {len(entries)} configurations at sigma={kw['sigma']}, images={len(indices)} -> {kw['out']}/",
                err=True)
     summary = run_sweep(pipeline, dataset, indices, kw["out"], n0=kw["n0"], n=kw["n"], alpha=kw["alpha"],
-                        batch=kw["batch"], settings=settings, progress=not kw["quiet"])
+                        batch=kw["batch"], settings=settings, progress=not kw["quiet"],
+                        sequential=_sequential_rule(kw))
     _report(summary)
 
 
@@ -298,21 +299,51 @@ def _probe_classes(backend, modules, shape, data_classes):
     return k
 
 
+def sequential_options(f):
+    """Early stopping with an anytime-valid bound (engine/certify/sequential.py)."""
+    options = [
+        click.option("--sequential", is_flag=True,
+                     help="Stop each image once every --radii answer is settled (anytime-valid bound); "
+                          "adds a `samples` column."),
+        click.option("--radii", default=None, help="With --sequential: the radii to settle, e.g. 0.25,0.5,0.75,1.0."),
+        click.option("--n-max", type=int, default=None, callback=_positive("n-max"),
+                     help="With --sequential: most estimation samples per image [default: --n]."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _sequential_rule(kw):
+    """The SequentialRule of a --sequential run, else None."""
+    from diffsmooth.engine.certify.sequential import rule_from_options
+    from diffsmooth.engine.errors import UserError
+    if not kw.get("sequential"):
+        if kw.get("radii") or kw.get("n_max"):
+            raise UserError("--radii and --n-max belong to --sequential")
+        return None
+    return rule_from_options(kw["radii"], kw["sigma"], kw["alpha"], kw["n_max"] or kw["n"])
+
+
 @main.command()
 @model_options
 @method_options
 @run_options
+@sequential_options
 def certify(**kw):
     """CERTIFY each selected image; one TSV row per image (idx label predict radius correct time).
 
     Several --method / --classifier / --local-sigma / --m values make a sweep: --out is then a
     directory with one TSV per configuration and index.json; the denoiser runs once per batch.
     """
+    _sequential_rule(kw)                            # option errors before any model is loaded
     if _is_sweep(kw):
         return _certify_sweep(kw)
     kw = _single(kw)
     dataset, indices, config, smooth, plan = _prepare(kw)
-    click.echo(f"# {smooth.pipeline.describe()}; batch={kw['batch']} sigma={config.sigma} n0={kw['n0']} n={kw['n']} "
+    rule = _sequential_rule(kw)
+    samples = f"n={kw['n']}" if rule is None else f"sequential n-max={rule.n_max} radii={list(rule.radii)}"
+    click.echo(f"# {smooth.pipeline.describe()}; batch={kw['batch']} sigma={config.sigma} n0={kw['n0']} {samples} "
                f"alpha={kw['alpha']} images={len(indices)} -> {kw['out']}", err=True)
     _run_sharded("certify", kw, dataset, indices, smooth, plan)
 
@@ -339,7 +370,8 @@ def _run_sharded(mode, kw, dataset, indices, smooth, plan):
     out = kw["out"] if plan.num_shards == 1 else shard_path(kw["out"], plan.shard, plan.num_shards)
     check_or_record_settings(out, _settings(mode, kw))
     summary = run_dataset(smooth, dataset, plan.take(indices), out, mode=mode, n0=kw["n0"], n=kw["n"],
-                          alpha=kw["alpha"], batch=kw["batch"], progress=not kw["quiet"])
+                          alpha=kw["alpha"], batch=kw["batch"], progress=not kw["quiet"],
+                          sequential=_sequential_rule(kw))
     _report(summary)
     wait_for_all(plan)
     if plan.is_merger and not summary["interrupted"]:
@@ -364,6 +396,10 @@ def _settings(mode, kw):
     settings["mode"] = mode
     if mode == "predict":
         settings.pop("n0")
+    rule = _sequential_rule(kw)
+    if rule is not None:
+        settings.pop("n")                       # n only sets n-max's default
+        settings.update(sequential=True, radii=list(rule.radii), n_max=rule.n_max)
     if kw["method"] != "diffsmooth" and not isinstance(kw["method"], list):
         for k in ("local_sigma", "m", "local_noise"):
             settings.pop(k)

@@ -54,7 +54,20 @@ def test_certified_accuracy_and_acr(tmp_path):
     s = summarize(path, [0.0, 0.5])
     assert s["certified_accuracy"] == {"0": 0.5, "0.5": 0.5} and s["mean_seconds_per_image"] == pytest.approx(16.0)
     table = markdown_table([s], [0.0, 0.5])
-    assert "| cohen_old | 2 | 0.500 | 0.500 | 0.250 |" in table
+    assert "| cohen_old | 2 | 0.500 [0.01, 0.99] | 0.500 [0.01, 0.99] | 0.250 |" in table
+    assert s["certified_accuracy_ci95"]["0.5"] == pytest.approx([1 - 0.975 ** 0.5, 0.975 ** 0.5])
+
+
+def test_clopper_pearson_interval_over_images():
+    """Exact 95% interval: covers the estimate, matches the beta quantiles, widens for fewer images."""
+    from scipy.stats import beta
+    from diffsmooth.engine.runs.analyze import clopper_pearson
+    low, high = clopper_pearson(62, 100)
+    assert low == pytest.approx(beta.ppf(0.025, 62, 39)) and high == pytest.approx(beta.ppf(0.975, 63, 38))
+    assert low < 0.62 < high
+    assert clopper_pearson(0, 100)[0] == 0.0 and clopper_pearson(100, 100)[1] == 1.0
+    wide, narrow = clopper_pearson(31, 50), clopper_pearson(310, 500)
+    assert wide[1] - wide[0] > 2 * (narrow[1] - narrow[0])
 
 
 def test_read_rows_errors(tmp_path):

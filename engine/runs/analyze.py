@@ -1,11 +1,13 @@
 """Certified accuracy and ACR from result files (FACTS §4): accuracy at r counts rows with
-correct == 1 and radius >= r over ALL rows (abstains count as wrong); ACR = mean radius*correct."""
+correct == 1 and radius >= r over ALL rows (abstains count as wrong); ACR = mean radius*correct.
+Each accuracy comes with a 95% Clopper-Pearson interval over the images: a table of a few
+hundred images is itself a sample of the test set."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from diffsmooth.engine.runs.results import read_rows
 
@@ -24,6 +26,20 @@ def certified_accuracy(rows, radius: float) -> float:
     return sum(1 for rad, ok in pairs if ok == 1 and rad >= radius) / len(pairs)
 
 
+def certified_count(rows, radius: float) -> int:
+    """Rows certified correct with radius >= `radius`."""
+    return sum(1 for rad, ok in _pairs(rows) if ok == 1 and rad >= radius)
+
+
+def clopper_pearson(successes: int, total: int, level: float = 0.95) -> Tuple[float, float]:
+    """Two-sided exact (Clopper-Pearson) interval for a proportion (scipy's binomtest)."""
+    if total == 0:
+        return float("nan"), float("nan")
+    from scipy.stats import binomtest
+    ci = binomtest(int(successes), int(total)).proportion_ci(confidence_level=level, method="exact")
+    return float(ci.low), float(ci.high)
+
+
 def average_certified_radius(rows) -> float:
     """ACR (MACER): mean over rows of radius * correct."""
     pairs = _pairs(rows)
@@ -39,21 +55,29 @@ def summarize(path, radii: Sequence[float] = DEFAULT_RADII) -> Dict:
         "file": str(path),
         "rows": len(rows),
         "certified_accuracy": {f"{r:g}": certified_accuracy(rows, r) for r in radii},
+        "certified_accuracy_ci95": {f"{r:g}": list(clopper_pearson(certified_count(rows, r), len(rows)))
+                                    for r in radii},
         "acr": average_certified_radius(rows),
         "mean_seconds_per_image": sum(times) / len(times) if times else None,
     }
 
 
 def markdown_table(summaries: List[Dict], radii: Sequence[float] = DEFAULT_RADII, names=None) -> str:
-    """A markdown table: one row per file, certified accuracy at each radius, then ACR."""
+    """A markdown table: one row per file, certified accuracy [95% CP interval] at each radius, then ACR."""
     names = names or [Path(s["file"]).stem for s in summaries]
     head = "| file | n images | " + " | ".join(f"r={r:g}" for r in radii) + " | ACR |"
     sep = "|" + "---|" * (len(radii) + 3)
     lines = [head, sep]
     for name, s in zip(names, summaries):
-        accs = " | ".join(f"{s['certified_accuracy'][f'{r:g}']:.3f}" for r in radii)
+        accs = " | ".join(_cell(s, f"{r:g}") for r in radii)
         lines.append(f"| {name} | {s['rows']} | {accs} | {s['acr']:.3f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", "cells: certified accuracy [95% Clopper-Pearson interval over the images]"])
+
+
+def _cell(summary: Dict, key: str) -> str:
+    acc = f"{summary['certified_accuracy'][key]:.3f}"
+    ci = summary.get("certified_accuracy_ci95", {}).get(key)
+    return acc if ci is None else f"{acc} [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
 def best_per_radius(summaries: List[Dict], radii: Sequence[float] = DEFAULT_RADII) -> str:
@@ -83,10 +107,13 @@ def plot_curves(paths, out_png, names=None, title: str = "certified accuracy") -
         rows = read_rows(path)
         top = max([float(r["radius"]) for r in rows] + [0.0])
         grid = [top * i / 200 for i in range(201)] if top > 0 else [0.0]
-        ax.plot(grid, [certified_accuracy(rows, r) for r in grid], label=name)
+        line, = ax.plot(grid, [certified_accuracy(rows, r) for r in grid], label=name)
+        band = [clopper_pearson(certified_count(rows, r), len(rows)) for r in grid]
+        ax.fill_between(grid, [b[0] for b in band], [b[1] for b in band], color=line.get_color(), alpha=0.15,
+                        linewidth=0)
     ax.set_xlabel("l2 radius")
     ax.set_ylabel("certified accuracy")
-    ax.set_title(title)
+    ax.set_title(f"{title} (bands: 95% Clopper-Pearson over images)")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend()

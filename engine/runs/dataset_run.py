@@ -14,6 +14,7 @@ from typing import Callable, Optional, Sequence
 
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, PREDICT_COLUMNS, ResultWriter, format_radius, format_time
 from diffsmooth.engine.certify.core import Smooth
+from diffsmooth.engine.certify.sequential import SequentialRule, certify_sequential
 
 
 class StopFlag:
@@ -46,9 +47,14 @@ def stop_after_current_image():
 
 def run_dataset(smooth: Smooth, dataset, indices: Sequence[int], out_path, *, mode: str = "certify",
                 n0: int = 100, n: int = 10000, alpha: float = 0.001, batch: int = 1000,
-                progress: bool = True, on_row: Optional[Callable[[dict], None]] = None) -> dict:
-    """Certify (or predict) dataset[i] for i in indices, appending rows to out_path."""
+                progress: bool = True, on_row: Optional[Callable[[dict], None]] = None,
+                sequential: Optional[SequentialRule] = None) -> dict:
+    """Certify (or predict) dataset[i] for i in indices, appending rows to out_path.
+    With `sequential`, certify stops early per image (engine/certify/sequential.py) and the
+    rows get a trailing `samples` column."""
     columns = CERTIFY_COLUMNS if mode == "certify" else PREDICT_COLUMNS
+    if sequential is not None:
+        columns = CERTIFY_COLUMNS + ("samples",)
     written = 0
     with ResultWriter(out_path, columns) as writer, stop_after_current_image() as flag:
         todo = [i for i in indices if i not in writer.done]
@@ -61,7 +67,11 @@ def run_dataset(smooth: Smooth, dataset, indices: Sequence[int], out_path, *, mo
             for index in todo:
                 x, label = dataset[index]
                 start = time.perf_counter()
-                if mode == "certify":
+                samples = None
+                if sequential is not None:
+                    prediction, radius, samples = certify_sequential(
+                        lambda first, num: smooth.pipeline.count(x, index, first, num, batch), n0, sequential)
+                elif mode == "certify":
                     prediction, radius = smooth.certify(x, n0, n, alpha, batch, image_index=index)
                 else:
                     prediction = smooth.predict(x, n, alpha, batch, image_index=index)
@@ -70,6 +80,8 @@ def run_dataset(smooth: Smooth, dataset, indices: Sequence[int], out_path, *, mo
                            correct=int(prediction == int(label)), time=format_time(elapsed))
                 if mode == "certify":
                     row["radius"] = format_radius(radius)
+                if samples is not None:
+                    row["samples"] = samples
                 writer.write(**row)
                 written += 1
                 if on_row:

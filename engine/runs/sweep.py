@@ -21,11 +21,12 @@ import torch
 
 from diffsmooth.engine.backends.base import Stage
 from diffsmooth.engine.certify.core import certify_from_counts
+from diffsmooth.engine.certify.sequential import SequentialRule, certify_sequential_many
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.local_smoothing import LocalProbabilities, LogitsHead
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, fixed_local_noise, gaussian
 from diffsmooth.engine.certify.monte_carlo import NonFiniteScores, noisy_batch, plan_batches
-from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
+from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, ResultWriter, format_radius, format_time
 from diffsmooth.engine.certify.core import check_certify_parameters
 
 
@@ -136,9 +137,12 @@ class SweepPipeline:
 
 
 def run_sweep(pipeline: SweepPipeline, dataset, indices: Sequence[int], out_dir, *, n0: int, n: int,
-              alpha: float, batch: int, settings: dict, progress: bool = True) -> dict:
+              alpha: float, batch: int, settings: dict, progress: bool = True,
+              sequential: Optional[SequentialRule] = None) -> dict:
     """CERTIFY every selected image for every entry; one reference TSV per entry plus index.json.
-    The time column is the shared wall time of the image (all entries together)."""
+    The time column is the shared wall time of the image (all entries together). With
+    `sequential`, sampling continues while any entry is undecided; each entry records its own
+    stopping point (trailing `samples` column), the same row its single run writes."""
     check_certify_parameters(n0, n, alpha, batch)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,7 +151,8 @@ def run_sweep(pipeline: SweepPipeline, dataset, indices: Sequence[int], out_dir,
     if index_path.exists() and json.loads(index_path.read_text()) != json.loads(json.dumps(index)):
         raise UserError(f"{out} holds a sweep with other settings or configurations: use another --out")
     index_path.write_text(json.dumps(index, indent=1) + "\n")
-    writers = {e: ResultWriter(out / f"{e.name}.tsv") for e in pipeline.entries}
+    columns = CERTIFY_COLUMNS + (("samples",) if sequential is not None else ())
+    writers = {e: ResultWriter(out / f"{e.name}.tsv", columns) for e in pipeline.entries}
     todo = [i for i in indices if any(i not in w.done for w in writers.values())]
     from diffsmooth.engine.runs.dataset_run import stop_after_current_image
     bar = None
@@ -161,15 +166,22 @@ def run_sweep(pipeline: SweepPipeline, dataset, indices: Sequence[int], out_dir,
             for i in todo:
                 x, label = dataset[i]
                 start = time.perf_counter()
-                selection = pipeline.count(x, i, 0, n0, batch)
-                estimation = pipeline.count(x, i, n0, n, batch)
+                if sequential is not None:
+                    results = certify_sequential_many(lambda first, num: pipeline.count(x, i, first, num, batch),
+                                                      n0, sequential)
+                else:
+                    selection = pipeline.count(x, i, 0, n0, batch)
+                    estimation = pipeline.count(x, i, n0, n, batch)
+                    results = {e: certify_from_counts(selection[e].tolist(), estimation[e].tolist(), alpha,
+                                                      pipeline.sigma) for e in writers}
                 elapsed = format_time(time.perf_counter() - start)
                 for e, w in writers.items():
                     if i in w.done:
                         continue
-                    pred, radius = certify_from_counts(selection[e].tolist(), estimation[e].tolist(), alpha, pipeline.sigma)
+                    pred, radius = results[e][:2]
+                    extra = {"samples": results[e][2]} if sequential is not None else {}
                     w.write(idx=i, label=int(label), predict=pred, radius=format_radius(radius),
-                            correct=int(pred == int(label)), time=elapsed)
+                            correct=int(pred == int(label)), time=elapsed, **extra)
                 written += 1
                 if bar is not None:
                     bar.update(1)

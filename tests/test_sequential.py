@@ -1,0 +1,225 @@
+"""Anytime-valid sequential CERTIFY: the bound's time-uniform coverage (simulated), its tightness,
+the stopping rule, and `certify --sequential` end to end (resume, settings guard, shards, sweep)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import beta, norm
+
+from cli_helpers import invoke_ok, rows_without_time
+from click.testing import CliRunner
+from diffsmooth.cli import main
+from diffsmooth.engine.certify.core import lower_confidence_bound
+from diffsmooth.engine.certify.sequential import (SequentialRule, certify_sequential, certify_sequential_many,
+                                                  confidence_bounds, look_schedule)
+from diffsmooth.engine.runs.results import read_rows
+
+PATHS = 2000
+ALPHA = 0.1
+
+
+def _paths(p, sizes, rng):
+    """Cumulative successes at each look of PATHS Bernoulli(p) paths (binomial per chunk: exact)."""
+    return rng.binomial(np.asarray(sizes), p, size=(PATHS, len(sizes))).cumsum(axis=1), np.cumsum(sizes)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.52, 0.8, 0.97, 0.999])
+def test_lower_bound_is_time_uniform_at_the_engine_looks(p):
+    """Over 2,000 paths checked at every look up to n_max, the fraction whose running lower bound
+    ever exceeds the true p stays <= alpha; per-look Clopper-Pearson (not time-uniform) does not."""
+    rng = np.random.default_rng(int(p * 1000))
+    sizes = look_schedule(10000)
+    s, t = _paths(p, sizes, rng)
+    lower, upper = confidence_bounds(s, t, ALPHA)
+    assert (np.maximum.accumulate(lower, axis=1) > p).any(axis=1).mean() <= ALPHA
+    assert (np.minimum.accumulate(upper, axis=1) < p).any(axis=1).mean() <= ALPHA
+    assert np.all(lower <= s / t) and np.all(upper >= s / t)
+
+
+def test_simulation_has_power_against_repeated_fixed_n_bounds():
+    """The same check catches the naive rule: Clopper-Pearson at alpha at every look (here every
+    20 samples up to 2,000) exceeds p on far more than alpha of the paths. The mixture does not."""
+    rng = np.random.default_rng(7)
+    p, sizes = 0.5, [20] * 100
+    s, t = _paths(p, sizes, rng)
+    naive = np.where(s > 0, beta.ppf(ALPHA, np.maximum(s, 1), t - s + 1), 0.0)
+    assert (naive > p).any(axis=1).mean() > 2 * ALPHA
+    lower, _ = confidence_bounds(s, t, ALPHA)
+    assert (lower > p).any(axis=1).mean() <= ALPHA
+
+
+@pytest.mark.parametrize("n", [10000, 100000])
+def test_tighter_than_union_bound_and_close_to_fixed_n(n):
+    """At the last look the CS is tighter than a union bound over every sample index (the naive
+    anytime bound: Clopper-Pearson at alpha / n_max) and within 12% of fixed-n CERTIFY's radius."""
+    alpha, sigma = 0.001, 0.5
+    for p_hat in (0.7, 0.9, 0.99, 0.999, 1.0):
+        s = int(round(p_hat * n))
+        ours = float(confidence_bounds(s, n, alpha)[0])
+        union = lower_confidence_bound(s, n, alpha / n)
+        fixed = lower_confidence_bound(s, n, alpha)
+        assert union < ours < fixed, p_hat
+        assert sigma * norm.ppf(ours) >= 0.88 * sigma * norm.ppf(fixed), p_hat
+
+
+def test_bounds_edge_cases():
+    lower, upper = confidence_bounds([0, 5, 3], [5, 5, 6], 0.05)
+    assert lower[0] == 0.0 and upper[1] == 1.0
+    assert 0 < lower[2] < 0.5 < upper[2] < 1
+    with pytest.raises(ValueError):
+        confidence_bounds(6, 5, 0.05)
+
+
+def test_look_schedule():
+    assert look_schedule(10000)[:6] == [100, 100, 200, 400, 800, 1000]
+    assert sum(look_schedule(10000)) == 10000 and sum(look_schedule(123457)) == 123457
+    assert look_schedule(50) == [50]
+    assert max(look_schedule(100000)) == 5000
+
+
+def _stream(p, seed=0, classes=3):
+    """A count(first, num) over a fixed vote sequence: class 0 with prob. p, else spread."""
+    rng = np.random.default_rng(seed)
+    votes = np.where(rng.random(200000) < p, 0, rng.integers(1, classes, 200000))
+    calls = []
+
+    def count(first, num):
+        calls.append((first, num))
+        return np.bincount(votes[first:first + num], minlength=classes)
+    return count, calls, votes
+
+
+def test_stopping_rule_settles_each_case():
+    rule = SequentialRule((0.25, 0.5, 0.75, 1.0), sigma=0.5, alpha=0.001, n_max=10000)
+    # ~all votes agree: every radius certified after a few hundred samples
+    count, calls, _ = _stream(0.9995)
+    pred, radius, used = certify_sequential(count, 100, rule)
+    assert pred == 0 and radius >= 1.0 and used <= 100 + 1600
+    assert calls[0] == (0, 100) and calls[1] == (100, 100)          # selection, then the looks
+    # far below Phi(0.5) = 0.69: the first radius is out of reach at once
+    count, calls, _ = _stream(0.45)
+    pred, radius, used = certify_sequential(count, 100, rule)
+    assert pred == -1 and radius == 0.0 and used <= 100 + 400
+    # between thresholds: radius 0.25 certified, 0.5 (Phi(1) = 0.84) out of reach
+    count, _, _ = _stream(0.76)
+    pred, radius, used = certify_sequential(count, 100, rule)
+    assert pred == 0 and 0.25 <= radius < 0.5 and used < 100 + 10000
+    # exactly at a threshold: undecidable, runs to n_max and reports sigma * Phi^-1(L)
+    count, _, votes = _stream(norm.cdf(1.0))
+    pred, radius, used = certify_sequential(count, 100, rule)
+    assert used == 100 + 10000
+    s = int((votes[100:10100] == 0).sum())
+    assert radius == pytest.approx(0.5 * norm.ppf(confidence_bounds(s, 10000, 0.001)[0]))
+
+
+def test_many_configurations_stop_on_their_own():
+    rule = SequentialRule((0.25, 0.5), sigma=0.5, alpha=0.01, n_max=5000)
+    streams = {k: _stream(p, seed=k)[0] for k, p in enumerate((0.999, 0.6, 0.8))}
+    many = certify_sequential_many(lambda first, num: {k: c(first, num) for k, c in streams.items()}, 50, rule)
+    singles = {k: certify_sequential(_stream(p, seed=k)[0], 50, rule) for k, p in enumerate((0.999, 0.6, 0.8))}
+    assert many == singles
+    assert len({used for _, _, used in many.values()}) == 3          # three different stopping points
+
+
+def test_rule_validation():
+    from diffsmooth.engine.errors import UserError
+    with pytest.raises(UserError, match="radii"):
+        SequentialRule((), 0.5, 0.01, 100)
+    with pytest.raises(UserError, match="n-max"):
+        SequentialRule((0.5,), 0.5, 0.01, 0)
+
+
+# ---------------------------------------------------------------- CLI end to end on tiny models
+
+@pytest.fixture(scope="module")
+def spread_models(tmp_path_factory):
+    """A tiny classifier whose votes under noise spread over several classes (random ResNet with
+    BatchNorm statistics calibrated on noisy inputs), and 6 8x8 images labelled with its top votes."""
+    from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint
+    from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
+    root = tmp_path_factory.mktemp("spread")
+    for seed, name in ((3, "clf.pt"), (4, "clf_b.pt")):
+        torch.manual_seed(seed)
+        net = NormalizedClassifier(normalization_layer("normalize", "cifar10"),
+                                   build_classifier_net("cifar_resnet20", 10, 3))
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.momentum = None
+        net.train()
+        with torch.no_grad():
+            for _ in range(5):
+                net(torch.rand(64, 3, 8, 8) + 0.25 * torch.randn(64, 3, 8, 8))
+        save_cohen_checkpoint(root / name, net.eval(), "cifar_resnet20")
+    images = np.random.default_rng(0).integers(0, 256, size=(6, 8, 8, 3), dtype=np.uint8)
+    np.savez(root / "data.npz", images=images, labels=np.array([6, 6, 4, 6, 3, 6]))
+    return root
+
+
+def _args(root, *extra, classifiers=("clf.pt",)):
+    return ["certify", *[a for c in classifiers for a in ("--classifier", root / c)], "--arch", "cifar_resnet20", "--dataset", "npz",
+            "--data", root / "data.npz", "--method", "rs", "--sigma", "0.12", "--n0", "20", "--alpha", "0.01",
+            "--quiet", *extra]
+
+
+SEQ = ["--sequential", "--radii", "0.05,0.1", "--n-max", "1500"]
+
+
+@pytest.mark.slow
+def test_cli_sequential_rows_resume_and_guard(tmp_path, spread_models):
+    whole, part = tmp_path / "whole.tsv", tmp_path / "part.tsv"
+    invoke_ok([*_args(spread_models, *SEQ, "--batch", "300"), "--out", whole])
+    rows = read_rows(whole)
+    assert list(rows[0]) == ["idx", "label", "predict", "radius", "correct", "time", "samples"]
+    used = [int(r["samples"]) for r in rows]
+    assert all(20 + 100 <= u <= 20 + 1500 for u in used)
+    assert len(set(used)) >= 2 and min(used) < 20 + 1500            # early stops, at different looks
+    assert len({r["predict"] for r in rows}) >= 2                    # votes spread over classes
+    # a sequential row is never certified beyond what fixed-n CERTIFY on a superset of its samples allows
+    fixed = tmp_path / "fixed.tsv"
+    invoke_ok([*_args(spread_models, "--n", "1500", "--batch", "300"), "--out", fixed])
+    for seq_row, fixed_row in zip(rows, read_rows(fixed)):
+        if int(seq_row["predict"]) != -1:
+            assert seq_row["predict"] == fixed_row["predict"]
+    # batch size does not change a row; resume continues; other radii are refused
+    invoke_ok([*_args(spread_models, *SEQ, "--batch", "64", "--max", "3"), "--out", part])
+    assert len(read_rows(part)) == 3
+    result = invoke_ok([*_args(spread_models, *SEQ, "--batch", "64"), "--out", part])
+    assert "3 already done" in result.output
+    assert rows_without_time(part) == rows_without_time(whole)
+    bad = CliRunner().invoke(main, [str(a) for a in _args(spread_models, "--sequential", "--radii", "0.05",
+                                                          "--n-max", "1500")] + ["--out", str(part)])
+    assert bad.exit_code == 2 and "radii" in bad.output
+    settings = json.loads((tmp_path / "part.tsv.settings.json").read_text())
+    assert settings["sequential"] is True and settings["radii"] == [0.05, 0.1] and settings["n_max"] == 1500
+    table = invoke_ok(["analyze", whole, "--radii", "0,0.05,0.1"]).output
+    assert "| whole | 6 |" in table
+
+
+@pytest.mark.slow
+def test_cli_sequential_shards_merge_and_sweep(tmp_path, spread_models):
+    whole = tmp_path / "whole.tsv"
+    invoke_ok([*_args(spread_models, *SEQ), "--out", whole])
+    for shard in range(2):
+        invoke_ok([*_args(spread_models, *SEQ, "--shard", f"{shard}/2"), "--out", tmp_path / "m.tsv"])
+    invoke_ok(["merge", tmp_path / "m.tsv", tmp_path / "m.shard-0-of-2.tsv", tmp_path / "m.shard-1-of-2.tsv"])
+    assert rows_without_time(tmp_path / "m.tsv") == rows_without_time(whole)
+    # a sweep over two classifiers: each configuration stops on its own, rows equal single runs
+    sweep = tmp_path / "sweep"
+    invoke_ok([*_args(spread_models, *SEQ, classifiers=("clf.pt", "clf_b.pt")), "--out", sweep])
+    single_b = tmp_path / "b.tsv"
+    invoke_ok([*_args(spread_models, *SEQ, classifiers=("clf_b.pt",)), "--out", single_b])
+    index = json.loads((sweep / "index.json").read_text())
+    assert index["settings"]["sequential"] is True
+    assert rows_without_time(sweep / "rs__clf.tsv") == rows_without_time(whole)
+    assert rows_without_time(sweep / "rs__clf_b.tsv") == rows_without_time(single_b)
+    assert [r["samples"] for r in read_rows(single_b)] != [r["samples"] for r in read_rows(whole)]
+
+
+def test_cli_sequential_option_errors(tmp_path, spread_models):
+    for extra, message in ((["--radii", "0.5"], "belong to --sequential"),
+                           (["--sequential"], "needs --radii"),
+                           (["--sequential", "--radii", "a,b"], "comma-separated")):
+        result = CliRunner().invoke(main, [str(a) for a in _args(spread_models, *extra)] + ["--out", str(tmp_path / "x.tsv")])
+        assert result.exit_code == 2 and message in result.output, result.output
