@@ -81,18 +81,20 @@ def markdown(report: dict) -> str:
 
 
 def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, device: str, precision: str,
-        method: str, sigma: float, m: int, local_sigma: float, seed: int, out, progress: bool = True) -> dict:
+        method: str, sigma: float, m: int, local_sigma: float, seed: int, out, progress: bool = True,
+        compile=None) -> dict:
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.data import load_dataset
     from diffsmooth.engine.demo.run import spread_indices
     from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
+    from diffsmooth.engine.runs.fast_path import FastPath
 
     rule = rule_from_options(radii, sigma, alpha, n)
     dataset = load_dataset("embedded")
     indices = spread_indices(len(dataset), images)
     smooth = build_smooth(MethodConfig(method, sigma, m=m, local_sigma=local_sigma), ModelSources.demo(),
                           tuple(dataset.image_shape), dataset.num_classes, device=device, precision=precision,
-                          seed=seed)
+                          seed=seed, fast=FastPath.resolve(device, compile))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for name in ("fixed.tsv", "sequential.tsv"):
@@ -166,6 +168,9 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--out", type=click.Path(), default="bench-sequential", show_default=True,
               help="Directory for fixed.tsv, sequential.tsv, sequential.md, sequential.json.")
+@click.option("--compile/--no-compile", "compile", default=None,
+              help="The compiled static-batch fast path [default: on for CUDA]. Static batches pad every look "
+                   "of the sequential rule to a whole batch; --no-compile runs each look at its own size.")
 @click.option("--quiet", is_flag=True)
 def main(threads, quiet, **kw):
     """Fixed-n vs --sequential CERTIFY on the demo images; prints the markdown table."""
