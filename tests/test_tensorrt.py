@@ -459,10 +459,14 @@ def test_fake_stage_on_gpu_enqueues_on_the_callers_stream_without_sync(tmp_path,
     base = torch.rand(256, 3, 64, 64, device="cuda")
     torch.cuda.synchronize()
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:           # first calls pay one-off setup (a context per stream, CuPy's kernel build):
+        with torch.cuda.stream(s):   # on an H200 that outlasted the sleep below and failed this test once
+            stage(base)
+    torch.cuda.synchronize()
     outs = []
     for i, s in enumerate(streams):
         with torch.cuda.stream(s):
-            torch.cuda._sleep(200_000_000)                   # ~0.1 s of queued work on this stream
+            torch.cuda._sleep(1_000_000_000)                 # ~0.5 s of queued work on this stream
             x = base * (i + 1)                               # written only after the sleep
             start = time.perf_counter()
             outs.append(stage(x))
