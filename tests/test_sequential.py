@@ -189,7 +189,7 @@ def test_cli_sequential_rows_resume_and_guard(tmp_path, spread_models):
     assert "3 already done" in result.output
     assert rows_without_time(part) == rows_without_time(whole)
     bad = CliRunner().invoke(main, [str(a) for a in _args(spread_models, "--sequential", "--radii", "0.05",
-                                                          "--n-max", "1500")] + ["--out", str(part)])
+                                                          "--n-max", "1500", "--batch", "64")] + ["--out", str(part)])
     assert bad.exit_code == 2 and "radii" in bad.output
     settings = json.loads((tmp_path / "part.tsv.settings.json").read_text())
     assert settings["sequential"] is True and settings["radii"] == [0.05, 0.1] and settings["n_max"] == 1500
