@@ -136,9 +136,9 @@ def simulate(images: List[Image], *, n: int, n0: int, alpha: float, sigma: float
     return out
 
 
-def markdown(result: dict, radii: Sequence[float], header: str) -> str:
+def markdown(result: dict, radii: Sequence[float], header: str, label: str = "rule (SIMULATED)") -> str:
     base = next(iter(result.values()))
-    lines = [header, "", "| rule (SIMULATED) | samples (total) | fewer | at n-max | "
+    lines = [header, "", f"| {label} | samples (total) | fewer | at n-max | "
              + " | ".join(f"r={r:g}" for r in radii) + " | worst diff (points) |",
              "|" + "---|" * (len(radii) + 5)]
     for name, row in result.items():
@@ -172,9 +172,12 @@ def standard_rules(n: int) -> dict:
 @click.option("--sigma", type=float, default=0.5, show_default=True)
 @click.option("--radii", default="0.25,0.5,0.75,1.0", show_default=True)
 @click.option("--seeds", type=int, default=20, show_default=True, help="Simulated vote paths per image and rule.")
+@click.option("--measured", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Optional: the measured sequential TSV (with `samples`) of the same images, to print "
+                   "the measured rows next to the simulated ones.")
 @click.option("--abstain-p", type=float, default=0.45, show_default=True,
               help="Assumed vote rate of rows that abstained (radius 0).")
-def main(rows, n, n0, alpha, sigma, radii, seeds, abstain_p):
+def main(rows, n, n0, alpha, sigma, radii, seeds, abstain_p, measured):
     """Prints the SIMULATED samples / certified-accuracy table (markdown)."""
     from diffsmooth.engine.certify.sequential import parse_radii
     radii = sorted(parse_radii(radii))
@@ -184,6 +187,25 @@ def main(rows, n, n0, alpha, sigma, radii, seeds, abstain_p):
     header = (f"SIMULATION from the vote rates recovered from {rows} ({len(images)} images, n={n}, n0={n0}, "
               f"alpha={alpha}, sigma={sigma}, {seeds} seeds, abstained rows p={abstain_p}); means over seeds")
     click.echo(markdown(result, radii, header))
+    if measured:
+        click.echo("\n" + measured_table(rows, measured, n, n0, radii))
+
+
+def measured_table(fixed_path, seq_path, n: int, n0: int, radii: Sequence[float]) -> str:
+    """The MEASURED rows (fixed-n and sequential TSVs) in the same layout, to check the simulation."""
+    def read(path):
+        with open(path, newline="") as handle:
+            return list(csv.DictReader(handle, delimiter="\t"))
+    fixed, seq = read(fixed_path), read(seq_path)
+    table = {}
+    for name, rows, samples in (("MEASURED fixed-n", fixed, len(fixed) * (n0 + n)),
+                                ("MEASURED sequential", seq, sum(int(r["samples"]) for r in seq))):
+        radius = np.array([float(r["radius"]) for r in rows])
+        correct = np.array([int(r["correct"]) == 1 for r in rows])
+        at_max = sum(int(r["samples"]) >= n0 + n for r in rows) if "samples" in rows[0] else len(rows)
+        table[name] = {"samples": samples, "at_nmax": at_max,
+                       "accuracy": {r: accuracy(radius, correct, r) for r in radii}}
+    return markdown(table, radii, f"MEASURED: {fixed_path} and {seq_path}", label="run (MEASURED)")
 
 
 if __name__ == "__main__":
