@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from diffsmooth.engine.certify.core import certify_from_counts, top_class
-from diffsmooth.engine.certify.sequential import certify_sequential, look_schedule, rule_from_options
+from diffsmooth.engine.certify.sequential import certify_sequential, rule_from_options
 from diffsmooth.engine.runs.analyze import certified_accuracy, clopper_pearson
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, ResultWriter, format_radius, format_time
 
@@ -40,7 +40,7 @@ def certify_both(pipeline, x, image_index: int, *, n0: int, n: int, alpha: float
     from one pass."""
     recorded = {(0, n0): pipeline.count(x, image_index, 0, n0, batch)}
     first, total = n0, None
-    for size in look_schedule(n):
+    for size in rule.chunks():
         counts = pipeline.count(x, image_index, first, size, batch)
         recorded[(first, size)] = counts
         total = counts if total is None else total + counts
@@ -82,14 +82,14 @@ def markdown(report: dict) -> str:
 
 def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, device: str, precision: str,
         method: str, sigma: float, m: int, local_sigma: float, seed: int, out, progress: bool = True,
-        compile=None) -> dict:
+        compile=None, futility=None) -> dict:
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.data import load_dataset
     from diffsmooth.engine.demo.run import spread_indices
     from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
     from diffsmooth.engine.runs.fast_path import FastPath
 
-    rule = rule_from_options(radii, sigma, alpha, n)
+    rule = rule_from_options(radii, sigma, alpha, n, futility)
     dataset = load_dataset("embedded")
     indices = spread_indices(len(dataset), images)
     smooth = build_smooth(MethodConfig(method, sigma, m=m, local_sigma=local_sigma), ModelSources.demo(),
@@ -134,7 +134,7 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
     report = {
         "settings": dict(images=images, n=n, n0=n0, alpha=alpha, radii=list(rule.radii), batch=batch, device=device,
                          precision=precision, method=method, sigma=sigma, m=m, local_sigma=local_sigma, seed=seed,
-                         look_schedule=look_schedule(n)),
+                         futility=rule.futility, look_schedule=rule.chunks()),
         "images": len(indices),
         "fixed": {"samples": fixed_samples, "certified_accuracy": fixed_acc,
                   "votes_for_cA_of_n": votes_for_ca},
@@ -165,6 +165,7 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
 @click.option("--m", "m", type=int, default=5, show_default=True)
 @click.option("--local-sigma", type=float, default=0.25, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--futility", default=None, metavar="K|off", help="The sequential rule's futility stop [default: 2].")
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--out", type=click.Path(), default="bench-sequential", show_default=True,
               help="Directory for fixed.tsv, sequential.tsv, sequential.md, sequential.json.")

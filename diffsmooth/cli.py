@@ -308,6 +308,10 @@ def sequential_options(f):
         click.option("--radii", default=None, help="With --sequential: the radii to settle, e.g. 0.25,0.5,0.75,1.0."),
         click.option("--n-max", type=int, default=None, callback=_positive("n-max"),
                      help="With --sequential: most estimation samples per image [default: --n]."),
+        click.option("--futility", default=None, metavar="K|off",
+                     help="With --sequential: stop an image once even its vote rate + K standard errors "
+                          "would not certify the next radius at n-max [default: 2]; 'off' runs such "
+                          "images to n-max. Validity does not depend on it."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -319,10 +323,10 @@ def _sequential_rule(kw):
     from diffsmooth.engine.certify.sequential import rule_from_options
     from diffsmooth.engine.errors import UserError
     if not kw.get("sequential"):
-        if kw.get("radii") or kw.get("n_max"):
-            raise UserError("--radii and --n-max belong to --sequential")
+        if kw.get("radii") or kw.get("n_max") or kw.get("futility"):
+            raise UserError("--radii, --n-max and --futility belong to --sequential")
         return None
-    return rule_from_options(kw["radii"], kw["sigma"], kw["alpha"], kw["n_max"] or kw["n"])
+    return rule_from_options(kw["radii"], kw["sigma"], kw["alpha"], kw["n_max"] or kw["n"], kw.get("futility"))
 
 
 @main.command()
@@ -399,7 +403,8 @@ def _settings(mode, kw):
     rule = _sequential_rule(kw)
     if rule is not None:
         settings.pop("n")                       # n only sets n-max's default
-        settings.update(sequential=True, radii=list(rule.radii), n_max=rule.n_max)
+        settings.update(sequential=True, radii=list(rule.radii), n_max=rule.n_max, futility=rule.futility,
+                        look_growth=rule.growth)
     if kw["method"] != "diffsmooth" and not isinstance(kw["method"], list):
         for k in ("local_sigma", "m", "local_noise"):
             settings.pop(k)

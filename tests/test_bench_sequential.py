@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embe
 @pytest.mark.slow
 def test_replay_equals_real_runs(tmp_path):
     from diffsmooth.bench.sequential import run
-    common = dict(n=500, n0=20, alpha=0.01, radii="0.25,0.5,0.75", batch=256, sigma=0.5)
+    common = dict(n=500, n0=20, alpha=0.01, radii="0.25,0.5,0.75,1.0", batch=256, sigma=0.5)
     report = run(images=4, device="cpu", precision="fp32", method="rs", m=5, local_sigma=0.25, seed=0,
                  out=tmp_path / "bench", progress=False, **common)
     assert report["images"] == 4 and report["fixed"]["samples"] == 4 * 520
@@ -23,7 +23,7 @@ def test_replay_equals_real_runs(tmp_path):
     cli = ["certify", "--method", "rs", "--sigma", "0.5", "--n0", "20", "--alpha", "0.01", "--batch", "100",
            "--skip", "125", "--quiet"]                      # indices 0, 125, 250, 375 = the bench's 4 images
     invoke_ok([*cli, "--n", "500", "--out", tmp_path / "fixed.tsv"])
-    invoke_ok([*cli, "--sequential", "--radii", "0.25,0.5,0.75", "--n-max", "500", "--out", tmp_path / "seq.tsv"])
+    invoke_ok([*cli, "--sequential", "--radii", "0.25,0.5,0.75,1.0", "--n-max", "500", "--out", tmp_path / "seq.tsv"])
     assert rows_without_time(tmp_path / "bench" / "fixed.tsv") == rows_without_time(tmp_path / "fixed.tsv")
     assert rows_without_time(tmp_path / "bench" / "sequential.tsv") == rows_without_time(tmp_path / "seq.tsv")
     assert len({r["predict"] for r in rows_without_time(tmp_path / "fixed.tsv")}) >= 2     # votes spread

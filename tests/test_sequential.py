@@ -12,8 +12,9 @@ from cli_helpers import invoke_ok, rows_without_time
 from click.testing import CliRunner
 from diffsmooth.cli import main
 from diffsmooth.engine.certify.core import lower_confidence_bound
-from diffsmooth.engine.certify.sequential import (SequentialRule, certify_sequential, certify_sequential_many,
-                                                  confidence_bounds, look_schedule)
+from diffsmooth.engine.certify.sequential import (SequentialCertificate, SequentialRule, certify_sequential,
+                                                  certify_sequential_many, confidence_bounds, futility_bounds,
+                                                  look_schedule)
 from diffsmooth.engine.runs.results import read_rows
 
 PATHS = 2000
@@ -73,7 +74,8 @@ def test_bounds_edge_cases():
 
 
 def test_look_schedule():
-    assert look_schedule(10000)[:6] == [100, 100, 200, 400, 800, 1000]
+    assert np.cumsum(look_schedule(10000))[:9].tolist() == [100, 200, 300, 500, 800, 1200, 1800, 2700, 3700]
+    assert look_schedule(10000, growth=2.0)[:6] == [100, 100, 200, 400, 800, 1000]      # the first release's
     assert sum(look_schedule(10000)) == 10000 and sum(look_schedule(123457)) == 123457
     assert look_schedule(50) == [50]
     assert max(look_schedule(100000)) == 5000
@@ -106,19 +108,74 @@ def test_stopping_rule_settles_each_case():
     count, _, _ = _stream(0.76)
     pred, radius, used = certify_sequential(count, 100, rule)
     assert pred == 0 and 0.25 <= radius < 0.5 and used < 100 + 10000
-    # exactly at a threshold: undecidable, runs to n_max and reports sigma * Phi^-1(L)
+    # exactly at a threshold: undecidable; without the futility stop it runs to n_max and reports
+    # sigma * Phi^-1(max L); with it (the default) it stops early in the same bracket
     count, _, votes = _stream(norm.cdf(1.0))
-    pred, radius, used = certify_sequential(count, 100, rule)
+    no_futility = SequentialRule((0.25, 0.5, 0.75, 1.0), sigma=0.5, alpha=0.001, n_max=10000, futility=None)
+    pred, radius, used = certify_sequential(count, 100, no_futility)
     assert used == 100 + 10000
-    s = int((votes[100:10100] == 0).sum())
-    assert radius == pytest.approx(0.5 * norm.ppf(confidence_bounds(s, 10000, 0.001)[0]))
+    ends = np.cumsum(no_futility.chunks())                          # L is the running max over the looks
+    s = np.array([int((votes[100:100 + e] == 0).sum()) for e in ends])
+    assert radius == pytest.approx(0.5 * norm.ppf(confidence_bounds(s, ends, 0.001)[0].max()))
+    assert radius >= 0.5 * norm.ppf(confidence_bounds(s[-1], 10000, 0.001)[0])
+    pred2, radius2, used2 = certify_sequential(_stream(norm.cdf(1.0))[0], 100, rule)
+    assert pred2 == 0 and used2 < 100 + 10000 / 2 and 0.25 <= radius2 < 0.5 and radius2 <= radius
+
+
+def test_futility_projection():
+    """All votes agreeing projects to the bound of n_max agreeing votes; a wider margin is more
+    optimistic; at margin 0 it is the CS at n_max for the current rate."""
+    n_max, alpha = 10000, 0.001
+    assert futility_bounds(300, 300, n_max, alpha, 2.0) == pytest.approx(confidence_bounds(n_max, n_max, alpha)[0])
+    k0, k1, k3 = (float(futility_bounds(850, 1000, n_max, alpha, k)) for k in (0.0, 1.0, 3.0))
+    assert k0 == pytest.approx(float(confidence_bounds(8500, n_max, alpha)[0])) and k0 < k1 < k3 < 0.9
+    with pytest.raises(Exception, match="futility"):
+        SequentialRule((0.5,), 0.5, 0.01, 100, futility=-1.0)
+
+
+def test_simulation_rule_equals_engine_rule():
+    """bench/sequential_sim.py's vectorised rule makes the engine's decisions, path by path."""
+    from diffsmooth.bench.sequential_sim import simulate_sequential
+    radii, sigma, alpha, n_max = (0.25, 0.5, 0.75, 1.0), 0.5, 0.001, 10000
+    p = np.array([0.3, 0.55, 0.69, 0.75, 0.84, 0.85, 0.9, 0.93, 0.975, 0.98, 0.995, 1.0] * 2)
+    for futility in (2.0, None):
+        rule = SequentialRule(radii, sigma, alpha, n_max, futility=futility)
+        chunks = rule.chunks()
+        votes = np.random.default_rng(3).binomial(np.asarray(chunks)[None, :], p[:, None])
+        sim_radius, sim_used = simulate_sequential(p, radii, sigma, alpha, n_max, chunks, futility, None, votes=votes)
+        stops = set()
+        for i in range(len(p)):
+            state = SequentialCertificate(rule)
+            for j, size in enumerate(chunks):
+                if state.add(int(votes[i, j]), size):
+                    break
+            _, radius = state.result(0)
+            assert state.samples == sim_used[i] and radius == pytest.approx(sim_radius[i]), (futility, p[i])
+            stops.add(state.samples)
+        assert len(stops) >= 5
+
+
+@pytest.mark.parametrize("p", [0.5, norm.cdf(0.5), norm.cdf(1.0), norm.cdf(1.5), norm.cdf(2.0), 0.99])
+def test_new_rule_reported_radius_is_valid(p):
+    """The default rule (finer looks + futility stop) end to end: over 2,000 simulated paths the
+    REPORTED radius at the stopping time exceeds the true radius sigma * Phi^-1(p) in <= alpha
+    of them (p at and between the thresholds, where stopping decisions are closest)."""
+    from diffsmooth.bench.sequential_sim import simulate_sequential
+    radii, sigma, n_max = (0.25, 0.5, 0.75, 1.0), 0.5, 10000
+    rule = SequentialRule(radii, sigma, ALPHA, n_max)
+    assert rule.futility is not None
+    rng = np.random.default_rng(int(p * 1e4))
+    radius, used = simulate_sequential(np.full(PATHS, p), radii, sigma, ALPHA, n_max, rule.chunks(), rule.futility, rng)
+    true_radius = sigma * norm.ppf(p) if p > 0.5 else 0.0
+    assert (radius > true_radius + 1e-12).mean() <= ALPHA
+    assert used.min() < n_max                                       # the rule did stop early
 
 
 def test_many_configurations_stop_on_their_own():
     rule = SequentialRule((0.25, 0.5), sigma=0.5, alpha=0.01, n_max=5000)
-    streams = {k: _stream(p, seed=k)[0] for k, p in enumerate((0.999, 0.6, 0.8))}
+    streams = {k: _stream(p, seed=k)[0] for k, p in enumerate((0.999, 0.75, 0.87))}
     many = certify_sequential_many(lambda first, num: {k: c(first, num) for k, c in streams.items()}, 50, rule)
-    singles = {k: certify_sequential(_stream(p, seed=k)[0], 50, rule) for k, p in enumerate((0.999, 0.6, 0.8))}
+    singles = {k: certify_sequential(_stream(p, seed=k)[0], 50, rule) for k, p in enumerate((0.999, 0.75, 0.87))}
     assert many == singles
     assert len({used for _, _, used in many.values()}) == 3          # three different stopping points
 
@@ -191,8 +248,12 @@ def test_cli_sequential_rows_resume_and_guard(tmp_path, spread_models):
     bad = CliRunner().invoke(main, [str(a) for a in _args(spread_models, "--sequential", "--radii", "0.05",
                                                           "--n-max", "1500", "--batch", "64")] + ["--out", str(part)])
     assert bad.exit_code == 2 and "radii" in bad.output
+    off = CliRunner().invoke(main, [str(a) for a in _args(spread_models, *SEQ, "--batch", "64", "--futility", "off")]
+                             + ["--out", str(part)])
+    assert off.exit_code == 2 and "futility" in off.output                 # another stopping rule: refused
     settings = json.loads((tmp_path / "part.tsv.settings.json").read_text())
     assert settings["sequential"] is True and settings["radii"] == [0.05, 0.1] and settings["n_max"] == 1500
+    assert settings["futility"] == 2.0 and settings["look_growth"] == 1.5
     table = invoke_ok(["analyze", whole, "--radii", "0,0.05,0.1"]).output
     assert "| whole | 6 |" in table
 
@@ -220,6 +281,9 @@ def test_cli_sequential_shards_merge_and_sweep(tmp_path, spread_models):
 def test_cli_sequential_option_errors(tmp_path, spread_models):
     for extra, message in ((["--radii", "0.5"], "belong to --sequential"),
                            (["--sequential"], "needs --radii"),
-                           (["--sequential", "--radii", "a,b"], "comma-separated")):
+                           (["--sequential", "--radii", "a,b"], "comma-separated"),
+                           (["--futility", "off"], "belong to --sequential"),
+                           (["--sequential", "--radii", "0.5", "--futility", "-1"], "--futility must be"),
+                           (["--sequential", "--radii", "0.5", "--futility", "x"], "--futility must be")):
         result = CliRunner().invoke(main, [str(a) for a in _args(spread_models, *extra)] + ["--out", str(tmp_path / "x.tsv")])
         assert result.exit_code == 2 and message in result.output, result.output

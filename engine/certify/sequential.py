@@ -41,8 +41,11 @@ from diffsmooth.engine.certify.core import ABSTAIN, top_class
 from diffsmooth.engine.errors import UserError
 
 PRIOR_A = PRIOR_B = 0.5          # Jeffreys prior of the mixture
-FIRST_LOOK = 100                 # first chunk of estimation samples; the chunks then double ...
+FIRST_LOOK = 100                 # first chunk of estimation samples; the total then grows by GROWTH ...
 MIN_STEP_CAP = 1000              # ... up to max(MIN_STEP_CAP, n_max // 20) samples between looks
+GROWTH = 1.5                     # looks at 100, 200, 300, 500, 700, 1100, ...: finer than doubling
+GROWTH_OLD = 2.0                 # the first release's schedule (100, 200, 400, 800, ...)
+FUTILITY_MARGIN = 2.0            # default k of the futility stop (see futility_bounds)
 _BISECTIONS = 64                 # enough for double precision on [0, 1]
 
 
@@ -84,18 +87,37 @@ def confidence_bounds(successes, trials, alpha: float) -> Tuple[np.ndarray, np.n
     return lower, upper
 
 
-def look_schedule(n_max: int, first: int = FIRST_LOOK) -> List[int]:
-    """Chunk sizes of the estimation samples between two looks: first, then the total so far
-    (doubling), at most max(1000, n_max // 20) per chunk, summing to n_max. It depends on n_max
-    only, never on --batch, so results do not depend on the batch size. The engine, the sweep
-    and the benchmark replay all use this one schedule."""
+def look_schedule(n_max: int, first: int = FIRST_LOOK, growth: float = GROWTH) -> List[int]:
+    """Chunk sizes of the estimation samples between two looks: first, then (growth - 1) times
+    the total so far in whole multiples of `first` (growth 2 doubles), at most
+    max(1000, n_max // 20) per chunk, summing to n_max. It depends on n_max only, never on
+    --batch, so results do not depend on the batch size. The engine, the sweep and the
+    benchmark replay all use this one schedule. Any schedule is valid (the CS is time-uniform);
+    finer looks stop closer to where the bound crosses a threshold, coarser ones batch better."""
+    if growth <= 1:
+        raise ValueError(f"growth must be > 1, got {growth}")
     cap = max(MIN_STEP_CAP, n_max // 20)
     sizes, done = [], 0
     while done < n_max:
-        size = min(cap, max(first, done), n_max - done)
+        step = first * int(done * (growth - 1) / first + 0.5)
+        size = min(cap, max(first, step), n_max - done)
         sizes.append(size)
         done += size
     return sizes
+
+
+def futility_bounds(successes, trials, n_max: int, alpha: float, margin: float) -> np.ndarray:
+    """The CS lower bound at n_max if the vote rate from here on were the optimistic rate
+    p_hat + margin * sqrt(p_hat (1 - p_hat) / t) (capped at 1). Used only to decide when to stop:
+    an image whose projection misses the next threshold would (most likely) not certify that
+    radius even at n_max, so sampling on is futile. Stopping never affects validity (the
+    reported L_t is time-uniform); a wrong futility call only gives a smaller, still valid radius."""
+    s = np.asarray(successes, dtype=np.float64)
+    t = np.asarray(trials, dtype=np.float64)
+    p_hat = s / t
+    rate = np.minimum(1.0, p_hat + margin * np.sqrt(p_hat * (1 - p_hat) / t))
+    final = np.minimum(float(n_max), s + rate * (n_max - t))
+    return confidence_bounds(final, np.broadcast_to(float(n_max), final.shape), alpha)[0]
 
 
 @dataclass(frozen=True)
@@ -106,6 +128,8 @@ class SequentialRule:
     sigma: float
     alpha: float
     n_max: int
+    futility: Optional[float] = FUTILITY_MARGIN     # margin k of the futility stop; None = off
+    growth: float = GROWTH                          # look schedule (look_schedule)
 
     def __post_init__(self):
         if not self.radii or any(r < 0 for r in self.radii):
@@ -114,6 +138,10 @@ class SequentialRule:
             raise UserError(f"n-max must be >= 1, got {self.n_max}")
         if not 0 < self.alpha < 1:
             raise UserError(f"alpha must be in (0, 1), got {self.alpha}")
+        if self.futility is not None and self.futility < 0:
+            raise UserError(f"the futility margin must be >= 0 (or off), got {self.futility}")
+        if not self.growth > 1:
+            raise UserError(f"the look growth must be > 1, got {self.growth}")
         object.__setattr__(self, "radii", tuple(sorted(float(r) for r in self.radii)))
 
     @property
@@ -122,7 +150,7 @@ class SequentialRule:
         return [float(norm.cdf(r / self.sigma)) for r in self.radii]
 
     def chunks(self) -> List[int]:
-        return look_schedule(self.n_max)
+        return look_schedule(self.n_max, growth=self.growth)
 
 
 def parse_radii(text: str) -> Tuple[float, ...]:
@@ -140,7 +168,8 @@ class SequentialCertificate:
     """The running state of one image: votes for cA so far and the CS; `add` says when to stop.
 
     Stop when every listed radius is settled: L_t >= Phi(r_max / sigma) (all certified), or
-    U_t < Phi(r_next / sigma) for the smallest radius not yet certified (out of reach), or n_max.
+    U_t < Phi(r_next / sigma) for the smallest radius not yet certified (out of reach), or (with
+    rule.futility) the optimistic projection of L to n_max misses Phi(r_next / sigma), or n_max.
     Only L_t makes the certificate: the reported radius sigma * Phi^-1(L_t) is valid at the
     (random) stopping time because L_t is time-uniform at level alpha. U_t only decides WHEN to
     stop; if it is wrong, the run stops early with a smaller L_t, i.e. a more conservative but
@@ -167,6 +196,10 @@ class SequentialCertificate:
         self.lower, self.upper = max(self.lower, float(lower)), min(self.upper, float(upper))
         pending = [thr for thr in self.thresholds if not self.certified(thr)]
         self.done = (not pending or self.upper < pending[0] or self.samples >= self.rule.n_max)
+        if not self.done and self.rule.futility is not None:
+            projected = futility_bounds(self.successes, self.samples, self.rule.n_max, self.rule.alpha,
+                                        self.rule.futility)
+            self.done = bool(projected < pending[0])
         return self.done
 
     def result(self, c_a: int) -> Tuple[int, float]:
@@ -209,8 +242,24 @@ def certify_sequential_many(count: Callable[[int, int], Dict[Hashable, Sequence[
     return {k: (*state.result(c_a[k]), n0 + state.samples) for k, state in states.items()}
 
 
-def rule_from_options(radii: Optional[str], sigma: float, alpha: float, n_max: int) -> SequentialRule:
-    """The rule of `certify --sequential --radii ... --n-max ...` (radii required)."""
+def parse_futility(text: Optional[str]) -> Optional[float]:
+    """--futility '2' -> 2.0, 'off' -> None, not given -> FUTILITY_MARGIN."""
+    if text is None:
+        return FUTILITY_MARGIN
+    if str(text).strip().lower() in ("off", "none", "no"):
+        return None
+    try:
+        margin = float(text)
+    except ValueError:
+        raise UserError(f"--futility must be a number >= 0 or 'off', got {text!r}") from None
+    if not margin >= 0:
+        raise UserError(f"--futility must be a number >= 0 or 'off', got {text!r}")
+    return margin
+
+
+def rule_from_options(radii: Optional[str], sigma: float, alpha: float, n_max: int,
+                      futility: Optional[str] = None) -> SequentialRule:
+    """The rule of `certify --sequential --radii ... --n-max ... [--futility K|off]` (radii required)."""
     if not radii:
         raise UserError("--sequential needs --radii, e.g. --radii 0.25,0.5,0.75,1.0")
-    return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max))
+    return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max), parse_futility(futility))

@@ -1,0 +1,35 @@
+"""bench/sequential_sim.py: vote rates recovered from printed radii, and the simulated table."""
+
+import numpy as np
+from click.testing import CliRunner
+
+from diffsmooth.bench.sequential_sim import main, recover_votes
+from diffsmooth.engine.certify.core import certified_radius
+from diffsmooth.engine.runs.results import format_radius
+
+
+def test_recover_votes_reprints_the_radius():
+    n, alpha, sigma = 10000, 0.001, 0.5
+    for n_a in (5300, 6912, 8450, 9771, 9990, 10000):
+        printed = format_radius(certified_radius(n_a, n, alpha, sigma))
+        got = recover_votes(float(printed), n, alpha, sigma)
+        assert format_radius(certified_radius(got, n, alpha, sigma)) == printed
+        assert abs(got - n_a) <= max(5, 0.002 * n)
+    assert recover_votes(0.0, n, alpha, sigma) is None
+
+
+def test_sim_table_from_a_tsv(tmp_path):
+    rng = np.random.default_rng(0)
+    n, alpha, sigma = 2000, 0.001, 0.5
+    lines = ["idx\tlabel\tpredict\tradius\tcorrect\ttime"]
+    for i, n_a in enumerate(rng.integers(1100, n + 1, 30)):
+        radius = certified_radius(int(n_a), n, alpha, sigma)
+        lines.append(f"{i}\t1\t{1 if radius else -1}\t{format_radius(radius or 0.0)}\t{int(bool(radius))}\t0:00:01")
+    lines.append("30\t2\t-1\t0.0\t0\t0:00:01")
+    (tmp_path / "fixed.tsv").write_text("\n".join(lines) + "\n")
+    out = CliRunner().invoke(main, ["--rows", str(tmp_path / "fixed.tsv"), "--n", str(n), "--seeds", "2",
+                                    "--radii", "0.25,0.5"])
+    assert out.exit_code == 0, out.output
+    assert "SIMULATION" in out.output and f"| fixed-n n={n} | {31 * (100 + n):,} | 1.00x |" in out.output
+    seq = [line for line in out.output.splitlines() if line.startswith("| old: doubling")][0]
+    assert float(seq.split("|")[3].strip().rstrip("x")) > 1.0          # the sequential rule saved samples
