@@ -50,13 +50,20 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
         raise UserError(f"{path.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
     label = "local-smoothing classifier" if config.method == "diffsmooth" else "classifier"
     score = OrtStage(path, f"{label}[{path.name}]", dev, precision, provider, threads)
+    return exported_stages(config, image_shape, num_classes, purify, score, path.name, "graph")
+
+
+def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int], purify, score,
+                    file_name: str, kind: str) -> BaseClassifierStages:
+    """Stages from exported stages (ONNX graphs or TensorRT plans): checks that the classifier's inputs
+    fit the local-noise mode, probes them once, and checks the number of classes against the data."""
     local_shape = (int(config.m), *map(int, image_shape)) if (
         config.method == "diffsmooth" and config.local_noise == "fresh") else None
     if len(score.input_names) != (2 if local_shape else 1):
-        raise UserError(f"{path.name} takes inputs {score.input_names}, which does not fit "
+        raise UserError(f"{file_name} takes inputs {score.input_names}, which does not fit "
                         f"local noise mode {config.local_noise!r}")
     stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
     stages.num_classes = probe(stages, tuple(image_shape))
     if num_classes is not None and stages.num_classes != num_classes:
-        raise UserError(f"the classifier graph outputs {stages.num_classes} classes but the data has {num_classes}")
+        raise UserError(f"the classifier {kind} outputs {stages.num_classes} classes but the data has {num_classes}")
     return stages

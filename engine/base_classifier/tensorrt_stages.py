@@ -8,10 +8,10 @@ from typing import Optional
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
-from diffsmooth.engine.base_classifier.onnx_stages import wanted_fields
+from diffsmooth.engine.base_classifier.onnx_stages import exported_stages, wanted_fields
 from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device, gpu_identity, import_tensorrt
 from diffsmooth.engine.backends.trt_plans import choose_plan, scan_plans
-from diffsmooth.engine.base_classifier.methods import MethodConfig, probe
+from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError
 
 TRT_PRECISIONS = ("fp32", "fp16")
@@ -51,13 +51,4 @@ def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: O
         raise UserError(f"{plan.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
     label = "local-smoothing classifier" if config.method == "diffsmooth" else "classifier"
     score = TrtStage(plan, f"{label}[{plan.name}]", dev, precision, trt)
-    local_shape = (int(config.m), *map(int, image_shape)) if (
-        config.method == "diffsmooth" and config.local_noise == "fresh") else None
-    if len(score.input_names) != (2 if local_shape else 1):
-        raise UserError(f"{plan.name} takes inputs {score.input_names}, which does not fit "
-                        f"local noise mode {config.local_noise!r}")
-    stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
-    stages.num_classes = probe(stages, tuple(image_shape))
-    if num_classes is not None and stages.num_classes != num_classes:
-        raise UserError(f"the classifier plan outputs {stages.num_classes} classes but the data has {num_classes}")
-    return stages
+    return exported_stages(config, image_shape, num_classes, purify, score, plan.name, "plan")
