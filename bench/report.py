@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 STAGE_LABELS = {"noise": "noise generation", "denoise": "denoise (UNet)", "classify": "classify (+local smoothing)",
-                "vote_count": "vote count (argmax, bincount, sync)", "statistics": "statistics (Clopper-Pearson)",
+                "vote_count": "vote count (argmax, scatter-add, sync)", "statistics": "statistics (Clopper-Pearson)",
                 "io": "I/O (row write, fsync)"}
 
 
