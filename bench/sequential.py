@@ -170,8 +170,8 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
 @click.option("--out", type=click.Path(), default="bench-sequential", show_default=True,
               help="Directory for fixed.tsv, sequential.tsv, sequential.md, sequential.json.")
 @click.option("--compile/--no-compile", "compile", default=None,
-              help="The compiled static-batch fast path [default: on for CUDA]. Static batches pad every look "
-                   "of the sequential rule to a whole batch; --no-compile runs each look at its own size.")
+              help="The compiled static-batch fast path [default: on for CUDA]; a look's padded tail is counted "
+                   "by the next look, so no sample is computed twice.")
 @click.option("--quiet", is_flag=True)
 def main(threads, quiet, **kw):
     """Fixed-n vs --sequential CERTIFY on the demo images; prints the markdown table."""

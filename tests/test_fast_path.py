@@ -252,3 +252,37 @@ def test_resume_refuses_other_batch_or_fast_path(tmp_path, tiny_cli_args, change
     result = CliRunner().invoke(main, [str(a) for a in args])
     assert result.exit_code == 2
     assert "use another --out" in result.output and ("batch" in result.output or "fast_path" in result.output)
+
+
+def test_padded_votes_are_reused_by_the_next_pass_of_the_same_image(tiny_stages):
+    """Looks of a sequential run (and CERTIFY's estimation after selection) start where the last
+    pass stopped: the padded tail's votes are counted there instead of computed again, with the
+    counts of an unpadded run."""
+    static = make_pipeline(tiny_stages, static_batch=True)
+    plain = make_pipeline(tiny_stages)
+    produced = []
+    produce = static.produce
+    static.produce = lambda x, i, first, size: produced.append((first, size)) or produce(x, i, first, size)
+    x = image(9)
+    looks = [(0, 10), (10, 30), (40, 25), (65, 100), (165, 7)]
+    for first, num in looks:
+        a, b = static.count(x, 2, first, num, 32), plain.count(x, 2, first, num, 32)
+        np.testing.assert_array_equal(a, b)
+    computed = sum(size for _, size in produced)
+    assert computed == 192 and computed - 172 < 32          # whole batches, never a sample twice
+    assert [f for f, _ in produced] == list(range(0, 192, 32))
+
+
+def test_kept_votes_are_not_used_for_another_image_or_range(tiny_stages):
+    static = make_pipeline(tiny_stages, static_batch=True)
+    fresh = make_pipeline(tiny_stages, static_batch=True)
+    x, y = image(10), image(11)
+    static.count(x, 5, 0, 10, 32)                           # keeps votes of samples 10..31 of x
+    np.testing.assert_array_equal(static.count(y, 5, 10, 20, 32), fresh.count(y, 5, 10, 20, 32))
+    static.count(x, 5, 0, 10, 32)
+    np.testing.assert_array_equal(static.count(x, 5, 11, 20, 32), make_pipeline(tiny_stages).count(x, 5, 11, 20, 32))
+    x_changed = x.clone()
+    static.count(x_changed, 5, 0, 10, 32)
+    x_changed += 0.3                                        # the same tensor, changed in place
+    np.testing.assert_array_equal(static.count(x_changed, 5, 10, 20, 32),
+                                  make_pipeline(tiny_stages).count(x_changed, 5, 10, 20, 32))

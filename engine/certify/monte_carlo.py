@@ -153,15 +153,31 @@ class MonteCarloPipeline:
 
     def count(self, x: torch.Tensor, image_index: int, first_sample: int, num: int,
               batch: int) -> np.ndarray:
-        """Vote counts (int64 [K]) over samples first_sample..first_sample+num-1 of image_index."""
+        """Vote counts (int64 [K]) over samples first_sample..first_sample+num-1 of image_index.
+
+        With static batches the padded tail's votes are real samples (the next indices): they are
+        kept, and a following call on the same image that starts at those indices (CERTIFY's
+        estimation after its selection, or the next look of a sequential run) counts them instead of
+        computing them again."""
         if num < 1 or batch < 1:
             raise UserError(f"need num >= 1 and batch >= 1, got num={num}, batch={batch}")
         device = self.stages.device
+        source = x
         x = x.to(device=device, dtype=torch.float32)
         counts = torch.zeros(self.num_classes, dtype=torch.int64, device=device)
         finite = torch.ones((), dtype=torch.bool, device=device)
-        ones = torch.ones(batch, dtype=torch.int64, device=device)
-        plan = plan_batches(first_sample, num, batch, self.static_batch)
+        ones = torch.ones(max(batch, num), dtype=torch.int64, device=device)
+        start_sample, remaining = first_sample, num
+        spare = self._take_spare(source, image_index, first_sample)
+        if spare is not None:
+            votes, spare_finite = spare
+            use = min(len(votes), num)
+            counts.scatter_add_(0, votes[:use], ones[:use])
+            finite.logical_and_(spare_finite)
+            if use < len(votes):
+                self._spare = (source, image_index, first_sample + use, votes[use:], spare_finite)
+            start_sample, remaining = first_sample + use, num - use
+        plan = plan_batches(start_sample, remaining, batch, self.static_batch) if remaining > 0 else []
         lanes = self.lanes
         in_flight = {}
         lanes.begin()
@@ -175,14 +191,31 @@ class MonteCarloPipeline:
             h, token = in_flight.pop(k)
             with lanes.consumer():
                 lanes.accept(token, [h])
-                scores = self.classify(h, image_index, start)[:used]
-                finite.logical_and_(torch.isfinite(scores).all())
-                counts.scatter_add_(0, scores.argmax(dim=1), ones[:used])
+                scores = self.classify(h, image_index, start)
+                votes = scores.argmax(dim=1)
+                finite.logical_and_(torch.isfinite(scores[:used]).all())
+                counts.scatter_add_(0, votes[:used], ones[:used])
+                if computed > used:
+                    self._spare = (source.detach().clone(), image_index, start + used, votes[used:],
+                                   torch.isfinite(scores[used:]).all())
         lanes.end()
         if not bool(finite):
             raise NonFiniteScores(
                 f"image {image_index}: {self.stages.describe()} produced NaN/Inf scores; no result written")
         return counts.cpu().numpy()
+
+    _spare = None       # (image tensor as given, image index, first sample, votes, all finite)
+
+    def _take_spare(self, source: torch.Tensor, image_index: int, first_sample: int):
+        """The kept votes of samples first_sample.. of this very image, if the last pass left them."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        kept_source, kept_index, kept_first, votes, ok = spare
+        if (kept_index != image_index or kept_first != first_sample or kept_source.shape != source.shape
+                or not torch.equal(kept_source, source)):
+            return None
+        return votes, ok
 
     def all_scores(self, x: torch.Tensor, image_index: int, first_sample: int, num: int,
                    batch: int) -> torch.Tensor:
