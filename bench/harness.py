@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.errors import UserError, first_line
 from .flops import CONVENTION, stage_flops
 from .hardware import machine_info, peak_flops
 from .models import SET_SPECS, bench_images, build_model_set
@@ -165,23 +165,27 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
         try:
             import onnxruntime  # noqa: F401
             from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
-            from ..export.onnx_export import export_models
         except ImportError as exc:
             raise _Skip(f"onnxruntime backend not available ({exc})") from None
         if precision not in ("fp32", "fp16"):
             raise _Skip(f"onnxruntime runs fp32 or fp16 graphs, not {precision}")
         try:
-            export_models(config, model_set.image_shape, workdir, denoiser=model_set.denoiser,
-                          classifier=model_set.classifier, fp16=precision == "fp16",
-                          preset=SET_SPECS[model_set.name]["preset"])
+            _export_graphs(config, precision, model_set, workdir)
             return build_onnx_stages(workdir, config, model_set.image_shape, model_set.num_classes,
                                      device=settings.device, precision=precision, threads=settings.threads)
         except Exception as exc:  # the backend is optional: any failure to export/load is a skip
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise _Skip(f"onnxruntime graphs could not be exported/loaded: {first}") from None
+            raise _Skip(f"onnxruntime graphs could not be exported/loaded: {first_line(exc)}") from None
     if backend == "tensorrt":
         return _tensorrt_stages(config, precision, model_set, settings, workdir)
     raise UserError(f"unknown backend {backend!r}: choose torch, onnxruntime or tensorrt")
+
+
+def _export_graphs(config, precision, model_set, workdir) -> None:
+    """The ONNX graphs of the model set for `precision` into workdir (for the exported backends)."""
+    from ..export.onnx_export import export_models
+    export_models(config, model_set.image_shape, workdir, denoiser=model_set.denoiser,
+                  classifier=model_set.classifier, fp16=precision == "fp16",
+                  preset=SET_SPECS[model_set.name]["preset"])
 
 
 def _tensorrt_stages(config, precision, model_set, settings, workdir):
@@ -194,12 +198,9 @@ def _tensorrt_stages(config, precision, model_set, settings, workdir):
     if precision not in ("fp32", "fp16"):
         raise _Skip(f"tensorrt runs plans of the fp32 or fp16 graphs, not {precision}")
     from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
-    from ..export.onnx_export import export_models
     from ..export.trt_build import build_plans, current_target
     try:
-        export_models(config, model_set.image_shape, workdir, denoiser=model_set.denoiser,
-                      classifier=model_set.classifier, fp16=precision == "fp16",
-                      preset=SET_SPECS[model_set.name]["preset"])
+        _export_graphs(config, precision, model_set, workdir)
         build_plans(workdir, current_target(settings.device), batch=settings.batch, precisions=(precision,),
                     echo=lambda line: print(line, file=sys.stderr))
         return build_trt_stages(workdir, config, model_set.image_shape, model_set.num_classes,

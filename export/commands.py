@@ -44,6 +44,19 @@ def _sources(kw):
     return ModelSources(denoiser=kw["denoiser"], classifier=kw["classifier"], **given), False
 
 
+def validation_options(f):
+    """--samples/--dataset/--data/--seed: the noisy real samples whose votes a validation compares."""
+    for option in reversed([
+        click.option("--samples", type=int, default=1000, show_default=True,
+                     help="Noisy samples for vote agreement (>= 1000 for TensorRT plans)."),
+        click.option("--dataset", type=click.Choice(DATASETS), help="Validation images [default: embedded subset]."),
+        click.option("--data", type=click.Path(), help="Dataset directory or file for --dataset."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Noise seed for validation."),
+    ]):
+        f = option(f)
+    return f
+
+
 @click.command("export")
 @click.option("--denoiser", type=click.Path(), help="UNet checkpoint (improved-/guided-diffusion state dict).")
 @click.option("--preset", type=click.Choice(["cifar10", "imagenet", "demo"]),
@@ -68,10 +81,7 @@ def _sources(kw):
 @click.option("--fp16", is_flag=True, help="Also write mixed-fp16 graphs (half, except fp32 norms/softmax/reductions/IO).")
 @click.option("--also-unet", is_flag=True, help="Also write the plain UNet graph (x_t, t) -> out.")
 @click.option("--no-validate", is_flag=True, help="Skip the torch-vs-ONNX Runtime validation.")
-@click.option("--samples", type=int, default=1000, show_default=True, help="Noisy samples for vote agreement.")
-@click.option("--dataset", type=click.Choice(DATASETS), help="Validation images [default: embedded subset].")
-@click.option("--data", type=click.Path(), help="Dataset directory or file for --dataset.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed for validation.")
+@validation_options
 @click.option("--trt", is_flag=True, help="Also build TensorRT plans of the written graphs (needs TensorRT + GPU).")
 @click.option("--trt-batch", type=int, default=1000, show_default=True,
               help="Batch the plans are optimised for (profile: 1..--trt-max-batch).")
@@ -126,10 +136,7 @@ def export(**kw):
 
 @click.command("validate")
 @click.option("--onnx-dir", required=True, type=click.Path(), help="Folder written by `diffsmooth export`.")
-@click.option("--samples", type=int, default=1000, show_default=True, help="Noisy samples for vote agreement.")
-@click.option("--dataset", type=click.Choice(DATASETS), help="Validation images [default: embedded subset].")
-@click.option("--data", type=click.Path(), help="Dataset directory or file for --dataset.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed.")
+@validation_options
 def validate(onnx_dir, samples, dataset, data, seed):
     """Re-run torch vs ONNX Runtime on every graph in --onnx-dir; results go into the manifests."""
     from .validate import validate_dir
@@ -166,10 +173,7 @@ def _raise_if_failed(results):
               help="Timing cache file [default: one per GPU model in ~/.cache/diffsmooth/tensorrt].")
 @click.option("--rebuild", is_flag=True, help="Rebuild even when a cached plan matches.")
 @click.option("--no-validate", is_flag=True, help="Skip the plan-vs-ONNX Runtime vote validation.")
-@click.option("--samples", type=int, default=1000, show_default=True, help="Noisy samples for vote agreement (>= 1000).")
-@click.option("--dataset", type=click.Choice(DATASETS), help="Validation images [default: embedded subset].")
-@click.option("--data", type=click.Path(), help="Dataset directory or file for --dataset.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed for validation.")
+@validation_options
 def build_engine(onnx_dir, batch, max_batch, precisions, device, workspace_gb, timing_cache, rebuild, no_validate,
                  samples, dataset, data, seed):
     """Build (or reuse cached) TensorRT plans of the graphs in --onnx-dir, inspect and validate them."""
