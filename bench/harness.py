@@ -157,7 +157,6 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
         from diffsmooth.engine.base_classifier.methods import build_torch_stages
         fast = settings.fast_path()
         runner = TorchBackend(device=settings.device, precision=precision,
-                              channels_last=fast.compile and torch.device(settings.device).type == "cuda",
                               compile=fast.compile, cuda_graphs=fast.cuda_graphs)
         return build_torch_stages(config, model_set.classifier, model_set.denoiser, runner,
                                   model_set.image_shape, model_set.num_classes)

@@ -258,7 +258,7 @@ def _certify_sweep(kw):
     fast = _fast_path(kw)
     kw["batch"] = kw["batch"] or default_batch(kw["device"], tuple(dataset.image_shape))
     kw["fast_path"] = fast.as_dict()
-    backend = TorchBackend(kw["device"], kw["precision"], channels_last=fast.compile and fast.cuda_graphs,
+    backend = TorchBackend(kw["device"], kw["precision"],
                            compile=fast.compile, cuda_graphs=fast.cuda_graphs)
     purify = None
     if any(e.method != "rs" for e in entries):

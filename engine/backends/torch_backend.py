@@ -77,15 +77,16 @@ class TorchStage:
 
 
 class TorchBackend:
-    """Builds TorchStages on one device and precision; `fast` turns on the compiled CUDA path."""
+    """Builds TorchStages on one device and precision, eager or compiled (+ CUDA graphs)."""
 
     name = "torch"
 
-    def __init__(self, device: str = "cpu", precision: str = "fp32", channels_last: bool = False,
+    def __init__(self, device: str = "cpu", precision: str = "fp32", channels_last: Optional[bool] = None,
                  compile: bool = False, cuda_graphs: bool = False, log=None):
         self.device = resolve_device(device)
         self.precision = precision
-        self.channels_last = channels_last
+        # channels_last pays off for compiled CUDA convolutions; elsewhere it only reorders memory.
+        self.channels_last = (compile and self.device.type == "cuda") if channels_last is None else channels_last
         self.compile = compile
         self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
         self.log = log or (lambda message: print(message, file=sys.stderr))
@@ -94,27 +95,6 @@ class TorchBackend:
             use_compile_cache()
         if self.device.type == "cuda" and (compile or channels_last):
             torch.backends.cudnn.benchmark = True      # one static shape: autotune its convolutions once
-
-    @classmethod
-    def fast(cls, device: str = "cuda", precision: str = "fp16", compile: Optional[bool] = None,
-             cuda_graphs: Optional[bool] = None, log=None) -> "TorchBackend":
-        """The fastest torch path for `device`: on CUDA compiled + channels_last + CUDA graphs unless
-        switched off; on CPU eager unless compile=True (inductor's C++ backend)."""
-        cuda = torch.device(device).type == "cuda"
-        compile = cuda if compile is None else compile
-        cuda_graphs = cuda if cuda_graphs is None else cuda_graphs
-        return cls(device, precision, channels_last=cuda and compile, compile=compile,
-                   cuda_graphs=cuda_graphs, log=log)
-
-    def describe(self) -> str:
-        parts = [self.precision]
-        if self.compile:
-            parts.append("compiled")
-        if self.channels_last:
-            parts.append("channels_last")
-        if self.cuda_graphs:
-            parts.append("CUDA graphs")
-        return ", ".join(parts)
 
     def stage(self, module: nn.Module, name: str):
         stage = TorchStage(module, name, self.device, self.precision, self.channels_last, self.compile)

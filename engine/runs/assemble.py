@@ -101,8 +101,7 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
             fast = FastPath(static_batch=True, streams=2)       # plans are built for the run's batch
     if backend == "torch":
         from diffsmooth.engine.backends.torch_backend import TorchBackend
-        runner = TorchBackend(device=device, precision=precision, channels_last=fast.compile and
-                              torch_device_type(device) == "cuda", compile=fast.compile,
+        runner = TorchBackend(device=device, precision=precision, compile=fast.compile,
                               cuda_graphs=fast.cuda_graphs, log=log)
         denoiser, classifier = models or load_models(config, sources)
         stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes)
