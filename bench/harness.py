@@ -356,8 +356,10 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
                "samples_per_s": samples / ref_s, "first_batch_s": ref_first_batch_s,
                "estimation_counts": ref_counts,
                "interleaved": f"chunks of {chunk} samples, alternating engine/reference order",
+               "cudnn_benchmark": reference.cudnn_benchmark,
                "structure": "fp32 eager, randn_like noise, tables to device per call, m-loop classifier "
-                            "with per-call softmax, .cpu() per batch, Python vote loop"}
+                            "with per-call softmax, .cpu() per batch, Python vote loop, cudnn.benchmark "
+                            "as the official code sets it"}
     return engine, ref
 
 
@@ -462,9 +464,11 @@ def run_bench(settings: BenchSettings) -> dict:
                                                settings.measure_cpu_peak)
                 baseline = None
                 if settings.reference:
-                    from .reference_equivalent import build_reference
+                    from .reference_equivalent import build_reference, official_cudnn_benchmark
                     baseline = build_reference(settings.method, model_set, settings.sigma, settings.m,
-                                               settings.local_sigma, device=settings.device, seed=settings.seed)
+                                               settings.local_sigma, device=settings.device, seed=settings.seed,
+                                               cudnn_benchmark=official_cudnn_benchmark(
+                                                   settings.arch or SET_SPECS[settings.models]["arch"]))
                 measured, reference = measure(stages, model_set, images, settings, baseline,
                                               fast=settings.fast_path() if backend == "torch" else None)
                 rates, achieved = _rates(measured, flops, peak, calls)

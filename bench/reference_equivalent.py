@@ -3,10 +3,16 @@ on the same machine and models: fp32 eager, batch 50, randn_like noise, schedule
 to the device on every call, m classifier calls in a Python loop (each with its own softmax and
 accumulation), a host copy per batch and vote counting in a Python loop. Written for this
 harness; it reproduces the shape of the reference's work, not its code.
+
+cuDNN autotuning as in the official code: its architectures.py turns `cudnn.benchmark` on for the
+ImageNet classifiers (ResNet-50, BEiT) and leaves it off for the CIFAR-10 ResNets. The flag is
+process-wide and the engine's fast path turns it on, so the baseline sets its own value around
+each of its calls and restores the engine's afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional
 
@@ -21,8 +27,9 @@ class ReferenceEquivalent:
 
     def __init__(self, method: str, classifier: torch.nn.Module, num_classes: int, sigma: float,
                  denoiser=None, m: int = 5, local_sigma: float = 0.25, local_noise_seed: int = 42,
-                 device="cpu"):
+                 device="cpu", cudnn_benchmark: bool = False):
         self.method = method
+        self.cudnn_benchmark = bool(cudnn_benchmark)
         self.device = torch.device(device)
         self.classifier = classifier.eval().to(self.device)
         self.num_classes = int(num_classes)
@@ -87,7 +94,7 @@ class ReferenceEquivalent:
         """Vote counts over `num` noisy copies of x (torch.randn_like noise, no fixed seed)."""
         x = x.to(self.device)
         counts = np.zeros(self.num_classes, dtype=int)
-        with torch.no_grad():
+        with torch.no_grad(), cudnn_benchmark(self.cudnn_benchmark):
             remaining = num
             for _ in range(int(math.ceil(num / batch))):
                 this_batch = min(batch, remaining)
@@ -100,8 +107,28 @@ class ReferenceEquivalent:
         return counts
 
 
+@contextlib.contextmanager
+def cudnn_benchmark(enabled: bool):
+    """torch.backends.cudnn.benchmark = enabled inside the block, the previous value after it."""
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = previous
+
+
+OFFICIAL_CUDNN_BENCHMARK_ARCHS = ("resnet50", "beit_large_patch16_224")
+
+
+def official_cudnn_benchmark(arch: str) -> bool:
+    """The official code's cudnn.benchmark for a classifier architecture: on for its ImageNet
+    classifiers, off for the CIFAR-10 ResNets."""
+    return arch in OFFICIAL_CUDNN_BENCHMARK_ARCHS
+
+
 def build_reference(method: str, model_set, sigma: float, m: int, local_sigma: float,
-                    device="cpu", seed: Optional[int] = 0) -> ReferenceEquivalent:
+                    device="cpu", seed: Optional[int] = 0, cudnn_benchmark: bool = False) -> ReferenceEquivalent:
     """The baseline on copies of the engine run's torch modules (same weights; copies so the
     engine's channels_last conversion does not change the baseline's memory layout)."""
     import copy
@@ -109,4 +136,4 @@ def build_reference(method: str, model_set, sigma: float, m: int, local_sigma: f
         torch.manual_seed(seed)
     return ReferenceEquivalent(method, copy.deepcopy(model_set.classifier), model_set.num_classes, sigma,
                                copy.deepcopy(model_set.denoiser) if model_set.denoiser is not None else None,
-                               m, local_sigma, device=device)
+                               m, local_sigma, device=device, cudnn_benchmark=cudnn_benchmark)

@@ -128,6 +128,35 @@ def test_reference_equivalent_counts_every_sample_for_its_vote(tiny_set, method)
     assert counts.tolist() == [0] * 7 + [13, 0, 0]
 
 
+class _RecordsCudnnBenchmark(_OneClass):
+    """Remembers torch.backends.cudnn.benchmark at each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x):
+        self.seen.append(torch.backends.cudnn.benchmark)
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("arch,expected", [("cifar_resnet110", False), ("resnet50", True)])
+def test_reference_equivalent_runs_with_the_official_cudnn_autotuning(arch, expected):
+    """The official code autotunes cuDNN for its ImageNet classifiers only; the engine's process-wide
+    setting must neither leak into the baseline nor be lost after it."""
+    from diffsmooth.bench.reference_equivalent import ReferenceEquivalent, official_cudnn_benchmark
+    clf = _RecordsCudnnBenchmark()
+    ref = ReferenceEquivalent("rs", clf, 10, 0.5, cudnn_benchmark=official_cudnn_benchmark(arch))
+    previous = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = not expected          # what the engine left behind
+        ref.count(torch.rand(3, 8, 8), 7, batch=3)
+        assert clf.seen == [expected] * 3
+        assert torch.backends.cudnn.benchmark is (not expected)
+    finally:
+        torch.backends.cudnn.benchmark = previous
+
+
 def test_reference_equivalent_does_the_engines_maths(tiny_set):
     """Same denoised images and the same local-smoothing probabilities as the engine's modules."""
     from diffsmooth.bench.reference_equivalent import ReferenceEquivalent
