@@ -47,7 +47,8 @@ def summarize(out_dir) -> str:
         fp = run.get("fast_path") or {}
         path = f"{run['backend']} {run['precision']}" + "".join(
             f", {k}" for k, on in (("compiled", fp.get("compile")), ("CUDA graphs", fp.get("cuda_graphs")),
-                                   ("2 streams", fp.get("streams") == 2)) if on)
+                                   ("2 streams", fp.get("streams") == 2),
+                                   ("fused attention", fp.get("fused_attention"))) if on)
         lines.append(f"| {run['models']} | {int(n):,} | {path} | {run['warmup']['first_batch_s']:.0f} | {engine:.2f} | "
                      f"{'%.1f' % ref_s if ref_s else '-'} | {'%.1fx' % ratio if ratio else '-'} | "
                      f"{', '.join(goals) or '-'} | {('yes' if all(met) else 'NO') if met else '-'} |")

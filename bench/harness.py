@@ -69,6 +69,7 @@ class BenchSettings:
     compile: Optional[bool] = None          # torch backend fast path; None: on for CUDA (engine/runs/fast_path.py)
     cuda_graphs: Optional[bool] = None
     streams: Optional[int] = None
+    fused_attention: Optional[bool] = None
 
     def resolved(self) -> "BenchSettings":
         """A copy with the model set's defaults filled in and the values checked."""
@@ -95,7 +96,7 @@ class BenchSettings:
     def fast_path(self):
         """The torch backend's fast-path settings for this run."""
         from diffsmooth.engine.runs.fast_path import FastPath
-        return FastPath.resolve(self.device, self.compile, self.cuda_graphs, self.streams)
+        return FastPath.resolve(self.device, self.compile, self.cuda_graphs, self.streams, self.fused_attention)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -159,7 +160,7 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
         runner = TorchBackend(device=settings.device, precision=precision,
                               compile=fast.compile, cuda_graphs=fast.cuda_graphs)
         return build_torch_stages(config, model_set.classifier, model_set.denoiser, runner,
-                                  model_set.image_shape, model_set.num_classes)
+                                  model_set.image_shape, model_set.num_classes, fused_attention=fast.fused_attention)
     if backend == "onnxruntime":
         try:
             import onnxruntime  # noqa: F401

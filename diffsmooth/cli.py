@@ -114,6 +114,9 @@ def run_options(f):
                      help="Replay each compiled stage from a CUDA graph [default: on with --compile on CUDA]."),
         click.option("--streams", type=click.IntRange(1, 2), default=None,
                      help="2: denoise batch k+1 while classifying batch k on two CUDA streams [default: 2 on CUDA]."),
+        click.option("--fused-attention/--no-fused-attention", "fused_attention", default=None,
+                     help="Run the UNet's attention through scaled_dot_product_attention (flash kernels) "
+                          "[default: on with --compile on CUDA]."),
         click.option("--validate-samples", type=click.IntRange(0), default=1000, show_default=True,
                      help="Samples of the first image on which a compiled / fp16 / bf16 path is checked against "
                           "eager fp32 once per run (0: skip)."),
@@ -184,7 +187,7 @@ def _fast_path(kw):
     from diffsmooth.engine.runs.fast_path import FastPath
     if kw["backend"] != "torch":
         return FastPath()
-    return FastPath.resolve(kw["device"], kw["compile"], kw["cuda_graphs"], kw["streams"])
+    return FastPath.resolve(kw["device"], kw["compile"], kw["cuda_graphs"], kw["streams"], kw["fused_attention"])
 
 
 def _prepare(kw, mode="certify"):
@@ -262,7 +265,7 @@ def _certify_sweep(kw):
                            compile=fast.compile, cuda_graphs=fast.cuda_graphs)
     purify = None
     if any(e.method != "rs" for e in entries):
-        purify = backend.stage(load_denoiser_from(sources).purifier(kw["sigma"]), "denoiser")
+        purify = backend.stage(load_denoiser_from(sources).purifier(kw["sigma"], fast.fused_attention), "denoiser")
     shape = tuple(dataset.image_shape)
     num_classes = _probe_classes(backend, modules, shape, dataset.num_classes)
     pipeline = SweepPipeline(entries, modules, purify, backend, kw["sigma"], shape, num_classes,

@@ -45,9 +45,10 @@ def spread_classifier(seed):
     return net
 
 
-def make_pipeline(tiny_stages, backend=None, **kw):
+def make_pipeline(tiny_stages, backend=None, fused_attention=False, **kw):
     config, denoiser, classifier = tiny_stages
-    stages = build_torch_stages(config, classifier, denoiser, backend or TorchBackend(), SHAPE, 10)
+    stages = build_torch_stages(config, classifier, denoiser, backend or TorchBackend(), SHAPE, 10,
+                                fused_attention=fused_attention)
     return MonteCarloPipeline(stages, config.sigma, seed=3, **kw)
 
 
@@ -193,6 +194,9 @@ def test_fast_path_defaults_and_errors():
     assert not cpu.compile and not cpu.cuda_graphs and cpu.streams == 1 and not cpu.static_batch
     compiled = FastPath.resolve("cpu", compile=True)
     assert compiled.compile and compiled.static_batch and not compiled.compiled_noise
+    assert not cpu.fused_attention and not compiled.fused_attention and "fused_attention" not in cpu.as_dict()
+    fused = FastPath.resolve("cpu", fused_attention=True)
+    assert fused.fused_attention and fused.changes_arithmetic and fused.as_dict()["fused_attention"] is True
     with pytest.raises(UserError, match="CUDA"):
         FastPath.resolve("cpu", cuda_graphs=True)
     with pytest.raises(UserError, match="streams"):
@@ -221,10 +225,20 @@ def test_compiled_noise_bit_identical_on_cpu():
         assert torch.equal(eager, compiled)
 
 
+def test_fused_attention_counts_equal_reference_attention_on_cpu(tiny_stages):
+    """The denoiser stage with scaled_dot_product_attention votes like the legacy attention (fp32 CPU)."""
+    x = image(9)
+    fused = make_pipeline(tiny_stages, fused_attention=True).count(x, 0, 0, 120, 40)
+    reference = make_pipeline(tiny_stages).count(x, 0, 0, 120, 40)
+    assert (reference > 0).sum() >= 2
+    np.testing.assert_array_equal(fused, reference)
+
+
 @pytest.mark.slow
 def test_compiled_stages_match_eager_on_cpu(tiny_stages):
-    """torch.compile (inductor C++) of both stages at one static shape: the same counts as eager."""
-    fast = make_pipeline(tiny_stages, backend=TorchBackend(compile=True), static_batch=True)
+    """torch.compile (inductor C++) of both stages at one static shape, with fused attention as on
+    CUDA: the same counts as eager with the reference attention."""
+    fast = make_pipeline(tiny_stages, backend=TorchBackend(compile=True), fused_attention=True, static_batch=True)
     eager = make_pipeline(tiny_stages)
     x = image(8)
     report = validate_fast_path(fast, eager, x, 0, 64, 32, log=lambda m: None)
@@ -234,7 +248,7 @@ def test_compiled_stages_match_eager_on_cpu(tiny_stages):
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("change", [["--batch", "3"], ["--streams", "2"], ["--compile"]])
+@pytest.mark.parametrize("change", [["--batch", "3"], ["--streams", "2"], ["--compile"], ["--fused-attention"]])
 def test_resume_refuses_other_batch_or_fast_path(tmp_path, tiny_cli_args, change):
     """Counts repeat only at the same batch, precision and kernels: a resume must match them."""
     from click.testing import CliRunner

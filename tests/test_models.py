@@ -23,9 +23,11 @@ from diffsmooth.engine.models.resnet import (
 )
 from diffsmooth.engine.models.unet import (
     PRESETS,
+    AttentionBlock,
     GroupNorm32,
     UNetConfig,
     UNetModel,
+    qkv_attention_fused,
     qkv_attention_legacy,
     timestep_embedding,
     unet_config,
@@ -225,6 +227,40 @@ def test_attention_matches_einsum_reference(heads):
     assert ours.shape == (2, heads * 16, 64)
     torch.testing.assert_close(ours.double(), _reference_attention(qkv, heads), rtol=1e-5, atol=1e-5)
     assert torch.equal(ours, qkv_attention_legacy(qkv, heads, head_channels=16))
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_fused_attention_matches_einsum_reference(heads):
+    torch.manual_seed(1)
+    qkv = torch.randn(2, heads * 3 * 16, 64) * 2
+    fused = qkv_attention_fused(qkv, heads, 16)
+    torch.testing.assert_close(fused.double(), _reference_attention(qkv, heads), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("preset,overrides", [("cifar10", dict(model_channels=32, num_res_blocks=1)),
+                                              ("imagenet", dict(model_channels=32, num_head_channels=32,
+                                                                num_res_blocks=1))])
+def test_fused_attention_copy_shares_weights_and_matches(preset, overrides):
+    """with_fused_attention: same parameters (not copies), the original untouched, same outputs."""
+    torch.manual_seed(0)
+    model = UNetModel(replace(PRESETS[preset], **overrides)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.05)              # proj_out is zero-initialised: make attention matter
+    fused = model.with_fused_attention()
+    assert [id(p) for p in fused.parameters()] == [id(p) for p in model.parameters()]
+    flags = [(a.fused, b.fused) for a, b in zip(model.modules(), fused.modules()) if isinstance(a, AttentionBlock)]
+    assert flags and all(f == (False, True) for f in flags)
+    size = 32 if preset == "cifar10" else 64
+    x, t = torch.randn(2, 3, size, size), torch.tensor([100.0, 300.0])
+    with torch.no_grad():
+        reference, ours = model(x, t), fused(x, t)
+        without_attention = model.with_fused_attention()
+        for block in without_attention.modules():
+            if isinstance(block, AttentionBlock):
+                block.forward = lambda h: h            # the oracle: attention changes the output
+        assert (without_attention(x, t) - reference).abs().max() > 1e-4      # 10x the tolerance below
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
 
 
 def test_attention_softmax_in_float32_for_half_inputs():

@@ -53,9 +53,15 @@ class DiffusionDenoiser(nn.Module):
         """t*: the first timestep whose noise level reaches 2*sigma in [-1, 1] image units."""
         return self.schedule.timestep(sigma)
 
-    def purifier(self, sigma: float) -> OneShotPurifier:
-        """An nn.Module computing denoise(., sigma), sharing this UNet's weights."""
-        return OneShotPurifier(self.unet, self.schedule.coefficients(sigma), self.channels)
+    def purifier(self, sigma: float, fused_attention: bool = False) -> OneShotPurifier:
+        """An nn.Module computing denoise(., sigma), sharing this UNet's weights; `fused_attention`
+        runs the UNet's attention through scaled_dot_product_attention (GPU fast path)."""
+        unet = self.unet
+        if fused_attention:
+            if not hasattr(unet, "with_fused_attention"):
+                raise UserError(f"fused attention needs the engine's UNetModel, not {type(unet).__name__}")
+            unet = unet.with_fused_attention()
+        return OneShotPurifier(unet, self.schedule.coefficients(sigma), self.channels)
 
     @torch.inference_mode()
     def denoise(self, x_rs: torch.Tensor, sigma: float) -> torch.Tensor:

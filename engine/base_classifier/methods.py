@@ -63,11 +63,13 @@ def score_module(config: MethodConfig, classifier: nn.Module, image_shape: Tuple
 
 
 def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, backend,
-                       image_shape: Tuple[int, ...], num_classes: Optional[int] = None) -> BaseClassifierStages:
+                       image_shape: Tuple[int, ...], num_classes: Optional[int] = None,
+                       fused_attention: bool = False) -> BaseClassifierStages:
     """Stages for `config` on a TorchBackend; checks once that the models take `image_shape`."""
     if config.uses_denoiser and denoiser is None:
         raise UserError(f"method {config.method} needs a denoiser checkpoint (--denoiser)")
-    purify = backend.stage(denoiser.purifier(config.sigma), "denoiser") if config.uses_denoiser else None
+    purify = (backend.stage(denoiser.purifier(config.sigma, fused_attention), "denoiser")
+              if config.uses_denoiser else None)
     head = score_module(config, classifier, image_shape)
     score = backend.stage(head, "local-smoothing classifier" if config.method == "diffsmooth" else "classifier")
     local_shape = (config.m, *image_shape) if getattr(head, "takes_noise", False) else None

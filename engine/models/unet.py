@@ -3,11 +3,14 @@
 One implementation covers both: module names, parameter shapes and numerics follow the official
 code (GroupNorm in float32, cos-then-sin timestep embedding, legacy per-head [q;k;v] attention with
 a float32 softmax), while attention uses plain batched matmuls so the model exports to ONNX without
-Einsum and without any gradient-checkpointing wrapper.
+Einsum and without any gradient-checkpointing wrapper. `with_fused_attention()` gives a copy, sharing
+the weights, whose attention runs through torch's scaled_dot_product_attention (the GPU fast path).
 """
 
 from __future__ import annotations
 
+import copy
+import itertools
 import math
 from dataclasses import MISSING, dataclass, fields, replace
 
@@ -24,6 +27,7 @@ __all__ = [
     "unet_config",
     "timestep_embedding",
     "qkv_attention_legacy",
+    "qkv_attention_fused",
 ]
 
 _GROUPS = 32  # GroupNorm groups used by both reference UNets
@@ -253,6 +257,16 @@ def qkv_attention_legacy(qkv: torch.Tensor, num_heads: int, head_channels: int |
     return out.reshape(-1, num_heads * ch, length)
 
 
+def qkv_attention_fused(qkv: torch.Tensor, num_heads: int, head_channels: int) -> torch.Tensor:
+    """qkv_attention_legacy's result through F.scaled_dot_product_attention, whose scale 1/sqrt(ch)
+    equals the two ch**-0.25 factors. On CUDA this is a flash / memory-efficient kernel: the
+    [heads, T, T] weights are never written to memory, which the legacy path does three times."""
+    batch, _, length = qkv.shape
+    q, k, v = qkv.reshape(batch, num_heads, 3 * head_channels, length).split(head_channels, dim=2)
+    out = F.scaled_dot_product_attention(q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(-1, -2))
+    return out.transpose(-1, -2).reshape(batch, num_heads * head_channels, length)
+
+
 class _TakesEmbedding(nn.Module):
     """Marker base: modules whose forward takes (x, emb)."""
 
@@ -358,6 +372,8 @@ class ResBlock(_TakesEmbedding):
 class AttentionBlock(nn.Module):
     """Spatial self-attention with a residual connection; qkv and proj_out are 1x1 Conv1d as in the checkpoints."""
 
+    fused = False       # True: qkv_attention_fused (set on copies made by UNetModel.with_fused_attention)
+
     def __init__(self, channels: int, num_heads: int):
         super().__init__()
         self.num_heads = num_heads
@@ -369,7 +385,8 @@ class AttentionBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, height, width = x.shape
         x = x.reshape(b, c, height * width)
-        h = qkv_attention_legacy(self.qkv(self.norm(x)), self.num_heads, self.head_channels)
+        attention = qkv_attention_fused if self.fused else qkv_attention_legacy
+        h = attention(self.qkv(self.norm(x)), self.num_heads, self.head_channels)
         h = self.proj_out(h)
         return (x + h).reshape(b, c, height, width)
 
@@ -437,6 +454,16 @@ class UNetModel(nn.Module):
         self.out = nn.Sequential(
             GroupNorm32(ch), nn.SiLU(), _zeroed(nn.Conv2d(ch, cfg.out_channels, 3, padding=1))
         )
+
+    def with_fused_attention(self) -> "UNetModel":
+        """A copy that shares this model's parameters and buffers (no memory for weights) and runs
+        its attention blocks through scaled_dot_product_attention; this model is left unchanged."""
+        shared = {id(t): t for t in itertools.chain(self.parameters(), self.buffers())}
+        clone = copy.deepcopy(self, shared)
+        for block in clone.modules():
+            if isinstance(block, AttentionBlock):
+                block.fused = True
+        return clone
 
     def _check_input(self, x: torch.Tensor, timesteps: torch.Tensor) -> None:
         cfg = self.config

@@ -104,7 +104,8 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
         runner = TorchBackend(device=device, precision=precision, compile=fast.compile,
                               cuda_graphs=fast.cuda_graphs, log=log)
         denoiser, classifier = models or load_models(config, sources)
-        stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes)
+        stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
+                                    fused_attention=fast.fused_attention)
     elif backend == "onnxruntime":
         from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
         if not onnx_dir:

@@ -1,5 +1,5 @@
 """The GPU fast path as settings: compiled static-shape stages, CUDA graphs, two streams, compiled
-noise — on by default on CUDA — plus GPU batch defaults and the once-per-run check of the fast
+noise, fused attention in the UNet — on by default on CUDA — plus GPU batch defaults and the once-per-run check of the fast
 path against eager fp32 on a real image.
 """
 
@@ -37,12 +37,14 @@ class FastPath:
     streams: int = 1
     static_batch: bool = False
     compiled_noise: bool = False
+    fused_attention: bool = False
 
     @classmethod
     def resolve(cls, device: str, compile: Optional[bool] = None, cuda_graphs: Optional[bool] = None,
-                streams: Optional[int] = None) -> "FastPath":
+                streams: Optional[int] = None, fused_attention: Optional[bool] = None) -> "FastPath":
         """On CUDA everything on unless switched off; on CPU eager unless compile=True. Compiled
-        stages always get static batches (one graph per run)."""
+        stages always get static batches (one graph per run); fused attention defaults to on with
+        compiled CUDA stages."""
         cuda = torch.device(device).type == "cuda"
         compile = cuda if compile is None else bool(compile)
         cuda_graphs = (cuda and compile) if cuda_graphs is None else bool(cuda_graphs)
@@ -51,16 +53,23 @@ class FastPath:
         streams = (2 if cuda else 1) if streams is None else int(streams)
         if streams not in (1, 2):
             raise UserError(f"--streams must be 1 or 2, got {streams}")
+        fused_attention = (cuda and compile) if fused_attention is None else bool(fused_attention)
         return cls(compile=compile, cuda_graphs=cuda_graphs, streams=streams,
-                   static_batch=compile or cuda_graphs, compiled_noise=compile and cuda)
+                   static_batch=compile or cuda_graphs, compiled_noise=compile and cuda,
+                   fused_attention=fused_attention)
 
     @property
     def changes_arithmetic(self) -> bool:
-        """True when votes may differ from eager execution (compiled kernels)."""
-        return self.compile or self.cuda_graphs
+        """True when votes may differ from eager execution (compiled kernels, another attention kernel)."""
+        return self.compile or self.cuda_graphs or self.fused_attention
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The settings as recorded next to result files; fused_attention only when on, so result
+        files written before it existed still resume."""
+        d = asdict(self)
+        if not self.fused_attention:
+            d.pop("fused_attention")
+        return d
 
 
 @dataclass
