@@ -79,6 +79,9 @@ class BenchSettings:
         cuda = str(self.device).startswith("cuda")
         s = replace(self, n=self.n or spec["n"], batch=self.batch or spec["batch_cuda" if cuda else "batch"],
                     measure_n=self.measure_n or spec["measure_n_cuda" if cuda else "measure_n"])
+        if self.batch is None and self.fast_path().static_batch:      # as `certify` picks it (fast_path.py)
+            from diffsmooth.engine.runs.fast_path import aligned_batch
+            s = replace(s, batch=aligned_batch(s.n0 + s.n, s.batch))
         batches, ms = SWEEP_DEFAULTS[self.models]
         s = replace(s, sweep_batches=tuple(self.sweep_batches or batches),
                     sweep_ms=tuple(self.sweep_ms or (ms if self.method == "diffsmooth" else (s.m,))))
@@ -213,14 +216,15 @@ def engine_seconds_table(measured: dict, settings: BenchSettings, ns) -> Dict[st
     """Seconds per image at each target n: the samples a run computes (whole static batches, so
     the padded tail is paid for) times the measured cost per computed sample, plus fixed costs."""
     static, batch = measured["static_batch"], measured["batch"]
-    return {str(int(n)): measured["per_computed_sample_s"] * (computed_samples(settings.n0, batch, static)
-                                                             + computed_samples(int(n), batch, static))
+    return {str(int(n)): measured["per_computed_sample_s"] * computed_samples(settings.n0, int(n), batch, static)
             + measured["per_image_fixed_s"] for n in ns}
 
 
-def computed_samples(num: int, batch: int, static: bool) -> int:
-    """Samples a pass of `num` computes: static batches round it up to whole batches."""
-    return -(-num // batch) * batch if static else num
+def computed_samples(n0: int, n: int, batch: int, static: bool) -> int:
+    """Samples CERTIFY computes for one image: static batches compute whole batches, and the
+    estimation pass counts the selection batch's padded tail (MonteCarloPipeline keeps those
+    votes), so n0 + n samples take ceil((n0 + n) / batch) batches."""
+    return -(-(n0 + n) // batch) * batch if static else n0 + n
 
 
 class _Skip(Exception):
@@ -273,6 +277,7 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
         ref_first_batch_s = time.perf_counter() - start
 
     count_s = ref_s = 0.0
+    computed_before = pipe.samples_computed
     predictions, ref_counts = [], []
     turn = 0
     with tempfile.TemporaryDirectory() as tmp, ResultWriter(Path(tmp) / "bench.tsv") as writer:
@@ -322,13 +327,17 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
                                    compiled_noise=bool(fast and fast.compiled_noise))
         plain.count(x0, 0, 0, batch, batch)                 # warm the second stream's path
         synchronize(device)
+        computed_before = plain.samples_computed
         t0 = time.perf_counter()
         for i, (x, _) in enumerate(images):
             plain.count(x, i, 0, n0m, batch)
             plain.count(x, i, n0m, nm, batch)
         synchronize(device)
         pipeline_s, rate_source = time.perf_counter() - t0, "separate pass without stage timers"
-    computed = len(images) * (computed_samples(n0m, batch, static) + computed_samples(nm, batch, static))
+    expected = len(images) * computed_samples(n0m, nm, batch, static)
+    computed = (plain if device.type == "cuda" else pipe).samples_computed - computed_before
+    if computed != expected:            # the extrapolation assumes what this measured pass computed
+        raise RuntimeError(f"bench: the pipeline computed {computed} samples, the extrapolation assumes {expected}")
     fixed_s = (stage_s["statistics"] + stage_s["io"]) / len(images)
     engine = {
         "images": len(images),

@@ -190,13 +190,21 @@ def _fast_path(kw):
     return FastPath.resolve(kw["device"], kw["compile"], kw["cuda_graphs"], kw["streams"], kw["fused_attention"])
 
 
+def _samples_per_pass(kw, mode):
+    """Samples one image's votes take in one chain of passes (None for sequential looks): what a
+    static batch is aligned to."""
+    if kw.get("sequential"):
+        return None
+    return kw["n"] if mode == "predict" else kw["n0"] + kw["n"]
+
+
 def _prepare(kw, mode="certify"):
     """Dataset, selected indices, method config, Smooth and shard plan from the parsed options.
     The result file's recorded settings are checked before any model is built or compiled."""
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.errors import UserError
     from diffsmooth.engine.runs.assemble import build_checked_smooth
-    from diffsmooth.engine.runs.fast_path import default_batch
+    from diffsmooth.engine.runs.fast_path import default_static_batch
     from diffsmooth.engine.runs.sharding import plan_from, rank_device
 
     _set_threads(kw)
@@ -207,8 +215,9 @@ def _prepare(kw, mode="certify"):
     sources = _sources(kw, kind)
     plan = plan_from(kw["shard"], kw["device"])
     device = rank_device(plan, kw["device"])
-    kw["batch"] = kw["batch"] or default_batch(device, tuple(dataset.image_shape))
     fast = _fast_path(dict(kw, device=device))
+    kw["batch"] = kw["batch"] or default_static_batch(device, tuple(dataset.image_shape),
+                                                      _samples_per_pass(kw, mode), fast.static_batch)
     kw["fast_path"] = fast.as_dict()
     from diffsmooth.engine.runs.results import check_or_record_settings, shard_path
     check_or_record_settings(kw["out"] if plan.num_shards == 1 else shard_path(kw["out"], plan.shard, plan.num_shards),
@@ -257,9 +266,11 @@ def _certify_sweep(kw):
     entries = plan_entries(kw["method"], classifiers_for, kw["local_sigma"], kw["m"])
     modules = {name: load_classifier(paths[name], arch=sources.arch, dataset=sources.stats,
                                      normalization=sources.normalization) for name in {e.classifier for e in entries}}
-    from diffsmooth.engine.runs.fast_path import default_batch
+    from diffsmooth.engine.runs.fast_path import default_static_batch
     fast = _fast_path(kw)
-    kw["batch"] = kw["batch"] or default_batch(kw["device"], tuple(dataset.image_shape))
+    # No alignment here: the sweep pipeline does not carry a selection batch's padded votes over.
+    kw["batch"] = kw["batch"] or default_static_batch(kw["device"], tuple(dataset.image_shape), None,
+                                                      fast.static_batch)
     kw["fast_path"] = fast.as_dict()
     backend = TorchBackend(kw["device"], kw["precision"],
                            compile=fast.compile, cuda_graphs=fast.cuda_graphs)

@@ -189,6 +189,37 @@ def test_two_lane_schedule_hands_each_batch_across_once(tiny_stages):
     assert handoffs == accepts and lanes.events[0][0] == "begin" and lanes.events[-1][0] == "end"
 
 
+@pytest.mark.parametrize("n0,n,batch", [(4, 50, 16), (20, 20, 16), (5, 27, 8)])
+def test_certify_computes_the_samples_the_bench_extrapolates(tiny_stages, n0, n, batch):
+    """Selection then estimation (in chunks, as bench interleaves them) computes
+    ceil((n0 + n) / batch) static batches: the selection's padded tail is counted, not recomputed."""
+    from diffsmooth.bench.harness import computed_samples
+    pipe = make_pipeline(tiny_stages, static_batch=True)
+    x = image(4)
+    selection = pipe.count(x, 2, 0, n0, batch)
+    estimation = sum(pipe.count(x, 2, first, min(batch, n0 + n - first), batch)
+                     for first in range(n0, n0 + n, batch))
+    assert pipe.samples_computed == computed_samples(n0, n, batch, static=True)
+    plain = make_pipeline(tiny_stages)
+    np.testing.assert_array_equal(selection, plain.count(x, 2, 0, n0, batch))
+    np.testing.assert_array_equal(estimation, plain.count(x, 2, n0, n, batch))
+    assert (estimation > 0).sum() >= 2 and plain.samples_computed == n0 + n
+
+
+def test_aligned_batch_spreads_a_pass_evenly():
+    from diffsmooth.engine.runs.fast_path import aligned_batch, default_static_batch
+    assert aligned_batch(100_100, 2000) == 1963 and 51 * 1963 >= 100_100 > 50 * 1963
+    assert aligned_batch(10_100, 2000) == 1684 and aligned_batch(10_100, 32) == 32
+    assert aligned_batch(100_000, 2000) == 2000 and aligned_batch(50, 2000) == 50
+    for total in (1, 99, 1000, 4097, 100_100):
+        for batch in (1, 7, 32, 1000):
+            b = aligned_batch(total, batch)
+            assert b <= batch and -(-total // b) == -(-total // batch) and -(-total // b) * b - total < -(-total // b)
+    assert default_static_batch("cpu", (3, 32, 32), 100_100, static=False) == 1000
+    assert default_static_batch("cpu", (3, 32, 32), 100_100, static=True) == 992      # 101 batches
+    assert default_static_batch("cpu", (3, 32, 32), None, static=True) == 1000
+
+
 def test_fast_path_defaults_and_errors():
     cpu = FastPath.resolve("cpu")
     assert not cpu.compile and not cpu.cuda_graphs and cpu.streams == 1 and not cpu.static_batch

@@ -86,6 +86,7 @@ class MonteCarloPipeline:
         self.compiled_noise = bool(compiled_noise)
         self.lanes = lanes_for(stages.device, streams)
         self.score_chunks: dict = {}            # computed batch size -> pieces per classifier call
+        self.samples_computed = 0               # noisy samples run through the stages (padding included)
         self.log = log or (lambda message: print(message, file=sys.stderr))
 
     @property
@@ -107,6 +108,7 @@ class MonteCarloPipeline:
 
     def produce(self, x: torch.Tensor, image_index: int, first_sample: int, size: int) -> torch.Tensor:
         """Noisy samples, denoised when the method has a denoiser (lane 1)."""
+        self.samples_computed += size
         h = self.noisy_batch(x, image_index, first_sample, size)
         return self.stages.purify(h) if self.stages.purify is not None else h
 
