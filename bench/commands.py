@@ -75,6 +75,8 @@ def _check_choices(values, allowed, name):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of the tables.")
 @click.option("--results", type=click.Path(dir_okay=False), default=None,
               help="Append one JSON line per run (machine, versions, settings, timings) to this file.")
+@click.option("--profile", type=click.Path(file_okay=False), default=None,
+              help="Also profile a few batches kernel by kernel (torch backend) and write the tables to this folder.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def bench(**kw):
     """Time certification per image, stage by stage; FLOP/s vs peak; engine vs reference-equivalent."""
@@ -94,7 +96,7 @@ def bench(**kw):
         sweep=kw["sweep"], sweep_batches=kw["sweep_batches"], sweep_ms=kw["sweep_ms"], sweep_n=kw["sweep_n"],
         plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"],
         compile=kw["compile"], cuda_graphs=kw["cuda_graphs"], streams=kw["streams"], arch=kw["arch"],
-        fused_attention=kw["fused_attention"])
+        fused_attention=kw["fused_attention"], profile=kw["profile"])
     import contextlib
     import sys
     with contextlib.redirect_stdout(sys.stderr):      # stray prints (exporters) must not mix into --json

@@ -52,6 +52,21 @@ def summarize(out_dir) -> str:
         lines.append(f"| {run['models']} | {int(n):,} | {path} | {run['warmup']['first_batch_s']:.0f} | {engine:.2f} | "
                      f"{'%.1f' % ref_s if ref_s else '-'} | {'%.1fx' % ratio if ratio else '-'} | "
                      f"{', '.join(goals) or '-'} | {('yes' if all(met) else 'NO') if met else '-'} |")
+    for line in runs:
+        profile = line["run"].get("kernel_profile")
+        if profile:
+            from diffsmooth.bench.kernel_profile import summary_lines
+            lines += ["", f"{line['run']['models']}: " + summary_lines(profile)[0]]
+    for line in _runs(out / "ablation.jsonl"):
+        run, n = line["run"], str(line["settings"]["n"])
+        fp = run.get("fast_path") or {}
+        label = "with" if fp.get("fused_attention") else "without"
+        lines += ["", f"ablation, {run['models']} {label} fused attention: "
+                      f"{run['extrapolated']['seconds_per_image'][n]:.2f} s per image at n={int(n):,} "
+                      f"(UNet {run['rates']['denoiser_samples_per_s'] / 1e3:.1f} ksamples/s)"]
+    sequential = out / "sequential" / "sequential.md"
+    if sequential.exists():
+        lines += ["", "sequential vs fixed-n CERTIFY:", "", sequential.read_text().strip()]
     agreement = out / "agreement.json"
     if agreement.exists():
         from diffsmooth.bench.agreement import table

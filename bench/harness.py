@@ -70,6 +70,7 @@ class BenchSettings:
     cuda_graphs: Optional[bool] = None
     streams: Optional[int] = None
     fused_attention: Optional[bool] = None
+    profile: Optional[str] = None           # folder for the kernel profile (bench/kernel_profile.py)
 
     def resolved(self) -> "BenchSettings":
         """A copy with the model set's defaults filled in and the values checked."""
@@ -505,6 +506,13 @@ def run_bench(settings: BenchSettings) -> dict:
                                                        speedup=ref_table[str(settings.n)] / engine_at_n)
                 if settings.compare:
                     run["compare"] = compare_rows(run, settings)
+                if settings.profile and backend == "torch":
+                    from .kernel_profile import profile_pipeline
+                    fast = settings.fast_path()
+                    run["kernel_profile"] = profile_pipeline(
+                        stages, settings.sigma, images[0][0], settings.batch, settings.profile,
+                        f"{settings.models}-{backend}-{precision}", static_batch=fast.static_batch,
+                        compiled_noise=fast.compiled_noise)
                 doc["runs"].append(run)
     if settings.sweep:
         cuda = torch.device(settings.device).type == "cuda"

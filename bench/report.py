@@ -88,6 +88,9 @@ def render(doc: dict) -> str:
                 for k, v in st.items()]
         rows.append(["total per measured image", seconds(total / meas["images"]), ""])
         out.append(_indent(table(["time split (per image, measured)", "seconds", "share"], rows)))
+        if run.get("kernel_profile"):
+            from .kernel_profile import summary_lines
+            out += [f"   {line}" for line in summary_lines(run["kernel_profile"])]
         ex = run["extrapolated"]
         ref = run.get("reference_equivalent")
         rows = []

@@ -276,3 +276,44 @@ def test_static_batches_are_paid_for_in_the_extrapolation():
     assert table["100000"] == pytest.approx(1e-4 * 102_000 + 0.5)
     measured["static_batch"] = False
     assert engine_seconds_table(measured, settings, [100_000])["100000"] == pytest.approx(1e-4 * 100_100 + 0.5)
+
+
+def test_kernel_profile_accounts_for_the_pipelines_time(tiny_set, tmp_path):
+    """--profile: a table and JSON per run; shares by kind sum to one and convolutions are found."""
+    from diffsmooth.bench.harness import build_stages
+    from diffsmooth.bench.kernel_profile import kind_of, profile_pipeline, summary_lines
+    assert kind_of("sm90_xmma_fprop_implicit_gemm_f16f16") == "convolution"
+    assert kind_of("pytorch_flash::flash_fwd_kernel") == "attention"
+    assert kind_of("triton_per_fused_native_group_norm_silu_3") == "fused elementwise / normalisation (inductor)"
+    assert kind_of("sm90_xmma_gemm_f16f16") == "matmul" and kind_of("Memset (Device)") == "other"
+    settings = tiny_settings().resolved()
+    stages = build_stages("torch", "fp32", tiny_set, settings)
+    x = torch.rand(tiny_set.image_shape)
+    report = profile_pipeline(stages, 0.5, x, 8, tmp_path, "tiny", batches=2)
+    assert (tmp_path / "tiny.kernels.txt").read_text().count("aten::") > 3
+    assert json.loads((tmp_path / "tiny.kernels.json").read_text())["label"] == "tiny"
+    assert sum(report["share_by_kind"].values()) == pytest.approx(1.0)
+    assert report["share_by_kind"]["convolution"] > 0.1 and report["device_us_per_sample"] > 0
+    assert "convolution" in summary_lines(report)[0]
+
+
+def test_gpu_summary_reads_every_part_of_the_gpu_check(tmp_path):
+    """The summary table of bench/gpu_check.sh: the bench runs with their targets, the kernel profile,
+    the fused-attention ablation and the sequential table, from the files the script writes."""
+    from click.testing import CliRunner
+    from diffsmooth.bench.commands import bench
+    from diffsmooth.bench.gpu_summary import summarize
+    args = ["--models", "demo", "--method", "dds", "--n0", "2", "--n", "1000", "--measure-n", "4", "--batch", "2",
+            "--reference-batch", "2", "--peak-tflops", "1", "--quiet"]
+    out = CliRunner().invoke(bench, [*args, "--results", str(tmp_path / "bench.jsonl"), "--profile",
+                                     str(tmp_path / "profile")])
+    assert out.exit_code == 0, out.output
+    out = CliRunner().invoke(bench, [*args, "--no-reference", "--results", str(tmp_path / "ablation.jsonl")])
+    assert out.exit_code == 0, out.output
+    (tmp_path / "sequential").mkdir()
+    (tmp_path / "sequential" / "sequential.md").write_text("| run | samples (total) |\n| fixed | 5,050,000 |\n")
+    text = summarize(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| demo | 1,000 |"))
+    assert "torch fp32" in row and row.count("|") == 10
+    assert "demo: kernel profile" in text and "convolution" in text
+    assert "ablation, demo without fused attention:" in text and "5,050,000" in text
