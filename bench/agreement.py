@@ -16,11 +16,21 @@ import click
 import numpy as np
 import torch
 
-VARIANTS = (  # name, precision, FastPath fields
+VARIANTS = (  # name, precision, FastPath fields (None: the device's default fast path, a "resolve" dict: its options)
     ("eager fp16", "fp16", {}),
     ("eager bf16", "bf16", {}),
     ("compiled fp16 (fast path)", "fp16", None),
+    ("compiled fp16 + fused conv", "fp16", {"resolve": {"fused_conv": True}}),
 )
+
+
+def _fast_path(device: str, fields):
+    from diffsmooth.engine.runs.fast_path import FastPath
+    if fields is None:
+        return FastPath.resolve(device)
+    if "resolve" in fields:
+        return FastPath.resolve(device, **fields["resolve"])
+    return FastPath(**fields)
 
 
 def _pipelines(device: str):
@@ -35,8 +45,7 @@ def _pipelines(device: str):
         return build_smooth(config, sources, (1, 32, 32), 10, device=device, precision=precision, fast=fast,
                             models=models, log=lambda m: print(m, file=sys.stderr)).pipeline
     reference = build("fp32", FastPath())
-    variants = [(name, build(precision, FastPath.resolve(device) if fields is None else FastPath(**fields)))
-                for name, precision, fields in VARIANTS]
+    variants = [(name, build(precision, _fast_path(device, fields))) for name, precision, fields in VARIANTS]
     return reference, variants
 
 

@@ -59,6 +59,8 @@ def _check_choices(values, allowed, name):
 @click.option("--streams", type=click.IntRange(1, 2), default=None, help="Two CUDA streams [default: 2 on CUDA].")
 @click.option("--fused-attention/--no-fused-attention", "fused_attention", default=None,
               help="The UNet's attention through scaled_dot_product_attention [default: on with --compile on CUDA].")
+@click.option("--fused-conv", is_flag=True,
+              help="ResNet classifiers with BatchNorm folded and cuDNN-fused conv + add + ReLU (torch backend).")
 @click.option("--images", type=int, default=1, show_default=True, help="Images certified per measurement.")
 @click.option("--no-reference", is_flag=True, help="Skip the reference-equivalent baseline.")
 @click.option("--reference-batch", type=int, default=50, show_default=True, help="Batch of the baseline (official: 50).")
@@ -96,7 +98,7 @@ def bench(**kw):
         sweep=kw["sweep"], sweep_batches=kw["sweep_batches"], sweep_ms=kw["sweep_ms"], sweep_n=kw["sweep_n"],
         plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"],
         compile=kw["compile"], cuda_graphs=kw["cuda_graphs"], streams=kw["streams"], arch=kw["arch"],
-        fused_attention=kw["fused_attention"], profile=kw["profile"])
+        fused_attention=kw["fused_attention"], fused_conv=kw["fused_conv"], profile=kw["profile"])
     import contextlib
     import sys
     with contextlib.redirect_stdout(sys.stderr):      # stray prints (exporters) must not mix into --json

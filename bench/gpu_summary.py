@@ -48,7 +48,8 @@ def summarize(out_dir) -> str:
         path = f"{run['backend']} {run['precision']}" + "".join(
             f", {k}" for k, on in (("compiled", fp.get("compile")), ("CUDA graphs", fp.get("cuda_graphs")),
                                    ("2 streams", fp.get("streams") == 2),
-                                   ("fused attention", fp.get("fused_attention"))) if on)
+                                   ("fused attention", fp.get("fused_attention")),
+                                   ("fused conv", fp.get("fused_conv"))) if on)
         lines.append(f"| {run['models']} | {int(n):,} | {path} | {run['warmup']['first_batch_s']:.0f} | {engine:.2f} | "
                      f"{'%.1f' % ref_s if ref_s else '-'} | {'%.1fx' % ratio if ratio else '-'} | "
                      f"{', '.join(goals) or '-'} | {('yes' if all(met) else 'NO') if met else '-'} |")
@@ -56,7 +57,8 @@ def summarize(out_dir) -> str:
         profile = line["run"].get("kernel_profile")
         if profile:
             from diffsmooth.bench.kernel_profile import summary_lines
-            lines += ["", f"{line['run']['models']}: " + summary_lines(profile)[0]]
+            conv = " (fused conv)" if (line["run"].get("fast_path") or {}).get("fused_conv") else ""
+            lines += ["", f"{line['run']['models']}{conv}: " + summary_lines(profile)[0]]
     for line in _runs(out / "ablation.jsonl"):
         run, n = line["run"], str(line["settings"]["n"])
         fp = run.get("fast_path") or {}

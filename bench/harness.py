@@ -70,6 +70,7 @@ class BenchSettings:
     cuda_graphs: Optional[bool] = None
     streams: Optional[int] = None
     fused_attention: Optional[bool] = None
+    fused_conv: bool = False
     profile: Optional[str] = None           # folder for the kernel profile (bench/kernel_profile.py)
 
     def resolved(self) -> "BenchSettings":
@@ -100,7 +101,8 @@ class BenchSettings:
     def fast_path(self):
         """The torch backend's fast-path settings for this run."""
         from diffsmooth.engine.runs.fast_path import FastPath
-        return FastPath.resolve(self.device, self.compile, self.cuda_graphs, self.streams, self.fused_attention)
+        return FastPath.resolve(self.device, self.compile, self.cuda_graphs, self.streams, self.fused_attention,
+                                self.fused_conv)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -164,7 +166,8 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
         runner = TorchBackend(device=settings.device, precision=precision,
                               compile=fast.compile, cuda_graphs=fast.cuda_graphs)
         return build_torch_stages(config, model_set.classifier, model_set.denoiser, runner,
-                                  model_set.image_shape, model_set.num_classes, fused_attention=fast.fused_attention)
+                                  model_set.image_shape, model_set.num_classes, fused_attention=fast.fused_attention,
+                                  fused_conv=fast.fused_conv, log=lambda message: print(message, file=sys.stderr))
     if backend == "onnxruntime":
         try:
             import onnxruntime  # noqa: F401

@@ -14,6 +14,7 @@ against a real `certify --sequential` run). Writes both TSVs, markdown and JSON 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -24,6 +25,14 @@ from diffsmooth.engine.certify.core import certify_from_counts, top_class
 from diffsmooth.engine.certify.sequential import certify_sequential, rule_from_options
 from diffsmooth.engine.runs.analyze import certified_accuracy, clopper_pearson
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, ResultWriter, format_radius, format_time
+
+
+class _Stopped(Exception):
+    """SIGTERM (e.g. from `timeout`) during the run."""
+
+
+def _stop_on_sigterm(signum, frame):
+    raise _Stopped("SIGTERM")
 
 
 def replay_counter(recorded: dict):
@@ -74,6 +83,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {label} | {report[key]['samples']:,} | {cells} |")
     diff = " | ".join(f"{report['difference_points'][r]:+.1f}" for r in radii)
     lines.append(f"| sequential - fixed (points) | {report['speedup']:.2f}x fewer | {diff} |")
+    if report.get("stopped_early"):
+        lines += ["", f"**{report['stopped_early']}** (the rows above cover the finished images only)"]
     lines += ["", f"wall time of the one shared pass: {report['seconds']:.1f} s "
                   f"({report['fixed']['samples'] / report['seconds']:.0f} samples/s); "
                   f"accuracy cells: value [95% Clopper-Pearson interval over the images]"]
@@ -103,6 +114,8 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
     seq_w = ResultWriter(out / "sequential.tsv", CERTIFY_COLUMNS + ("samples",))
     fixed_rows, seq_rows, seq_samples, votes_for_ca = [], [], 0, []
     start = time.perf_counter()
+    stopped = None
+    previous_handler = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         for done, i in enumerate(indices, 1):
             x, label = dataset[i]
@@ -123,11 +136,17 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
             if progress:
                 print(f"[{done}/{len(indices)}] image {i}: fixed {f_pred} r={f_rad:.3f} | sequential {s_pred} "
                       f"r={s_rad:.3f} after {used} samples", file=sys.stderr, flush=True)
+    except (KeyboardInterrupt, _Stopped) as why:        # e.g. `timeout`: report the images finished so far
+        stopped = f"stopped by {type(why).__name__} after {len(fixed_rows)} of {len(indices)} images"
+        print(f"# {stopped}", file=sys.stderr)
     finally:
+        signal.signal(signal.SIGTERM, previous_handler)
         fixed_w.close()
         seq_w.close()
+    if not fixed_rows:
+        raise _Stopped("no image finished")
     seconds = time.perf_counter() - start
-    fixed_samples = len(indices) * (n0 + n)
+    fixed_samples = len(fixed_rows) * (n0 + n)
     rows_as_read = lambda rows: [{k: str(v) for k, v in r.items()} for r in rows]   # as analyze reads them
     fixed_acc = _accuracy_rows(rows_as_read(fixed_rows), rule.radii)
     seq_acc = _accuracy_rows(rows_as_read(seq_rows), rule.radii)
@@ -135,7 +154,8 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
         "settings": dict(images=images, n=n, n0=n0, alpha=alpha, radii=list(rule.radii), batch=batch, device=device,
                          precision=precision, method=method, sigma=sigma, m=m, local_sigma=local_sigma, seed=seed,
                          futility=rule.futility, look_schedule=rule.chunks()),
-        "images": len(indices),
+        "images": len(fixed_rows),
+        "stopped_early": stopped,
         "fixed": {"samples": fixed_samples, "certified_accuracy": fixed_acc,
                   "votes_for_cA_of_n": votes_for_ca},
         "sequential": {"samples": seq_samples, "certified_accuracy": seq_acc,

@@ -117,6 +117,9 @@ def run_options(f):
         click.option("--fused-attention/--no-fused-attention", "fused_attention", default=None,
                      help="Run the UNet's attention through scaled_dot_product_attention (flash kernels) "
                           "[default: on with --compile on CUDA]."),
+        click.option("--fused-conv/--no-fused-conv", "fused_conv", default=False,
+                     help="ResNet classifiers with BatchNorm folded into the convolutions and conv + add + ReLU "
+                          "as one cuDNN call on CUDA [default: off; not yet measured on a GPU]."),
         click.option("--validate-samples", type=click.IntRange(0), default=1000, show_default=True,
                      help="Samples of the first image on which a compiled / fp16 / bf16 path is checked against "
                           "eager fp32 once per run (0: skip)."),
@@ -187,7 +190,8 @@ def _fast_path(kw):
     from diffsmooth.engine.runs.fast_path import FastPath
     if kw["backend"] != "torch":
         return FastPath()
-    return FastPath.resolve(kw["device"], kw["compile"], kw["cuda_graphs"], kw["streams"], kw["fused_attention"])
+    return FastPath.resolve(kw["device"], kw["compile"], kw["cuda_graphs"], kw["streams"], kw["fused_attention"],
+                            kw["fused_conv"])
 
 
 def _samples_per_pass(kw, mode):
@@ -244,6 +248,8 @@ def _certify_sweep(kw):
     if kw["backend"] != "torch" or kw["shard"]:
         raise UserError("sweeps run on the torch backend in one process (no --backend onnxruntime/tensorrt "
                         "or --shard yet)")
+    if kw["fused_conv"]:
+        raise UserError("--fused-conv is for single configurations; sweeps run the classifiers unfolded")
     for method in kw["method"]:                     # validates sigma, every sigma' and m
         for ls in kw["local_sigma"]:
             for m in kw["m"]:

@@ -38,3 +38,27 @@ def test_replay_refuses_a_different_schedule():
     assert count(0, 10) == [1, 2]
     with pytest.raises(RuntimeError, match="not a recorded chunk"):
         count(10, 100)
+
+
+def test_a_terminated_run_reports_the_images_it_finished(tmp_path, monkeypatch):
+    """`timeout` sends SIGTERM: the table and JSON still come out, over the finished images only."""
+    import os
+    import signal
+    from diffsmooth.bench import sequential
+    real, calls = sequential.certify_both, []
+
+    def certify_then_terminate(*args, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sequential, "certify_both", certify_then_terminate)
+    report = sequential.run(images=5, n=60, n0=10, alpha=0.01, radii="0.25,0.5", batch=32, device="cpu",
+                            precision="fp32", method="rs", sigma=0.5, m=1, local_sigma=0.25, seed=0,
+                            out=tmp_path, progress=False)
+    assert report["images"] == 2 and "after 2 of 5 images" in report["stopped_early"]
+    assert report["fixed"]["samples"] == 2 * 70
+    assert "after 2 of 5 images" in (tmp_path / "sequential.md").read_text()
+    assert len((tmp_path / "fixed.tsv").read_text().splitlines()) == 3            # header + 2 rows
+    assert signal.getsignal(signal.SIGTERM) is not sequential._stop_on_sigterm

@@ -45,10 +45,10 @@ def spread_classifier(seed):
     return net
 
 
-def make_pipeline(tiny_stages, backend=None, fused_attention=False, **kw):
-    config, denoiser, classifier = tiny_stages
-    stages = build_torch_stages(config, classifier, denoiser, backend or TorchBackend(), SHAPE, 10,
-                                fused_attention=fused_attention)
+def make_pipeline(tiny_stages, backend=None, fused_attention=False, fused_conv=False, classifier=None, **kw):
+    config, denoiser, default_classifier = tiny_stages
+    stages = build_torch_stages(config, classifier or default_classifier, denoiser, backend or TorchBackend(), SHAPE, 10,
+                                fused_attention=fused_attention, fused_conv=fused_conv)
     return MonteCarloPipeline(stages, config.sigma, seed=3, **kw)
 
 
@@ -228,6 +228,7 @@ def test_fast_path_defaults_and_errors():
     assert not cpu.fused_attention and not compiled.fused_attention and "fused_attention" not in cpu.as_dict()
     fused = FastPath.resolve("cpu", fused_attention=True)
     assert fused.fused_attention and fused.changes_arithmetic and fused.as_dict()["fused_attention"] is True
+    assert "fused_conv" not in fused.as_dict() and FastPath.resolve("cpu", fused_conv=True).changes_arithmetic
     with pytest.raises(UserError, match="CUDA"):
         FastPath.resolve("cpu", cuda_graphs=True)
     with pytest.raises(UserError, match="streams"):
@@ -265,6 +266,18 @@ def test_fused_attention_counts_equal_reference_attention_on_cpu(tiny_stages):
     np.testing.assert_array_equal(fused, reference)
 
 
+def test_folded_resnet_classifier_counts_equal_the_unfolded_one_on_cpu(tiny_stages):
+    """--fused-conv: the local-smoothing stage on the BatchNorm-folded ResNet votes like the original."""
+    from tests.test_models import randomized_bn_resnet
+    resnet = randomized_bn_resnet("cifar_resnet20", seed=0)
+    x = image(11)
+    folded = make_pipeline(tiny_stages, fused_conv=True, classifier=resnet)
+    assert "Folded" in type(folded.stages.score.module.classifier.net).__name__
+    reference = make_pipeline(tiny_stages, classifier=resnet).count(x, 0, 0, 150, 50)
+    assert (reference > 0).sum() >= 2
+    np.testing.assert_array_equal(folded.count(x, 0, 0, 150, 50), reference)
+
+
 @pytest.mark.slow
 def test_compiled_stages_match_eager_on_cpu(tiny_stages):
     """torch.compile (inductor C++) of both stages at one static shape, with fused attention as on
@@ -279,7 +292,8 @@ def test_compiled_stages_match_eager_on_cpu(tiny_stages):
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("change", [["--batch", "3"], ["--streams", "2"], ["--compile"], ["--fused-attention"]])
+@pytest.mark.parametrize("change", [["--batch", "3"], ["--streams", "2"], ["--compile"], ["--fused-attention"],
+                                    ["--fused-conv"]])
 def test_resume_refuses_other_batch_or_fast_path(tmp_path, tiny_cli_args, change):
     """Counts repeat only at the same batch, precision and kernels: a resume must match them."""
     from click.testing import CliRunner

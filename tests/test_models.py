@@ -372,3 +372,62 @@ def test_normalized_classifier_is_sequential_norm_then_net():
     x = torch.rand(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(model(x), net(model.normalization(x)))
+
+
+# --------------------------------------------------------------------------- folded classifiers
+
+
+def randomized_bn_resnet(arch: str, seed: int = 0) -> NormalizedClassifier:
+    """A ResNet with non-trivial BatchNorm statistics (folding must use them) whose votes spread."""
+    torch.manual_seed(seed)
+    net = build_classifier_net(arch, 10, 3)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.0)
+                m.bias.normal_(0, 0.05)
+        net.fc.weight.normal_(0, 1.0)
+    return NormalizedClassifier(normalization_layer("normalize", "cifar10"), net).eval()
+
+
+@pytest.mark.parametrize("arch,size", [("cifar_resnet20", 32), ("resnet50", 64)])
+def test_folded_classifier_equals_the_unfolded_one(arch, size):
+    """BatchNorm folded into the convolutions, conv + add + ReLU as one op: the same logits (fp32, CPU)."""
+    from diffsmooth.engine.models.folded_resnet import FoldedConv, fold_classifier
+    clf = randomized_bn_resnet(arch)
+    folded = fold_classifier(clf)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+    convs = [m for m in folded.modules() if isinstance(m, FoldedConv)]
+    assert len(convs) == sum(isinstance(m, torch.nn.Conv2d) for m in clf.modules())
+    x = torch.rand(6, 3, size, size)
+    with torch.no_grad():
+        expected, got = clf(x), folded(x)
+        assert float(expected.std(dim=0).max()) > 0.1                # the check is not on constant logits
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        broken = fold_classifier(clf)
+        broken.net.blocks[0].convs[-1].relu = False                 # the oracle notices a lost ReLU
+        assert (broken(x) - expected).abs().max() > 1e-3
+    half = fold_classifier(clf, torch.bfloat16)
+    assert half.net.stem.weight.dtype == torch.bfloat16
+    with torch.no_grad():
+        torch.testing.assert_close(half(x).float(), expected, rtol=0.1, atol=0.3)
+
+
+def test_fold_leaves_other_classifiers_alone():
+    from diffsmooth.engine.models.folded_resnet import fold_classifier
+    assert fold_classifier(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))) is None
+    other = NormalizedClassifier(torch.nn.Identity(), torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3)))
+    assert fold_classifier(other) is None
+
+
+def test_folded_op_compiles_with_channels_last_on_cpu():
+    """The custom op's fake implementation lets torch.compile trace it; layout and values kept."""
+    from diffsmooth.engine.models.folded_resnet import fold_classifier
+    clf = randomized_bn_resnet("cifar_resnet20", seed=1)
+    folded = fold_classifier(clf).to(memory_format=torch.channels_last)
+    compiled = torch.compile(folded, dynamic=False)
+    x = torch.rand(4, 3, 16, 16).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), clf(x), rtol=1e-4, atol=1e-4)

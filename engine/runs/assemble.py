@@ -105,7 +105,7 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
                               cuda_graphs=fast.cuda_graphs, log=log)
         denoiser, classifier = models or load_models(config, sources)
         stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
-                                    fused_attention=fast.fused_attention)
+                                    fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log)
     elif backend == "onnxruntime":
         from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
         if not onnx_dir:

@@ -55,13 +55,16 @@ class FastPath:
     static_batch: bool = False
     compiled_noise: bool = False
     fused_attention: bool = False
+    fused_conv: bool = False
 
     @classmethod
     def resolve(cls, device: str, compile: Optional[bool] = None, cuda_graphs: Optional[bool] = None,
-                streams: Optional[int] = None, fused_attention: Optional[bool] = None) -> "FastPath":
+                streams: Optional[int] = None, fused_attention: Optional[bool] = None,
+                fused_conv: Optional[bool] = None) -> "FastPath":
         """On CUDA everything on unless switched off; on CPU eager unless compile=True. Compiled
         stages always get static batches (one graph per run); fused attention defaults to on with
-        compiled CUDA stages."""
+        compiled CUDA stages; fused (BatchNorm-folded) classifier convolutions only when asked for
+        (not yet measured on a GPU)."""
         cuda = torch.device(device).type == "cuda"
         compile = cuda if compile is None else bool(compile)
         cuda_graphs = (cuda and compile) if cuda_graphs is None else bool(cuda_graphs)
@@ -73,19 +76,20 @@ class FastPath:
         fused_attention = (cuda and compile) if fused_attention is None else bool(fused_attention)
         return cls(compile=compile, cuda_graphs=cuda_graphs, streams=streams,
                    static_batch=compile or cuda_graphs, compiled_noise=compile and cuda,
-                   fused_attention=fused_attention)
+                   fused_attention=fused_attention, fused_conv=bool(fused_conv))
 
     @property
     def changes_arithmetic(self) -> bool:
-        """True when votes may differ from eager execution (compiled kernels, another attention kernel)."""
-        return self.compile or self.cuda_graphs or self.fused_attention
+        """True when votes may differ from eager execution (compiled kernels, other attention / conv kernels)."""
+        return self.compile or self.cuda_graphs or self.fused_attention or self.fused_conv
 
     def as_dict(self) -> dict:
-        """The settings as recorded next to result files; fused_attention only when on, so result
-        files written before it existed still resume."""
+        """The settings as recorded next to result files; fused_attention / fused_conv only when on,
+        so result files written before they existed still resume."""
         d = asdict(self)
-        if not self.fused_attention:
-            d.pop("fused_attention")
+        for key in ("fused_attention", "fused_conv"):
+            if not d[key]:
+                d.pop(key)
         return d
 
 

@@ -1,0 +1,194 @@
+"""Inference copies of the ResNet classifiers with every BatchNorm folded into its convolution and
+convolution (+ residual add) + ReLU as one call: one fused cuDNN kernel on CUDA.
+
+Why: Cohen's CIFAR ResNet-110 has 16-64 channels, so its time goes to memory traffic. Compiled as
+written, each block writes every activation from the convolution, then reads and writes it again in
+an inductor BN/add/ReLU kernel; cuDNN's fused convolution-bias-add-ReLU writes it once. inductor
+does not fuse into cuDNN convolutions, hence the hand-written op. Off CUDA the op is conv2d + add +
+relu. It is a torch custom op with a fake implementation, so torch.compile and CUDA graphs see
+through it. Folding is exact algebra (w * gamma / sqrt(var + eps), beta - mean * gamma / sqrt(var +
+eps)) evaluated in float64; only rounding differs from the unfolded network.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from diffsmooth.engine.models.resnet import BasicBlock, Bottleneck, CifarResNet, NormalizedClassifier, ResNet50
+
+__all__ = ["fold_classifier", "fold_net", "FoldedConv", "conv_bias_add_relu", "probe_cudnn_fusion", "CUDNN_FUSION"]
+
+
+def _output_format(x: torch.Tensor) -> torch.memory_format:
+    """The layout of the op's output: the input's (channels_last stays channels_last)."""
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+# Whether the CUDA kernel may call cuDNN's fused convolutions; probe_cudnn_fusion turns it off
+# (with a message) on a GPU / cuDNN where they fail or disagree.
+CUDNN_FUSION = {"enabled": True}
+
+
+def _reference(x, weight, bias, residual, stride, padding, relu):
+    out = F.conv2d(x, weight, bias, stride, padding)
+    if residual is not None:
+        out = out + residual
+    if relu:
+        out = F.relu(out)
+    return out.contiguous(memory_format=_output_format(x))
+
+
+@torch.library.custom_op("diffsmooth::conv_bias_add_relu", mutates_args=())
+def conv_bias_add_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, residual: Optional[torch.Tensor],
+                       stride: int, padding: int, relu: bool) -> torch.Tensor:
+    """relu?(conv2d(x, weight, bias) + residual?) — the reference maths (any device)."""
+    return _reference(x, weight, bias, residual, stride, padding, relu)
+
+
+def _fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """cuDNN's runtime-fused kernels want NHWC (channels_last) tensors and channel counts that are
+    multiples of 8 (not the RGB stem); anything else takes the reference path."""
+    nhwc = torch.channels_last
+    return (x.shape[1] % 8 == 0 and weight.shape[0] % 8 == 0 and _output_format(x) == nhwc
+            and weight.is_contiguous(memory_format=nhwc))
+
+
+@conv_bias_add_relu.register_kernel("cuda")
+def _conv_bias_add_relu_cuda(x, weight, bias, residual, stride, padding, relu):
+    """One cuDNN call (convolution, bias, optional add, ReLU fused) where it has one."""
+    if not (relu and CUDNN_FUSION["enabled"] and _fusable(x, weight)):
+        return _reference(x, weight, bias, residual, stride, padding, relu)
+    if residual is None:
+        out = torch.cudnn_convolution_relu(x, weight, bias, [stride] * 2, [padding] * 2, [1, 1], 1)
+    else:
+        out = torch.cudnn_convolution_add_relu(x, weight, residual, 1.0, bias, [stride] * 2, [padding] * 2, [1, 1], 1)
+    return out.contiguous(memory_format=_output_format(x))
+
+
+def probe_cudnn_fusion(folded: nn.Module, image_shape, log) -> bool:
+    """Run the folded classifier on a few random images with and without cuDNN fusion (CUDA); keep
+    fusion only when it runs and agrees (max |logit difference| <= 1e-2 relative). Returns whether kept."""
+    device = next(folded.buffers()).device
+    if device.type != "cuda":
+        return False
+    x = torch.rand(8, *image_shape, device=device).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        CUDNN_FUSION["enabled"] = False
+        expected = folded(x).float()
+        CUDNN_FUSION["enabled"] = True
+        try:
+            got = folded(x).float()
+            torch.cuda.synchronize(device)
+        except RuntimeError as exc:
+            CUDNN_FUSION["enabled"] = False
+            log(f"# cuDNN fused convolutions failed on this GPU ({str(exc).splitlines()[0][:160]}); "
+                f"the folded classifier runs unfused")
+            return False
+    diff = float((got - expected).abs().max())
+    if diff > 1e-2 * (1.0 + float(expected.abs().max())):
+        CUDNN_FUSION["enabled"] = False
+        log(f"# cuDNN fused convolutions disagree with conv2d + add + relu (max |diff| {diff:.3g}); running unfused")
+        return False
+    log(f"# cuDNN fused convolution + bias + add + ReLU in the classifier: checked (max |diff| {diff:.3g})")
+    return True
+
+
+@conv_bias_add_relu.register_fake
+def _conv_bias_add_relu_fake(x, weight, bias, residual, stride, padding, relu):
+    n, _, h, w = x.shape
+    k_h, k_w = weight.shape[-2:]
+    shape = (n, weight.shape[0], (h + 2 * padding - k_h) // stride + 1, (w + 2 * padding - k_w) // stride + 1)
+    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=_output_format(x))
+
+
+class FoldedConv(nn.Module):
+    """A square conv with its BatchNorm folded in, then + residual (optional) and ReLU (optional)."""
+
+    def __init__(self, conv: nn.Conv2d, bn: nn.BatchNorm2d, relu: bool, dtype: torch.dtype):
+        super().__init__()
+        if conv.groups != 1 or conv.dilation != (1, 1) or len(set(conv.stride)) != 1 or len(set(conv.padding)) != 1:
+            raise ValueError("FoldedConv folds plain square convolutions only")
+        scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+        bias = bn.bias.double() - bn.running_mean.double() * scale
+        if conv.bias is not None:
+            bias = bias + conv.bias.double() * scale
+        self.register_buffer("weight", (conv.weight.double() * scale[:, None, None, None]).to(dtype))
+        self.register_buffer("bias", bias.to(dtype))
+        self.stride, self.padding, self.relu = conv.stride[0], conv.padding[0], bool(relu)
+
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x.to(self.weight.dtype)
+        residual = residual.to(self.weight.dtype) if residual is not None else None
+        return conv_bias_add_relu(x, self.weight, self.bias, residual, self.stride, self.padding, self.relu)
+
+
+class FoldedBlock(nn.Module):
+    """A residual block: its convolutions in order, the last one adding the shortcut before its ReLU."""
+
+    def __init__(self, convs: List[FoldedConv], shortcut: Optional[FoldedConv]):
+        super().__init__()
+        self.convs = nn.ModuleList(convs)
+        self.shortcut = shortcut
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.shortcut is None else self.shortcut(x)
+        h = x
+        for conv in self.convs[:-1]:
+            h = conv(h)
+        return self.convs[-1](h, identity)
+
+
+class FoldedNet(nn.Module):
+    """stem (conv+BN+ReLU, optional max-pool) -> residual blocks -> global pool -> fc."""
+
+    def __init__(self, stem: FoldedConv, pool: Optional[nn.Module], blocks: List[FoldedBlock], avgpool: nn.Module,
+                 fc: nn.Linear):
+        super().__init__()
+        self.stem, self.pool, self.blocks, self.avgpool, self.fc = stem, pool, nn.ModuleList(blocks), avgpool, fc
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        if self.pool is not None:
+            x = self.pool(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.fc(torch.flatten(self.avgpool(x), 1).to(self.fc.weight.dtype))
+
+
+def _fold_block(block: nn.Module, dtype: torch.dtype) -> FoldedBlock:
+    shortcut = (FoldedConv(block.downsample[0], block.downsample[1], relu=False, dtype=dtype)
+                if block.downsample is not None else None)
+    if isinstance(block, BasicBlock):
+        pairs = [(block.conv1, block.bn1), (block.conv2, block.bn2)]
+    else:
+        pairs = [(block.conv1, block.bn1), (block.conv2, block.bn2), (block.conv3, block.bn3)]
+    return FoldedBlock([FoldedConv(c, b, relu=True, dtype=dtype) for c, b in pairs], shortcut)
+
+
+def fold_net(net: nn.Module, dtype: torch.dtype = torch.float32) -> Optional[FoldedNet]:
+    """The folded copy of a CifarResNet or ResNet50 (eval-mode maths), or None for other networks."""
+    if not isinstance(net, (CifarResNet, ResNet50)):
+        return None
+    blocks = [_fold_block(b, dtype) for layer in (net.layer1, net.layer2, net.layer3, getattr(net, "layer4", None))
+              if layer is not None for b in layer if isinstance(b, (BasicBlock, Bottleneck))]
+    fc = nn.Linear(net.fc.in_features, net.fc.out_features).to(dtype)
+    with torch.no_grad():
+        fc.weight.copy_(net.fc.weight)
+        fc.bias.copy_(net.fc.bias)
+    return FoldedNet(FoldedConv(net.conv1, net.bn1, relu=True, dtype=dtype), getattr(net, "maxpool", None), blocks,
+                     net.avgpool, fc)
+
+
+def fold_classifier(classifier: nn.Module, dtype: torch.dtype = torch.float32) -> Optional[nn.Module]:
+    """Sequential(normalisation, folded net) for a NormalizedClassifier over a CIFAR ResNet or
+    ResNet-50, in `dtype`; None when the classifier is anything else (it then runs unfolded)."""
+    if not isinstance(classifier, NormalizedClassifier):
+        return None
+    folded = fold_net(classifier.net, dtype)
+    return None if folded is None else NormalizedClassifier(classifier.normalization, folded)
