@@ -274,9 +274,8 @@ def _certify_sweep(kw):
                                      normalization=sources.normalization) for name in {e.classifier for e in entries}}
     from diffsmooth.engine.runs.fast_path import default_static_batch
     fast = _fast_path(kw)
-    # No alignment here: the sweep pipeline does not carry a selection batch's padded votes over.
-    kw["batch"] = kw["batch"] or default_static_batch(kw["device"], tuple(dataset.image_shape), None,
-                                                      fast.static_batch)
+    kw["batch"] = kw["batch"] or default_static_batch(kw["device"], tuple(dataset.image_shape),
+                                                      _samples_per_pass(kw, "certify"), fast.static_batch)
     kw["fast_path"] = fast.as_dict()
     backend = TorchBackend(kw["device"], kw["precision"],
                            compile=fast.compile, cuda_graphs=fast.cuda_graphs)

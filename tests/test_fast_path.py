@@ -345,3 +345,36 @@ def test_kept_votes_are_not_used_for_another_image_or_range(tiny_stages):
     x_changed += 0.3                                        # the same tensor, changed in place
     np.testing.assert_array_equal(static.count(x_changed, 5, 10, 20, 32),
                                   make_pipeline(tiny_stages).count(x_changed, 5, 10, 20, 32))
+
+
+def test_sweep_counts_the_padded_tail_in_the_next_pass(tiny_stages):
+    """Sweeps keep the static batch's padded votes too: selection + estimation compute whole batches
+    only once (ceil((n0 + n) / batch) of them) with the counts of the unpadded sweep."""
+    from diffsmooth.engine.runs.sweep import SweepEntry, SweepPipeline
+    config, denoiser, classifier = tiny_stages
+    backend = TorchBackend()
+    computed = []
+    purify_stage = backend.stage(denoiser.purifier(config.sigma), "denoiser")
+
+    def purify(x):
+        computed.append(x.shape[0])
+        return purify_stage(x)
+
+    entries = [SweepEntry("dds", "a"), SweepEntry("diffsmooth", "a", 0.25, 3)]
+
+    def sweep(static):
+        return SweepPipeline(entries, {"a": classifier}, purify, backend, config.sigma, SHAPE, 10, "fresh", seed=3,
+                             static_batch=static)
+    x = image(12)
+    static, plain = sweep(True), sweep(False)
+    got = [static.count(x, 4, 0, 5, 16), static.count(x, 4, 5, 37, 16)]
+    assert sum(computed) == 48                                   # 3 batches of 16 for 42 samples
+    computed.clear()
+    want = [plain.count(x, 4, 0, 5, 16), plain.count(x, 4, 5, 37, 16)]
+    assert sum(computed) == 42
+    for g, w in zip(got, want):
+        for e in entries:
+            np.testing.assert_array_equal(g[e], w[e])
+    assert all((want[1][e] > 0).sum() >= 2 for e in entries)
+    other = static.count(image(13), 5, 0, 5, 16)                 # another image: nothing carried over
+    np.testing.assert_array_equal(other[entries[0]], plain.count(image(13), 5, 0, 5, 16)[entries[0]])

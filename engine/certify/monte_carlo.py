@@ -67,6 +67,35 @@ def initial_score_chunks(batch: int, images_per_sample: int, image_numel: int, d
     return batch
 
 
+class KeptVotes:
+    """The votes of a static batch's padded tail (samples first.. of one image), kept so that the
+    next pass of the same image that starts there counts them instead of computing them again.
+    Votes are a dict (one vote tensor per configuration; the plain pipeline uses one key)."""
+
+    def __init__(self):
+        self._kept = None       # (image tensor as given, image index, first sample, {key: votes}, all finite)
+
+    def keep(self, source: torch.Tensor, image_index: int, first_sample: int, votes: dict, finite) -> None:
+        self._kept = (source.detach().clone(), image_index, first_sample, votes, finite)
+
+    def take(self, source: torch.Tensor, image_index: int, first_sample: int, num: int):
+        """(votes of samples first_sample..first_sample+used-1 as {key: tensor}, finite, used) for
+        this very image, or None. Votes beyond `num` stay kept for the pass after."""
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return None
+        kept_source, kept_index, kept_first, votes, finite = kept
+        if (kept_index != image_index or kept_first != first_sample or kept_source.shape != source.shape
+                or not torch.equal(kept_source, source)):
+            return None
+        length = len(next(iter(votes.values())))
+        used = min(length, num)
+        if used < length:
+            self._kept = (kept_source, image_index, first_sample + used, {k: v[used:] for k, v in votes.items()},
+                          finite)
+        return {k: v[:used] for k, v in votes.items()}, finite, used
+
+
 class NonFiniteScores(UserError):
     """A backend produced NaN/Inf scores: the votes of that pass cannot be trusted."""
 
@@ -87,6 +116,7 @@ class MonteCarloPipeline:
         self.lanes = lanes_for(stages.device, streams)
         self.score_chunks: dict = {}            # computed batch size -> pieces per classifier call
         self.samples_computed = 0               # noisy samples run through the stages (padding included)
+        self.kept = KeptVotes()
         self.log = log or (lambda message: print(message, file=sys.stderr))
 
     @property
@@ -170,15 +200,12 @@ class MonteCarloPipeline:
         finite = torch.ones((), dtype=torch.bool, device=device)
         ones = torch.ones(max(batch, num), dtype=torch.int64, device=device)
         start_sample, remaining = first_sample, num
-        spare = self._take_spare(source, image_index, first_sample)
-        if spare is not None:
-            votes, spare_finite = spare
-            use = min(len(votes), num)
-            counts.scatter_add_(0, votes[:use], ones[:use])
-            finite.logical_and_(spare_finite)
-            if use < len(votes):
-                self._spare = (source, image_index, first_sample + use, votes[use:], spare_finite)
-            start_sample, remaining = first_sample + use, num - use
+        kept = self.kept.take(source, image_index, first_sample, num)
+        if kept is not None:
+            votes, kept_finite, used = kept
+            counts.scatter_add_(0, votes[None], ones[:used])
+            finite.logical_and_(kept_finite)
+            start_sample, remaining = first_sample + used, num - used
         plan = plan_batches(start_sample, remaining, batch, self.static_batch) if remaining > 0 else []
         lanes = self.lanes
         in_flight = {}
@@ -198,26 +225,13 @@ class MonteCarloPipeline:
                 finite.logical_and_(torch.isfinite(scores[:used]).all())
                 counts.scatter_add_(0, votes[:used], ones[:used])
                 if computed > used:
-                    self._spare = (source.detach().clone(), image_index, start + used, votes[used:],
+                    self.kept.keep(source, image_index, start + used, {None: votes[used:]},
                                    torch.isfinite(scores[used:]).all())
         lanes.end()
         if not bool(finite):
             raise NonFiniteScores(
                 f"image {image_index}: {self.stages.describe()} produced NaN/Inf scores; no result written")
         return counts.cpu().numpy()
-
-    _spare = None       # (image tensor as given, image index, first sample, votes, all finite)
-
-    def _take_spare(self, source: torch.Tensor, image_index: int, first_sample: int):
-        """The kept votes of samples first_sample.. of this very image, if the last pass left them."""
-        spare, self._spare = self._spare, None
-        if spare is None:
-            return None
-        kept_source, kept_index, kept_first, votes, ok = spare
-        if (kept_index != image_index or kept_first != first_sample or kept_source.shape != source.shape
-                or not torch.equal(kept_source, source)):
-            return None
-        return votes, ok
 
     def all_scores(self, x: torch.Tensor, image_index: int, first_sample: int, num: int,
                    batch: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule, certify_sequent
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.local_smoothing import LocalProbabilities, LogitsHead
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, fixed_local_noise, gaussian
-from diffsmooth.engine.certify.monte_carlo import NonFiniteScores, noisy_batch, plan_batches
+from diffsmooth.engine.certify.monte_carlo import KeptVotes, NonFiniteScores, noisy_batch, plan_batches
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, ResultWriter, format_radius, format_time
 from diffsmooth.engine.certify.core import check_certify_parameters
 
@@ -80,6 +80,7 @@ class SweepPipeline:
                                                                    f"local {e.classifier} sigma'={e.local_sigma:g}")
                       for e in self.entries if e.method == "diffsmooth"}
         self.groups = self._noise_groups(local_noise_seed)
+        self.kept = KeptVotes()
 
     def _noise_groups(self, local_noise_seed: int) -> List[Tuple[int, List[int], Optional[torch.Tensor]]]:
         """Sets of m served by one classifier call on the first M local noises (M = their max)."""
@@ -121,15 +122,29 @@ class SweepPipeline:
 
     def count(self, x: torch.Tensor, image_index: int, first: int, num: int, batch: int) -> Dict[SweepEntry, np.ndarray]:
         """Vote counts per entry over samples first..first+num-1: scatter-adds on the device, one host
-        sync at the end; static batches pad the tail with the next samples and drop their votes."""
+        sync at the end; static batches pad the tail with the next samples, whose votes the next
+        pass of the same image counts (KeptVotes), as in MonteCarloPipeline."""
+        source = x
         x = x.to(self.device, torch.float32)
         counts = {e: torch.zeros(self.num_classes, dtype=torch.int64, device=self.device) for e in self.entries}
-        ones = torch.ones(batch, dtype=torch.int64, device=self.device)
+        ones = torch.ones(max(batch, num), dtype=torch.int64, device=self.device)
         finite = {e: torch.ones((), dtype=torch.bool, device=self.device) for e in self.entries}
-        for start, used, computed in plan_batches(first, num, batch, self.static_batch):
-            for e, (v, ok) in self._votes(x, image_index, start, computed).items():
+        kept = self.kept.take(source, image_index, first, num)
+        if kept is not None:                    # the padded tail of this image's previous pass
+            votes, kept_finite, used = kept
+            for e, v in votes.items():
+                counts[e].scatter_add_(0, v, ones[:used])
+                finite[e].logical_and_(kept_finite[e])
+            first, num = first + used, num - used
+        plan = plan_batches(first, num, batch, self.static_batch) if num > 0 else []
+        for start, used, computed in plan:
+            votes = self._votes(x, image_index, start, computed)
+            for e, (v, ok) in votes.items():
                 counts[e].scatter_add_(0, v[:used], ones[:used])
                 finite[e].logical_and_(ok)
+            if computed > used:
+                self.kept.keep(source, image_index, start + used, {e: v[used:] for e, (v, _) in votes.items()},
+                               {e: ok for e, (_, ok) in votes.items()})
         for e, ok in finite.items():
             if not bool(ok):
                 raise NonFiniteScores(f"image {image_index}: configuration {e.name} produced NaN/Inf scores; no rows written")
