@@ -233,8 +233,27 @@ def test_attention_matches_einsum_reference(heads):
 def test_fused_attention_matches_einsum_reference(heads):
     torch.manual_seed(1)
     qkv = torch.randn(2, heads * 3 * 16, 64) * 2
-    fused = qkv_attention_fused(qkv, heads, 16)
+    fused = qkv_attention_fused(qkv.transpose(1, 2), heads, 16).transpose(1, 2)
     torch.testing.assert_close(fused.double(), _reference_attention(qkv, heads), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_attention_hands_sdpa_unit_stride_heads(monkeypatch):
+    """CUDA's flash / memory-efficient kernels take q, k, v only with stride 1 in the last
+    dimension (else SDPA silently runs its unfused maths): check what the block passes."""
+    import diffsmooth.engine.models.unet as unet_module
+    seen = []
+    real = unet_module.F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kw):
+        seen.append([t.stride(-1) for t in (q, k, v)])
+        return real(q, k, v, *args, **kw)
+
+    monkeypatch.setattr(unet_module.F, "scaled_dot_product_attention", spy)
+    block = AttentionBlock(64, 4)
+    block.fused = True
+    for layout in (torch.contiguous_format, torch.channels_last):
+        block(torch.randn(2, 64, 4, 4).contiguous(memory_format=layout))
+    assert seen == [[1, 1, 1], [1, 1, 1]]
 
 
 @pytest.mark.parametrize("preset,overrides", [("cifar10", dict(model_channels=32, num_res_blocks=1)),

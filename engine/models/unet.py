@@ -258,13 +258,15 @@ def qkv_attention_legacy(qkv: torch.Tensor, num_heads: int, head_channels: int |
 
 
 def qkv_attention_fused(qkv: torch.Tensor, num_heads: int, head_channels: int) -> torch.Tensor:
-    """qkv_attention_legacy's result through F.scaled_dot_product_attention, whose scale 1/sqrt(ch)
-    equals the two ch**-0.25 factors. On CUDA this is a flash / memory-efficient kernel: the
-    [heads, T, T] weights are never written to memory, which the legacy path does three times."""
-    batch, _, length = qkv.shape
-    q, k, v = qkv.reshape(batch, num_heads, 3 * head_channels, length).split(head_channels, dim=2)
-    out = F.scaled_dot_product_attention(q.transpose(-1, -2), k.transpose(-1, -2), v.transpose(-1, -2))
-    return out.transpose(-1, -2).reshape(batch, num_heads * head_channels, length)
+    """qkv_attention_legacy's maths on token-major input [B, T, heads*3*ch] (per head [q;k;v]),
+    returning [B, T, heads*ch], through F.scaled_dot_product_attention (its scale 1/sqrt(ch) equals
+    the two ch**-0.25 factors). q, k and v are views whose last dimension has stride 1, which the
+    flash / memory-efficient CUDA kernels require (otherwise SDPA falls back to its unfused maths);
+    they never write the [heads, T, T] weights to memory."""
+    batch, length, _ = qkv.shape
+    q, k, v = qkv.reshape(batch, length, num_heads, 3 * head_channels).split(head_channels, dim=-1)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2).reshape(batch, length, num_heads * head_channels)
 
 
 class _TakesEmbedding(nn.Module):
@@ -385,10 +387,18 @@ class AttentionBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, height, width = x.shape
         x = x.reshape(b, c, height * width)
-        attention = qkv_attention_fused if self.fused else qkv_attention_legacy
-        h = attention(self.qkv(self.norm(x)), self.num_heads, self.head_channels)
+        if self.fused:
+            return (x + self._fused_attention(self.norm(x))).reshape(b, c, height, width)
+        h = qkv_attention_legacy(self.qkv(self.norm(x)), self.num_heads, self.head_channels)
         h = self.proj_out(h)
         return (x + h).reshape(b, c, height, width)
+
+    def _fused_attention(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, C, T] -> [B, C, T]: the 1x1 convolutions as linear maps on tokens, so that q, k, v
+        come out token-major for qkv_attention_fused."""
+        tokens = F.linear(h.transpose(1, 2), self.qkv.weight.squeeze(-1), self.qkv.bias)
+        out = qkv_attention_fused(tokens, self.num_heads, self.head_channels)
+        return F.linear(out, self.proj_out.weight.squeeze(-1), self.proj_out.bias).transpose(1, 2)
 
 
 # ---------------------------------------------------------------------------------------------
