@@ -93,12 +93,15 @@ def profile_pipeline(stages, sigma: float, x: torch.Tensor, batch: int, out_dir,
                       "on CPU, self CPU time of aten/inductor ops"}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sort_key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    try:
-        table = events.table(sort_by=sort_key, row_limit=top)
-    except (AttributeError, KeyError, ValueError):
-        table = events.table(sort_by="self_cpu_time_total", row_limit=top)
-    (out / f"{label}.kernels.txt").write_text(table + "\n")
+    table = None
+    keys = ("self_device_time_total", "self_cuda_time_total") if device.type == "cuda" else ()
+    for sort_key in (*keys, "self_cpu_time_total"):       # the device key's name changed across torch versions
+        try:
+            table = events.table(sort_by=sort_key, row_limit=top)
+            break
+        except (AttributeError, KeyError, ValueError, TypeError):
+            continue
+    (out / f"{label}.kernels.txt").write_text((table or "(no profiler table)") + "\n")
     (out / f"{label}.kernels.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 
