@@ -70,7 +70,7 @@ def initial_score_chunks(batch: int, images_per_sample: int, image_numel: int, d
 class KeptVotes:
     """The votes of a static batch's padded tail (samples first.. of one image), kept so that the
     next pass of the same image that starts there counts them instead of computing them again.
-    Votes are a dict (one vote tensor per configuration; the plain pipeline uses one key)."""
+    Votes are a dict: one vote tensor per sweep configuration; MonteCarloPipeline uses the key "votes"."""
 
     def __init__(self):
         self._kept = None       # (image tensor as given, image index, first sample, {key: votes}, all finite)
@@ -203,7 +203,7 @@ class MonteCarloPipeline:
         kept = self.kept.take(source, image_index, first_sample, num)
         if kept is not None:
             votes, kept_finite, used = kept
-            counts.scatter_add_(0, votes[None], ones[:used])
+            counts.scatter_add_(0, votes["votes"], ones[:used])
             finite.logical_and_(kept_finite)
             start_sample, remaining = first_sample + used, num - used
         plan = plan_batches(start_sample, remaining, batch, self.static_batch) if remaining > 0 else []
@@ -225,7 +225,7 @@ class MonteCarloPipeline:
                 finite.logical_and_(torch.isfinite(scores[:used]).all())
                 counts.scatter_add_(0, votes[:used], ones[:used])
                 if computed > used:
-                    self.kept.keep(source, image_index, start + used, {None: votes[used:]},
+                    self.kept.keep(source, image_index, start + used, {"votes": votes[used:]},
                                    torch.isfinite(scores[used:]).all())
         lanes.end()
         if not bool(finite):
