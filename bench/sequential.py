@@ -71,7 +71,8 @@ def _accuracy_rows(rows, radii):
 def markdown(report: dict) -> str:
     s = report["settings"]
     radii = [f"{r:g}" for r in s["radii"]]
-    lines = [f"{s['method']} sigma={s['sigma']} (m={s['m']}, sigma'={s['local_sigma']}), n0={s['n0']}, "
+    local = f" (m={s['m']}, sigma'={s['local_sigma']})" if s["method"] == "diffsmooth" else ""
+    lines = [f"{s['method']} sigma={s['sigma']}{local}, n0={s['n0']}, "
              f"alpha={s['alpha']}, {report['images']} demo images, device={s['device']} {s['precision']}, "
              f"batch={s['batch']}", "",
              "| run | samples (total) | " + " | ".join(f"r={r}" for r in radii) + " |",
