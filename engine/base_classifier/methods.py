@@ -65,9 +65,10 @@ def score_module(config: MethodConfig, classifier: nn.Module, image_shape: Tuple
 def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ...], log=None) -> nn.Module:
     """The classifier with BatchNorm folded and conv + add + ReLU fused (engine/models/folded_resnet.py)
     in the backend's precision, on its device; the classifier itself when it is not a ResNet."""
+    from diffsmooth.engine.backends.torch_backend import PRECISIONS
     from diffsmooth.engine.models.folded_resnet import fold_classifier, probe_cudnn_fusion
     log = log or (lambda message: None)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(backend.precision, torch.float32)
+    dtype = PRECISIONS[backend.precision] or torch.float32
     folded = fold_classifier(classifier.eval(), dtype)
     if folded is None:
         log(f"# --fused-conv: {type(classifier).__name__} is not a CIFAR ResNet / ResNet-50; it runs unfolded")

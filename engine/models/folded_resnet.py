@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diffsmooth.engine.errors import first_line
 from diffsmooth.engine.models.resnet import BasicBlock, Bottleneck, CifarResNet, NormalizedClassifier, ResNet50
 
 __all__ = ["fold_classifier", "fold_net", "FoldedConv", "conv_bias_add_relu", "probe_cudnn_fusion", "CUDNN_FUSION"]
@@ -87,7 +88,7 @@ def probe_cudnn_fusion(folded: nn.Module, image_shape, log) -> bool:
             torch.cuda.synchronize(device)
         except RuntimeError as exc:
             CUDNN_FUSION["enabled"] = False
-            log(f"# cuDNN fused convolutions failed on this GPU ({str(exc).splitlines()[0][:160]}); "
+            log(f"# cuDNN fused convolutions failed on this GPU ({first_line(exc)}); "
                 f"the folded classifier runs unfused")
             return False
     diff = float((got - expected).abs().max())
