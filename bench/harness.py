@@ -224,10 +224,16 @@ def engine_seconds_table(measured: dict, settings: BenchSettings, ns) -> Dict[st
             + measured["per_image_fixed_s"] for n in ns}
 
 
+def _selection_and_estimation(n0: int, n: int):
+    """A job returning CERTIFY's two count vectors (samples 0..n0-1 and n0..n0+n-1)."""
+    from diffsmooth.engine.certify.core import Request
+    return (yield Request(0, n0), Request(n0, n))
+
+
 def computed_samples(n0: int, n: int, batch: int, static: bool) -> int:
-    """Samples CERTIFY computes for one image: static batches compute whole batches, and the
-    estimation pass counts the selection batch's padded tail (MonteCarloPipeline keeps those
-    votes), so n0 + n samples take ceil((n0 + n) / batch) batches."""
+    """Samples CERTIFY computes for one image run alone: static batches compute whole batches and
+    its n0 + n samples are asked for at once, so they take ceil((n0 + n) / batch) batches (a
+    packed run over many images pads only the last batch of the run)."""
     return -(-(n0 + n) // batch) * batch if static else n0 + n
 
 
@@ -283,33 +289,28 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
     count_s = ref_s = 0.0
     computed_before = pipe.samples_computed
     predictions, ref_counts = [], []
-    turn = 0
     with tempfile.TemporaryDirectory() as tmp, ResultWriter(Path(tmp) / "bench.tsv") as writer:
         for i, (x, label) in enumerate(_progress(images, settings, desc=f"{stages.method} {stages.score.precision}",
                                                  unit="img")):
             image_start = time.perf_counter()
-            engine_counts = {}
             ref_est = np.zeros(model_set.num_classes, dtype=np.int64)
-            for phase, first, total in (("selection", 0, n0m), ("estimation", n0m, nm)):
-                engine_counts[phase] = np.zeros(stages.num_classes, dtype=np.int64)
-                for lo, size in _chunks(first, total, chunk):
-                    order = ("engine", "reference") if turn % 2 == 0 else ("reference", "engine")
-                    turn += 1
-                    for who in order:
-                        if who == "engine":
-                            with timed_noise(clock):
-                                t0 = time.perf_counter()
-                                engine_counts[phase] += pipe.count(x, i, lo, size, batch)
-                                count_s += time.perf_counter() - t0
-                        elif reference is not None:
-                            synchronize(device)
-                            t0 = time.perf_counter()
+            order = ("engine", "reference") if i % 2 == 0 else ("reference", "engine")
+            for who in order:
+                if who == "engine":         # one CERTIFY job: selection and estimation back to back
+                    with timed_noise(clock):
+                        t0 = time.perf_counter()
+                        selection, estimation = pipe.run_one(x, i, _selection_and_estimation(n0m, nm), batch)
+                        count_s += time.perf_counter() - t0
+                elif reference is not None:
+                    synchronize(device)
+                    t0 = time.perf_counter()
+                    for phase, total in (("selection", n0m), ("estimation", nm)):
+                        for _, size in _chunks(0, total, chunk):
                             got = reference.count(x, size, ref_batch)
-                            synchronize(device)
-                            ref_s += time.perf_counter() - t0
                             if phase == "estimation":
                                 ref_est += got
-            selection, estimation = engine_counts["selection"], engine_counts["estimation"]
+                    synchronize(device)
+                    ref_s += time.perf_counter() - t0
             with clock.section("statistics"):
                 prediction, radius = certify_from_counts(selection.tolist(), estimation.tolist(),
                                                          settings.alpha, settings.sigma)
@@ -334,8 +335,7 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
         computed_before = plain.samples_computed
         t0 = time.perf_counter()
         for i, (x, _) in enumerate(images):
-            plain.count(x, i, 0, n0m, batch)
-            plain.count(x, i, n0m, nm, batch)
+            plain.run_one(x, i, _selection_and_estimation(n0m, nm), batch)
         synchronize(device)
         pipeline_s, rate_source = time.perf_counter() - t0, "separate pass without stage timers"
     expected = len(images) * computed_samples(n0m, nm, batch, static)

@@ -84,31 +84,31 @@ def timed_stages(stages, clock: StageClock):
 def timed_noise(clock: StageClock):
     """Time every Gaussian draw of the pipeline (smoothing and fresh local noise) as `noise`.
 
-    Swaps the `gaussian` the pipeline module calls for a timed wrapper and restores it after.
+    Swaps the `gaussian_rows` the pipeline module calls for a timed wrapper and restores it after.
     """
     from diffsmooth.engine.certify import monte_carlo as pipeline_module
-    original = pipeline_module.gaussian
+    original = pipeline_module.gaussian_rows
 
-    def gaussian(*args, **kwargs):
+    def gaussian_rows(*args, **kwargs):
         with clock.section("noise"):
             return original(*args, **kwargs)
 
-    pipeline_module.gaussian = gaussian
+    pipeline_module.gaussian_rows = gaussian_rows
     try:
         yield
     finally:
-        pipeline_module.gaussian = original
+        pipeline_module.gaussian_rows = original
 
 
 def make_timed_pipeline(stages, sigma: float, seed: int, clock: StageClock, **pipeline_options):
-    """A MonteCarloPipeline over timed stages whose noisy_batch (noise + add) is timed as `noise`
+    """A MonteCarloPipeline over timed stages whose noisy samples (noise + add) are timed as `noise`
     (serial: the timers synchronise anyway; `pipeline_options` e.g. static_batch, compiled_noise)."""
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 
     class TimedPipeline(MonteCarloPipeline):
-        def noisy_batch(self, x, image_index, first_sample, size):
+        def noisy(self, x_rows, rows):
             with clock.section("noise"):
-                return super().noisy_batch(x, image_index, first_sample, size)
+                return super().noisy(x_rows, rows)
 
     return TimedPipeline(timed_stages(stages, clock), sigma, seed, streams=1, **pipeline_options)
 

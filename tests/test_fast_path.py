@@ -8,8 +8,8 @@ import torch
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
-from diffsmooth.engine.certify.lanes import SerialLanes, double_buffered
-from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, plan_batches
+from diffsmooth.engine.certify.lanes import SerialLanes
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, gaussian
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch, validate_fast_path
@@ -59,12 +59,6 @@ def image(seed=0):
 def test_fixture_votes_spread(tiny_stages):
     counts = make_pipeline(tiny_stages).count(image(), 0, 0, 200, 50)
     assert (counts > 0).sum() >= 3, f"votes do not spread: {counts}"
-
-
-def test_plan_batches_pads_only_when_static():
-    assert plan_batches(100, 250, 100, static=False) == [(100, 100, 100), (200, 100, 100), (300, 50, 50)]
-    assert plan_batches(100, 250, 100, static=True) == [(100, 100, 100), (200, 100, 100), (300, 50, 100)]
-    assert plan_batches(0, 7, 100, static=True) == [(0, 7, 100)]
 
 
 def test_static_batch_counts_equal_unpadded(tiny_stages):
@@ -120,14 +114,6 @@ def test_out_of_memory_halves_the_chunk_and_retries(tiny_stages):
     assert any("out of memory" in m for m in messages)
 
 
-def test_double_buffered_order():
-    order = list(double_buffered(4))
-    assert order == [("produce", 0), ("produce", 1), ("consume", 0), ("produce", 2), ("consume", 1),
-                     ("produce", 3), ("consume", 2), ("consume", 3)]
-    assert list(double_buffered(1)) == [("produce", 0), ("consume", 0)]
-    assert list(double_buffered(0)) == []
-
-
 class RecordingLanes(SerialLanes):
     """SerialLanes that log which lane each call ran on and the tokens handed across."""
 
@@ -174,8 +160,8 @@ def test_two_lane_schedule_hands_each_batch_across_once(tiny_stages):
     pipe.lanes = lanes
     calls = []
     produce, classify = pipe.produce, pipe.classify
-    pipe.produce = lambda x, i, first, size: calls.append(("produce", first, lanes.lane)) or produce(x, i, first, size)
-    pipe.classify = lambda h, i, first: calls.append(("classify", first, lanes.lane)) or classify(h, i, first)
+    pipe.produce = lambda x, rows: calls.append(("produce", int(rows.sample[0]), lanes.lane)) or produce(x, rows)
+    pipe.classify = lambda h, rows: calls.append(("classify", int(rows.sample[0]), lanes.lane)) or classify(h, rows)
     x = image(5)
     counts = pipe.count(x, 0, 10, 70, 20)
     np.testing.assert_array_equal(counts, make_pipeline(tiny_stages).count(x, 0, 10, 70, 20))
@@ -191,14 +177,12 @@ def test_two_lane_schedule_hands_each_batch_across_once(tiny_stages):
 
 @pytest.mark.parametrize("n0,n,batch", [(4, 50, 16), (20, 20, 16), (5, 27, 8)])
 def test_certify_computes_the_samples_the_bench_extrapolates(tiny_stages, n0, n, batch):
-    """Selection then estimation (in chunks, as bench interleaves them) computes
-    ceil((n0 + n) / batch) static batches: the selection's padded tail is counted, not recomputed."""
-    from diffsmooth.bench.harness import computed_samples
+    """One CERTIFY job asks for selection and estimation at once: ceil((n0 + n) / batch) static
+    batches, as the bench's extrapolation assumes."""
+    from diffsmooth.bench.harness import _selection_and_estimation, computed_samples
     pipe = make_pipeline(tiny_stages, static_batch=True)
     x = image(4)
-    selection = pipe.count(x, 2, 0, n0, batch)
-    estimation = sum(pipe.count(x, 2, first, min(batch, n0 + n - first), batch)
-                     for first in range(n0, n0 + n, batch))
+    selection, estimation = pipe.run_one(x, 2, _selection_and_estimation(n0, n), batch)
     assert pipe.samples_computed == computed_samples(n0, n, batch, static=True)
     plain = make_pipeline(tiny_stages)
     np.testing.assert_array_equal(selection, plain.count(x, 2, 0, n0, batch))
@@ -313,68 +297,3 @@ def test_resume_refuses_other_batch_or_fast_path(tmp_path, tiny_cli_args, change
     assert "use another --out" in result.output and ("batch" in result.output or "fast_path" in result.output)
 
 
-def test_padded_votes_are_reused_by_the_next_pass_of_the_same_image(tiny_stages):
-    """Looks of a sequential run (and CERTIFY's estimation after selection) start where the last
-    pass stopped: the padded tail's votes are counted there instead of computed again, with the
-    counts of an unpadded run."""
-    static = make_pipeline(tiny_stages, static_batch=True)
-    plain = make_pipeline(tiny_stages)
-    produced = []
-    produce = static.produce
-    static.produce = lambda x, i, first, size: produced.append((first, size)) or produce(x, i, first, size)
-    x = image(9)
-    looks = [(0, 10), (10, 30), (40, 25), (65, 100), (165, 7)]
-    for first, num in looks:
-        a, b = static.count(x, 2, first, num, 32), plain.count(x, 2, first, num, 32)
-        np.testing.assert_array_equal(a, b)
-    computed = sum(size for _, size in produced)
-    assert computed == 192 and computed - 172 < 32          # whole batches, never a sample twice
-    assert [f for f, _ in produced] == list(range(0, 192, 32))
-
-
-def test_kept_votes_are_not_used_for_another_image_or_range(tiny_stages):
-    static = make_pipeline(tiny_stages, static_batch=True)
-    fresh = make_pipeline(tiny_stages, static_batch=True)
-    x, y = image(10), image(11)
-    static.count(x, 5, 0, 10, 32)                           # keeps votes of samples 10..31 of x
-    np.testing.assert_array_equal(static.count(y, 5, 10, 20, 32), fresh.count(y, 5, 10, 20, 32))
-    static.count(x, 5, 0, 10, 32)
-    np.testing.assert_array_equal(static.count(x, 5, 11, 20, 32), make_pipeline(tiny_stages).count(x, 5, 11, 20, 32))
-    x_changed = x.clone()
-    static.count(x_changed, 5, 0, 10, 32)
-    x_changed += 0.3                                        # the same tensor, changed in place
-    np.testing.assert_array_equal(static.count(x_changed, 5, 10, 20, 32),
-                                  make_pipeline(tiny_stages).count(x_changed, 5, 10, 20, 32))
-
-
-def test_sweep_counts_the_padded_tail_in_the_next_pass(tiny_stages):
-    """Sweeps keep the static batch's padded votes too: selection + estimation compute whole batches
-    only once (ceil((n0 + n) / batch) of them) with the counts of the unpadded sweep."""
-    from diffsmooth.engine.runs.sweep import SweepEntry, SweepPipeline
-    config, denoiser, classifier = tiny_stages
-    backend = TorchBackend()
-    computed = []
-    purify_stage = backend.stage(denoiser.purifier(config.sigma), "denoiser")
-
-    def purify(x):
-        computed.append(x.shape[0])
-        return purify_stage(x)
-
-    entries = [SweepEntry("dds", "a"), SweepEntry("diffsmooth", "a", 0.25, 3)]
-
-    def sweep(static):
-        return SweepPipeline(entries, {"a": classifier}, purify, backend, config.sigma, SHAPE, 10, "fresh", seed=3,
-                             static_batch=static)
-    x = image(12)
-    static, plain = sweep(True), sweep(False)
-    got = [static.count(x, 4, 0, 5, 16), static.count(x, 4, 5, 37, 16)]
-    assert sum(computed) == 48                                   # 3 batches of 16 for 42 samples
-    computed.clear()
-    want = [plain.count(x, 4, 0, 5, 16), plain.count(x, 4, 5, 37, 16)]
-    assert sum(computed) == 42
-    for g, w in zip(got, want):
-        for e in entries:
-            np.testing.assert_array_equal(g[e], w[e])
-    assert all((want[1][e] > 0).sum() >= 2 for e in entries)
-    other = static.count(image(13), 5, 0, 5, 16)                 # another image: nothing carried over
-    np.testing.assert_array_equal(other[entries[0]], plain.count(image(13), 5, 0, 5, 16)[entries[0]])

@@ -4,13 +4,16 @@ Smoothing", Algorithm "certify and predict"; read next to the paper as Cohen's `
 The math works on integer vote counts in plain Python + scipy: selection counts (n0 samples) pick
 the class cA, estimation counts (n further samples) give nA, the one-sided Clopper-Pearson bound
 pA_lower holds with probability >= 1 - alpha, and the l2 radius is sigma * Phi^-1(pA_lower); the
-smoothed classifier abstains when pA_lower < 1/2. `Smooth` draws the counts from a Monte Carlo
-pipeline (certify/monte_carlo.py). Nothing here imports torch.
+smoothed classifier abstains when pA_lower < 1/2. CERTIFY and PREDICT are written as *jobs*:
+generators that ask for sample ranges (`Request`) and are sent their vote counts, so one
+scheduler (certify/scheduler.py) can pack many images' requests into each batch. `Smooth` runs
+them on a Monte Carlo pipeline (certify/monte_carlo.py). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Generator, Optional, Sequence, Tuple
 
 from scipy.stats import beta, binomtest, norm
 
@@ -80,6 +83,49 @@ def max_certifiable_radius(n: int, alpha: float, sigma: float) -> float:
 
 
 # --------------------------------------------------------------------------------------------
+# The algorithms as jobs: ask for samples, receive counts, return the answer
+
+
+@dataclass(frozen=True)
+class Request:
+    """Vote counts of samples first..first+num-1 of the job's image (noise keyed by sample index)."""
+
+    first: int
+    num: int
+
+
+def certify_job(n0: int, n: int, alpha: float, sigma: float) -> Generator:
+    """CERTIFY: samples 0..n0-1 select cA, samples n0..n0+n-1 bound pA. Both are asked for at once
+    (the estimation counts every class, so it need not wait for the selection)."""
+    selection, estimation = yield Request(0, n0), Request(n0, n)
+    return certify_from_counts([int(c) for c in selection], [int(c) for c in estimation], alpha, sigma)
+
+
+def predict_job(n: int, alpha: float) -> Generator:
+    """PREDICT: the binomial test on the counts of samples 0..n-1."""
+    counts = yield Request(0, n)
+    return predict_from_counts([int(c) for c in counts], alpha)
+
+
+def count_job(first: int, num: int) -> Generator:
+    """Just the counts of samples first..first+num-1."""
+    return (yield Request(first, num))
+
+
+def drive(job: Generator, count: Callable[[int, int], object]):
+    """Run a job one request at a time with count(first, num) -> counts (replays, tests)."""
+    try:
+        ask = next(job)
+        while True:
+            if isinstance(ask, Request):
+                ask = job.send(count(ask.first, ask.num))
+            else:
+                ask = job.send(tuple(count(r.first, r.num) for r in ask))
+    except StopIteration as done:
+        return done.value
+
+
+# --------------------------------------------------------------------------------------------
 # The smoothed classifier: samples in, counts out, then the math above
 
 
@@ -107,12 +153,9 @@ class Smooth:
         """(cA, radius) with P[g(x + delta) = cA for all ||delta|| < radius] >= 1 - alpha,
         or (ABSTAIN, 0.0). Samples 0..n0-1 select, samples n0..n0+n-1 estimate."""
         check_certify_parameters(n0, n, alpha, batch)
-        selection = self.pipeline.count(x, image_index, 0, n0, batch)
-        estimation = self.pipeline.count(x, image_index, n0, n, batch)
-        return certify_from_counts(selection.tolist(), estimation.tolist(), alpha, self.sigma)
+        return self.pipeline.run_one(x, image_index, certify_job(n0, n, alpha, self.sigma), batch)
 
     def predict(self, x, n: int, alpha: float, batch: int, image_index: int = 0) -> int:
         """g(x), or ABSTAIN; wrong with probability at most alpha when it does not abstain."""
         check_certify_parameters(1, n, alpha, batch)
-        counts = self.pipeline.count(x, image_index, 0, n, batch)
-        return predict_from_counts(counts.tolist(), alpha)
+        return self.pipeline.run_one(x, image_index, predict_job(n, alpha), batch)

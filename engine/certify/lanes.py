@@ -7,22 +7,9 @@ lanes are the current stream and the same code runs in order.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, List, Tuple
+from typing import List
 
 import torch
-
-
-def double_buffered(num_batches: int) -> Iterator[Tuple[str, int]]:
-    """The issue order of a pass: produce(0), then produce(k+1) before consume(k), then consume(last).
-
-    At most two batches are in flight, so memory holds two denoised batches, never more.
-    """
-    for k in range(num_batches):
-        yield "produce", k
-        if k > 0:
-            yield "consume", k - 1
-    if num_batches:
-        yield "consume", num_batches - 1
 
 
 class SerialLanes:

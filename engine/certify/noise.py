@@ -55,10 +55,9 @@ def _box_muller(u_a: torch.Tensor, u_b: torch.Tensor):
 
 def _normals(j: torch.Tensor, g: torch.Tensor, image: torch.Tensor, stream: torch.Tensor,
              k0: torch.Tensor, k1: torch.Tensor) -> torch.Tensor:
-    """Philox + Box-Muller for sample indices j [S,1] and element groups g [1,G] -> [S, 4G] normals.
-
-    Every index and key is a tensor, so one compiled kernel serves any image, seed and sample range.
-    """
+    """Philox + Box-Muller for sample indices j [S,1], image indices [S,1] (or [1,1]) and element
+    groups g [1,G] -> [S, 4G] normals. Every index and key is a tensor, so one compiled kernel
+    serves any image, seed and sample range, and a batch may mix samples of several images."""
     c0 = g.expand(j.shape[0], g.shape[1])
     c1 = j.expand(j.shape[0], g.shape[1])
     c2 = torch.zeros_like(c0) + image
@@ -83,6 +82,49 @@ def _normals_kernel(device: torch.device, compiled: bool):
     return _compiled_normals[device.type]
 
 
+class NoiseKeys:
+    """The constant inputs of one noise stream on one device (key halves, stream id, element
+    groups), made once: the per-batch path then creates no tensor from a Python value, which on
+    CUDA would be a blocking host-to-device copy."""
+
+    def __init__(self, seed: int, stream: int, device):
+        self.device = torch.device(device)
+        seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+
+        def scalar(v: int) -> torch.Tensor:
+            return torch.full((), v, dtype=torch.int64, device=self.device)     # a fill, not a copy
+
+        self.k0, self.k1 = scalar(seed & MASK32), scalar(seed >> 32)
+        self.stream = scalar(int(stream) & MASK32)
+        self._groups = {}
+
+    def groups(self, numel: int) -> torch.Tensor:
+        count = (numel + 3) // 4
+        if count not in self._groups:
+            self._groups[count] = torch.arange(count, dtype=torch.int64, device=self.device).unsqueeze(0)
+        return self._groups[count]
+
+
+def gaussian_rows(keys: NoiseKeys, images: torch.Tensor, samples: torch.Tensor, shape,
+                  compiled: bool = False) -> torch.Tensor:
+    """N(0, I) noise [len(samples), *shape]: row r is sample samples[r] of image images[r]
+    (int64 tensors on keys.device). The same values as `gaussian` for the same (image, sample),
+    whatever else shares the batch: a packed batch of several images draws exactly their noise."""
+    numel = 1
+    for s in shape:
+        numel *= int(s)
+    z = _normals_kernel(keys.device, compiled)(samples.unsqueeze(1), keys.groups(numel), images.unsqueeze(1),
+                                                keys.stream, keys.k0, keys.k1)
+    return z[:, :numel].reshape(samples.shape[0], *shape)
+
+
+def check_indices(image: int, first_sample: int, num_samples: int) -> None:
+    """ValueError unless image and sample indices fit Philox's 32-bit counter words."""
+    if not (0 <= image <= MASK32 and 0 <= first_sample and 0 <= num_samples
+            and first_sample + num_samples <= MASK32 + 1):
+        raise ValueError("image and sample indices must fit in 32 bits")
+
+
 def gaussian(seed: int, stream: int, image: int, first_sample: int, num_samples: int,
              shape, device="cpu", compiled: bool = False) -> torch.Tensor:
     """N(0, I) noise of shape [num_samples, *shape] for samples first_sample.. of one image.
@@ -91,24 +133,11 @@ def gaussian(seed: int, stream: int, image: int, first_sample: int, num_samples:
     Four normals come from each counter, so element e of sample j is a pure function of
     (seed, stream, image, j, e). `compiled` runs the same arithmetic as one compiled kernel.
     """
-    if not (0 <= image <= MASK32 and 0 <= first_sample and 0 <= num_samples
-            and first_sample + num_samples <= MASK32 + 1):
-        raise ValueError("image and sample indices must fit in 32 bits")
-    numel = 1
-    for s in shape:
-        numel *= int(s)
-    groups = (numel + 3) // 4
-    dev = torch.device(device)
-    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-
-    def scalar(v: int) -> torch.Tensor:
-        return torch.tensor(v, dtype=torch.int64, device=dev)
-
-    g = torch.arange(groups, dtype=torch.int64, device=dev).unsqueeze(0)
-    j = (torch.arange(num_samples, dtype=torch.int64, device=dev) + first_sample).unsqueeze(1)
-    z = _normals_kernel(dev, compiled)(j, g, scalar(image & MASK32), scalar(stream & MASK32),
-                                       scalar(seed & MASK32), scalar(seed >> 32))
-    return z[:, :numel].reshape(num_samples, *shape)
+    check_indices(image, first_sample, num_samples)
+    keys = NoiseKeys(seed, stream, device)
+    samples = torch.arange(first_sample, first_sample + num_samples, dtype=torch.int64, device=keys.device)
+    images = torch.full((num_samples,), image, dtype=torch.int64, device=keys.device)
+    return gaussian_rows(keys, images, samples, shape, compiled)
 
 
 def fixed_local_noise(m: int, shape, seed: int = 42) -> torch.Tensor:

@@ -31,13 +31,13 @@ twenty lines of numpy and vectorised over paths for the coverage test.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Generator, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy.special import betaln, xlog1py, xlogy
 from scipy.stats import norm
 
-from diffsmooth.engine.certify.core import ABSTAIN, top_class
+from diffsmooth.engine.certify.core import ABSTAIN, Request, drive, top_class
 from diffsmooth.engine.errors import UserError
 
 PRIOR_A = PRIOR_B = 0.5          # Jeffreys prior of the mixture
@@ -209,30 +209,23 @@ class SequentialCertificate:
         return int(c_a), float(self.rule.sigma * norm.ppf(self.lower))
 
 
-def certify_sequential(count: Callable[[int, int], Sequence[int]], n0: int,
-                       rule: SequentialRule) -> Tuple[int, float, int]:
-    """(prediction, radius, samples used incl. the n0 selection samples).
-
-    count(first, num) returns the vote counts of samples first..first+num-1 (e.g. a
-    MonteCarloPipeline.count bound to one image): samples 0..n0-1 select cA as in CERTIFY,
-    then the chunks of `rule.chunks()` follow from sample n0 on, so a sequential run uses a
-    prefix of the samples of a fixed-n run with the same seed."""
-    return certify_sequential_many(lambda first, num: {0: count(first, num)}, n0, rule)[0]
-
-
-def certify_sequential_many(count: Callable[[int, int], Dict[Hashable, Sequence[int]]], n0: int,
-                            rule: SequentialRule) -> Dict[Hashable, Tuple[int, float, int]]:
-    """The same for several configurations voting on one shared sample stream (a sweep):
-    count(first, num) returns {key: counts}. Sampling goes on while any key is undecided; each
-    key stops at its own look, so its result equals a single-configuration run's."""
+def sequential_many_job(n0: int, rule: SequentialRule) -> Generator:
+    """Sequential CERTIFY of several configurations voting on one shared sample stream (a sweep) as
+    a job: it is sent {key: counts}. Samples 0..n0-1 select each key's cA as in CERTIFY; the
+    estimation looks follow from sample n0 on, exactly on `rule.chunks()`. Sampling goes on while
+    any key is undecided; each key stops at its own look, so its result equals a
+    single-configuration run's. Returns {key: (prediction, radius, samples incl. the n0)}."""
     if n0 < 1:
         raise UserError(f"n0 must be >= 1, got {n0}")
-    selection = count(0, n0)
+    chunks = rule.chunks()
+    # The first look does not depend on the selection (all classes are counted): ask for both.
+    selection, votes = yield Request(0, n0), Request(n0, chunks[0])
     c_a = {k: top_class([int(c) for c in v]) for k, v in selection.items()}
     states = {k: SequentialCertificate(rule) for k in selection}
     first = n0
-    for size in rule.chunks():
-        votes = count(first, size)
+    for look, size in enumerate(chunks):
+        if look > 0:
+            votes = yield Request(first, size)
         first += size
         for k, state in states.items():
             if not state.done:
@@ -240,6 +233,32 @@ def certify_sequential_many(count: Callable[[int, int], Dict[Hashable, Sequence[
         if all(state.done for state in states.values()):
             break
     return {k: (*state.result(c_a[k]), n0 + state.samples) for k, state in states.items()}
+
+
+def sequential_job(n0: int, rule: SequentialRule) -> Generator:
+    """Sequential CERTIFY of one configuration as a job (sent counts [K]); returns (prediction,
+    radius, samples used incl. the n0 selection samples). A run uses a prefix of the samples of a
+    fixed-n run with the same seed."""
+    inner = sequential_many_job(n0, rule)
+    ask = next(inner)
+    try:
+        while True:
+            got = yield ask
+            ask = inner.send(tuple({0: c} for c in got) if isinstance(got, tuple) else {0: got})
+    except StopIteration as done:
+        return done.value[0]
+
+
+def certify_sequential(count: Callable[[int, int], Sequence[int]], n0: int,
+                       rule: SequentialRule) -> Tuple[int, float, int]:
+    """sequential_job driven by count(first, num) -> the vote counts of those samples."""
+    return drive(sequential_job(n0, rule), count)
+
+
+def certify_sequential_many(count: Callable[[int, int], Dict[Hashable, Sequence[int]]], n0: int,
+                            rule: SequentialRule) -> Dict[Hashable, Tuple[int, float, int]]:
+    """sequential_many_job driven by count(first, num) -> {key: counts}."""
+    return drive(sequential_many_job(n0, rule), count)
 
 
 def parse_futility(text: Optional[str]) -> Optional[float]:

@@ -20,14 +20,15 @@ import numpy as np
 import torch
 
 from diffsmooth.engine.backends.base import Stage
-from diffsmooth.engine.certify.core import certify_from_counts
-from diffsmooth.engine.certify.sequential import SequentialRule, certify_sequential_many
-from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.local_smoothing import LocalProbabilities, LogitsHead
-from diffsmooth.engine.certify.noise import STREAM_LOCAL, fixed_local_noise, gaussian
-from diffsmooth.engine.certify.monte_carlo import KeptVotes, NonFiniteScores, noisy_batch, plan_batches
+from diffsmooth.engine.certify.core import Request, certify_from_counts, check_certify_parameters, count_job
+from diffsmooth.engine.certify.lanes import SerialLanes
+from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, NoiseKeys, fixed_local_noise, gaussian_rows
+from diffsmooth.engine.certify.scheduler import BatchRows, Finished, Scheduler, Work
+from diffsmooth.engine.certify.sequential import SequentialRule, sequential_many_job
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.runs.dataset_run import image_works, stop_after_current_image
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, ResultWriter, format_radius, format_time
-from diffsmooth.engine.certify.core import check_certify_parameters
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,10 @@ def plan_entries(methods: Sequence[str], classifiers_for, local_sigmas: Sequence
 
 
 class SweepPipeline:
-    """Counts the votes of every entry on the same noisy samples; the denoiser runs once per batch."""
+    """The scheduler's voter for a sweep: every entry votes on the same noisy samples, and the
+    denoiser runs once per batch (one stream)."""
+
+    lanes = SerialLanes()
 
     def __init__(self, entries: Sequence[SweepEntry], classifiers: Dict[str, torch.nn.Module], purify: Optional[Stage],
                  backend, sigma: float, image_shape: Tuple[int, ...], num_classes: int,
@@ -70,6 +74,7 @@ class SweepPipeline:
                  static_batch: bool = False, compiled_noise: bool = False):
         self.entries = list(entries)
         self.sigma, self.seed, self.num_classes = float(sigma), int(seed), int(num_classes)
+        self.num_configs = len(self.entries)
         self.image_shape = tuple(image_shape)
         self.local_noise = local_noise
         self.static_batch, self.compiled_noise = bool(static_batch), bool(compiled_noise)
@@ -80,7 +85,8 @@ class SweepPipeline:
                                                                    f"local {e.classifier} sigma'={e.local_sigma:g}")
                       for e in self.entries if e.method == "diffsmooth"}
         self.groups = self._noise_groups(local_noise_seed)
-        self.kept = KeptVotes()
+        self.smoothing_keys = NoiseKeys(self.seed, STREAM_SMOOTHING, self.device)
+        self.local_keys = NoiseKeys(self.seed, STREAM_LOCAL, self.device)
 
     def _noise_groups(self, local_noise_seed: int) -> List[Tuple[int, List[int], Optional[torch.Tensor]]]:
         """Sets of m served by one classifier call on the first M local noises (M = their max)."""
@@ -96,11 +102,24 @@ class SweepPipeline:
                    for m in ms if m not in shared]
         return groups
 
-    def _votes(self, x: torch.Tensor, image_index: int, first: int, size: int) -> Dict[SweepEntry, tuple]:
-        """(argmax votes [size], all scores finite) of every entry on one batch of noisy samples."""
-        x_rs = noisy_batch(x, self.sigma, self.seed, image_index, first, size, self.compiled_noise)
+    def describe_config(self, config: int) -> str:
+        return f"configuration {self.entries[config].name}"
+
+    def unpack(self, counts: np.ndarray) -> Dict[SweepEntry, np.ndarray]:
+        """What a job is sent: {entry: counts [K]}."""
+        return {e: counts[i] for i, e in enumerate(self.entries)}
+
+    def produce(self, x_rows: torch.Tensor, rows: BatchRows):
+        """(x_rs, x_hat): the noisy samples and, when an entry needs them, their denoised form."""
+        eps = gaussian_rows(self.smoothing_keys, rows.image, rows.sample, x_rows.shape[1:], self.compiled_noise)
+        x_rs = x_rows + self.sigma * eps
         x_hat = self.purify(x_rs) if self.purify is not None and any(e.method != "rs" for e in self.entries) else None
-        votes: Dict[SweepEntry, torch.Tensor] = {}
+        return x_rs, x_hat
+
+    def classify(self, produced, rows: BatchRows):
+        """(votes [E, B], finite [E, B]) of every entry on one batch of noisy samples."""
+        x_rs, x_hat = produced
+        votes, finite = [], []
         probs_cache = {}
         for e in self.entries:
             if e.method == "rs":
@@ -112,50 +131,35 @@ class SweepPipeline:
                 key = (e.classifier, e.local_sigma, big_m)
                 if key not in probs_cache:
                     delta = (fixed.unsqueeze(0) if fixed is not None else
-                             gaussian(self.seed, STREAM_LOCAL, image_index, first, size, (big_m, *self.image_shape), self.device,
-                                      compiled=self.compiled_noise))
+                             gaussian_rows(self.local_keys, rows.image, rows.sample, (big_m, *self.image_shape),
+                                           self.compiled_noise))
                     probs_cache[key] = self.local[(e.classifier, e.local_sigma)](x_hat, delta)
                 probs = probs_cache[key]
                 scores = probs.mean(dim=1) if e.m == big_m else probs[:, :e.m].contiguous().mean(dim=1)
-            votes[e] = (scores.argmax(dim=1), torch.isfinite(scores).all())
-        return votes
+            votes.append(scores.argmax(dim=1))
+            finite.append(torch.isfinite(scores).all(dim=1))
+        return torch.stack(votes), torch.stack(finite)
 
     def count(self, x: torch.Tensor, image_index: int, first: int, num: int, batch: int) -> Dict[SweepEntry, np.ndarray]:
-        """Vote counts per entry over samples first..first+num-1: scatter-adds on the device, one host
-        sync at the end; static batches pad the tail with the next samples, whose votes the next
-        pass of the same image counts (KeptVotes), as in MonteCarloPipeline."""
-        source = x
-        x = x.to(self.device, torch.float32)
-        counts = {e: torch.zeros(self.num_classes, dtype=torch.int64, device=self.device) for e in self.entries}
-        ones = torch.ones(max(batch, num), dtype=torch.int64, device=self.device)
-        finite = {e: torch.ones((), dtype=torch.bool, device=self.device) for e in self.entries}
-        kept = self.kept.take(source, image_index, first, num)
-        if kept is not None:                    # the padded tail of this image's previous pass
-            votes, kept_finite, used = kept
-            for e, v in votes.items():
-                counts[e].scatter_add_(0, v, ones[:used])
-                finite[e].logical_and_(kept_finite[e])
-            first, num = first + used, num - used
-        plan = plan_batches(first, num, batch, self.static_batch) if num > 0 else []
-        for start, used, computed in plan:
-            votes = self._votes(x, image_index, start, computed)
-            for e, (v, ok) in votes.items():
-                counts[e].scatter_add_(0, v[:used], ones[:used])
-                finite[e].logical_and_(ok)
-            if computed > used:
-                self.kept.keep(source, image_index, start + used, {e: v[used:] for e, (v, _) in votes.items()},
-                               {e: ok for e, (_, ok) in votes.items()})
-        for e, ok in finite.items():
-            if not bool(ok):
-                raise NonFiniteScores(f"image {image_index}: configuration {e.name} produced NaN/Inf scores; no rows written")
-        return {e: c.cpu().numpy() for e, c in counts.items()}
+        """Vote counts per entry over samples first..first+num-1 of one image."""
+        results = []
+        Scheduler(self, batch, window=1).run([Work(image_index, x, count_job(first, num))],
+                                             lambda done: results.append(done.result))
+        return results[0]
+
+
+def sweep_certify_job(entries: Sequence[SweepEntry], n0: int, n: int, alpha: float, sigma: float):
+    """CERTIFY of every entry on one shared sample stream: {entry: (prediction, radius)}."""
+    selection, estimation = yield Request(0, n0), Request(n0, n)
+    return {e: certify_from_counts([int(c) for c in selection[e]], [int(c) for c in estimation[e]], alpha, sigma)
+            for e in entries}
 
 
 def run_sweep(pipeline: SweepPipeline, dataset, indices: Sequence[int], out_dir, *, n0: int, n: int,
               alpha: float, batch: int, settings: dict, progress: bool = True,
-              sequential: Optional[SequentialRule] = None) -> dict:
+              sequential: Optional[SequentialRule] = None, window: Optional[int] = None) -> dict:
     """CERTIFY every selected image for every entry; one reference TSV per entry plus index.json.
-    The time column is the shared wall time of the image (all entries together). With
+    The time column is the image's share of the compute time (all entries together). With
     `sequential`, sampling continues while any entry is undecided; each entry records its own
     stopping point (trailing `samples` column), the same row its single run writes."""
     check_certify_parameters(n0, n, alpha, batch)
@@ -169,39 +173,35 @@ def run_sweep(pipeline: SweepPipeline, dataset, indices: Sequence[int], out_dir,
     columns = CERTIFY_COLUMNS + (("samples",) if sequential is not None else ())
     writers = {e: ResultWriter(out / f"{e.name}.tsv", columns) for e in pipeline.entries}
     todo = [i for i in indices if any(i not in w.done for w in writers.values())]
-    from diffsmooth.engine.runs.dataset_run import stop_after_current_image
+    if sequential is not None:
+        make_job = lambda: sequential_many_job(n0, sequential)                                   # noqa: E731
+    else:
+        make_job = lambda: sweep_certify_job(pipeline.entries, n0, n, alpha, pipeline.sigma)     # noqa: E731
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(indices), initial=len(indices) - len(todo), unit="img",
                    desc=f"sweep {len(pipeline.entries)} configs", dynamic_ncols=True)
     written = 0
+
+    def finished(done: Finished) -> None:
+        nonlocal written
+        i, label, elapsed = done.work.index, done.work.tag, format_time(done.seconds)
+        for e, w in writers.items():
+            if i in w.done:
+                continue
+            pred, radius = done.result[e][:2]
+            extra = {"samples": done.result[e][2]} if sequential is not None else {}
+            w.write(idx=i, label=label, predict=pred, radius=format_radius(radius),
+                    correct=int(pred == label), time=elapsed, **extra)
+        written += 1
+        if bar is not None:
+            bar.update(1)
+
     try:
         with stop_after_current_image() as flag:
-            for i in todo:
-                x, label = dataset[i]
-                start = time.perf_counter()
-                if sequential is not None:
-                    results = certify_sequential_many(lambda first, num: pipeline.count(x, i, first, num, batch),
-                                                      n0, sequential)
-                else:
-                    selection = pipeline.count(x, i, 0, n0, batch)
-                    estimation = pipeline.count(x, i, n0, n, batch)
-                    results = {e: certify_from_counts(selection[e].tolist(), estimation[e].tolist(), alpha,
-                                                      pipeline.sigma) for e in writers}
-                elapsed = format_time(time.perf_counter() - start)
-                for e, w in writers.items():
-                    if i in w.done:
-                        continue
-                    pred, radius = results[e][:2]
-                    extra = {"samples": results[e][2]} if sequential is not None else {}
-                    w.write(idx=i, label=int(label), predict=pred, radius=format_radius(radius),
-                            correct=int(pred == int(label)), time=elapsed, **extra)
-                written += 1
-                if bar is not None:
-                    bar.update(1)
-                if flag.stop:
-                    break
+            Scheduler(pipeline, batch, window).run(image_works(dataset, todo, make_job), finished,
+                                                   stop=lambda: flag.stop)
     finally:
         for w in writers.values():
             w.close()

@@ -1,0 +1,378 @@
+"""Continuous batching of certification: many images' Monte Carlo samples packed into every batch.
+
+Images are requests and samples are tokens, as in an LLM server. Each image runs a *job* (a plain
+Python generator from certify/core.py or certify/sequential.py) that yields `Request`s for sample
+ranges and is sent their vote counts. The scheduler keeps a window of images in flight and fills
+each batch with the next pending samples of several of them: a batch is a list of segments
+(image slot, count row, first sample, count). Images join when a batch has room and leave when
+their job returns, so a batch is only padded when no image is left to fill it.
+
+Why the rows do not depend on the packing: the noise of a sample is keyed by (seed, stream, image
+index, sample index) and drawn per row (certify/noise.py), each row's votes are scatter-added into
+the count row of its own request, and a job sees exactly the counts of the samples it asked for.
+The host reads counts only when a request completes: at most one sync per batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, Generator, Iterable, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from diffsmooth.engine.certify.core import Request
+from diffsmooth.engine.certify.noise import check_indices
+from diffsmooth.engine.errors import UserError
+
+# Images in flight are kept on the device; this bounds their memory (a 224x224 RGB image is 0.6 MB).
+WINDOW_BYTES = 512 * 2 ** 20
+
+
+def default_window(batch: int, image_numel: int) -> int:
+    """Most images in flight: enough to fill a batch with one sample each while as many wait for
+    their votes (2 * batch + 2), at most WINDOW_BYTES of fp32 images."""
+    return max(2, min(2 * int(batch) + 2, WINDOW_BYTES // (4 * max(1, int(image_numel)))))
+
+
+@dataclass
+class Work:
+    """One image to run: its dataset index (which keys its noise), the image, its job, and a tag
+    handed back with the result."""
+
+    index: int
+    image: torch.Tensor
+    job: Generator
+    tag: Any = None
+
+
+@dataclass
+class Finished:
+    """A job's result with the image's share of the compute time and the samples it counted."""
+
+    work: Work
+    result: Any
+    seconds: float
+    samples: int
+
+
+@dataclass
+class SchedulerStats:
+    batches: int = 0
+    syncs: int = 0
+    samples_computed: int = 0       # rows run through the stages, padding included
+    samples_counted: int = 0        # rows whose votes a request counted
+    max_window: int = 0
+
+    @property
+    def overhead(self) -> float:
+        """Samples computed per sample counted (1.0: no padding)."""
+        return self.samples_computed / max(1, self.samples_counted)
+
+
+@dataclass
+class BatchRows:
+    """One packed batch, row by row, on the device: which window slot holds the image, its dataset
+    index and sample index (the noise keys), and the count row its vote goes to."""
+
+    slot: torch.Tensor
+    image: torch.Tensor
+    sample: torch.Tensor
+    count_row: torch.Tensor
+    size: int
+    segments: List[Tuple["_Slot", "_Pending", int]]     # (slot, request, rows) on the host
+
+    def part(self, lo: int, hi: int) -> "BatchRows":
+        """Rows lo..hi-1 (for chunked classifier calls)."""
+        return BatchRows(self.slot[lo:hi], self.image[lo:hi], self.sample[lo:hi], self.count_row[lo:hi],
+                         hi - lo, [])
+
+
+@dataclass
+class _Pending:
+    """A request of one image: its count row and how far it has been planned and counted."""
+
+    request: Request
+    row: int
+    planned: int = 0
+    counted: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.counted == self.request.num
+
+
+@dataclass
+class _Slot:
+    """An image in flight: its window slot, job, and the requests of the job's current ask."""
+
+    number: int
+    work: Work
+    ask_is_tuple: bool = False
+    pending: List[_Pending] = field(default_factory=list)
+    seconds: float = 0.0
+    counted: int = 0
+    rows_since_mark: int = 0
+
+
+class NonFiniteScores(UserError):
+    """A backend produced NaN/Inf scores: the votes of that image cannot be trusted."""
+
+
+class Scheduler:
+    """Runs jobs on a voter (MonteCarloPipeline, SweepPipeline) with continuous batching.
+
+    The voter provides `device`, `num_classes`, `num_configs`, `static_batch`, `lanes`,
+    `produce(x_rows, rows)`, `classify(h, rows) -> (votes [E, B], finite [E, B])`,
+    `unpack(counts [E, K])` (what a job is sent) and `describe_config(e)`."""
+
+    TRASH = 0       # count row 0 takes the votes of padded rows and is never read
+
+    def __init__(self, voter, batch: int, window: Optional[int] = None):
+        if batch < 1:
+            raise UserError(f"batch must be >= 1, got {batch}")
+        if window is not None and window < 1:
+            raise UserError(f"the window of images in flight must be >= 1, got {window}")
+        self.voter = voter
+        self.batch = int(batch)
+        self.window = window
+        self.stats = SchedulerStats()
+        self.device = voter.device
+        self._x: Optional[torch.Tensor] = None          # [window, *image shape] images in flight
+        self._counts: Optional[torch.Tensor] = None     # [E, rows, K] votes per request
+        self._bad: Optional[torch.Tensor] = None        # [E, rows] non-finite scores per request
+        self._free_rows: List[int] = []
+        self._free_slots: List[int] = []
+        self._ones = torch.ones(self.batch, dtype=torch.int64, device=self.device)
+
+    # -- memory for the window ---------------------------------------------------------------
+
+    def _allocate(self, image: torch.Tensor) -> None:
+        cap = self.window or default_window(self.batch, image.numel())
+        self.window = cap
+        self._x = torch.zeros((cap, *image.shape), dtype=torch.float32, device=self.device)
+        self._free_slots = list(range(cap - 1, -1, -1))
+        self._grow_rows(2 * cap + 1)
+
+    def _grow_rows(self, rows: int) -> None:
+        e, k = self.voter.num_configs, self.voter.num_classes
+        counts = torch.zeros((e, rows, k), dtype=torch.int64, device=self.device)
+        bad = torch.zeros((e, rows), dtype=torch.int64, device=self.device)
+        old = 0 if self._counts is None else self._counts.shape[1]
+        if old:
+            counts[:, :old] = self._counts
+            bad[:, :old] = self._bad
+        self._counts, self._bad = counts, bad
+        self._free_rows += list(range(rows - 1, max(old, self.TRASH + 1) - 1, -1))
+
+    def _take_row(self) -> int:
+        if not self._free_rows:
+            with self.voter.lanes.consumer():
+                self._grow_rows(2 * self._counts.shape[1])
+        return self._free_rows.pop()
+
+    # -- images joining and leaving ----------------------------------------------------------
+
+    def _admit(self, work: Work, active: Dict[int, _Slot], on_finish) -> None:
+        """Start the image's job; an image whose job asks for nothing finishes at once."""
+        if self._x is None:
+            self._allocate(work.image)
+        if tuple(work.image.shape) != tuple(self._x.shape[1:]):
+            raise UserError(f"image {work.index} has shape {tuple(work.image.shape)}, the run's images have "
+                            f"{tuple(self._x.shape[1:])}")
+        slot = _Slot(self._free_slots.pop(), work)
+        try:
+            ask = next(work.job)
+        except StopIteration as done:
+            self._free_slots.append(slot.number)
+            on_finish(Finished(work, done.value, 0.0, 0))
+            return
+        image = work.image.detach().to(torch.float32)
+        if self.device.type == "cuda":
+            image = image.pin_memory()
+        with self.voter.lanes.producer():
+            self._x[slot.number].copy_(image, non_blocking=True)
+        self._set_ask(slot, ask)
+        active[slot.number] = slot
+        self.stats.max_window = max(self.stats.max_window, len(active))
+
+    def _set_ask(self, slot: _Slot, ask) -> None:
+        slot.ask_is_tuple = not isinstance(ask, Request)
+        requests = tuple(ask) if slot.ask_is_tuple else (ask,)
+        for r in requests:
+            if not isinstance(r, Request) or r.num < 1:
+                raise ValueError(f"a job asked for {r!r}: requests need num >= 1")
+            check_indices(slot.work.index, r.first, r.num)
+        slot.pending = [_Pending(r, self._take_row()) for r in requests]
+
+    # -- one batch -----------------------------------------------------------------------------
+
+    def _plan(self, active: Dict[int, _Slot], admit: Callable[[], bool]) -> Optional[BatchRows]:
+        """Fill one batch with the next pending samples, oldest image first, admitting new images
+        while there is room; None when there is nothing to compute."""
+        space, segments = self.batch, []
+
+        def take_from(slot: _Slot) -> None:
+            nonlocal space
+            for p in slot.pending:
+                if space == 0:
+                    return
+                rows = min(p.request.num - p.planned, space)
+                if rows > 0:
+                    segments.append((slot, p, rows))
+                    p.planned += rows
+                    space -= rows
+
+        for slot in list(active.values()):
+            take_from(slot)
+        while space > 0 and admit():
+            take_from(next(reversed(active.values())))
+        if not segments:
+            return None
+        return self._rows(segments, space if self.voter.static_batch else 0)
+
+    def _rows(self, segments, padding: int) -> BatchRows:
+        """The batch's per-row keys as one int64 block, copied to the device without a host sync."""
+        size = sum(rows for _, _, rows in segments) + padding
+        block = np.empty((4, size), dtype=np.int64)
+        at = 0
+        for slot, p, rows in segments:
+            first = p.request.first + p.planned - rows
+            block[0, at:at + rows] = slot.number
+            block[1, at:at + rows] = slot.work.index
+            block[2, at:at + rows] = np.arange(first, first + rows)
+            block[3, at:at + rows] = p.row
+            at += rows
+        if padding:                                     # any valid keys; votes go to the trash row
+            block[0, at:] = segments[0][0].number
+            block[1, at:] = segments[0][0].work.index
+            block[2, at:] = np.arange(padding)
+            block[3, at:] = self.TRASH
+        host = torch.from_numpy(block)
+        if self.device.type == "cuda":
+            device_block = host.pin_memory().to(self.device, non_blocking=True)
+        else:
+            device_block = host.to(self.device)
+        return BatchRows(device_block[0], device_block[1], device_block[2], device_block[3], size, segments)
+
+    def _produce(self, rows: BatchRows):
+        self.stats.batches += 1
+        self.stats.samples_computed += rows.size
+        x_rows = self._x.index_select(0, rows.slot)
+        return self.voter.produce(x_rows, rows)
+
+    def _count(self, h, rows: BatchRows) -> None:
+        """Scatter-add each row's vote into its request's count row, per configuration."""
+        votes, finite = self.voter.classify(h, rows)
+        e, slots, k = self._counts.shape
+        offsets = (torch.arange(e, device=self.device) * slots).unsqueeze(1)       # cached by the allocator
+        flat_rows = offsets + rows.count_row.unsqueeze(0)                          # [E, B]
+        self._counts.view(-1).scatter_add_(0, (flat_rows * k + votes).view(-1), self._ones[:rows.size].repeat(e))
+        self._bad.view(-1).scatter_add_(0, flat_rows.view(-1), (~finite).view(-1).to(torch.int64))
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self, works: Iterable[Work], on_finish: Callable[[Finished], None],
+            stop: Callable[[], bool] = lambda: False) -> SchedulerStats:
+        """Run every work item's job to its end; on_finish gets each result as its image completes
+        (completion order). After stop() turns True no new image joins; those in flight finish."""
+        source: Iterator[Work] = iter(works)
+        active: Dict[int, _Slot] = {}
+        exhausted = False
+        depth = 2 if self.voter.lanes.overlapping else 1     # batches in flight: produce k+1 before consuming k
+        in_flight: Deque[Tuple[BatchRows, Any, Any]] = deque()
+        lanes = self.voter.lanes
+        mark = time.perf_counter()
+
+        def admit() -> bool:
+            nonlocal exhausted
+            while not exhausted and not stop() and len(active) < (self.window or 2 ** 62):
+                try:
+                    work = next(source)
+                except StopIteration:
+                    exhausted = True
+                    return False
+                before = len(active)
+                self._admit(work, active, on_finish)
+                if len(active) > before:
+                    return True
+            return False
+
+        lanes.begin()
+        try:
+            while True:
+                rows = self._plan(active, admit)
+                if rows is not None:
+                    with lanes.producer():
+                        h = self._produce(rows)
+                        in_flight.append((rows, h, lanes.handoff(_tensors(h))))
+                if not in_flight:
+                    break
+                if rows is not None and len(in_flight) < depth:
+                    continue
+                rows, h, token = in_flight.popleft()
+                with lanes.consumer():
+                    lanes.accept(token, _tensors(h))
+                    self._count(h, rows)
+                    mark = self._complete(rows, active, on_finish, mark)
+        finally:
+            lanes.end()
+        return self.stats
+
+    def _complete(self, rows: BatchRows, active: Dict[int, _Slot], on_finish, mark: float) -> float:
+        """Book the consumed rows; read the counts of requests that completed (one host sync), send
+        them to their jobs, and finish the images whose jobs return. Returns the new time mark."""
+        done_slots = []
+        for slot, p, n in rows.segments:
+            p.counted += n
+            slot.counted += n
+            slot.rows_since_mark += n
+            self.stats.samples_counted += n
+            if all(q.complete for q in slot.pending) and slot not in done_slots:
+                done_slots.append(slot)
+        if not done_slots:
+            return mark
+        read = [p.row for slot in done_slots for p in slot.pending]
+        index = torch.from_numpy(np.asarray(read, dtype=np.int64))
+        index = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
+        counts = self._counts.index_select(1, index).cpu().numpy()        # the host sync
+        bad = self._bad.index_select(1, index).cpu().numpy()
+        self._counts.index_fill_(1, index, 0)
+        self._bad.index_fill_(1, index, 0)
+        self.stats.syncs += 1
+        now = time.perf_counter()
+        self._share_time(active, now - mark)
+        for slot in done_slots:
+            got = []
+            for p in slot.pending:
+                column = read.index(p.row)
+                if bad[:, column].any():
+                    configs = [self.voter.describe_config(e) for e in np.flatnonzero(bad[:, column])]
+                    raise NonFiniteScores(f"image {slot.work.index}: {', '.join(configs)} produced NaN/Inf "
+                                          f"scores; no result written for it")
+                got.append(self.voter.unpack(counts[:, column, :]))
+                self._free_rows.append(p.row)
+            try:
+                ask = slot.work.job.send(tuple(got) if slot.ask_is_tuple else got[0])
+            except StopIteration as finished:
+                del active[slot.number]
+                self._free_slots.append(slot.number)
+                on_finish(Finished(slot.work, finished.value, slot.seconds, slot.counted))
+                continue
+            self._set_ask(slot, ask)
+        return now
+
+    def _share_time(self, active: Dict[int, _Slot], seconds: float) -> None:
+        """Split the wall time since the last read over the images by their rows in it."""
+        total = sum(s.rows_since_mark for s in active.values())
+        for s in active.values():
+            if total:
+                s.seconds += seconds * s.rows_since_mark / total
+            s.rows_since_mark = 0
+
+
+def _tensors(h) -> List[torch.Tensor]:
+    """The tensors a produced batch hands across lanes (one, or a tuple for sweeps)."""
+    return [t for t in (h if isinstance(h, tuple) else (h,)) if isinstance(t, torch.Tensor)]
