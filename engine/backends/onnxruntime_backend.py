@@ -11,9 +11,10 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError, first_line
 
-ORT_PRECISIONS = ("fp32", "fp16")
+ORT_PRECISIONS = GRAPH_PRECISIONS
 GPU_PROVIDERS = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 
 
