@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 

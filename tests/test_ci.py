@@ -40,6 +40,7 @@ def test_the_install_brings_timm_without_torchvision():
 
 
 def test_import_layers_hold():
-    result = subprocess.run([sys.executable, str(ROOT / ".ci" / "lint_imports.py")], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(ROOT / ".ci" / "lint_imports.py")], capture_output=True, text=True,
+                            check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout

@@ -8,10 +8,10 @@ import sys
 
 import click
 from click.testing import CliRunner
+from diffsmooth.engine import choices
 
 from diffsmooth.cli import main
 from diffsmooth.cli.group import COMMANDS, Command
-from diffsmooth.engine import choices
 
 
 def _load(name):
@@ -72,7 +72,8 @@ def test_the_engines_tables_cover_exactly_the_names():
     from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
     from diffsmooth.engine.models.resnet import DATASET_STATS, DEFAULT_NORMALIZATION
     from diffsmooth.engine.models.unet import PRESETS
-    from diffsmooth.engine.runs.sources import PRESET_STATS, DATASET_STATS as KIND_STATS
+    from diffsmooth.engine.runs.sources import DATASET_STATS as KIND_STATS
+    from diffsmooth.engine.runs.sources import PRESET_STATS
     assert set(PRESETS) == set(PRESET_SCHEDULES) == set(PRESET_STATS) == set(choices.PRESETS)
     assert set(DATASET_STATS) == set(DEFAULT_NORMALIZATION) == set(choices.STATS)
     assert set(PRECISIONS) == set(choices.PRECISIONS)

@@ -1,7 +1,6 @@
 """The certified-accuracy figure keeps its title inside the picture (the demo's title included)."""
 
 import pytest
-
 from diffsmooth.engine.runs.analyze import curve_figure
 
 

@@ -7,7 +7,13 @@ from pathlib import Path
 import click
 
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.runs.analyze import best_per_radius, markdown_table, plot_curves, summarize, to_json
+from diffsmooth.engine.runs.analyze import (
+    best_per_radius,
+    markdown_table,
+    plot_curves,
+    summarize,
+    to_json,
+)
 
 
 def expand_result_files(files):

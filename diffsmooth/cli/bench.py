@@ -109,8 +109,7 @@ def bench(**kw):
         path = Path(kw["results"])
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
-            for line in json_lines(doc):
-                f.write(json.dumps(line, sort_keys=True) + "\n")
+            f.writelines(json.dumps(line, sort_keys=True) + "\n" for line in json_lines(doc))
     if kw["as_json"]:
         click.echo(json.dumps(doc, indent=1, sort_keys=True))
     else:

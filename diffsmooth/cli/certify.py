@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.options import method_options, model_options, run_options, sequential_options
+from diffsmooth.cli.options import (
+    method_options,
+    model_options,
+    run_options,
+    sequential_options,
+)
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.prepare import prepare_single
 from diffsmooth.engine.runs.settings import RunSettings

@@ -7,7 +7,11 @@ import click
 from diffsmooth.cli.options import method_options, model_options, validation_options
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.runs.assemble import classifier_path_for, load_classifier_from, load_denoiser_from
+from diffsmooth.engine.runs.assemble import (
+    classifier_path_for,
+    load_classifier_from,
+    load_denoiser_from,
+)
 from diffsmooth.engine.runs.sources import default_image_shape, resolve_sources
 from diffsmooth.export import plan_check
 from diffsmooth.export.onnx_export import checkpoint_source, export_models

@@ -5,8 +5,18 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.engine.choices import (BACKENDS, DATASET_KINDS, GRAPH_PRECISIONS, LOCAL_NOISE_MODES, METHODS,
-                                       NORMALIZATIONS, PRECISIONS, PRESETS, SCHEDULES, STATS)
+from diffsmooth.engine.choices import (
+    BACKENDS,
+    DATASET_KINDS,
+    GRAPH_PRECISIONS,
+    LOCAL_NOISE_MODES,
+    METHODS,
+    NORMALIZATIONS,
+    PRECISIONS,
+    PRESETS,
+    SCHEDULES,
+    STATS,
+)
 
 __all__ = ["GRAPH_PRECISIONS", "dataset_option", "group", "method_options", "model_options", "positive",
            "precision_option", "run_options", "sequential_options", "validation_options"]
@@ -61,7 +71,7 @@ def model_options(sweep: bool = True):
 
 def method_options(sweep: bool = True):
     """The base classifier: method, sigma and DiffSmooth's local noises (repeatable for a sweep)."""
-    repeat = dict(multiple=True) if sweep else {}
+    repeat = {"multiple": True} if sweep else {}
     again = "; repeat for a sweep." if sweep else "."
     return group(
         click.option("--method", type=click.Choice(METHODS), default=["diffsmooth"] if sweep else "diffsmooth",

@@ -5,7 +5,6 @@ any model is built or compiled."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
 
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.core import Smooth
@@ -24,7 +23,7 @@ class PreparedRun:
 
     settings: RunSettings
     dataset: object
-    indices: List[int]
+    indices: list[int]
     config: MethodConfig
     smooth: Smooth
     plan: ShardPlan
@@ -37,7 +36,7 @@ def set_threads(threads) -> None:
         torch.set_num_threads(threads)
 
 
-def open_dataset(s: RunSettings) -> Tuple[str, object, List[int]]:
+def open_dataset(s: RunSettings) -> tuple[str, object, list[int]]:
     """(dataset kind, dataset, selected indices): Cohen's --skip/--max convention."""
     from diffsmooth.engine.data import load_dataset
     kind = s.dataset or ("embedded" if not s.data else None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
 
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.sequential import SequentialRule, rule_from_options
@@ -23,64 +22,64 @@ class RunSettings:
 
     out: str
     # models
-    denoiser: Optional[str] = None
-    preset: Optional[str] = None
-    unet_config: Optional[str] = None
-    schedule: Optional[str] = None
-    diffusion_steps: Optional[int] = None
-    classifier: Tuple[str, ...] = ()
-    arch: Optional[str] = None
-    normalization: Optional[str] = None
-    stats: Optional[str] = None
+    denoiser: str | None = None
+    preset: str | None = None
+    unet_config: str | None = None
+    schedule: str | None = None
+    diffusion_steps: int | None = None
+    classifier: tuple[str, ...] = ()
+    arch: str | None = None
+    normalization: str | None = None
+    stats: str | None = None
     # method
-    method: Tuple[str, ...] = ("diffsmooth",)
+    method: tuple[str, ...] = ("diffsmooth",)
     sigma: float = 0.5
-    local_sigma: Tuple[float, ...] = (0.25,)
-    m: Tuple[int, ...] = (5,)
+    local_sigma: tuple[float, ...] = (0.25,)
+    m: tuple[int, ...] = (5,)
     local_noise: str = "fixed"
     # data and Monte Carlo
-    dataset: Optional[str] = None
-    data: Optional[str] = None
+    dataset: str | None = None
+    data: str | None = None
     split: str = "test"
     n0: int = 100
     n: int = 10000
     alpha: float = 0.001
-    batch: Optional[int] = None
+    batch: int | None = None
     skip: int = 1
-    max_index: Optional[int] = None
+    max_index: int | None = None
     seed: int = 0
     # execution
     backend: str = "torch"
-    onnx_dir: Optional[str] = None
+    onnx_dir: str | None = None
     device: str = "cpu"
     precision: str = "fp32"
-    compile: Optional[bool] = None
-    cuda_graphs: Optional[bool] = None
-    streams: Optional[int] = None
-    fused_attention: Optional[bool] = None
+    compile: bool | None = None
+    cuda_graphs: bool | None = None
+    streams: int | None = None
+    fused_attention: bool | None = None
     fused_conv: bool = False
     validate_samples: int = 1000
     min_agreement: float = 0.999
-    shard: Optional[str] = None
-    threads: Optional[int] = None
+    shard: str | None = None
+    threads: int | None = None
     quiet: bool = False
     # sequential stopping
     sequential: bool = False
-    radii: Optional[str] = None
-    n_max: Optional[int] = None
-    futility: Optional[str] = None
+    radii: str | None = None
+    n_max: int | None = None
+    futility: str | None = None
     # resolved when the run is prepared
-    fast_path: Optional[dict] = field(default=None, compare=False)
+    fast_path: dict | None = field(default=None, compare=False)
 
     @classmethod
-    def from_options(cls, **options) -> "RunSettings":
+    def from_options(cls, **options) -> RunSettings:
         """From click's keyword arguments (lists become tuples)."""
         for key in ("classifier", "method", "local_sigma", "m"):
             value = options.get(key)
             options[key] = tuple(value) if value is not None else ()
         return cls(**options)
 
-    def replace(self, **changes) -> "RunSettings":
+    def replace(self, **changes) -> RunSettings:
         return dataclasses.replace(self, **changes)
 
     @property
@@ -88,7 +87,7 @@ class RunSettings:
         return any(len(v) > 1 for v in (self.method, self.local_sigma, self.m, self.classifier))
 
     @property
-    def classifier_path(self) -> Optional[str]:
+    def classifier_path(self) -> str | None:
         """The single run's classifier checkpoint (None: the demo classifier)."""
         return self.classifier[0] if self.classifier else None
 
@@ -96,7 +95,7 @@ class RunSettings:
         """The single run's method (validates sigma, sigma' and m)."""
         return MethodConfig(self.method[0], self.sigma, self.m[0], self.local_sigma[0], self.local_noise)
 
-    def sequential_rule(self) -> Optional[SequentialRule]:
+    def sequential_rule(self) -> SequentialRule | None:
         """The SequentialRule of a --sequential run, else None."""
         if not self.sequential:
             if self.radii or self.n_max or self.futility:
@@ -104,7 +103,7 @@ class RunSettings:
             return None
         return rule_from_options(self.radii, self.sigma, self.alpha, self.n_max or self.n, self.futility)
 
-    def samples_per_pass(self, mode: str) -> Optional[int]:
+    def samples_per_pass(self, mode: str) -> int | None:
         """Samples one image's votes take in one chain of passes (None for sequential looks): what a
         static batch is aligned to."""
         if self.sequential:

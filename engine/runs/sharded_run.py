@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from diffsmooth.engine.runs.dataset_run import run_dataset
 from diffsmooth.engine.runs.prepare import PreparedRun
-from diffsmooth.engine.runs.results import check_or_record_settings, merge_results, shard_path
+from diffsmooth.engine.runs.results import (
+    check_or_record_settings,
+    merge_results,
+    shard_path,
+)
 from diffsmooth.engine.runs.sharding import finish, wait_for_all
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.runs.assemble import ModelSources, parse_unet_config
 
@@ -16,7 +14,7 @@ PRESET_IMAGE_SHAPES = {"cifar10": (3, 32, 32), "imagenet": (3, 224, 224), "demo"
 STATS_IMAGE_SHAPES = {"cifar10": (3, 32, 32), "imagenet": (3, 224, 224), "fashion-mnist": (1, 32, 32)}
 
 
-def default_stats(preset: Optional[str], dataset_kind: Optional[str]) -> str:
+def default_stats(preset: str | None, dataset_kind: str | None) -> str:
     """The normalisation statistics when --stats is not given.
 
     They belong to the models, not to the file the images come from: a preset (given, or implied by
@@ -30,11 +28,11 @@ def default_stats(preset: Optional[str], dataset_kind: Optional[str]) -> str:
     return DATASET_STATS.get(dataset_kind, "cifar10")
 
 
-def resolve_sources(*, denoiser: Optional[str] = None, classifier: Optional[str] = None,
-                    preset: Optional[str] = None, unet_config: Optional[str] = None,
-                    schedule: Optional[str] = None, diffusion_steps: Optional[int] = None,
-                    arch: Optional[str] = None, normalization: Optional[str] = None,
-                    stats: Optional[str] = None, dataset_kind: Optional[str] = None) -> ModelSources:
+def resolve_sources(*, denoiser: str | None = None, classifier: str | None = None,
+                    preset: str | None = None, unet_config: str | None = None,
+                    schedule: str | None = None, diffusion_steps: int | None = None,
+                    arch: str | None = None, normalization: str | None = None,
+                    stats: str | None = None, dataset_kind: str | None = None) -> ModelSources:
     """ModelSources from the model options (--unet-config as JSON text); neither checkpoint given
     means the shipped demo models. A denoiser without preset or --unet-config is a cifar10 one."""
     config = parse_unet_config(unet_config)
@@ -44,14 +42,14 @@ def resolve_sources(*, denoiser: Optional[str] = None, classifier: Optional[str]
             preset = shipped.DEMO_PRESET
         elif denoiser and not config:
             preset = "cifar10"
-    given = dict(preset=preset, unet_config=config, schedule=schedule, diffusion_steps=diffusion_steps,
-                 arch=arch, normalization=normalization, stats=stats or default_stats(preset, dataset_kind))
+    given = {"preset": preset, "unet_config": config, "schedule": schedule, "diffusion_steps": diffusion_steps,
+             "arch": arch, "normalization": normalization, "stats": stats or default_stats(preset, dataset_kind)}
     if demo:
         return ModelSources.demo(**{k: v for k, v in given.items() if v not in (None, {})})
     return ModelSources(denoiser=denoiser, classifier=classifier, **given)
 
 
-def default_image_shape(preset: Optional[str], stats: Optional[str]) -> Tuple[int, int, int]:
+def default_image_shape(preset: str | None, stats: str | None) -> tuple[int, int, int]:
     """C,H,W of the preset's images, else of the normalisation's dataset (cifar10-sized otherwise)."""
     if preset in PRESET_IMAGE_SHAPES:
         return PRESET_IMAGE_SHAPES[preset]

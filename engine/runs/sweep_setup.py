@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError, first_line
@@ -14,7 +13,12 @@ from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.runs.assemble import load_denoiser_from
 from diffsmooth.engine.runs.fast_path import default_static_batch
-from diffsmooth.engine.runs.prepare import fast_path_for, open_dataset, set_threads, sources_of
+from diffsmooth.engine.runs.prepare import (
+    fast_path_for,
+    open_dataset,
+    set_threads,
+    sources_of,
+)
 from diffsmooth.engine.runs.settings import RunSettings
 from diffsmooth.engine.runs.sharded_run import report_line
 from diffsmooth.engine.runs.sweep import SweepPipeline, plan_entries, run_sweep
@@ -63,7 +67,7 @@ def certify_sweep(s: RunSettings, log) -> dict:
         paths = {Path(p).stem: p for p in s.classifier}
         if len(paths) != len(s.classifier):
             raise UserError("sweep classifiers need distinct file names (they name the result files)")
-        classifiers_for = lambda method, ls: list(paths)      # noqa: E731
+        classifiers_for = lambda method, ls: list(paths)
     else:
         paths = {}
 
