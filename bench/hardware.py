@@ -11,6 +11,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from diffsmooth.engine.machine import cpu_model, usable_cores  # noqa: F401 - part of this module's API
+
 # Dense (no sparsity) datasheet peaks in TFLOP/s, by precision. "tf32" is what fp32 convolutions
 # get on Ampere+ when cuDNN allows TF32 (torch's default for convolutions).
 GPU_PEAK_TFLOPS = {
@@ -26,25 +28,6 @@ GPU_PEAK_TFLOPS = {
     "V100": {"fp32": 15.7, "tf32": 15.7, "fp16": 125.0},
     "T4": {"fp32": 8.1, "tf32": 8.1, "fp16": 65.0},
 }
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name from /proc/cpuinfo (platform.processor() elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def load_average() -> Optional[Tuple[float, float, float]]:

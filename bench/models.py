@@ -104,7 +104,7 @@ def random_classifier(arch: str, num_classes: int, image_shape, stats: str, seed
 
 def _demo_checkpoints(method: str, sigma: float, local_sigma: float):
     """(unet path, classifier path) of the embedded demo models, or None when not trained yet."""
-    from diffsmooth.engine.demo import shipped as demo_assets
+    from diffsmooth.engine.models import shipped as demo_assets
     if not demo_assets.DEMO_UNET.exists():
         return None
     try:

@@ -27,7 +27,7 @@ MS = (1, 3, 5, 11, 21)
 
 def _demo_models():
     """(denoiser, {name: classifier}, image shape, 'embedded'|'random')."""
-    from diffsmooth.engine.demo import shipped as demo_assets
+    from diffsmooth.engine.models import shipped as demo_assets
     from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
     from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
     from diffsmooth.engine.models.unet import PRESETS, UNetModel

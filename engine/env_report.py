@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 
+from diffsmooth.engine.machine import cpu_model, usable_cores
+
 NOT_INSTALLED = "not installed"
 
 # report key -> (import name, distribution names to ask the metadata for, first found wins)
@@ -60,7 +62,6 @@ def _engine_version() -> str:
 
 
 def _cpu() -> dict:
-    from diffsmooth.bench.hardware import cpu_model, usable_cores
     return {"model": cpu_model(), "usable_cores": usable_cores(), "logical_cores": os.cpu_count(),
             "machine": platform.machine()}
 

@@ -5,8 +5,8 @@ cache per GPU model, detailed profiling verbosity for inspection. Plans are cach
 and rebuilt (with one line saying why) whenever their key no longer matches or they fail to load.
 
 tensorrt and polygraphy are imported inside the functions that need them. This path is written to
-the documented APIs and has never executed on this project's machines (no GPU, no TensorRT); the
-cache logic around it is tested with injected build/load functions."""
+the documented APIs; the cache logic around it is tested with injected build/load functions. Where
+it has run: docs/status.md."""
 
 from __future__ import annotations
 

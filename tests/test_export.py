@@ -406,7 +406,8 @@ def test_cli_export_validate_and_certify_backends_agree(tmp_path, checkpoints):
     from click.testing import CliRunner
 
     from diffsmooth.cli import main
-    from diffsmooth.export.commands import export, validate
+    from diffsmooth.cli.export import export
+    from diffsmooth.cli.validate import validate
 
     group = click.Group(commands={"export": export, "validate": validate})
     runner = CliRunner()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,27 +33,12 @@ from diffsmooth.engine.models.unet import (
 )
 
 
-def _keys_dir() -> Path | None:
-    """The reference key lists: $DIFFSMOOTH_SHARED if set (then they must be there), else the
-    shared folder beside the checkout (`<repo>/../shared`) or inside it (`<repo>/shared`)."""
-    env = os.environ.get("DIFFSMOOTH_SHARED")
-    if env:
-        found = [c for c in (Path(env) / "reference" / "keys", Path(env) / "keys") if c.is_dir()]
-        if not found:
-            pytest.fail(f"DIFFSMOOTH_SHARED={env} has no reference/keys folder")
-        return found[0]
-    repo = Path(__file__).resolve().parents[1]
-    return next((c for c in (repo.parent / "shared" / "reference" / "keys", repo / "shared" / "reference" / "keys")
-                 if c.is_dir()), None)
+KEYS = Path(__file__).resolve().parent / "data" / "keys"   # facts of the checkpoint formats (FACTS.md)
 
 
 def _reference_entries(name: str) -> list:
-    d = _keys_dir()
-    if d is None:
-        pytest.skip("reference key lists not found (expected in <repo>/../shared/reference/keys or $DIFFSMOOTH_SHARED)")
-    if not (d / f"{name}.json").is_file():
-        pytest.fail(f"{d} has no {name}.json")
-    return json.loads((d / f"{name}.json").read_text())["entries"]
+    """[key, shape, dtype] of every tensor in the named official checkpoint, as its key list records."""
+    return json.loads((KEYS / f"{name}.json").read_text())["entries"]
 
 
 def _entries(state_dict, prefix: str = "") -> list:

@@ -197,7 +197,7 @@ def test_attention_matmuls_are_counted_in_flops():
 def test_bench_cli_with_timm_arch():
     """`bench --arch timm:<name>`: the set's classifier replaced (random weights), FLOPs include attention."""
     import json
-    from diffsmooth.bench.commands import bench
+    from diffsmooth.cli.bench import bench
     args = ["--models", "cifar10", "--method", "rs", "--arch", "timm:test_vit", "--n0", "2", "--measure-n", "2",
             "--batch", "2", "--no-reference", "--peak-tflops", "1", "--json", "--quiet"]
     out = CliRunner().invoke(bench, args)

@@ -11,9 +11,10 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError, first_line
 
-ORT_PRECISIONS = ("fp32", "fp16")
+ORT_PRECISIONS = GRAPH_PRECISIONS
 GPU_PROVIDERS = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 
 
@@ -105,7 +106,7 @@ def providers_for(device: torch.device, provider: Optional[str] = None,
 
 class OrtStage:
     """One ONNX graph as a Stage (fp32 torch tensors in/out on `device`). CPU goes through numpy
-    without copies; CUDA binds device buffers with IO binding (never run: no GPU here)."""
+    without copies; CUDA binds device buffers with IO binding (where it has run: docs/status.md)."""
 
     def __init__(self, path, name: str, device="cpu", precision: str = "fp32",
                  provider: Optional[str] = None, threads: Optional[int] = None):
@@ -152,7 +153,7 @@ class OrtStage:
         return tuple(shape)
 
     def _run_cuda(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-        """IO binding of torch CUDA buffers (untested here: needs onnxruntime-gpu and a GPU)."""
+        """IO binding of torch CUDA buffers (needs onnxruntime-gpu and a GPU)."""
         index = self.device.index if self.device.index is not None else 0
         tensors = [t.detach().to(self.device, torch.float32).contiguous() for t in inputs]
         out = torch.empty(self._output_shape(tensors[0].shape[0]), dtype=torch.float32, device=self.device)

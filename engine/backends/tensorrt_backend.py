@@ -1,10 +1,8 @@
 """TensorRT backend: a built plan as a Stage, run with TensorRT's raw Python API (10.x):
 `execute_async_v3` on torch's current CUDA stream, with torch-owned input/output buffers. torch
 stays the CUDA layer (memory, streams, events, RNG), so no pycuda. `import tensorrt` happens only
-in this module and in diffsmooth.export.trt_build, inside functions.
-
-Written to TensorRT's documented API; it has never executed on this project's machines (no GPU,
-no TensorRT). Its wiring is tested against a fake `tensorrt` module."""
+in this module and in diffsmooth.export.trt_build, inside functions. Written to TensorRT's
+documented API; where it has run: docs/status.md."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-LOCAL_NOISE_MODES = ("fixed", "fresh")
+from diffsmooth.engine.choices import LOCAL_NOISE_MODES  # noqa: F401 - re-exported for methods.py
 
 
 class LocalSmoothingHead(nn.Module):

@@ -12,9 +12,10 @@ from diffsmooth.engine.base_classifier.onnx_stages import exported_stages, wante
 from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device, gpu_identity, import_tensorrt
 from diffsmooth.engine.backends.trt_plans import choose_plan, scan_plans
 from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError
 
-TRT_PRECISIONS = ("fp32", "fp16")
+TRT_PRECISIONS = GRAPH_PRECISIONS
 
 
 def plan_for(onnx_dir, role: str, want: dict, precision: str, *, tensorrt_version: str, gpu_name: str,

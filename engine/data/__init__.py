@@ -17,9 +17,9 @@ from diffsmooth.engine.data.idx import FASHION_MNIST_CLASSES, find_idx, load_idx
 from diffsmooth.engine.data.imagenet import (IMAGE_EXTENSIONS, ImageFolderDataset, center_crop,  # noqa: F401
                                              load_imagenet, resize_shorter)
 from diffsmooth.engine.data.npz import arrays_to_dataset, load_npz  # noqa: F401
+from diffsmooth.engine.choices import DATASET_KINDS
 from diffsmooth.engine.errors import UserError
 
-DATASET_KINDS = ("cifar10", "imagenet", "npz", "idx", "embedded")
 
 _LOADERS = {"cifar10": load_cifar10, "imagenet": load_imagenet, "npz": load_npz,
             "idx": load_idx, "embedded": load_embedded}

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from diffsmooth.engine.choices import NORMALIZATIONS
 from diffsmooth.engine.errors import UserError
 
 __all__ = [
@@ -238,7 +239,7 @@ DEFAULT_NORMALIZATION: dict[str, str] = {
     "fashion-mnist": "normalize",
 }
 
-NORMALIZATION_MODES = ("normalize", "center", "none")
+NORMALIZATION_MODES = NORMALIZATIONS
 
 
 def _channel_buffer(values: Sequence[float]) -> torch.Tensor:

@@ -96,8 +96,14 @@ def to_json(summaries: List[Dict]) -> str:
     return json.dumps(summaries, indent=2)
 
 
-def plot_curves(paths, out_png, names=None, title: str = "certified accuracy") -> None:
-    """Certified accuracy vs radius for each file, one PNG (matplotlib, imported here only)."""
+BAND_NOTE = "bands: 95% Clopper-Pearson over images"
+
+
+def curve_figure(paths, names=None, title: str = "certified accuracy"):
+    """The certified-accuracy-vs-radius figure of the files (matplotlib, imported here only). The
+    title is wrapped to the axes' width and the band note gets its own line, so it stays inside the PNG."""
+    import textwrap
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -113,11 +119,18 @@ def plot_curves(paths, out_png, names=None, title: str = "certified accuracy") -
                         linewidth=0)
     ax.set_xlabel("l2 radius")
     ax.set_ylabel("certified accuracy")
-    ax.set_title(f"{title} (bands: 95% Clopper-Pearson over images)")
+    ax.set_title("\n".join(textwrap.wrap(title, 55) + [BAND_NOTE]), fontsize=10)
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend()
-    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
+    return fig
+
+
+def plot_curves(paths, out_png, names=None, title: str = "certified accuracy") -> None:
+    """Certified accuracy vs radius for each file, one PNG."""
+    import matplotlib.pyplot as plt
+    fig = curve_figure(paths, names, title)
+    Path(out_png).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=120)
     plt.close(fig)

@@ -9,14 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from diffsmooth.engine.demo import shipped as demo_assets
+from diffsmooth.engine.choices import BACKENDS
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.models import shipped as demo_assets
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.core import Smooth
 from diffsmooth.engine.runs.fast_path import MIN_AGREEMENT, FastPath, validate_fast_path
-
-BACKENDS = ("torch", "onnxruntime", "tensorrt")
 
 
 @dataclass
@@ -67,15 +66,20 @@ def load_denoiser_from(sources: ModelSources):
                          rescale_timesteps=sources.rescale_timesteps, **sources.unet_config)
 
 
+def classifier_path_for(config: MethodConfig, sources: ModelSources) -> str:
+    """The classifier checkpoint named by `sources`, or the demo classifier matching the method's noise level."""
+    if sources.classifier:
+        return sources.classifier
+    if sources.preset != demo_assets.DEMO_PRESET:
+        raise UserError("give --classifier CHECKPOINT")
+    return str(demo_assets.demo_classifier_for(config.method, config.sigma, config.local_sigma))
+
+
 def load_classifier_from(config: MethodConfig, sources: ModelSources):
     """The classifier named by `sources`, or the demo classifier matching the method's noise level."""
     from diffsmooth.engine.models.checkpoints import load_classifier
-    path = sources.classifier
-    if not path:
-        if sources.preset != demo_assets.DEMO_PRESET:
-            raise UserError("give --classifier CHECKPOINT")
-        path = str(demo_assets.demo_classifier_for(config.method, config.sigma, config.local_sigma))
-    return load_classifier(path, arch=sources.arch, dataset=sources.stats, normalization=sources.normalization)
+    return load_classifier(classifier_path_for(config, sources), arch=sources.arch, dataset=sources.stats,
+                           normalization=sources.normalization)
 
 
 def load_models(config: MethodConfig, sources: ModelSources):

@@ -1,11 +1,18 @@
-"""The `diffsmooth bench` command (registered on the main group). Only click is imported here;
-torch and the harness load when the command runs."""
+"""`diffsmooth bench`: time certification stage by stage against the reference-equivalent baseline."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+from pathlib import Path
 
 import click
+
+from diffsmooth.bench.harness import BenchSettings, json_lines, run_bench, to_jsonable
+from diffsmooth.bench.models import MODEL_SETS
+from diffsmooth.bench.report import render
+from diffsmooth.engine.choices import BACKENDS, LOCAL_NOISE_MODES, METHODS, PRECISIONS
 
 
 def _csv(kind=str):
@@ -28,20 +35,20 @@ def _check_choices(values, allowed, name):
 
 
 @click.command("bench")
-@click.option("--models", type=click.Choice(["demo", "cifar10", "imagenet"]), default="demo", show_default=True,
+@click.option("--models", type=click.Choice(MODEL_SETS), default="demo", show_default=True,
               help="demo: embedded demo models (random same-architecture weights until trained); cifar10 / "
                    "imagenet: full-size UNet + cifar_resnet110 / resnet50 with random weights (imagenet is "
                    "very slow on CPU).")
 @click.option("--arch", default=None,
               help="Classifier architecture instead of the set's (e.g. beit_large_patch16_224, timm:<name>; random weights).")
-@click.option("--method", type=click.Choice(["rs", "dds", "diffsmooth"]), default="diffsmooth", show_default=True)
+@click.option("--method", type=click.Choice(METHODS), default="diffsmooth", show_default=True)
 @click.option("--sigma", type=float, default=0.5, show_default=True, help="Smoothing noise std.")
 @click.option("--n0", type=int, default=100, show_default=True, help="Selection samples per image.")
 @click.option("--n", type=int, default=None, help="Estimation samples to extrapolate to [default: 100000; "
                                                    "imagenet 10000].")
 @click.option("--m", "m", type=int, default=5, show_default=True, help="Local noises (diffsmooth).")
 @click.option("--local-sigma", type=float, default=0.25, show_default=True)
-@click.option("--local-noise", type=click.Choice(["fixed", "fresh"]), default="fixed", show_default=True)
+@click.option("--local-noise", type=click.Choice(LOCAL_NOISE_MODES), default="fixed", show_default=True)
 @click.option("--batch", type=int, default=None, help="Engine batch [default: CPU demo/cifar10 50, imagenet 4; CUDA 2000/2000/32].")
 @click.option("--measure-n", type=int, default=None,
               help="Samples actually run per image (n0 uses min(n0, this)) [default: demo 1000, cifar10 100, imagenet 4; "
@@ -82,11 +89,8 @@ def _check_choices(values, allowed, name):
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def bench(**kw):
     """Time certification per image, stage by stage; FLOP/s vs peak; engine vs reference-equivalent."""
-    from diffsmooth.bench.harness import BenchSettings, json_lines, run_bench, to_jsonable
-    from diffsmooth.bench.report import render
-
-    _check_choices(kw["backends"], ("torch", "onnxruntime", "tensorrt"), "--backend")
-    _check_choices(kw["precisions"], ("fp32", "fp16", "bf16"), "--precision")
+    _check_choices(kw["backends"], BACKENDS, "--backend")
+    _check_choices(kw["precisions"], PRECISIONS, "--precision")
     if kw["plot"] and not kw["sweep"]:
         raise click.BadParameter("--plot draws the sweep: add --sweep", param_hint="--plot")
     settings = BenchSettings(
@@ -99,17 +103,13 @@ def bench(**kw):
         plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"],
         compile=kw["compile"], cuda_graphs=kw["cuda_graphs"], streams=kw["streams"], arch=kw["arch"],
         fused_attention=kw["fused_attention"], fused_conv=kw["fused_conv"], profile=kw["profile"])
-    import contextlib
-    import sys
     with contextlib.redirect_stdout(sys.stderr):      # stray prints (exporters) must not mix into --json
         doc = to_jsonable(run_bench(settings))
     if kw["results"]:
-        from pathlib import Path
         path = Path(kw["results"])
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
-            for line in json_lines(doc):
-                f.write(json.dumps(line, sort_keys=True) + "\n")
+            f.writelines(json.dumps(line, sort_keys=True) + "\n" for line in json_lines(doc))
     if kw["as_json"]:
         click.echo(json.dumps(doc, indent=1, sort_keys=True))
     else:

@@ -1,21 +1,21 @@
-"""The `train-demo` click command: retrains the embedded demo models and their MODELS.json manifest.
-
-Importing this module is light (click only); torch and the trainers load when the command runs.
-"""
+"""`diffsmooth train-demo`: retrain the embedded demo models and their MODELS.json manifest."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from pathlib import Path
 
 import click
 
-DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
-DEFAULT_OUT = str(Path(__file__).resolve().parent / "assets")
+from diffsmooth.engine.demo.training import DEFAULT_DATA_DIR, QUICK_BUDGET, DemoBudget
+from diffsmooth.engine.demo.training import train_demo as run
+from diffsmooth.engine.models.shipped import ASSETS
 
 
 def _at_least(lo):
+    """A click callback refusing values below `lo`."""
     def check(ctx, param, value):
         if value is not None and value < lo:
             raise click.BadParameter(f"must be >= {lo}, got {value}")
@@ -24,9 +24,9 @@ def _at_least(lo):
 
 
 @click.command("train-demo")
-@click.option("--data", default=DEFAULT_DATA, show_default=True, type=click.Path(),
+@click.option("--data", default=DEFAULT_DATA_DIR, show_default=True, type=click.Path(),
               help="Folder with the Fashion-MNIST IDX files (train-* and t10k-*).")
-@click.option("--out", default=DEFAULT_OUT, show_default=True, type=click.Path(),
+@click.option("--out", default=str(ASSETS), show_default=True, type=click.Path(),
               help="Where to write demo_unet.pt, demo_classifier_s*.pt and MODELS.json.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Base seed of all training runs.")
 @click.option("--unet-steps", type=int, callback=_at_least(1), help="Denoiser optimisation steps [default: 300].")
@@ -49,10 +49,6 @@ def _at_least(lo):
 def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs,
                clean_classifier_epochs, classifier_steps, classifier_batch_size, train_limit, test_limit, workers, threads, quick, no_progress):
     """Train the embedded demo denoiser and classifiers on Fashion-MNIST (CPU, fixed seeds)."""
-    import dataclasses
-
-    from diffsmooth.engine.demo.training import QUICK_BUDGET, DemoBudget, train_demo as run
-
     budget = QUICK_BUDGET if quick else DemoBudget()
     overrides = dict(unet_steps=unet_steps, unet_batch_size=unet_batch_size,
                      classifier_epochs=classifier_epochs, clean_classifier_epochs=clean_classifier_epochs,
@@ -73,8 +69,8 @@ def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs,
 def _command_line() -> str:
     """How this process was started, as a shell command (python -m form for direct module runs)."""
     prog = Path(sys.argv[0]).name
-    if prog in ("train_commands.py", "-c"):
-        prog = "python -m diffsmooth.engine.demo.train_commands"
+    if prog in ("train_demo.py", "-c"):
+        prog = "python -m diffsmooth.cli.train_demo"
     return " ".join([prog] + [shlex.quote(a) for a in sys.argv[1:]])
 
 

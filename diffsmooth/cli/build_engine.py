@@ -1,0 +1,33 @@
+"""`diffsmooth build-engine`: TensorRT plans of an export folder, inspected and validated."""
+
+from __future__ import annotations
+
+import click
+
+from diffsmooth.cli.options import GRAPH_PRECISIONS, validation_options
+from diffsmooth.export import plan_check
+
+
+@click.command("build-engine")
+@click.option("--onnx-dir", required=True, type=click.Path(), help="Folder written by `diffsmooth export`.")
+@click.option("--batch", type=int, default=1000, show_default=True,
+              help="The run's batch: the profile's opt (and max) batch; min is 1.")
+@click.option("--max-batch", type=int, default=None, help="Largest batch the plans take [default: --batch].")
+@click.option("--precision", "precisions", type=click.Choice(GRAPH_PRECISIONS), multiple=True,
+              help="Build only the graphs of this precision (repeatable) [default: all in --onnx-dir].")
+@click.option("--device", default="cuda", show_default=True, help="The GPU to build for (plans are GPU-specific).")
+@click.option("--workspace-gb", type=float, default=4.0, show_default=True, help="Builder workspace limit.")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), default=None,
+              help="Timing cache file [default: one per GPU model in ~/.cache/diffsmooth/tensorrt].")
+@click.option("--rebuild", is_flag=True, help="Rebuild even when a cached plan matches.")
+@click.option("--no-validate", is_flag=True, help="Skip the plan-vs-ONNX Runtime vote validation.")
+@validation_options
+def build_engine(onnx_dir, batch, max_batch, precisions, device, workspace_gb, timing_cache, rebuild, no_validate,
+                 samples, dataset, data, seed):
+    """Build (or reuse cached) TensorRT plans of the graphs in --onnx-dir, inspect and validate them."""
+    target = plan_check.trt_target(device)
+    plan_check.build_and_validate(onnx_dir, target, echo=click.echo, err=lambda line: click.echo(line, err=True),
+                                  batch=batch, max_batch=max_batch, precisions=precisions or None,
+                                  workspace_bytes=int(workspace_gb * (1 << 30)), timing_cache=timing_cache,
+                                  rebuild=rebuild, validate=not no_validate, samples=samples, seed=seed,
+                                  dataset=dataset, data=data, device=device)

@@ -1,0 +1,56 @@
+"""From the model options to ModelSources: one rule for certify, predict, purify and export."""
+
+from __future__ import annotations
+
+from diffsmooth.engine.models import shipped
+from diffsmooth.engine.runs.assemble import ModelSources, parse_unet_config
+
+# The dataset each preset's checkpoints were trained on, as a normalisation table name.
+PRESET_STATS = {"cifar10": "cifar10", "imagenet": "imagenet", "demo": "fashion-mnist"}
+# The normalisation table of a dataset kind, for a classifier given without a preset.
+DATASET_STATS = {"cifar10": "cifar10", "imagenet": "imagenet", "idx": "fashion-mnist",
+                 "embedded": "fashion-mnist", "npz": "cifar10"}
+PRESET_IMAGE_SHAPES = {"cifar10": (3, 32, 32), "imagenet": (3, 224, 224), "demo": (1, 32, 32)}
+STATS_IMAGE_SHAPES = {"cifar10": (3, 32, 32), "imagenet": (3, 224, 224), "fashion-mnist": (1, 32, 32)}
+
+
+def default_stats(preset: str | None, dataset_kind: str | None) -> str:
+    """The normalisation statistics when --stats is not given.
+
+    They belong to the models, not to the file the images come from: a preset (given, or implied by
+    a denoiser) names the dataset its checkpoints were trained on, so it decides. Only a classifier
+    without any preset falls back to the dataset being certified, then to cifar10. So the same
+    checkpoints get the same input layer whether certified from an .npz copy or the original
+    folder, and `export` (which may have no dataset) builds the graph `certify` runs.
+    """
+    if preset in PRESET_STATS:
+        return PRESET_STATS[preset]
+    return DATASET_STATS.get(dataset_kind, "cifar10")
+
+
+def resolve_sources(*, denoiser: str | None = None, classifier: str | None = None,
+                    preset: str | None = None, unet_config: str | None = None,
+                    schedule: str | None = None, diffusion_steps: int | None = None,
+                    arch: str | None = None, normalization: str | None = None,
+                    stats: str | None = None, dataset_kind: str | None = None) -> ModelSources:
+    """ModelSources from the model options (--unet-config as JSON text); neither checkpoint given
+    means the shipped demo models. A denoiser without preset or --unet-config is a cifar10 one."""
+    config = parse_unet_config(unet_config)
+    demo = not denoiser and not classifier
+    if preset is None:
+        if demo:
+            preset = shipped.DEMO_PRESET
+        elif denoiser and not config:
+            preset = "cifar10"
+    given = {"preset": preset, "unet_config": config, "schedule": schedule, "diffusion_steps": diffusion_steps,
+             "arch": arch, "normalization": normalization, "stats": stats or default_stats(preset, dataset_kind)}
+    if demo:
+        return ModelSources.demo(**{k: v for k, v in given.items() if v not in (None, {})})
+    return ModelSources(denoiser=denoiser, classifier=classifier, **given)
+
+
+def default_image_shape(preset: str | None, stats: str | None) -> tuple[int, int, int]:
+    """C,H,W of the preset's images, else of the normalisation's dataset (cifar10-sized otherwise)."""
+    if preset in PRESET_IMAGE_SHAPES:
+        return PRESET_IMAGE_SHAPES[preset]
+    return STATS_IMAGE_SHAPES.get(stats, (3, 32, 32))

@@ -1,0 +1,55 @@
+"""Build or reuse TensorRT plans, print their inspection and validate their votes: the step
+`diffsmooth export --trt` and `diffsmooth build-engine` share; and the validation report lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diffsmooth.engine.backends.trt_plans import DEFAULT_WORKSPACE_BYTES
+from diffsmooth.engine.errors import UserError
+from diffsmooth.export.trt_build import build_plans, current_target
+from diffsmooth.export.trt_validate import MIN_SAMPLES, validate_plans
+from diffsmooth.export.validate import ValidationFailed
+
+
+def trt_target(device):
+    """The GPU the plans are built for (fails early without TensorRT or a GPU)."""
+    return current_target(device)
+
+
+def result_lines(results) -> list:
+    """One `ok  name: summary` / `FAIL name: summary` line per validated graph or plan."""
+    return [f"{'ok  ' if r['passed'] else 'FAIL'} {Path(path).name}: {r['summary']}" for path, r in results.items()]
+
+
+def raise_if_failed(results) -> None:
+    failed = [f"{Path(p).name}: {r['summary']}" for p, r in results.items() if not r["passed"]]
+    if failed:
+        raise ValidationFailed("ONNX validation failed (" + "; ".join(failed) + "); results are in the manifests")
+
+
+def build_and_validate(onnx_dir, target, *, echo, err, batch, max_batch=None, precisions=None, only=None,
+                       workspace_bytes=None, timing_cache=None, rebuild=False, validate=True, samples=1000,
+                       seed=0, dataset=None, data=None, device="cuda"):
+    """Build/reuse the plans, print their inspection (`echo`: stdout, `err`: stderr), validate them;
+    ValidationFailed on any failure."""
+    if batch < 1 or (max_batch is not None and max_batch < batch):
+        raise UserError(f"need 1 <= batch <= max batch, got batch {batch}, max batch {max_batch}")
+    if workspace_bytes is not None and workspace_bytes < (1 << 20):
+        raise UserError(f"--workspace-gb must allow at least 1 MiB, got {workspace_bytes} bytes")
+    if validate and samples < MIN_SAMPLES:
+        raise UserError(f"plan validation needs --samples >= {MIN_SAMPLES} (got {samples}), or --no-validate")
+    results = build_plans(onnx_dir, target, batch=batch, max_batch=max_batch, precisions=precisions, only=only,
+                          workspace_bytes=workspace_bytes or DEFAULT_WORKSPACE_BYTES,
+                          timing_cache=timing_cache, rebuild=rebuild, echo=err)
+    for r in results:
+        echo(f"plan {r.plan_path}")
+    bad = [f"{r.plan_path.name}: {'; '.join(r.inspection.get('failures', []))}" for r in results
+           if r.inspection and not r.inspection.get("passed", True)]
+    if validate:
+        validate_plans(results, onnx_dir, device=device, samples=samples, seed=seed, dataset=dataset, data=data,
+                       echo=err)
+    else:
+        err("plan validation skipped (--no-validate): plan manifests record validation: null")
+    if bad:
+        raise ValidationFailed("TensorRT plan precision is not as intended (" + " | ".join(bad) + ")")

@@ -1,0 +1,46 @@
+"""CI runs exactly the README's install and test commands, and the import-layer contracts hold."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _commands(lines):
+    """pip installs and pytest runs, comments and blank lines dropped."""
+    out = []
+    for line in lines:
+        line = re.sub(r"\s+#.*$", "", line).strip()
+        if line.startswith(("pip install", "python -m pytest")):
+            out.append(line)
+    return out
+
+
+def _readme_setup():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Install", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    return _commands(block.splitlines())
+
+
+def test_ci_runs_the_readmes_install_and_test_commands():
+    readme = _readme_setup()
+    ci = _commands((ROOT / ".ci" / "run").read_text().splitlines())
+    assert readme and any(c.startswith("python -m pytest") for c in readme)
+    assert ci == readme
+
+
+def test_the_install_brings_timm_without_torchvision():
+    installs = [c for c in _readme_setup() if c.startswith("pip install")]
+    timm = [c for c in installs if "timm" in c]
+    assert timm and all("--no-deps" in c for c in timm)
+    assert not any("torchvision" in c for c in installs)
+
+
+def test_import_layers_hold():
+    result = subprocess.run([sys.executable, str(ROOT / ".ci" / "lint_imports.py")], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
