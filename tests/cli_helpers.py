@@ -14,8 +14,10 @@ def invoke_ok(args):
 
 
 def rows_without_time(path):
-    """A result file's rows minus the wall-time column (the only one that may differ)."""
-    return [{k: v for k, v in r.items() if k != "time"} for r in read_rows(path)]
+    """A result file's rows minus the wall-time column (the only one that may differ), by index:
+    rows are written in the order images finish, which packing may change."""
+    rows = [{k: v for k, v in r.items() if k != "time"} for r in read_rows(path)]
+    return sorted(rows, key=lambda r: int(r["idx"]))
 
 
 def assert_rows_spread(path, *, min_classes: int = 2, abstain: bool = False):

@@ -91,7 +91,7 @@ def test_sigkill_and_restart_equal_uninterrupted_run(tmp_path, tiny_cli_args):
     assert_rows_spread(whole)
     assert rows_without_time(killed) == rows_without_time(whole)
     indices = [int(r["idx"]) for r in read_rows(killed)]
-    assert indices == sorted(set(indices))
+    assert len(indices) == len(set(indices))                 # every image once
 
 
 @pytest.mark.slow

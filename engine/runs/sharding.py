@@ -1,13 +1,14 @@
-"""Splitting a run over processes: `--shard i/k` (Slurm arrays, no communication) or torchrun
-(torch.distributed: rank r of k takes shard r, rank 0 merges). Images are seeded per index, so
-results never depend on the number of shards."""
+"""Splitting a run over processes: `--shard i/k` (Slurm arrays, no communication: a static share)
+or torchrun (torch.distributed: ranks pull the next image from a counter in the process group's
+key-value store as they need one, so they finish together; rank 0 merges). Images are seeded per
+index, so results never depend on the number of processes or on who ran which image."""
 
 from __future__ import annotations
 
 import datetime
 import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 from diffsmooth.engine.errors import UserError
 
@@ -77,3 +78,21 @@ def finish(plan: ShardPlan) -> None:
     if plan.distributed:
         import torch.distributed as dist
         dist.destroy_process_group()
+
+
+def pull_from_store(name: str) -> Callable[[Sequence[int]], Iterator[int]]:
+    """Under torchrun: `claim(todo)` yields the images this rank runs, one at a time, taking the
+    next position of the shared list `todo` from a counter in the default process group's
+    TCPStore (`add` is atomic). Every rank must pass the same `todo`. The key carries torchrun's
+    restart count, so a restarted job counts afresh."""
+    import torch.distributed.distributed_c10d as c10d
+    store = c10d._get_default_store()           # the store torchrun's rendezvous already runs
+    key = f"diffsmooth/work/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
+
+    def claim(todo: Sequence[int]) -> Iterator[int]:
+        while True:
+            position = store.add(key, 1) - 1
+            if position >= len(todo):
+                return
+            yield todo[position]
+    return claim
