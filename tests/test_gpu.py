@@ -88,15 +88,17 @@ def test_cuda_graph_replay_matches_uncaptured_call():
 
 def test_fused_conv_classifier_on_cuda():
     """--fused-conv on the demo ResNet-20: cuDNN's fused conv + bias (+ add) + ReLU is kept by the
-    build-time probe (a GPU where it fails shows here), counts repeat, votes agree with eager fp32."""
+    build-time probe (a GPU where it fails shows here), the pipeline really reaches the cuDNN kernel
+    (the folded net feeds itself NHWC), its scores are finite, counts repeat, votes agree with eager fp32."""
     from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION
-    from diffsmooth.engine.runs.fast_path import measure_agreement
+    from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, FUSED_CALLS
     pipe, fp32 = _demo_pipelines("fp16", fused_conv=True, fused_attention=True)
     assert CUDNN_FUSION["enabled"], "the cuDNN fusion probe turned fused convolutions off on this GPU"
     assert "Folded" in type(pipe.stages.score.module.classifier.net).__name__
     x, _ = load_dataset("embedded")[5]
+    before = FUSED_CALLS["count"]
     counts = pipe.count(x, 5, 0, 1000, 250)
+    assert FUSED_CALLS["count"] > before, "the pipeline never reached cuDNN's fused kernel"
     assert (counts > 0).sum() >= 2, f"votes do not spread: {counts}"
     np.testing.assert_array_equal(counts, pipe.count(x, 5, 0, 1000, 250))
     report = measure_agreement(pipe, fp32, x, 5, 2000, 250)

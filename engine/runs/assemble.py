@@ -105,7 +105,9 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
                               cuda_graphs=fast.cuda_graphs, log=log)
         denoiser, classifier = models or load_models(config, sources)
         stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
-                                    fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log)
+                                    fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log,
+                                    classifier_batch=classifier_call_images(config, batch, image_shape,
+                                                                            runner.device))
     elif backend == "onnxruntime":
         from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
         if not onnx_dir:
@@ -122,6 +124,19 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
         raise UserError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     return Smooth(MonteCarloPipeline(stages, config.sigma, seed, static_batch=fast.static_batch,
                                      streams=fast.streams, compiled_noise=fast.compiled_noise, log=log))
+
+
+def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[int, ...], device) -> int:
+    """Images per classifier call in a run at `batch`: the pipeline's first chunk of the batch, times m
+    for local smoothing (the shape the fused-convolution probe must see)."""
+    from diffsmooth.engine.certify.monte_carlo import initial_score_chunks
+    import torch
+    per_sample = config.m if config.method == "diffsmooth" else 1
+    numel = 1
+    for d in image_shape:
+        numel *= int(d)
+    pieces = initial_score_chunks(int(batch), per_sample, numel, torch.device(device))
+    return (int(batch) // pieces) * per_sample
 
 
 def torch_device_type(device: str) -> str:
