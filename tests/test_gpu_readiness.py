@@ -116,3 +116,167 @@ def test_fusion_is_probed_at_the_runs_classifier_call(monkeypatch):
     assert seen == [40]
     from diffsmooth.engine.runs.assemble import classifier_call_images
     assert classifier_call_images(MethodConfig("diffsmooth", 0.25, m=3, local_sigma=0.1), 40, (3, 8, 8), "cpu") == 120
+
+
+# -- item 3: the agreement check ------------------------------------------------------------------
+
+from tests.test_fast_path import image, make_pipeline, tiny_stages  # noqa: E402,F401  (fixture)
+
+CHECK_IMAGES = [(0, 1), (3, 2), (7, 3)]         # (dataset index, image seed)
+CHECK_SAMPLES, CHECK_BATCH = 64, 24
+
+
+def _images():
+    return [(i, image(seed)) for i, seed in CHECK_IMAGES]
+
+
+def _check(fast, reference, **kw):
+    from diffsmooth.engine.runs.fast_path import measure_agreement
+    return measure_agreement(fast, reference, _images(), CHECK_SAMPLES, CHECK_BATCH, **kw)
+
+
+def test_flip_budget_refuses_a_correct_fp16_path_less_than_once_in_10000_runs():
+    from scipy.stats import binom
+    from diffsmooth.engine.runs.vote_agreement import FALSE_REFUSAL, FP16_FLIP_RATE, flip_budget
+    for samples in (180, 2000, 10_000):
+        budget = flip_budget(samples)
+        assert binom.sf(budget, samples, FP16_FLIP_RATE) <= FALSE_REFUSAL / 2        # two comparisons
+        assert binom.sf(budget - 1, samples, FP16_FLIP_RATE) > FALSE_REFUSAL / 2 or budget == 0
+    # the default check (4 images x 500 samples), simulated: 10^6 correct runs, flips ~ Binomial
+    rng = np.random.default_rng(0)
+    budget = flip_budget(2000)
+    per_sample = rng.binomial(2000, FP16_FLIP_RATE, 10 ** 6)
+    counts = rng.binomial(2000, FP16_FLIP_RATE, 10 ** 6)
+    assert ((per_sample > budget) | (counts > budget)).mean() < FALSE_REFUSAL
+    # the old check (1000 samples, >= 99.9% agreement) refused ~0.8% of them
+    assert 0.005 < binom.sf(1, 1000, FP16_FLIP_RATE) < 0.01
+
+
+def test_judge_allows_the_budget_and_refuses_one_flip_more():
+    from diffsmooth.engine.runs.vote_agreement import flip_budget, judge_agreement
+    rng = np.random.default_rng(1)
+    ref = [rng.dirichlet(np.ones(5), 500) for _ in range(4)]
+    budget = flip_budget(2000)
+
+    def run(flips):
+        """`flips` near-ties (margin 5e-4) that fp16 rounding turns round, as a correct fp16 path does."""
+        reference, fast = [r.copy() for r in ref], [r.copy() for r in ref]
+        for k in range(flips):                       # sample k // 4 of image k % 4
+            r, f = reference[k % 4][k // 4], fast[k % 4][k // 4]
+            top, second = np.argsort(r)[-1], np.argsort(r)[-2]
+            r[second] = f[second] = r[top] - 5e-4
+            f[second] = r[top] + 5e-4
+        counts = [np.bincount(f.argmax(1), minlength=5) for f in fast]
+        return judge_agreement(counts, fast, reference)
+    assert run(0).ok and run(budget).ok and run(budget).flips == budget
+    refused = run(budget + 1)
+    assert not refused.ok and any("per-sample votes differ" in p for p in refused.problems)
+    assert sum(refused.count_moved) <= budget + 1
+
+
+def test_agreement_check_passes_the_production_path_and_a_simulated_fp16_one(tiny_stages):
+    """Static batches with the padded tail kept (the production path) count like eager fp32; a path
+    that rounds the classifier's inputs and scores to fp16 differs in its scores but stays in budget."""
+    reference = make_pipeline(tiny_stages)
+    report = _check(make_pipeline(tiny_stages, static_batch=True), reference)
+    assert report.ok and report.flips == 0 and sum(report.count_moved) == 0 and report.max_abs_diff < 1e-5
+    assert min(report.spread) >= 2, f"check images' votes must spread: {report.spread}"
+    fp16 = make_pipeline(tiny_stages, static_batch=True)
+    inner = fp16.stages.score
+
+    class Fp16Rounding:
+        name, device, precision = inner.name, inner.device, "fp16 (simulated)"
+
+        def __call__(self, h, *rest):
+            return inner(h.half().float(), *rest).half().float()
+    fp16.stages.score = Fp16Rounding()
+    rounded = _check(fp16, reference)
+    assert rounded.ok, rounded.problems
+    assert 0 < rounded.max_abs_diff < 1e-2
+
+
+class _WrongImage:
+    """A pipeline whose noisy samples are drawn around another image."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        original = pipe.noisy_batch
+        pipe.noisy_batch = lambda x, i, first, size: original(x.flip(-1), i, first, size)
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
+
+
+class _DroppedBatch:
+    """A production path that loses its last batch's votes (per-sample scores are right)."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+
+    def count(self, x, index, first, num, batch):
+        counts = self.pipe.count(x, index, first, num, batch)
+        last = self.pipe.all_scores(x, index, first + (num - 1) // batch * batch,
+                                    num - (num - 1) // batch * batch, batch).argmax(1)
+        return counts - np.bincount(last.numpy(), minlength=len(counts))
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
+
+
+@pytest.mark.parametrize("fault", ["wrong image", "wrong noise seed", "dropped batch", "production noise of another index"])
+def test_agreement_check_refuses_a_wrong_path(tiny_stages, fault):
+    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.runs.fast_path import validate_fast_path
+    reference = make_pipeline(tiny_stages)
+    fast = make_pipeline(tiny_stages, static_batch=True)
+    if fault == "wrong image":
+        fast = _WrongImage(fast)
+    elif fault == "wrong noise seed":
+        fast.seed += 1
+    elif fault == "dropped batch":
+        fast = _DroppedBatch(fast)
+    else:                       # the production path draws another image's noise; per-sample path right
+        count = fast.count
+        fast.count = lambda x, i, first, num, batch: count(x, i + 1, first, num, batch)
+    report = _check(fast, reference)
+    assert not report.ok
+    if fault == "dropped batch":
+        assert "dropped or repeated batch" in report.problems[0]
+    messages = []
+    with pytest.raises(UserError, match="disagrees with eager fp32"):
+        validate_fast_path(fast, reference, _images(), CHECK_SAMPLES, CHECK_BATCH, log=messages.append)
+    assert "REFUSED" in messages[0]
+
+
+def test_reference_of_the_check_runs_with_tf32_off_and_restores_it(tiny_stages):
+    seen = []
+    reference = make_pipeline(tiny_stages)
+    all_scores = reference.all_scores
+
+    def recording(*args):
+        seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return all_scores(*args)
+    reference.all_scores = recording
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        assert _check(make_pipeline(tiny_stages, static_batch=True), reference).ok
+        assert seen and all(s == (False, False) for s in seen)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (True, True)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_agreement_check_sees_wrong_noise_on_an_image_whose_votes_all_agree(tiny_stages):
+    """Counts and votes cannot show wrong noise when every sample votes the same class; the scores can."""
+    from tests.test_fast_path import spread_classifier
+    one_class = spread_classifier(2)
+    with torch.no_grad():
+        one_class[3].bias[0] += 3.0
+    reference = make_pipeline(tiny_stages, classifier=one_class)
+    fast = make_pipeline(tiny_stages, classifier=one_class, static_batch=True)
+    assert _check(fast, reference).ok
+    fast.seed += 1
+    report = _check(fast, reference)
+    assert max(report.spread) == 1 and report.flips == 0 and sum(report.count_moved) == 0
+    assert [p for p in report.problems if "scores differ" in p] == report.problems != []

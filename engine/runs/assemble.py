@@ -14,7 +14,8 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.core import Smooth
-from diffsmooth.engine.runs.fast_path import MIN_AGREEMENT, FastPath, validate_fast_path
+from diffsmooth.engine.runs.fast_path import VALIDATE_SAMPLES, FastPath, validate_fast_path
+from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 
@@ -148,9 +149,11 @@ def build_checked_smooth(config: MethodConfig, sources: ModelSources, image_shap
                          num_classes: Optional[int], first_image, first_index: int, batch: int, *,
                          backend: str = "torch", device: str = "cpu", precision: str = "fp32", seed: int = 0,
                          onnx_dir: Optional[str] = None, fast: Optional[FastPath] = None,
-                         validate_samples: int = 1000, min_agreement: float = MIN_AGREEMENT, log=None) -> Smooth:
+                         validate_samples: int = VALIDATE_SAMPLES, expected_flip_rate: float = FP16_FLIP_RATE,
+                         check_images=None, log=None) -> Smooth:
     """build_smooth, then (torch backend, compiled or reduced precision) the once-per-run check of
-    its votes against eager fp32 on `first_image`, printed; refuses a path that disagrees."""
+    its production counts against eager fp32 on `check_images` ((index, image) pairs; default the
+    first image), `validate_samples` samples each, printed; refuses a path that disagrees."""
     log = log or _stderr
     models = load_models(config, sources) if backend == "torch" else None
     if backend == "torch" and fast is None:
@@ -161,8 +164,9 @@ def build_checked_smooth(config: MethodConfig, sources: ModelSources, image_shap
     if backend == "torch" and (fast.changes_arithmetic or precision != "fp32") and validate_samples > 0:
         reference = build_smooth(config, sources, image_shape, num_classes, device=device, precision="fp32",
                                  seed=seed, fast=FastPath(), models=models, log=log)
-        validate_fast_path(smooth.pipeline, reference.pipeline, first_image, first_index, validate_samples,
-                           batch, min_agreement, log)
+        images = list(check_images) if check_images else [(first_index, first_image)]
+        validate_fast_path(smooth.pipeline, reference.pipeline, images, validate_samples, batch,
+                           expected_flip_rate, log)
     return smooth
 
 
