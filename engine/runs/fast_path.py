@@ -109,20 +109,28 @@ def tf32_off():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+def production_arrays(fast, images: Sequence[Tuple[int, torch.Tensor]], samples: int, batch: int):
+    """(counts per image from the production path `count`, per-sample scores [samples, K] per image)
+    of samples 0..samples-1 of each (index, image), as numpy arrays."""
+    counts = [fast.count(x, index, 0, samples, batch) for index, x in images]
+    scores = [fast.all_scores(x, index, 0, samples, batch).float().cpu().numpy() for index, x in images]
+    return counts, scores
+
+
+def reference_arrays(reference, images: Sequence[Tuple[int, torch.Tensor]], samples: int, batch: int):
+    """Per-sample scores of the eager fp32 reference on the same samples, with TF32 off."""
+    with tf32_off():
+        return [reference.all_scores(x, index, 0, samples, batch).float().cpu().numpy() for index, x in images]
+
+
 def measure_agreement(fast, reference, images: Sequence[Tuple[int, torch.Tensor]], samples: int, batch: int,
                       flip_rate: float = FP16_FLIP_RATE) -> AgreementReport:
-    """The fast pipeline's production counts (`count`, lanes, vote scatter, graph replays) and
+    """The fast pipeline's production counts (`count`: lanes, vote scatter, graph replays) and
     per-sample scores on samples 0..samples-1 of each (index, image), against eager fp32 with TF32
     off on the same samples; judged by vote_agreement.judge_agreement."""
-    counts, fast_scores, ref_scores = [], [], []
-    for index, x in images:
-        counts.append(fast.count(x, index, 0, samples, batch))
-    for index, x in images:
-        fast_scores.append(fast.all_scores(x, index, 0, samples, batch).float().cpu().numpy())
-    with tf32_off():
-        for index, x in images:
-            ref_scores.append(reference.all_scores(x, index, 0, samples, batch).float().cpu().numpy())
-    return judge_agreement(counts, fast_scores, ref_scores, [i for i, _ in images], flip_rate)
+    counts, scores = production_arrays(fast, images, samples, batch)
+    return judge_agreement(counts, scores, reference_arrays(reference, images, samples, batch),
+                           [i for i, _ in images], flip_rate)
 
 
 def validate_fast_path(fast, reference, images: Sequence[Tuple[int, torch.Tensor]], samples: int, batch: int,
