@@ -280,3 +280,63 @@ def test_agreement_check_sees_wrong_noise_on_an_image_whose_votes_all_agree(tiny
     report = _check(fast, reference)
     assert max(report.spread) == 1 and report.flips == 0 and sum(report.count_moved) == 0
     assert [p for p in report.problems if "scores differ" in p] == report.problems != []
+
+
+# -- item 4: compiled stages past dynamo's recompile limit ----------------------------------------
+
+class _LocalHead(torch.nn.Module):
+    """Like a sweep's local-smoothing stage: one forward code, a Python float sigma' per instance."""
+
+    def __init__(self, local_sigma):
+        super().__init__()
+        self.local_sigma = local_sigma
+        self.linear = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.linear(x + self.local_sigma)
+
+
+def _compiled_stages(monkeypatch, count):
+    """`count` compiled TorchStages (dynamo with its eager backend: the recompile limit is dynamo's,
+    the backend does not matter, and this keeps the test fast); their messages and outputs."""
+    import functools
+    import torch._dynamo
+    import torch._dynamo.config as config
+    from diffsmooth.engine.backends.torch_backend import TorchStage
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    for key in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
+        monkeypatch.setattr(config, key, getattr(config, key))
+    torch._dynamo.reset()
+    messages, outs = [], []
+    x = torch.rand(4, 6)
+    torch.manual_seed(0)
+    for k in range(count):
+        head = _LocalHead(0.01 * (k + 1))
+        stage = TorchStage(head, f"local {k}", torch.device("cpu"), compile=True, log=messages.append)
+        outs.append((stage(x), head(x).detach(), stage.compiled))
+    torch._dynamo.reset()
+    return messages, outs
+
+
+def test_eleven_compiled_stages_stay_compiled(monkeypatch):
+    """The paper's sweep grid compiles 11 stages of one forward code: all of them stay compiled."""
+    from torch._dynamo.utils import counters
+    before = counters["stats"]["unique_graphs"]
+    messages, outs = _compiled_stages(monkeypatch, 11)
+    assert counters["stats"]["unique_graphs"] - before == 11
+    assert not messages and all(compiled for _, _, compiled in outs)
+    for got, want, _ in outs:
+        torch.testing.assert_close(got, want)
+
+
+def test_a_stage_past_the_limit_says_it_runs_eager(monkeypatch):
+    from diffsmooth.engine.backends import recompile_limit
+    monkeypatch.setattr(recompile_limit, "ENTRIES_PER_STAGE", 0)        # the limit no longer grows
+    monkeypatch.setattr(recompile_limit, "BASE_LIMIT", 3)
+    import torch._dynamo.config as config
+    monkeypatch.setattr(config, "recompile_limit", 3)
+    messages, outs = _compiled_stages(monkeypatch, 5)
+    assert [compiled for _, _, compiled in outs] == [True, True, True, False, False]
+    assert len(messages) == 2 and all("runs eager" in m for m in messages)
+    for got, want, _ in outs:
+        torch.testing.assert_close(got, want)
