@@ -340,3 +340,130 @@ def test_a_stage_past_the_limit_says_it_runs_eager(monkeypatch):
     assert len(messages) == 2 and all("runs eager" in m for m in messages)
     for got, want, _ in outs:
         torch.testing.assert_close(got, want)
+
+
+# -- item 5: CUDA-graph capture failure, out-of-memory fallback -----------------------------------
+
+class _FakeCuda:
+    """torch.cuda's stream / graph calls as CPU fakes that record what the capture path does."""
+
+    def __init__(self, monkeypatch, fail_capture=True, broken_stream=False):
+        self.events = []
+        fake = self
+
+        class Stream:
+            def __init__(self, *a, **k):
+                pass
+
+            def wait_stream(self, other):
+                pass
+
+            def synchronize(self):
+                fake.events.append("stream sync")
+                if broken_stream:
+                    raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+        class Graph:
+            def reset(self):
+                fake.events.append("graph reset")
+
+            def replay(self):
+                pass
+
+        class Capture:
+            def __init__(self, graph, *a, **k):
+                pass
+
+            def __enter__(self):
+                if fail_capture:
+                    raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+            def __exit__(self, *exc):
+                return False
+
+        import contextlib
+        for name, value in {"current_stream": lambda *a: Stream(), "Stream": Stream,
+                            "stream": lambda s: contextlib.nullcontext(), "CUDAGraph": Graph, "graph": Capture,
+                            "synchronize": lambda *a: fake.events.append("synchronize"),
+                            "empty_cache": lambda: fake.events.append("empty_cache"),
+                            "is_current_stream_capturing": lambda: False}.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+class _Doubling:
+    name, device, precision = "tiny", torch.device("cpu"), "fp32"
+
+    def __call__(self, x):
+        return 2 * x
+
+
+def test_failed_capture_discards_the_graph_checks_the_stream_and_runs_uncaptured(monkeypatch):
+    from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
+    cuda = _FakeCuda(monkeypatch)
+    messages = []
+    graphed = CudaGraphStage(_Doubling(), log=messages.append)
+    x = torch.rand(5, 3)
+    torch.testing.assert_close(graphed(x), 2 * x)
+    assert "not permitted" in next(iter(graphed.fallback.values())) and not graphed.graphs
+    assert cuda.events[:3] == ["graph reset", "synchronize", "empty_cache"] and "stream sync" in cuda.events
+    assert len(messages) == 1 and "discarded" in messages[0] and "checked usable" in messages[0]
+    torch.testing.assert_close(graphed(x), 2 * x)                   # the shape stays uncaptured, no retry
+    assert len(messages) == 1
+
+
+def test_failed_capture_that_breaks_the_stream_is_one_user_error(monkeypatch):
+    from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
+    from diffsmooth.engine.errors import UserError
+    _FakeCuda(monkeypatch, broken_stream=True)
+    with pytest.raises(UserError, match="--no-cuda-graphs"):
+        CudaGraphStage(_Doubling())(torch.rand(5, 3))
+
+
+def test_release_drops_captured_graphs(monkeypatch):
+    from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
+    cuda = _FakeCuda(monkeypatch, fail_capture=False)
+    graphed = CudaGraphStage(_Doubling(), log=lambda m: None)
+    graphed(torch.rand(5, 3))
+    assert len(graphed.graphs) == 1
+    graphed.release()
+    assert not graphed.graphs and "graph reset" in cuda.events
+
+
+def test_out_of_memory_runs_the_smaller_chunks_on_the_eager_stage(tiny_stages):
+    """After out-of-memory the halved chunks run on the stage's eager form (no new compiled shape or
+    CUDA graph), its graphs released, with a message; the counts are unchanged."""
+    pipe = make_pipeline(tiny_stages)
+    inner = pipe.stages.score
+    calls = []
+
+    class Eager:
+        name, device, precision = inner.name, inner.device, inner.precision
+
+        def __call__(self, *inputs):
+            calls.append(("eager", inputs[0].shape[0]))
+            return inner(*inputs)
+
+    class CompiledGraphed:
+        name, device, precision = inner.name, inner.device, inner.precision
+        eager = Eager()
+
+        def __call__(self, *inputs):
+            calls.append(("compiled", inputs[0].shape[0]))
+            if inputs[0].shape[0] > 12:
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return inner(*inputs)
+
+        def release(self):
+            calls.append(("release", None))
+
+    compiled = CompiledGraphed()
+    pipe.stages.score = compiled
+    messages = []
+    pipe.log = messages.append
+    x = image(4)
+    counts = pipe.count(x, 2, 0, 96, 48)
+    np.testing.assert_array_equal(counts, make_pipeline(tiny_stages).count(x, 2, 0, 96, 48))
+    assert calls[:2] == [("compiled", 48), ("release", None)]
+    assert all(kind == "eager" for kind, _ in calls[2:]) and {n for _, n in calls[2:]} == {24}
+    assert pipe.stages.score is compiled.eager
+    assert any("uncompiled and uncaptured" in m for m in messages) and any("out of memory" in m for m in messages)

@@ -159,6 +159,9 @@ class MonteCarloPipeline:
                 if not more:
                     raise UserError(f"the classifier stage does not fit on {h.device} even one sample at a "
                                     f"time; use a smaller --batch or --m") from None
+                from diffsmooth.engine.backends.eager_fallback import eager_fallback
+                self.stages.score = eager_fallback(self.stages.score, self.log,
+                                                   f"out of memory at {size // pieces} samples per call")
                 torch.cuda.empty_cache()
                 self.score_chunks[size] = more[0]
                 self.log(f"# classifier stage out of memory at {size // pieces} samples per call; "
