@@ -55,20 +55,6 @@ def _pipelines(device: str):
 FLIP_RATES = {"fp16": 1.3e-4, "bf16": 1.7e-3, "fp32": 1.3e-4}    # per-sample, H200 (the check's design rates)
 
 
-def peak_memory(device: str) -> dict:
-    """Peak GPU memory since the last reset, in GiB (empty off CUDA)."""
-    if torch.device(device).type != "cuda":
-        return {}
-    dev = torch.device(device)
-    return {"max_allocated_gib": torch.cuda.max_memory_allocated(dev) / 2 ** 30,
-            "max_reserved_gib": torch.cuda.max_memory_reserved(dev) / 2 ** 30}
-
-
-def _reset_peak(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats(torch.device(device))
-
-
 def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int = 1000,
         on_update: Optional[Callable[[dict], None]] = None) -> dict:
     """Every variant's production counts and per-sample scores against eager fp32 (TF32 off) on the
@@ -77,6 +63,7 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
     from diffsmooth.engine.data import load_dataset
     from diffsmooth.engine.runs.fast_path import production_arrays, reference_arrays
     from diffsmooth.engine.runs.vote_agreement import judge_agreement
+    from .hardware import gpu_peak_memory, reset_gpu_peak_memory
     dataset = load_dataset("embedded")
     indices = [int(i * len(dataset) / images) for i in range(images)]
     check = [(i, dataset[i][0]) for i in indices]
@@ -90,7 +77,7 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
     reference_scores = reference_arrays(reference, check, samples, batch)
     doc["reference_seconds"] = time.perf_counter() - start
     for (name, pipe), (_, precision, _) in zip(variants, VARIANTS):
-        _reset_peak(device)
+        reset_gpu_peak_memory(device)
         start = time.perf_counter()
         counts, scores = production_arrays(pipe, check, samples, batch)
         report = judge_agreement(counts, scores, reference_scores, indices, FLIP_RATES[precision])
@@ -99,7 +86,8 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
                             "flip_rate": report.flips / report.compared, "count_moved": sum(report.count_moved),
                             "max_abs_score_diff": report.max_abs_diff, "budget": report.budget,
                             "design_flip_rate": FLIP_RATES[precision], "verdict": "ok" if report.ok else "REFUSED",
-                            "problems": report.problems, "report": report.as_dict(), "peak_memory": peak_memory(device),
+                            "problems": report.problems, "report": report.as_dict(),
+                            "peak_memory": gpu_peak_memory(device),
                             "seconds_incl_warmup": time.perf_counter() - start})
         notify(doc)
     fast = dict(variants)["compiled fp16 (fast path)"]

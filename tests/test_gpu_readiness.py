@@ -467,3 +467,51 @@ def test_out_of_memory_runs_the_smaller_chunks_on_the_eager_stage(tiny_stages):
     assert all(kind == "eager" for kind, _ in calls[2:]) and {n for _, n in calls[2:]} == {24}
     assert pipe.stages.score is compiled.eager
     assert any("uncompiled and uncaptured" in m for m in messages) and any("out of memory" in m for m in messages)
+
+
+# -- bench/gpu_check.sh: every part fits one 600 s device call ------------------------------------
+
+import re  # noqa: E402
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+GPU_CHECK = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.sh"
+STEP = re.compile(r"run_step\s+(\S+)\s+\$\{(\w+):-(\d+)\}")
+
+
+def _function_steps(script: str, function: str):
+    body = re.search(rf"^{function}\(\) \{{\n(.*?)^\}}", script, re.S | re.M)
+    assert body, f"{function} not found in gpu_check.sh"
+    return [(name, int(limit)) for name, _, limit in STEP.findall(body.group(1))]
+
+
+@pytest.mark.parametrize("part", ["speed", "sequential", "ablation"])
+def test_each_gpu_check_part_fits_one_device_call(part):
+    script = GPU_CHECK.read_text()
+    steps = _function_steps(script, "setup") + _function_steps(script, f"part_{part}") + \
+        _function_steps(script, "summary")
+    assert len(steps) >= 4 and [s for s, _ in steps[:2]] == ["install", "import"]
+    assert sum(limit for _, limit in steps) <= 540, steps
+    assert all(limit > 0 for _, limit in steps)
+    every_step = [line for line in script.splitlines() if line.strip().startswith("run_step ")]
+    assert len(every_step) == len(STEP.findall(script)), "a step without a parseable ${LIMIT:-seconds}"
+
+
+def test_gpu_check_dry_run_prints_the_steps_and_runs_nothing(tmp_path):
+    out = subprocess.run(["bash", str(GPU_CHECK), str(tmp_path / "out"), "speed"], env={"DRY_RUN": "1",
+                         "PATH": "/usr/bin:/bin", "PYTHON": "false"}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    names = re.findall(r"^== \S+ (\S+) \(limit (\d+) s", out.stdout, re.M)
+    assert [n for n, _ in names] == ["install", "import", "cifar10", "cifar10-fused-conv", "imagenet", "agreement",
+                                     "gpu-tests", "summary"]
+    assert sum(int(limit) for _, limit in names) <= 540
+    assert (tmp_path / "out" / "gpu_check.log").exists() and not (tmp_path / "out" / "steps.tsv").exists()
+
+
+def test_gpu_check_stops_at_a_failed_install_with_one_line(tmp_path):
+    out = subprocess.run(["bash", str(GPU_CHECK), str(tmp_path / "out"), "speed"],
+                         env={"PATH": "/usr/bin:/bin", "PYTHON": "false"}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stdout.strip().splitlines()[-1].startswith("gpu_check: install failed, stopping")
+    assert (tmp_path / "out" / "steps.tsv").read_text().splitlines() == [
+        line for line in (tmp_path / "out" / "steps.tsv").read_text().splitlines() if line.startswith("install\t")]
