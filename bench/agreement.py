@@ -1,6 +1,8 @@
-"""Per-sample vote agreement of the fast variants with eager fp32 on the embedded demo models,
-plus the fast path's own invariants on the GPU: repeated runs count identically, two streams
-count like one, compiled noise equals the eager noise.
+"""Vote agreement of the fast variants with eager fp32 (TF32 off) on the embedded demo models, judged
+like the run-time check (production counts and per-sample votes), with each variant's peak GPU
+memory, plus the fast path's own invariants on the GPU: repeated runs count identically, two
+streams count like one, compiled noise equals the eager noise. The JSON is rewritten after each
+variant, so a step cut off by its time limit keeps what it measured.
 
     python -m diffsmooth.bench.agreement --device cuda --images 20 --samples 2000 --out agreement.json
 """
@@ -11,6 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import click
 import numpy as np
@@ -49,25 +52,45 @@ def _pipelines(device: str):
     return reference, variants
 
 
-def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int = 1000) -> dict:
+FLIP_RATES = {"fp16": 1.3e-4, "bf16": 1.7e-3, "fp32": 1.3e-4}    # per-sample, H200 (the check's design rates)
+
+
+def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int = 1000,
+        on_update: Optional[Callable[[dict], None]] = None) -> dict:
+    """Every variant's production counts and per-sample scores against eager fp32 (TF32 off) on the
+    same samples, judged like the run-time check; `on_update(doc)` after each variant and the checks."""
     from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian
     from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.runs.fast_path import measure_agreement
+    from diffsmooth.engine.runs.fast_path import production_arrays, reference_arrays
+    from diffsmooth.engine.runs.vote_agreement import judge_agreement
+    from .hardware import gpu_peak_memory, reset_gpu_peak_memory
     dataset = load_dataset("embedded")
     indices = [int(i * len(dataset) / images) for i in range(images)]
+    check = [(i, dataset[i][0]) for i in indices]
+    gpu = torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda" else "cpu"
+    doc = {"device": gpu, "images": len(indices), "samples_per_image": samples, "batch": batch,
+           "method": "diffsmooth sigma 0.5, m=5, sigma' 0.25 (demo models)",
+           "reference": "eager fp32, TF32 off", "rows": [], "checks": None}
+    notify = on_update or (lambda d: None)
     reference, variants = _pipelines(device)
-    rows = []
-    for name, pipe in variants:
+    start = time.perf_counter()
+    reference_scores = reference_arrays(reference, check, samples, batch)
+    doc["reference_seconds"] = time.perf_counter() - start
+    for (name, pipe), (_, precision, _) in zip(variants, VARIANTS):
+        reset_gpu_peak_memory(device)
         start = time.perf_counter()
-        agree = total = 0
-        worst = 0.0
-        for i in indices:
-            r = measure_agreement(pipe, reference, dataset[i][0], i, samples, batch)
-            agree, total, worst = agree + r.agree, total + r.samples, max(worst, r.max_abs_diff)
-        rows.append({"variant": name, "pipeline": pipe.describe(), "samples": total, "agree": agree,
-                     "agreement": agree / total, "differ": total - agree, "max_abs_score_diff": worst,
-                     "seconds_incl_warmup": time.perf_counter() - start})
-    fast = variants[-1][1]
+        counts, scores = production_arrays(pipe, check, samples, batch)
+        report = judge_agreement(counts, scores, reference_scores, indices, FLIP_RATES[precision])
+        doc["rows"].append({"variant": name, "pipeline": pipe.describe(), "samples": report.compared,
+                            "agree": report.agree, "agreement": report.fraction, "differ": report.flips,
+                            "flip_rate": report.flips / report.compared, "count_moved": sum(report.count_moved),
+                            "max_abs_score_diff": report.max_abs_diff, "budget": report.budget,
+                            "design_flip_rate": FLIP_RATES[precision], "verdict": "ok" if report.ok else "REFUSED",
+                            "problems": report.problems, "report": report.as_dict(),
+                            "peak_memory": gpu_peak_memory(device),
+                            "seconds_incl_warmup": time.perf_counter() - start})
+        notify(doc)
+    fast = dict(variants)["compiled fp16 (fast path)"]
     x = dataset[indices[1]][0]
     first = fast.count(x, indices[1], 0, 3 * batch + 7, batch)
     again = fast.count(x, indices[1], 0, 3 * batch + 7, batch)
@@ -77,28 +100,37 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
     one_stream = serial.count(x, indices[1], 0, 3 * batch + 7, batch)
     eager_noise = gaussian(0, STREAM_SMOOTHING, 5, 100, batch, (1, 32, 32), device)
     compiled_noise = gaussian(0, STREAM_SMOOTHING, 5, 100, batch, (1, 32, 32), device, compiled=True)
-    checks = {"repeat_identical": bool(np.array_equal(first, again)),
-              "two_streams_equal_one": bool(np.array_equal(first, one_stream)),
-              "votes_spread_classes": int((first > 0).sum()),
-              "compiled_noise_identical": bool(torch.equal(eager_noise, compiled_noise)),
-              "compiled_noise_max_abs_diff": float((eager_noise - compiled_noise).abs().max())}
-    gpu = torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda" else "cpu"
-    return {"device": gpu, "images": len(indices), "samples_per_image": samples, "batch": batch,
-            "method": "diffsmooth sigma 0.5, m=5, sigma' 0.25 (demo models)", "rows": rows, "checks": checks}
+    doc["checks"] = {"repeat_identical": bool(np.array_equal(first, again)),
+                     "two_streams_equal_one": bool(np.array_equal(first, one_stream)),
+                     "votes_spread_classes": int((first > 0).sum()),
+                     "compiled_noise_identical": bool(torch.equal(eager_noise, compiled_noise)),
+                     "compiled_noise_max_abs_diff": float((eager_noise - compiled_noise).abs().max())}
+    notify(doc)
+    return doc
 
 
 def table(doc: dict) -> str:
-    lines = [f"vote agreement with eager fp32 on {doc['device']}: {doc['images']} demo images x "
-             f"{doc['samples_per_image']} samples, {doc['method']}", "",
-             "| variant | agreement | samples that differ | max abs score diff |", "|---|---|---|---|"]
+    judged = ("; production counts (`count`) and per-sample votes" if "reference" in doc
+              else "; per-sample votes of the serial path")
+    lines = [f"vote agreement with {doc.get('reference', 'eager fp32')} on {doc['device']}: {doc['images']} demo "
+             f"images x {doc['samples_per_image']} samples, {doc['method']}{judged}", "",
+             "| variant | per-sample votes that differ | flip rate | production votes moved | max abs score diff | "
+             "budget | verdict | peak GPU memory (alloc / reserved GiB) |", "|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
-        lines.append(f"| {r['variant']} | {100 * r['agreement']:.3f}% | {r['differ']} of {r['samples']} | "
-                     f"{r['max_abs_score_diff']:.3g} |")
-    c = doc["checks"]
+        mem = r.get("peak_memory") or {}
+        memory = f"{mem['max_allocated_gib']:.2f} / {mem['max_reserved_gib']:.2f}" if mem else "-"
+        lines.append(f"| {r['variant']} | {r['differ']} of {r['samples']} | {r.get('flip_rate', r['differ'] / r['samples']):.2g} | "
+                     f"{r.get('count_moved', '-')} | {r['max_abs_score_diff']:.3g} | {r.get('budget', '-')} | "
+                     f"{r.get('verdict', '-')} | {memory} |")
+    c = doc.get("checks")
     lines.append("")
-    lines.append(f"fast path: repeated run identical {c['repeat_identical']}; two streams == one stream "
-                 f"{c['two_streams_equal_one']} (votes over {c['votes_spread_classes']} classes); compiled noise "
-                 f"identical to eager {c['compiled_noise_identical']} (max diff {c['compiled_noise_max_abs_diff']:.3g})")
+    if c:
+        lines.append(f"fast path: repeated run identical {c['repeat_identical']}; two streams == one stream "
+                     f"{c['two_streams_equal_one']} (votes over {c['votes_spread_classes']} classes); compiled noise "
+                     f"identical to eager {c['compiled_noise_identical']} "
+                     f"(max diff {c['compiled_noise_max_abs_diff']:.3g})")
+    else:
+        lines.append("fast path invariants: not reached (the step stopped before them)")
     return "\n".join(lines)
 
 
@@ -110,9 +142,10 @@ def table(doc: dict) -> str:
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
 def main(device, images, samples, batch, out):
     """Agreement of eager fp16/bf16 and the compiled fast path with eager fp32 (demo models)."""
-    doc = run(device, images, samples, batch)
-    if out:
-        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+    def write(doc):
+        if out:
+            Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+    doc = run(device, images, samples, batch, on_update=write)
     click.echo(table(doc))
 
 

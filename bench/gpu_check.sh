@@ -1,75 +1,114 @@
 #!/usr/bin/env bash
-# The GPU check: one command on a machine with one CUDA GPU, torch already installed, no network.
-#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|all]
-# speed (default, ~6.5 min on an H200): installs the checkout, benchmarks CIFAR-10 (n=100,000
-# extrapolated, m=5; with a kernel profile; again with --fused-conv) and ImageNet (n=10,000) with the engine's default CUDA
-# path side by side with the reference-equivalent baseline in the same process, measures the vote
-# agreement of fp16/bf16/compiled with eager fp32 on the demo models, runs the GPU-marked tests.
-# sequential (~4 min): the 500-image fixed-n vs --sequential benchmark (issue 13's measurement);
-# with ABLATION=1 also CIFAR-10 without fused attention (what that kernel is worth, ~1.5 min).
-# Prints one table (also OUT_DIR/summary.md). Every step has its own time limit and writes as it
-# goes, so a slow step never loses the others' results.
+# The GPU check: one command per part on a machine with one CUDA GPU, torch already installed, no network.
+#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|ablation|all]
+#   DRY_RUN=1 bash bench/gpu_check.sh OUT_DIR PART     # print the steps and their limits, run nothing
+# Each part fits one 600 s call on a fresh H100 or H200, its own install included: the step limits of a
+# part (install, import check, its steps, summary) add up to at most 540 s (tests/test_gpu_readiness.py
+# checks this). A failed install or import stops the script at once with one line.
+# speed: CIFAR-10 on the default CUDA path (with a kernel profile), CIFAR-10 with --fused-conv, ImageNet,
+#        each beside the reference-equivalent baseline (not the fused-conv run); the agreement of
+#        every fast variant with eager fp32 (TF32 off) on the demo models; the GPU-marked tests.
+# sequential: the demo's fixed-n vs --sequential comparison, and a reserved slot for the packed
+#        sequential CIFAR-10 run.
+# ablation: CIFAR-10 without fused attention.
+# all: every part in a row (more than one call's time).
+# Everything goes under OUT_DIR: one log per step, steps.tsv (step, exit status, seconds, limit),
+# gpu_check.log (this script's whole output), summary.md. bench.jsonl records peak GPU memory per run;
+# agreement.json is rewritten after each variant.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|all]}
+OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|ablation|all]}
 PART=${2:-speed}
+DRY_RUN=${DRY_RUN:-0}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
+exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-step() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
 
-step install
-$PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v -i warning | tail -2
-$PY - <<'EOF' >&2
-import torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "gpu", torch.cuda.get_device_name(0))
-EOF
-if $PY -c "import tensorrt" 2>/dev/null; then step "tensorrt importable"; else step "tensorrt not installed: TensorRT path not checked"; fi
+# run_step NAME LIMIT_S LOG COMMAND...: run COMMAND under `timeout LIMIT_S`, output to OUT/LOG,
+# one line to steps.tsv; returns the command's exit status (124: it ran past its limit).
+run_step() {
+    local name=$1 limit=$2 log=$3
+    shift 3
+    echo "== $(date -u +%H:%M:%S) $name (limit ${limit} s, log $log)"
+    if [ "$DRY_RUN" = 1 ]; then
+        echo "   $*"
+        return 0
+    fi
+    local start=$SECONDS code
+    timeout "$limit" "$@" > "$OUT/$log" 2>&1
+    code=$?
+    printf '%s\t%s\t%s\t%s\n' "$name" "$code" "$((SECONDS - start))" "$limit" >> "$OUT/steps.tsv"
+    [ "$code" = 124 ] && echo "   $name ran past its ${limit} s limit"
+    tail -n 40 "$OUT/$log"
+    return "$code"
+}
 
-if [ "$PART" = speed ] || [ "$PART" = all ]; then
-step "CIFAR-10: engine (compiled fp16, CUDA graphs, 2 streams, fused attention) vs reference-equivalent"
-timeout ${CIFAR_LIMIT:-240} $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 \
-    --n 100000 --m 5 --measure-n ${CIFAR_MEASURE_N:-10000} --quiet --results "$OUT/bench.jsonl" \
-    --profile "$OUT/profile" > "$OUT/bench_cifar10.txt" 2>&1; echo "exit $?" >> "$OUT/bench_cifar10.txt"
-tail -n 32 "$OUT/bench_cifar10.txt" >&2
+stop() { echo "gpu_check: $1 failed, stopping (see $OUT/$2)"; exit 1; }
 
-step "CIFAR-10 with --fused-conv (BatchNorm folded, cuDNN conv+add+ReLU): the candidate for the default"
-timeout ${CIFAR_LIMIT:-240} $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 \
-    --n 100000 --m 5 --measure-n ${CIFAR_MEASURE_N:-10000} --quiet --results "$OUT/bench.jsonl" --fused-conv \
-    --profile "$OUT/profile-fused-conv" > "$OUT/bench_cifar10_fused_conv.txt" 2>&1
-echo "exit $?" >> "$OUT/bench_cifar10_fused_conv.txt"
-tail -n 34 "$OUT/bench_cifar10_fused_conv.txt" >&2
+setup() {
+    run_step install ${INSTALL_LIMIT:-25} install.log \
+        $PY -m pip install --no-deps --no-build-isolation -e . || stop install install.log
+    run_step import ${IMPORT_LIMIT:-15} import.log $PY -c "
+import torch, diffsmooth.engine.runs.assemble, diffsmooth.bench.harness
+assert torch.cuda.is_available(), 'no CUDA device visible to torch'
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.get_device_name(0))
+try:
+    import tensorrt; print('tensorrt', tensorrt.__version__)
+except ImportError:
+    print('tensorrt not installed: TensorRT path not checked')
+" || stop import import.log
+}
 
-step "ImageNet: engine vs reference-equivalent"
-timeout ${IMAGENET_LIMIT:-200} $PY -m diffsmooth.cli bench --models imagenet --device cuda --precision fp16 \
-    --n 10000 --m 5 --measure-n ${IMAGENET_MEASURE_N:-640} --quiet --results "$OUT/bench.jsonl" \
-    > "$OUT/bench_imagenet.txt" 2>&1; echo "exit $?" >> "$OUT/bench_imagenet.txt"
-tail -n 30 "$OUT/bench_imagenet.txt" >&2
+part_speed() {
+    run_step cifar10 ${CIFAR_LIMIT:-110} bench_cifar10.txt \
+        $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 --n 100000 --m 5 \
+        --measure-n ${CIFAR_MEASURE_N:-10000} --quiet --results "$OUT/bench.jsonl" --profile "$OUT/profile"
+    run_step cifar10-fused-conv ${FUSED_CONV_LIMIT:-90} bench_cifar10_fused_conv.txt \
+        $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 --n 100000 --m 5 \
+        --measure-n ${CIFAR_MEASURE_N:-10000} --quiet --results "$OUT/bench.jsonl" --fused-conv --no-reference \
+        --profile "$OUT/profile-fused-conv"
+    run_step imagenet ${IMAGENET_LIMIT:-135} bench_imagenet.txt \
+        $PY -m diffsmooth.cli bench --models imagenet --device cuda --precision fp16 --n 10000 --m 5 \
+        --measure-n ${IMAGENET_MEASURE_N:-640} --quiet --results "$OUT/bench.jsonl"
+    run_step agreement ${AGREEMENT_LIMIT:-95} agreement.txt \
+        $PY -m diffsmooth.bench.agreement --device cuda --images 12 --samples 2000 --out "$OUT/agreement.json"
+    run_step gpu-tests ${TESTS_LIMIT:-60} gpu_tests.log \
+        $PY -m pytest -q -p no:cacheprovider -m gpu tests/
+}
 
-step "vote agreement with eager fp32 (demo models)"
-timeout ${AGREEMENT_LIMIT:-150} $PY -m diffsmooth.bench.agreement --device cuda --images 20 --samples 2000 \
-    --out "$OUT/agreement.json" >&2
+part_sequential() {
+    run_step sequential-demo ${SEQUENTIAL_LIMIT:-300} sequential.txt \
+        $PY -m diffsmooth.bench.sequential --device cuda --precision fp16 --quiet --out "$OUT/sequential"
+    # SLOT (reserved, 190 s): the packed sequential CIFAR-10 run, added by the packed scheduler's author.
+    # Replace the placeholder command below; keep the part's limits within 540 s.
+    run_step sequential-cifar10-packed ${PACKED_LIMIT:-190} sequential_cifar10_packed.txt \
+        echo "slot reserved: the packed sequential CIFAR-10 run is not part of this script yet"
+}
 
-step "GPU-marked tests"
-timeout ${TESTS_LIMIT:-120} $PY -m pytest -q -p no:cacheprovider -m gpu tests/ > "$OUT/gpu_tests.log" 2>&1
-tail -n 15 "$OUT/gpu_tests.log" >&2
-fi
+part_ablation() {
+    run_step cifar10-no-fused-attention ${ABLATION_LIMIT:-200} bench_cifar10_no_fused_attention.txt \
+        $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 --n 100000 --m 5 \
+        --measure-n ${CIFAR_MEASURE_N:-10000} --quiet --no-fused-attention --no-reference \
+        --results "$OUT/ablation.jsonl"
+}
 
-if [ "$PART" = sequential ] || [ "$PART" = all ]; then
-step "sequential vs fixed-n CERTIFY: 500 demo images x n=10,000 (compiled fp16)"
-timeout ${SEQUENTIAL_LIMIT:-330} $PY -m diffsmooth.bench.sequential --device cuda --precision fp16 --quiet \
-    --out "$OUT/sequential" > "$OUT/sequential.txt" 2>&1; echo "exit $?" >> "$OUT/sequential.txt"
-tail -n 12 "$OUT/sequential.txt" >&2
+summary() {
+    run_step summary ${SUMMARY_LIMIT:-10} summary.md $PY -m diffsmooth.bench.gpu_summary "$OUT"
+}
 
-if [ "${ABLATION:-0}" = 1 ]; then
-step "CIFAR-10 without fused attention (ablation)"
-timeout ${ABLATION_LIMIT:-200} $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 \
-    --n 100000 --m 5 --measure-n ${CIFAR_MEASURE_N:-10000} --quiet --no-fused-attention --no-reference \
-    --results "$OUT/ablation.jsonl" > "$OUT/bench_cifar10_no_fused_attention.txt" 2>&1
-echo "exit $?" >> "$OUT/bench_cifar10_no_fused_attention.txt"
-tail -n 20 "$OUT/bench_cifar10_no_fused_attention.txt" >&2
-fi
-fi
-
-step summary
-$PY -m diffsmooth.bench.gpu_summary "$OUT" | tee "$OUT/summary.md"
+case "$PART" in
+    speed|sequential|ablation) ;;
+    all) ;;
+    *) echo "gpu_check: unknown part $PART (speed, sequential, ablation or all)"; exit 2 ;;
+esac
+setup
+case "$PART" in
+    speed) part_speed ;;
+    sequential) part_sequential ;;
+    ablation) part_ablation ;;
+    all) part_speed; part_sequential; part_ablation ;;
+esac
+summary
+exit 0

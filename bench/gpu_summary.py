@@ -1,5 +1,6 @@
 """One table from bench/gpu_check.sh's outputs: seconds per image of the engine and of the
-reference-equivalent baseline (same process, same GPU), the targets, and the vote agreement.
+reference-equivalent baseline (same process, same GPU), the targets, peak GPU memory, the vote
+agreement report, and each step's exit status and time against its limit.
 
     python -m diffsmooth.bench.gpu_summary OUT_DIR
 """
@@ -19,6 +20,20 @@ def _runs(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip() and '"run"' in line]
 
 
+def _memory(peak) -> str:
+    if not peak or "max_allocated_gib" not in peak:
+        return "-"
+    return f"{peak['max_allocated_gib']:.1f} / {peak['max_reserved_gib']:.1f}"
+
+
+def _steps(out: Path):
+    """(step, exit status, seconds, limit) from gpu_check.sh's steps.tsv."""
+    path = out / "steps.tsv"
+    if not path.exists():
+        return []
+    return [line.split("\t") for line in path.read_text().splitlines() if line.count("\t") == 3]
+
+
 def summarize(out_dir) -> str:
     out = Path(out_dir)
     lines = []
@@ -27,8 +42,8 @@ def summarize(out_dir) -> str:
     lines.append(f"GPU: {gpu or 'unknown'}")
     lines.append("")
     lines.append("| models | n | engine path | warm-up (compile) s | engine s/image | reference-equivalent s/image | "
-                 "ratio | target | met |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+                 "ratio | target | met | peak GPU memory GiB (allocated / reserved) |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for line in runs:
         run, settings = line["run"], line["settings"]
         n = str(settings["n"])
@@ -52,7 +67,8 @@ def summarize(out_dir) -> str:
                                    ("fused conv", fp.get("fused_conv"))) if on)
         lines.append(f"| {run['models']} | {int(n):,} | {path} | {run['warmup']['first_batch_s']:.0f} | {engine:.2f} | "
                      f"{'%.1f' % ref_s if ref_s else '-'} | {'%.1fx' % ratio if ratio else '-'} | "
-                     f"{', '.join(goals) or '-'} | {('yes' if all(met) else 'NO') if met else '-'} |")
+                     f"{', '.join(goals) or '-'} | {('yes' if all(met) else 'NO') if met else '-'} | "
+                     f"{_memory(run.get('peak_memory'))} |")
     for line in runs:
         profile = line["run"].get("kernel_profile")
         if profile:
@@ -73,6 +89,11 @@ def summarize(out_dir) -> str:
     if agreement.exists():
         from diffsmooth.bench.agreement import table
         lines += ["", table(json.loads(agreement.read_text()))]
+    steps = _steps(out)
+    if steps:
+        lines += ["", "| step | exit | seconds | limit s |", "|---|---|---|---|"]
+        lines += [f"| {name} | {'timed out' if code == '124' else code} | {sec} | {limit} |"
+                  for name, code, sec, limit in steps]
     tests = out / "gpu_tests.log"
     if tests.exists():
         tail = [l for l in tests.read_text().splitlines() if " passed" in l or " failed" in l or " error" in l]

@@ -111,3 +111,21 @@ def peak_flops(device, precision: str, peak_tflops: Optional[float] = None,
     if measure_cpu:
         return measure_sgemm(), "measured fp32 sgemm rate of this CPU (1024^3, torch threads)"
     return None, "no peak (CPU; give --peak-tflops)"
+
+
+def reset_gpu_peak_memory(device: str) -> None:
+    """Start a new peak-memory window on a CUDA device (nothing elsewhere)."""
+    import torch
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
+
+
+def gpu_peak_memory(device: str) -> dict:
+    """Peak GPU memory since the last reset, GiB: torch.cuda.max_memory_allocated / max_memory_reserved
+    (empty off CUDA)."""
+    import torch
+    if torch.device(device).type != "cuda":
+        return {}
+    dev = torch.device(device)
+    return {"max_allocated_gib": torch.cuda.max_memory_allocated(dev) / 2 ** 30,
+            "max_reserved_gib": torch.cuda.max_memory_reserved(dev) / 2 ** 30}

@@ -17,7 +17,7 @@ import torch
 
 from diffsmooth.engine.errors import UserError, first_line
 from .flops import CONVENTION, stage_flops
-from .hardware import machine_info, peak_flops
+from .hardware import gpu_peak_memory, machine_info, peak_flops, reset_gpu_peak_memory
 from .models import SET_SPECS, bench_images, build_model_set
 from .timing import (STAGE_NAMES, StageClock, extrapolation_table, make_timed_pipeline, split_fractions,
                      synchronize, timed_noise)
@@ -465,6 +465,7 @@ def run_bench(settings: BenchSettings) -> dict:
         for backend in settings.backends:
             for precision in settings.precisions:
                 start = time.perf_counter()
+                reset_gpu_peak_memory(settings.device)
                 try:
                     sub = Path(workdir) / f"{backend}-{precision}"
                     sub.mkdir(exist_ok=True)
@@ -485,6 +486,8 @@ def run_bench(settings: BenchSettings) -> dict:
                                                    settings.arch or SET_SPECS[settings.models]["arch"]))
                 measured, reference = measure(stages, model_set, images, settings, baseline,
                                               fast=settings.fast_path() if backend == "torch" else None)
+                peak_memory = dict(gpu_peak_memory(settings.device),
+                                   note="build, warm-up, engine and reference-equivalent runs of this record")
                 rates, achieved = _rates(measured, flops, peak, calls)
                 achieved["peak_source"] = peak_source
                 run = {
@@ -496,7 +499,7 @@ def run_bench(settings: BenchSettings) -> dict:
                     "warmup": {"build_models_s": model_set.build_s, "build_stages_s": build_s,
                                "first_batch_s": measured.pop("first_batch_s"),
                                "note": "excluded from all rates"},
-                    "measured": measured, "rates": rates, "achieved": achieved,
+                    "measured": measured, "rates": rates, "achieved": achieved, "peak_memory": peak_memory,
                     "fast_path": settings.fast_path().as_dict() if backend == "torch" else None,
                     "extrapolated": {"n0": settings.n0, "note": EXTRAPOLATION_NOTE,
                                      "seconds_per_image": engine_seconds_table(measured, settings, ns)},

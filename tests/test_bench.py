@@ -312,8 +312,10 @@ def test_gpu_summary_reads_every_part_of_the_gpu_check(tmp_path):
     assert out.exit_code == 0, out.output
     (tmp_path / "sequential").mkdir()
     (tmp_path / "sequential" / "sequential.md").write_text("| run | samples (total) |\n| fixed | 5,050,000 |\n")
+    (tmp_path / "steps.tsv").write_text("cifar10\t0\t97\t110\nimagenet\t124\t135\t135\n")
     text = summarize(tmp_path)
     row = next(line for line in text.splitlines() if line.startswith("| demo | 1,000 |"))
-    assert "torch fp32" in row and row.count("|") == 10
+    assert "torch fp32" in row and row.count("|") == 11 and row.endswith("| - |")      # no GPU: no peak memory
+    assert "| cifar10 | 0 | 97 | 110 |" in text and "| imagenet | timed out | 135 | 135 |" in text
     assert "demo: kernel profile" in text and "convolution" in text
     assert "ablation, demo without fused attention:" in text and "5,050,000" in text

@@ -224,13 +224,13 @@ def test_fast_path_defaults_and_errors():
 def test_validation_refuses_a_path_that_disagrees(tiny_stages):
     good = make_pipeline(tiny_stages)
     messages = []
-    report = validate_fast_path(good, make_pipeline(tiny_stages), image(6), 0, 64, 32, log=messages.append)
+    report = validate_fast_path(good, make_pipeline(tiny_stages), [(0, image(6))], 64, 32, log=messages.append)
     assert report.agree == 64 and report.max_abs_diff == 0.0 and "ok" in messages[0]
     config, denoiser, classifier = tiny_stages
     other = spread_classifier(0)
     wrong = MonteCarloPipeline(build_torch_stages(config, other, denoiser, TorchBackend(), SHAPE, 10), 0.5, seed=3)
-    with pytest.raises(UserError, match="agree with eager fp32 on only"):
-        validate_fast_path(wrong, good, image(6), 0, 64, 32, log=messages.append)
+    with pytest.raises(UserError, match="disagrees with eager fp32"):
+        validate_fast_path(wrong, good, [(0, image(6))], 64, 32, log=messages.append)
 
 
 @pytest.mark.slow
@@ -269,8 +269,8 @@ def test_compiled_stages_match_eager_on_cpu(tiny_stages):
     fast = make_pipeline(tiny_stages, backend=TorchBackend(compile=True), fused_attention=True, static_batch=True)
     eager = make_pipeline(tiny_stages)
     x = image(8)
-    report = validate_fast_path(fast, eager, x, 0, 64, 32, log=lambda m: None)
-    assert report.fraction >= 0.999 and report.max_abs_diff < 1e-4
+    report = validate_fast_path(fast, eager, [(0, x)], 64, 32, log=lambda m: None)
+    assert report.ok and report.max_abs_diff < 1e-4
     a, b = fast.count(x, 0, 0, 90, 32), eager.count(x, 0, 0, 90, 32)
     assert (a > 0).sum() >= 2
     np.testing.assert_array_equal(a, b)

@@ -13,9 +13,10 @@ from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian, philox4x
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-# Per-sample agreement with eager fp32 measured on an H200 (shared/measurements): fp16 99.97%,
-# bf16 99.84% (7 mantissa bits). The bars are what holds, not what we would like.
-MIN_AGREEMENT = {"fp32": 1.0, "fp16": 0.999, "bf16": 0.995}
+# Per-sample vote flip rates against eager fp32 measured on an H200 (shared/measurements): fp16
+# 1.3e-4, bf16 1.7e-3 (7 mantissa bits); fp32 runs cuDNN's TF32 convolutions (torch's default,
+# 10 mantissa bits like fp16) against the check's TF32-off reference, so it gets fp16's rate.
+FLIP_RATE = {"fp32": 1.3e-4, "fp16": 1.3e-4, "bf16": 1.7e-3}
 
 
 def test_philox_integer_stream_identical_on_cuda():
@@ -56,8 +57,9 @@ def test_demo_pipeline_on_cuda(precision):
     np.testing.assert_array_equal(counts, pipe.count(x, 0, 0, 1000, 250))     # an identical run repeats
     halves = pipe.count(x, 0, 0, 500, 250) + pipe.count(x, 0, 500, 500, 250)
     np.testing.assert_array_equal(counts, halves)                              # sample ranges on the device
-    report = measure_agreement(pipe, fp32, x, 0, 2000, 250)
-    assert report.fraction >= MIN_AGREEMENT[precision], report.line()
+    report = measure_agreement(pipe, fp32, [(0, x), (7, load_dataset("embedded")[7][0])], 1000, 250,
+                               FLIP_RATE[precision])
+    assert report.ok, report.problems
 
 
 def test_two_streams_count_like_one():
@@ -88,16 +90,19 @@ def test_cuda_graph_replay_matches_uncaptured_call():
 
 def test_fused_conv_classifier_on_cuda():
     """--fused-conv on the demo ResNet-20: cuDNN's fused conv + bias (+ add) + ReLU is kept by the
-    build-time probe (a GPU where it fails shows here), counts repeat, votes agree with eager fp32."""
+    build-time probe (a GPU where it fails shows here), the pipeline really reaches the cuDNN kernel
+    (the folded net feeds itself NHWC), its scores are finite, counts repeat, votes agree with eager fp32."""
     from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION
+    from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, FUSED_CALLS
     from diffsmooth.engine.runs.fast_path import measure_agreement
     pipe, fp32 = _demo_pipelines("fp16", fused_conv=True, fused_attention=True)
     assert CUDNN_FUSION["enabled"], "the cuDNN fusion probe turned fused convolutions off on this GPU"
     assert "Folded" in type(pipe.stages.score.module.classifier.net).__name__
     x, _ = load_dataset("embedded")[5]
+    before = FUSED_CALLS["count"]
     counts = pipe.count(x, 5, 0, 1000, 250)
+    assert FUSED_CALLS["count"] > before, "the pipeline never reached cuDNN's fused kernel"
     assert (counts > 0).sum() >= 2, f"votes do not spread: {counts}"
     np.testing.assert_array_equal(counts, pipe.count(x, 5, 0, 1000, 250))
-    report = measure_agreement(pipe, fp32, x, 5, 2000, 250)
-    assert report.fraction >= MIN_AGREEMENT["fp16"], report.line()
+    report = measure_agreement(pipe, fp32, [(5, x)], 2000, 250)
+    assert report.ok, report.problems

@@ -124,11 +124,15 @@ def run_options(f):
         click.option("--fused-conv/--no-fused-conv", "fused_conv", default=False,
                      help="ResNet classifiers with BatchNorm folded into the convolutions and conv + add + ReLU "
                           "as one cuDNN call on CUDA [default: off; see docs/status.md]."),
-        click.option("--validate-samples", type=click.IntRange(0), default=1000, show_default=True,
-                     help="Samples of the first image on which a compiled / fp16 / bf16 path is checked against "
-                          "eager fp32 once per run (0: skip)."),
-        click.option("--min-agreement", type=click.FloatRange(0, 1), default=0.999, show_default=True,
-                     help="Refuse the run when fewer votes agree with eager fp32 in that check."),
+        click.option("--validate-samples", type=click.IntRange(0), default=500, show_default=True,
+                     help="Samples per image on which a compiled / fp16 / bf16 path's production counts are "
+                          "checked against eager fp32 (TF32 off) once per run (0: skip)."),
+        click.option("--validate-images", type=click.IntRange(1), default=4, show_default=True,
+                     help="How many of the first selected images that check uses."),
+        click.option("--expected-flip-rate", type=click.FloatRange(0, 1, min_open=True), default=1.3e-4,
+                     show_default=True,
+                     help="Per-sample vote flip rate a correct fast path shows (fp16 1.3e-4, bf16 1.7e-3 measured); "
+                          "the check refuses a run that exceeds it with 1-in-10,000 odds."),
         click.option("--out", type=click.Path(), required=True, help="Result TSV (resumed if it exists)."),
         click.option("--shard", default=None, metavar="I/K",
                      help="Certify only shard I of K of the selected images (e.g. Slurm arrays); "

@@ -1,7 +1,8 @@
 """A Stage replayed from CUDA graphs: one graph per input shape, captured after warm-up.
 
 Each capture is checked once: the replay's output must match the uncaptured call on the same
-input, else that shape falls back to the plain stage with one message. Replays write into
+input, else that shape falls back to the plain stage with one message. A failed capture discards
+the graph and its memory pool and checks that the stream still works before running uncaptured. Replays write into
 static buffers, so the output is cloned: the next replay must not overwrite a batch still being
 read on another stream.
 """
@@ -12,7 +13,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
-from diffsmooth.engine.errors import first_line
+from diffsmooth.engine.errors import UserError, first_line
 
 WARMUP_CALLS = 2        # the first call compiles/autotunes; the second runs the steady state
 
@@ -56,6 +57,7 @@ class CudaGraphStage:
 
     def _capture(self, key: tuple, inputs) -> Optional[tuple]:
         shapes = ", ".join(str(list(s)) for s, _ in key)
+        graph = None
         try:
             static_inputs = [t.detach().clone() for t in inputs]
             current = torch.cuda.current_stream(self.device)
@@ -72,11 +74,19 @@ class CudaGraphStage:
             ok, diff = replay_matches(static_output, expected)
         except Exception as exc:        # capture is an optimisation: any failure means "run uncaptured"
             self.fallback[key] = first_line(exc)
-            self.log(f"# CUDA graph capture failed for {self.name} at {shapes} ({first_line(exc)}); running uncaptured")
-            torch.cuda.synchronize(self.device)
+            static_inputs = static_output = expected = None
+            self._discard(graph)
+            graph = None
+            problem = stream_problem(self.device)
+            if problem is not None:
+                raise UserError(f"CUDA graph capture of {self.name} at {shapes} failed ({first_line(exc)}) and left "
+                                f"the GPU unusable ({problem}); rerun with --no-cuda-graphs") from exc
+            self.log(f"# CUDA graph capture failed for {self.name} at {shapes} ({first_line(exc)}); the graph and "
+                     f"its memory pool were discarded and the stream checked usable; running uncaptured")
             return None
         if not ok:
             self.fallback[key] = f"replay differs by {diff:.3g}"
+            self._discard(graph)
             self.log(f"# CUDA graph replay of {self.name} at {shapes} differs from the uncaptured call by "
                      f"{diff:.3g}; running uncaptured")
             return None
@@ -84,3 +94,38 @@ class CudaGraphStage:
                  f"(max |diff| {diff:.3g})")
         self.graphs[key] = (static_inputs, graph, static_output)
         return self.graphs[key]
+
+    def _discard(self, graph) -> None:
+        """Free a graph and its private memory pool (best effort: a failed capture may have half-built it)."""
+        if graph is not None:
+            try:
+                graph.reset()
+            except Exception:
+                pass
+        try:
+            torch.cuda.synchronize(self.device)
+        except Exception:
+            pass                        # stream_problem reports it
+        torch.cuda.empty_cache()
+
+    def release(self) -> None:
+        """Drop every captured graph and its pool (the stage stops replaying, e.g. after out-of-memory)."""
+        graphs, self.graphs = self.graphs, {}
+        for _, graph, _ in graphs.values():
+            self._discard(graph)
+
+
+def stream_problem(device) -> Optional[str]:
+    """None when the device's current stream still runs work and synchronises (checked with a tiny
+    kernel); else the error, e.g. a capture that left the context in an error state."""
+    try:
+        if torch.cuda.is_current_stream_capturing():
+            return "the stream is still capturing"
+        probe = torch.ones(4, device=device)
+        probe.add_(1)
+        torch.cuda.current_stream(device).synchronize()
+        if float(probe.sum()) != 8.0:
+            return "a test kernel computed a wrong result"
+    except Exception as exc:
+        return first_line(exc)
+    return None

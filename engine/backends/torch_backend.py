@@ -49,7 +49,7 @@ class TorchStage:
     """A module as a Stage: fp32 tensors in, fp32 tensor out."""
 
     def __init__(self, module: nn.Module, name: str, device: torch.device, precision: str = "fp32",
-                 channels_last: bool = False, compile: bool = False):
+                 channels_last: bool = False, compile: bool = False, log=None):
         if precision not in PRECISIONS:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         if precision != "fp32" and device.type != "cuda":
@@ -61,6 +61,11 @@ class TorchStage:
         self.eager = TorchStage(module, name, device, precision) if (compile or channels_last) else self
         if channels_last:
             module = _ChannelsLast(module)
+        self.log = log or (lambda message: print(message, file=sys.stderr))
+        self._uncompiled = module
+        if compile:
+            from diffsmooth.engine.backends.recompile_limit import reserve_compiled_stage
+            reserve_compiled_stage()
         # dynamic=False: the pipeline feeds one static batch shape, so one graph serves the run.
         self.module = torch.compile(module, dynamic=False) if compile else module
 
@@ -73,7 +78,25 @@ class TorchStage:
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(), self._autocast():
+            try:
+                return self.module(*inputs).float()
+            except Exception as exc:
+                if not (self.compiled and _recompile_limit_hit(exc)):
+                    raise
+            self._fall_back_to_eager()
             return self.module(*inputs).float()
+
+    def _fall_back_to_eager(self) -> None:
+        """dynamo's recompile limit was hit: run this stage uncompiled from now on, and say so."""
+        import torch._dynamo.config as config
+        self.module, self.compiled = self._uncompiled, False
+        self.log(f"# {self.name}: torch.compile's recompile limit ({config.recompile_limit}) was reached; "
+                 f"this stage runs eager (uncompiled) from now on")
+
+
+def _recompile_limit_hit(exc: BaseException) -> bool:
+    from diffsmooth.engine.backends.recompile_limit import is_recompile_limit_hit
+    return is_recompile_limit_hit(exc)
 
 
 class TorchBackend:
@@ -97,7 +120,7 @@ class TorchBackend:
             torch.backends.cudnn.benchmark = True      # one static shape: autotune its convolutions once
 
     def stage(self, module: nn.Module, name: str):
-        stage = TorchStage(module, name, self.device, self.precision, self.channels_last, self.compile)
+        stage = TorchStage(module, name, self.device, self.precision, self.channels_last, self.compile, self.log)
         if self.cuda_graphs:
             from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
             return CudaGraphStage(stage, log=self.log)

@@ -62,9 +62,11 @@ def score_module(config: MethodConfig, classifier: nn.Module, image_shape: Tuple
     return LocalSmoothingHead(classifier, config.m, config.local_sigma, config.local_noise, fixed)
 
 
-def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ...], log=None) -> nn.Module:
+def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ...], log=None,
+                      probe_batch: int = 8) -> nn.Module:
     """The classifier with BatchNorm folded and conv + add + ReLU fused (engine/models/folded_resnet.py)
-    in the backend's precision, on its device; the classifier itself when it is not a ResNet."""
+    in the backend's precision, on its device; the classifier itself when it is not a ResNet.
+    probe_batch: images per classifier call in the run, the shape cuDNN's fusion is checked at."""
     from diffsmooth.engine.backends.torch_backend import PRECISIONS
     from diffsmooth.engine.models.folded_resnet import fold_classifier, probe_cudnn_fusion
     log = log or (lambda message: None)
@@ -76,19 +78,21 @@ def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ..
     folded = folded.eval().to(backend.device)
     if backend.device.type == "cuda":             # NHWC, which cuDNN's fused kernels need
         folded = folded.to(memory_format=torch.channels_last)
-        probe_cudnn_fusion(folded, image_shape, log)
+        probe_cudnn_fusion(folded, image_shape, log, probe_batch)
     return folded
 
 
 def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, backend,
                        image_shape: Tuple[int, ...], num_classes: Optional[int] = None,
-                       fused_attention: bool = False, fused_conv: bool = False, log=None) -> BaseClassifierStages:
+                       fused_attention: bool = False, fused_conv: bool = False, log=None,
+                       classifier_batch: int = 8) -> BaseClassifierStages:
     """Stages for `config` on a TorchBackend; checks once that the models take `image_shape`.
-    fused_attention / fused_conv: the GPU fast path's kernels for the UNet / the ResNet classifier."""
+    fused_attention / fused_conv: the GPU fast path's kernels for the UNet / the ResNet classifier;
+    classifier_batch: images per classifier call in the run (where fused convolutions are probed)."""
     if config.uses_denoiser and denoiser is None:
         raise UserError(f"method {config.method} needs a denoiser checkpoint (--denoiser)")
     if fused_conv:
-        classifier = folded_classifier(classifier, backend, image_shape, log)
+        classifier = folded_classifier(classifier, backend, image_shape, log, classifier_batch)
     purify = (backend.stage(denoiser.purifier(config.sigma, fused_attention), "denoiser")
               if config.uses_denoiser else None)
     head = score_module(config, classifier, image_shape)

@@ -16,12 +16,13 @@ are never counted.
 from __future__ import annotations
 
 import sys
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.eager_fallback import eager_fallback
 from diffsmooth.engine.certify.core import count_job
 from diffsmooth.engine.certify.lanes import lanes_for
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, NoiseKeys, gaussian_rows
@@ -72,13 +73,18 @@ class MonteCarloPipeline:
         self.lanes = lanes_for(stages.device, streams)
         self.score_chunks: dict = {}            # computed batch size -> pieces per classifier call
         self.samples_computed = 0               # noisy samples run through the stages (padding included)
-        self.smoothing_keys = NoiseKeys(self.seed, STREAM_SMOOTHING, stages.device)
-        self.local_keys = NoiseKeys(self.seed, STREAM_LOCAL, stages.device)
+        self._keys = {}
         self.log = log or (lambda message: print(message, file=sys.stderr))
 
     @property
     def num_classes(self) -> int:
         return self.stages.num_classes
+
+    def keys(self, stream: int) -> NoiseKeys:
+        """The noise keys of a stream for the current seed, made once (no per-batch host copies)."""
+        if (stream, self.seed) not in self._keys:
+            self._keys[(stream, self.seed)] = NoiseKeys(self.seed, stream, self.stages.device)
+        return self._keys[(stream, self.seed)]
 
     @property
     def device(self) -> torch.device:
@@ -110,7 +116,7 @@ class MonteCarloPipeline:
 
     def noisy(self, x_rows: torch.Tensor, rows: BatchRows) -> torch.Tensor:
         """x + sigma * eps, eps keyed by each row's (image index, sample index)."""
-        eps = gaussian_rows(self.smoothing_keys, rows.image, rows.sample, x_rows.shape[1:], self.compiled_noise)
+        eps = gaussian_rows(self.keys(STREAM_SMOOTHING), rows.image, rows.sample, x_rows.shape[1:], self.compiled_noise)
         return x_rows + self.sigma * eps
 
     def classify(self, h: torch.Tensor, rows: BatchRows):
@@ -135,6 +141,8 @@ class MonteCarloPipeline:
                 if not more:
                     raise UserError(f"the classifier stage does not fit on {h.device} even one sample at a "
                                     f"time; use a smaller --batch or --m") from None
+                self.stages.score = eager_fallback(self.stages.score, self.log,
+                                                   f"out of memory at {size // pieces} samples per call")
                 torch.cuda.empty_cache()
                 self.score_chunks[size] = more[0]
                 self.log(f"# classifier stage out of memory at {size // pieces} samples per call; "
@@ -148,7 +156,7 @@ class MonteCarloPipeline:
             inputs = [h[lo:lo + step]]
             if self.stages.local_noise_shape is not None:
                 part = rows.part(lo, lo + step)
-                inputs.append(gaussian_rows(self.local_keys, part.image, part.sample, self.stages.local_noise_shape,
+                inputs.append(gaussian_rows(self.keys(STREAM_LOCAL), part.image, part.sample, self.stages.local_noise_shape,
                                             self.compiled_noise))
             out.append(self.stages.score(*inputs))
         return out[0] if pieces == 1 else torch.cat(out)
@@ -170,6 +178,15 @@ class MonteCarloPipeline:
         if num < 1 or batch < 1:
             raise UserError(f"need num >= 1 and batch >= 1, got num={num}, batch={batch}")
         return self.run_one(x, image_index, count_job(first_sample, num), batch)
+
+    def count_many(self, images: Sequence[Tuple[int, torch.Tensor]], first_sample: int, num: int, batch: int,
+                   window: Optional[int] = None) -> List[np.ndarray]:
+        """Vote counts of samples first_sample..first_sample+num-1 of each (index, image), packed into
+        shared batches as a run packs them (the production path); in the order given."""
+        results = {}
+        works = [Work(index, x, count_job(first_sample, num), tag=k) for k, (index, x) in enumerate(images)]
+        self.scheduler(batch, window).run(works, lambda done: results.__setitem__(done.work.tag, done.result))
+        return [results[k] for k in range(len(works))]
 
     def all_scores(self, x: torch.Tensor, image_index: int, first_sample: int, num: int,
                    batch: int) -> torch.Tensor:

@@ -21,7 +21,8 @@ from torch import nn
 from diffsmooth.engine.errors import first_line
 from diffsmooth.engine.models.resnet import BasicBlock, Bottleneck, CifarResNet, NormalizedClassifier, ResNet50
 
-__all__ = ["fold_classifier", "fold_net", "FoldedConv", "conv_bias_add_relu", "probe_cudnn_fusion", "CUDNN_FUSION"]
+__all__ = ["fold_classifier", "fold_net", "FoldedConv", "conv_bias_add_relu", "probe_cudnn_fusion", "check_fusion",
+           "fusion_verdict", "CUDNN_FUSION", "FUSED_CALLS"]
 
 
 def _output_format(x: torch.Tensor) -> torch.memory_format:
@@ -60,44 +61,81 @@ def _fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.is_contiguous(memory_format=nhwc))
 
 
+# How often the CUDA kernel took the cuDNN fused call (Python calls: captured replays are not counted);
+# the GPU test reads it to know the fused kernel was reached.
+FUSED_CALLS = {"count": 0}
+
+
 @conv_bias_add_relu.register_kernel("cuda")
 def _conv_bias_add_relu_cuda(x, weight, bias, residual, stride, padding, relu):
     """One cuDNN call (convolution, bias, optional add, ReLU fused) where it has one."""
     if not (relu and CUDNN_FUSION["enabled"] and _fusable(x, weight)):
         return _reference(x, weight, bias, residual, stride, padding, relu)
+    return _cudnn_fused(x, weight, bias, residual, stride, padding)
+
+
+def _cudnn_fused(x, weight, bias, residual, stride, padding):
+    """cuDNN's conv + bias + add + ReLU. Without a residual the added tensor is an explicit zero:
+    torch.cudnn_convolution_relu adds its own uninitialised output with alpha 0, and 0 x NaN is NaN."""
+    FUSED_CALLS["count"] += 1
     if residual is None:
-        out = torch.cudnn_convolution_relu(x, weight, bias, [stride] * 2, [padding] * 2, [1, 1], 1)
-    else:
-        out = torch.cudnn_convolution_add_relu(x, weight, residual, 1.0, bias, [stride] * 2, [padding] * 2, [1, 1], 1)
+        n, _, h, w = x.shape
+        k_h, k_w = weight.shape[-2:]
+        shape = (n, weight.shape[0], (h + 2 * padding - k_h) // stride + 1, (w + 2 * padding - k_w) // stride + 1)
+        residual = torch.zeros((shape[0], shape[2], shape[3], shape[1]), dtype=x.dtype, device=x.device).permute(0, 3, 1, 2)
+    out = torch.cudnn_convolution_add_relu(x, weight, residual, 1.0, bias, [stride] * 2, [padding] * 2, [1, 1], 1)
     return out.contiguous(memory_format=_output_format(x))
 
 
-def probe_cudnn_fusion(folded: nn.Module, image_shape, log) -> bool:
-    """Run the folded classifier on a few random images with and without cuDNN fusion (CUDA); keep
-    fusion only when it runs and agrees (max |logit difference| <= 1e-2 relative). Returns whether kept."""
-    device = next(folded.buffers()).device
-    if device.type != "cuda":
-        return False
-    x = torch.rand(8, *image_shape, device=device).contiguous(memory_format=torch.channels_last)
+def fusion_verdict(got: torch.Tensor, expected: torch.Tensor) -> Optional[str]:
+    """Why fused outputs cannot be trusted (None when they can): any NaN/Inf, or a max |logit
+    difference| above 1e-2 relative. A NaN difference compares False, so finiteness is checked first."""
+    if not bool(torch.isfinite(got).all()):
+        bad = int((~torch.isfinite(got)).sum())
+        return f"{bad} of {got.numel()} outputs are NaN/Inf"
+    if not bool(torch.isfinite(expected).all()):
+        return "the unfused reference itself gives NaN/Inf"
+    diff = float((got.float() - expected.float()).abs().max()) if got.numel() else 0.0
+    if diff > 1e-2 * (1.0 + float(expected.abs().max())):
+        return f"they disagree with conv2d + add + relu (max |diff| {diff:.3g})"
+    return None
+
+
+def check_fusion(folded: nn.Module, x: torch.Tensor, log) -> bool:
+    """Run `folded` on x with and without cuDNN fusion; keep fusion only when it runs, every output
+    is finite and it agrees with the unfused path. Returns whether kept."""
     with torch.inference_mode():
         CUDNN_FUSION["enabled"] = False
         expected = folded(x).float()
         CUDNN_FUSION["enabled"] = True
         try:
             got = folded(x).float()
-            torch.cuda.synchronize(device)
+            if x.is_cuda:
+                torch.cuda.synchronize(x.device)
         except RuntimeError as exc:
             CUDNN_FUSION["enabled"] = False
             log(f"# cuDNN fused convolutions failed on this GPU ({first_line(exc)}); "
                 f"the folded classifier runs unfused")
             return False
-    diff = float((got - expected).abs().max())
-    if diff > 1e-2 * (1.0 + float(expected.abs().max())):
+    problem = fusion_verdict(got, expected)
+    if problem is not None:
         CUDNN_FUSION["enabled"] = False
-        log(f"# cuDNN fused convolutions disagree with conv2d + add + relu (max |diff| {diff:.3g}); running unfused")
+        log(f"# cuDNN fused convolutions at batch {x.shape[0]}: {problem}; the folded classifier runs unfused")
         return False
-    log(f"# cuDNN fused convolution + bias + add + ReLU in the classifier: checked (max |diff| {diff:.3g})")
+    diff = float((got - expected).abs().max()) if got.numel() else 0.0
+    log(f"# cuDNN fused convolution + bias + add + ReLU in the classifier at batch {x.shape[0]}: "
+        f"checked (all finite, max |diff| {diff:.3g})")
     return True
+
+
+def probe_cudnn_fusion(folded: nn.Module, image_shape, log, batch: int = 8) -> bool:
+    """check_fusion on `batch` random images (CUDA only): `batch` is the run's own classifier call
+    (images per call after local smoothing), because cuDNN picks its kernel per shape."""
+    device = next(folded.buffers()).device
+    if device.type != "cuda":
+        return False
+    x = torch.rand(max(1, int(batch)), *image_shape, device=device).contiguous(memory_format=torch.channels_last)
+    return check_fusion(folded, x, log)
 
 
 @conv_bias_add_relu.register_fake
@@ -154,6 +192,8 @@ class FoldedNet(nn.Module):
         self.stem, self.pool, self.blocks, self.avgpool, self.fc = stem, pool, nn.ModuleList(blocks), avgpool, fc
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dim() == 4:      # cuDNN's fused kernels need NHWC, whatever layout the stage feeds
+            x = x.contiguous(memory_format=torch.channels_last)
         x = self.stem(x)
         if self.pool is not None:
             x = self.pool(x)

@@ -15,7 +15,8 @@ from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_
 from diffsmooth.engine.models import shipped as demo_assets
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.core import Smooth
-from diffsmooth.engine.runs.fast_path import MIN_AGREEMENT, FastPath, validate_fast_path
+from diffsmooth.engine.runs.fast_path import VALIDATE_SAMPLES, FastPath, validate_fast_path
+from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE
 
 
 @dataclass
@@ -109,7 +110,9 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
                               cuda_graphs=fast.cuda_graphs, log=log)
         denoiser, classifier = models or load_models(config, sources)
         stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
-                                    fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log)
+                                    fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log,
+                                    classifier_batch=classifier_call_images(config, batch, image_shape,
+                                                                            runner.device))
     elif backend == "onnxruntime":
         from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
         if not onnx_dir:
@@ -128,6 +131,19 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
                                      streams=fast.streams, compiled_noise=fast.compiled_noise, log=log))
 
 
+def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[int, ...], device) -> int:
+    """Images per classifier call in a run at `batch`: the pipeline's first chunk of the batch, times m
+    for local smoothing (the shape the fused-convolution probe must see)."""
+    from diffsmooth.engine.certify.monte_carlo import initial_score_chunks
+    import torch
+    per_sample = config.m if config.method == "diffsmooth" else 1
+    numel = 1
+    for d in image_shape:
+        numel *= int(d)
+    pieces = initial_score_chunks(int(batch), per_sample, numel, torch.device(device))
+    return (int(batch) // pieces) * per_sample
+
+
 def torch_device_type(device: str) -> str:
     import torch
     return torch.device(device).type
@@ -137,9 +153,11 @@ def build_checked_smooth(config: MethodConfig, sources: ModelSources, image_shap
                          num_classes: Optional[int], first_image, first_index: int, batch: int, *,
                          backend: str = "torch", device: str = "cpu", precision: str = "fp32", seed: int = 0,
                          onnx_dir: Optional[str] = None, fast: Optional[FastPath] = None,
-                         validate_samples: int = 1000, min_agreement: float = MIN_AGREEMENT, log=None) -> Smooth:
+                         validate_samples: int = VALIDATE_SAMPLES, expected_flip_rate: float = FP16_FLIP_RATE,
+                         check_images=None, log=None) -> Smooth:
     """build_smooth, then (torch backend, compiled or reduced precision) the once-per-run check of
-    its votes against eager fp32 on `first_image`, printed; refuses a path that disagrees."""
+    its production counts against eager fp32 on `check_images` ((index, image) pairs; default the
+    first image), `validate_samples` samples each, printed; refuses a path that disagrees."""
     log = log or _stderr
     models = load_models(config, sources) if backend == "torch" else None
     if backend == "torch" and fast is None:
@@ -150,8 +168,9 @@ def build_checked_smooth(config: MethodConfig, sources: ModelSources, image_shap
     if backend == "torch" and (fast.changes_arithmetic or precision != "fp32") and validate_samples > 0:
         reference = build_smooth(config, sources, image_shape, num_classes, device=device, precision="fp32",
                                  seed=seed, fast=FastPath(), models=models, log=log)
-        validate_fast_path(smooth.pipeline, reference.pipeline, first_image, first_index, validate_samples,
-                           batch, min_agreement, log)
+        images = list(check_images) if check_images else [(first_index, first_image)]
+        validate_fast_path(smooth.pipeline, reference.pipeline, images, validate_samples, batch,
+                           expected_flip_rate, log)
     return smooth
 
 

@@ -82,5 +82,7 @@ def prepare_single(s: RunSettings, mode: str = "certify", log=None) -> PreparedR
     smooth = build_checked_smooth(config, sources, tuple(dataset.image_shape), dataset.num_classes,
                                   dataset[first][0], first, batch, backend=s.backend, device=device,
                                   precision=s.precision, seed=s.seed, onnx_dir=s.onnx_dir, fast=fast,
-                                  validate_samples=s.validate_samples, min_agreement=s.min_agreement, log=log)
+                                  validate_samples=s.validate_samples, expected_flip_rate=s.expected_flip_rate,
+                                  check_images=[(i, dataset[i][0]) for i in (mine or indices)[:s.validate_images]],
+                                  log=log)
     return PreparedRun(s, dataset, indices, config, smooth, plan)

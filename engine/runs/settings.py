@@ -58,8 +58,9 @@ class RunSettings:
     streams: int | None = None
     fused_attention: bool | None = None
     fused_conv: bool = False
-    validate_samples: int = 1000
-    min_agreement: float = 0.999
+    validate_samples: int = 500
+    validate_images: int = 4
+    expected_flip_rate: float = 1.3e-4
     shard: str | None = None
     threads: int | None = None
     quiet: bool = False
