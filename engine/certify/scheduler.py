@@ -65,6 +65,7 @@ class SchedulerStats:
     samples_computed: int = 0       # rows run through the stages, padding included
     samples_counted: int = 0        # rows whose votes a request counted
     max_window: int = 0
+    seconds: float = 0.0            # wall time shared out to the images (the run up to its last result)
 
     @property
     def overhead(self) -> float:
@@ -367,6 +368,7 @@ class Scheduler:
     def _share_time(self, active: Dict[int, _Slot], seconds: float) -> None:
         """Split the wall time since the last read over the images by their rows in it."""
         total = sum(s.rows_since_mark for s in active.values())
+        self.stats.seconds += seconds if total else 0.0
         for s in active.values():
             if total:
                 s.seconds += seconds * s.rows_since_mark / total

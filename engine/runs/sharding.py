@@ -80,13 +80,14 @@ def finish(plan: ShardPlan) -> None:
         dist.destroy_process_group()
 
 
-def pull_from_store(name: str) -> Callable[[Sequence[int]], Iterator[int]]:
+def pull_from_store(name: str, store=None) -> Callable[[Sequence[int]], Iterator[int]]:
     """Under torchrun: `claim(todo)` yields the images this rank runs, one at a time, taking the
     next position of the shared list `todo` from a counter in the default process group's
     TCPStore (`add` is atomic). Every rank must pass the same `todo`. The key carries torchrun's
-    restart count, so a restarted job counts afresh."""
-    import torch.distributed.distributed_c10d as c10d
-    store = c10d._get_default_store()           # the store torchrun's rendezvous already runs
+    restart count, so a restarted job counts afresh. `store`: another torch.distributed Store."""
+    if store is None:
+        import torch.distributed.distributed_c10d as c10d
+        store = c10d._get_default_store()       # the store torchrun's rendezvous already runs
     key = f"diffsmooth/work/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
 
     def claim(todo: Sequence[int]) -> Iterator[int]:

@@ -1,0 +1,185 @@
+"""Continuous batching: packed batches give exactly the counts of a serial oracle, for every job kind,
+batch size, window and static/dynamic batches; padding only at the end; time shares; stop; pulled work."""
+
+import numpy as np
+import pytest
+import torch
+
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.certify.core import certify_job, drive, predict_job
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.certify.scheduler import NonFiniteScores, Scheduler, Work, default_window
+from diffsmooth.engine.certify.sequential import SequentialRule, sequential_job
+from test_fast_path import make_pipeline, tiny_stages  # noqa: F401  (a fixture)
+
+SHAPE = (3, 8, 8)
+INDICES = [0, 3, 5, 8, 13, 21, 34, 55]        # dataset indices key the noise: not 0..k-1
+
+
+TEMPLATES = torch.rand((4, *SHAPE), generator=torch.Generator().manual_seed(11))
+
+
+class TemplateClassifier(torch.nn.Module):
+    """Scores -||x - T_k||^2 for four template images (classes 0-3 of 10): an image between two
+    templates votes for both, with a vote share set by how close it is to each."""
+
+    def forward(self, x):
+        scores = torch.full((x.shape[0], 10), -1e4)
+        scores[:, :4] = -((x.flatten(1)[:, None, :] - TEMPLATES.flatten(1)[None]) ** 2).sum(-1)
+        return scores
+
+
+@pytest.fixture(scope="module")
+def rs_stages():
+    return build_torch_stages(MethodConfig("rs", 0.5), TemplateClassifier().eval(), None, TorchBackend(), SHAPE, 10)
+
+
+def pipeline(stages, **kw):
+    return MonteCarloPipeline(stages, 0.5, seed=3, **kw)
+
+
+def images():
+    """Blends of two templates, from near the midpoint (votes split) to near one template (all agree)."""
+    weights = torch.linspace(0.55, 0.95, len(INDICES))
+    return [(i, w * TEMPLATES[k % 4] + (1 - w) * TEMPLATES[(k + 1) % 4])
+            for k, (i, w) in enumerate(zip(INDICES, weights))]
+
+
+def jobs():
+    """A mix of every request kind: CERTIFY, PREDICT, sequential looks (images stop at different looks)."""
+    rule = SequentialRule((0.1, 0.3, 0.6), sigma=0.5, alpha=0.001, n_max=700)
+    kinds = [lambda: certify_job(10, 60, 0.001, 0.5), lambda: predict_job(50, 0.001),
+             lambda: sequential_job(10, rule)]
+    return [kinds[k % 3] for k in range(len(INDICES))]
+
+
+def oracle_results(pipe):
+    """Each image's job driven one request at a time by serial per-sample scores (no scheduler)."""
+    out = {}
+    for (index, x), make in zip(images(), jobs()):
+        def count(first, num, x=x, index=index):
+            votes = pipe.all_scores(x, index, first, num, num).argmax(1)
+            return np.bincount(votes.numpy(), minlength=10)
+        out[index] = drive(make(), count)
+    return out
+
+
+def packed_results(pipe, batch, window):
+    results = {}
+    works = [Work(index, x, make()) for (index, x), make in zip(images(), jobs())]
+    stats = Scheduler(pipe, batch, window).run(works, lambda done: results.__setitem__(done.work.index, done.result))
+    return results, stats
+
+
+@pytest.fixture(scope="module")
+def oracle(rs_stages):
+    results = oracle_results(pipeline(rs_stages))
+    predictions = [r if isinstance(r, int) else r[0] for r in results.values()]
+    radii = {round(r[1], 6) for r in results.values() if not isinstance(r, int) and r[1] > 0}
+    assert len(set(predictions) - {-1}) >= 3, f"fixture votes do not spread: {predictions}"
+    assert len(radii) >= 3, f"fixture radii do not differ: {radii}"
+    samples = {r[2] for r in results.values() if isinstance(r, tuple) and len(r) == 3}
+    assert len(samples) >= 2, f"sequential images should stop at different looks: {samples}"
+    return results
+
+
+@pytest.mark.parametrize("batch,window,static", [(1, None, False), (7, 1, False), (7, 3, True), (64, None, False),
+                                                 (64, None, True), (64, 1, True), (2000, None, True),
+                                                 (2000, 2, False)])
+def test_packed_rows_equal_the_serial_oracle(rs_stages, oracle, batch, window, static):
+    got, stats = packed_results(pipeline(rs_stages, static_batch=static), batch, window)
+    assert got == oracle
+    assert stats.max_window <= (window or len(INDICES))
+    if window is None and 1 < batch < 2000:
+        assert stats.max_window >= 2                      # images really shared batches
+
+
+def test_diffsmooth_fresh_local_noise_packs_exactly(tiny_stages):
+    """The denoiser and per-row fresh local noise (keyed by each row's image and sample index)."""
+    pipe = make_pipeline(tiny_stages, static_batch=True)
+    imgs = images()[:4]
+    packed = pipe.count_many(imgs, 5, 40, 32)
+    serial = [np.bincount(make_pipeline(tiny_stages).all_scores(x, i, 5, 40, 40).argmax(1).numpy(), minlength=10)
+              for i, x in imgs]
+    assert all((c > 0).sum() >= 2 for c in serial)
+    for a, b in zip(packed, serial):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_static_batch_is_padded_only_at_the_end_of_the_run(rs_stages):
+    packed, stats = packed_results(pipeline(rs_stages, static_batch=True), 64, None)
+    assert stats.samples_computed - stats.samples_counted < 64
+    one_at_a_time, alone = packed_results(pipeline(rs_stages, static_batch=True), 64, 1)
+    assert alone.samples_counted == stats.samples_counted
+    assert alone.samples_computed - alone.samples_counted >= 64      # every image's tail padded
+    assert packed == one_at_a_time
+
+
+def test_every_image_finishes_once_with_time_shares_summing_to_the_run(rs_stages):
+    finished = []
+    works = [Work(index, x, make()) for (index, x), make in zip(images(), jobs())]
+    stats = Scheduler(pipeline(rs_stages), 64).run(works, finished.append)
+    assert sorted(f.work.index for f in finished) == INDICES
+    assert sum(f.seconds for f in finished) == pytest.approx(stats.seconds, rel=1e-9)
+    assert all(f.seconds > 0 for f in finished)
+    assert sum(f.samples for f in finished) == stats.samples_counted
+
+
+def test_stop_admits_no_new_image_and_finishes_those_in_flight(rs_stages):
+    finished = []
+    works = [Work(index, x, certify_job(10, 200, 0.001, 0.5)) for index, x in images()]
+    Scheduler(pipeline(rs_stages), 64, window=2).run(works, finished.append, stop=lambda: len(finished) >= 1)
+    done = [f.work.index for f in finished]
+    assert done == INDICES[:2]           # the two in flight when the first finished; none after
+
+
+def test_nan_scores_of_one_image_name_it_and_keep_the_rows_before(rs_stages):
+    pipe = pipeline(rs_stages)
+    scores_of = pipe.scores_of
+
+    def poisoned(h, rows):
+        s = scores_of(h, rows).clone()
+        s[rows.image == 34] = float("nan")
+        return s
+    pipe.scores_of = poisoned
+    finished = []
+    works = [Work(index, x, predict_job(50, 0.001)) for index, x in images()]
+    with pytest.raises(NonFiniteScores, match="image 34"):
+        Scheduler(pipe, 64, window=1).run(works, finished.append)
+    assert [f.work.index for f in finished] == INDICES[:INDICES.index(34)]
+
+
+def test_the_per_batch_path_makes_no_tensor_from_python_values(rs_stages, monkeypatch):
+    """torch.tensor(v, device=cuda) is a blocking host-to-device copy: none per batch."""
+    calls = []
+    for name in ("tensor", "as_tensor"):
+        original = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    pipe = pipeline(rs_stages, static_batch=True)
+    pipe.count_many(images(), 0, 300, 64)
+    assert calls == []
+
+
+def test_default_window_is_bounded_by_batch_and_memory():
+    assert default_window(2000, 3 * 32 * 32) == 4002
+    assert default_window(32, 3 * 224 * 224) == 66
+    assert default_window(2000, 3 * 256 * 256) * 4 * 3 * 256 * 256 <= 512 * 2 ** 20
+    assert default_window(1, 10) == 4
+
+
+def test_ranks_pulling_from_one_store_take_every_image_once():
+    from diffsmooth.engine.runs.sharding import pull_from_store
+    store = torch.distributed.HashStore()
+    todo = list(range(100, 137))
+    a, b = pull_from_store("run.tsv", store)(todo), pull_from_store("run.tsv", store)(todo)
+    taken = {"a": [], "b": []}
+    for k in range(60):                                   # uneven pulling: b takes two for each of a's
+        for who, it in (("a", a),) if k % 3 == 0 else (("b", b),):
+            nxt = next(it, None)
+            if nxt is not None:
+                taken[who].append(nxt)
+    taken["a"] += list(a)
+    taken["b"] += list(b)
+    assert sorted(taken["a"] + taken["b"]) == todo
+    assert len(taken["b"]) > len(taken["a"]) > 0
