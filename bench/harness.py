@@ -81,9 +81,6 @@ class BenchSettings:
         cuda = str(self.device).startswith("cuda")
         s = replace(self, n=self.n or spec["n"], batch=self.batch or spec["batch_cuda" if cuda else "batch"],
                     measure_n=self.measure_n or spec["measure_n_cuda" if cuda else "measure_n"])
-        if self.batch is None and self.fast_path().static_batch:      # as `certify` picks it (fast_path.py)
-            from diffsmooth.engine.runs.fast_path import aligned_batch
-            s = replace(s, batch=aligned_batch(s.n0 + s.n, s.batch))
         batches, ms = SWEEP_DEFAULTS[self.models]
         s = replace(s, sweep_batches=tuple(self.sweep_batches or batches),
                     sweep_ms=tuple(self.sweep_ms or (ms if self.method == "diffsmooth" else (s.m,))))
@@ -217,11 +214,11 @@ def _tensorrt_stages(config, precision, model_set, settings, workdir):
 
 
 def engine_seconds_table(measured: dict, settings: BenchSettings, ns) -> Dict[str, float]:
-    """Seconds per image at each target n: the samples a run computes (whole static batches, so
-    the padded tail is paid for) times the measured cost per computed sample, plus fixed costs."""
-    static, batch = measured["static_batch"], measured["batch"]
-    return {str(int(n)): measured["per_computed_sample_s"] * computed_samples(settings.n0, int(n), batch, static)
-            + measured["per_image_fixed_s"] for n in ns}
+    """Seconds per image at each target n in a run over many images: n0 + n computed samples each
+    (the scheduler packs images into every batch, so only the run's last batch is padded) times the
+    measured cost per computed sample, plus fixed costs."""
+    return {str(int(n)): measured["per_computed_sample_s"] * (settings.n0 + int(n)) + measured["per_image_fixed_s"]
+            for n in ns}
 
 
 def _selection_and_estimation(n0: int, n: int):

@@ -190,20 +190,6 @@ def test_certify_computes_the_samples_the_bench_extrapolates(tiny_stages, n0, n,
     assert (estimation > 0).sum() >= 2 and plain.samples_computed == n0 + n
 
 
-def test_aligned_batch_spreads_a_pass_evenly():
-    from diffsmooth.engine.runs.fast_path import aligned_batch, default_static_batch
-    assert aligned_batch(100_100, 2000) == 1963 and 51 * 1963 >= 100_100 > 50 * 1963
-    assert aligned_batch(10_100, 2000) == 1684 and aligned_batch(10_100, 32) == 32
-    assert aligned_batch(100_000, 2000) == 2000 and aligned_batch(50, 2000) == 50
-    for total in (1, 99, 1000, 4097, 100_100):
-        for batch in (1, 7, 32, 1000):
-            b = aligned_batch(total, batch)
-            assert b <= batch and -(-total // b) == -(-total // batch) and -(-total // b) * b - total < -(-total // b)
-    assert default_static_batch("cpu", (3, 32, 32), 100_100, static=False) == 1000
-    assert default_static_batch("cpu", (3, 32, 32), 100_100, static=True) == 992      # 101 batches
-    assert default_static_batch("cpu", (3, 32, 32), None, static=True) == 1000
-
-
 def test_fast_path_defaults_and_errors():
     cpu = FastPath.resolve("cpu")
     assert not cpu.compile and not cpu.cuda_graphs and cpu.streams == 1 and not cpu.static_batch

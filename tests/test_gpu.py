@@ -106,3 +106,43 @@ def test_fused_conv_classifier_on_cuda():
     np.testing.assert_array_equal(counts, pipe.count(x, 5, 0, 1000, 250))
     report = measure_agreement(pipe, fp32, [(5, x)], 2000, 250)
     assert report.ok, report.problems
+
+
+def test_issuing_a_packed_batch_never_blocks_the_host():
+    """Rows to the device (pinned, non-blocking), noise from keys made once, the stages and the vote
+    scatter: no host sync while batches are issued. The only sync is reading completed counts."""
+    from diffsmooth.engine.backends.base import BaseClassifierStages
+    from diffsmooth.engine.backends.torch_backend import TorchBackend
+    from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
+    from diffsmooth.engine.certify.core import count_job
+    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+    from diffsmooth.engine.certify.scheduler import Scheduler, Work
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 64, 10)).eval()
+    stage = TorchBackend("cuda").stage(LogitsHead(net), "classifier")
+    pipe = MonteCarloPipeline(BaseClassifierStages("rs", None, stage, 10), 0.5, seed=1, static_batch=True)
+    sched = Scheduler(pipe, 64, window=8)
+    works = iter([Work(i, torch.rand(3, 8, 8), count_job(0, 40)) for i in range(8)])    # 2-3 images a batch
+    active = {}
+
+    def admit():
+        work = next(works, None)
+        if work is None:
+            return False
+        sched._admit(work, active, lambda done: None)
+        return True
+
+    def issue():
+        rows = sched._plan(active, admit)
+        sched._count(sched._produce(rows), rows)
+
+    issue()                                         # warm-up: allocations, cuDNN's algorithm choice
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            issue()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert int(sched._counts.sum()) == 4 * 64 and len(active) >= 6

@@ -135,8 +135,12 @@ def run_options(f):
                           "the check refuses a run that exceeds it with 1-in-10,000 odds."),
         click.option("--out", type=click.Path(), required=True, help="Result TSV (resumed if it exists)."),
         click.option("--shard", default=None, metavar="I/K",
-                     help="Certify only shard I of K of the selected images (e.g. Slurm arrays); "
-                          "merge with `diffsmooth merge`. Under torchrun the rank is the shard."),
+                     help="Certify only a static shard I of K of the selected images (e.g. Slurm arrays); "
+                          "merge with `diffsmooth merge`. Under torchrun ranks pull images from a shared "
+                          "counter instead, which balances uneven images (sequential runs) better."),
+        click.option("--window", type=click.IntRange(1), default=None,
+                     help="Most images in flight, packed into shared batches [default: from the batch; "
+                          "1: one image at a time]. Rows do not depend on it."),
         click.option("--threads", type=int, default=None, callback=positive("threads"),
                      help="CPU threads for torch (default: torch's choice; on a shared machine use fewer)."),
         click.option("--quiet", is_flag=True, help="No progress bar."),

@@ -31,23 +31,6 @@ def default_batch(device: str, image_shape: Tuple[int, ...]) -> int:
     return CUDA_BATCH_SMALL_IMAGES if pixels <= 64 * 64 else CUDA_BATCH_LARGE_IMAGES
 
 
-def aligned_batch(total: int, batch: int) -> int:
-    """The smallest static batch that covers `total` samples in as many batches as `batch` needs.
-    Static batches compute whole batches, and CERTIFY's estimation counts the padded tail of its
-    selection batch, so a run of n0 + n samples computes ceil((n0 + n) / batch) batches: at this
-    batch the padding is under one sample per batch (n0 + n = 100,100 at 2000: 100,113 computed
-    instead of 102,000)."""
-    batches = -(-int(total) // int(batch))
-    return -(-int(total) // batches)
-
-
-def default_static_batch(device: str, image_shape: Tuple[int, ...], total: Optional[int], static: bool) -> int:
-    """--batch when the user gives none: default_batch, aligned to a pass of `total` samples when
-    batches are static (total None: passes of several lengths, e.g. sequential looks)."""
-    batch = default_batch(device, image_shape)
-    return aligned_batch(total, batch) if static and total else batch
-
-
 @dataclass(frozen=True)
 class FastPath:
     """Which speed features a run uses; `resolve` fills the defaults for a device."""

@@ -10,7 +10,7 @@ from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.core import Smooth
 from diffsmooth.engine.errors import UserError, check_alpha
 from diffsmooth.engine.runs.assemble import build_checked_smooth
-from diffsmooth.engine.runs.fast_path import FastPath, default_static_batch
+from diffsmooth.engine.runs.fast_path import FastPath, default_batch
 from diffsmooth.engine.runs.results import check_or_record_settings, shard_path
 from diffsmooth.engine.runs.settings import RunSettings
 from diffsmooth.engine.runs.sharding import ShardPlan, plan_from, rank_device
@@ -72,8 +72,7 @@ def prepare_single(s: RunSettings, mode: str = "certify", log=None) -> PreparedR
     plan = plan_from(s.shard, s.device)
     device = rank_device(plan, s.device)
     fast = fast_path_for(s, device)
-    batch = s.batch or default_static_batch(device, tuple(dataset.image_shape), s.samples_per_pass(mode),
-                                            fast.static_batch)
+    batch = s.batch or default_batch(device, tuple(dataset.image_shape))
     s = s.replace(batch=batch, fast_path=fast.as_dict())
     out = s.out if plan.num_shards == 1 else shard_path(s.out, plan.shard, plan.num_shards)
     check_or_record_settings(out, s.recorded(mode), record=False)

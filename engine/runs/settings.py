@@ -62,6 +62,7 @@ class RunSettings:
     validate_images: int = 4
     expected_flip_rate: float = 1.3e-4
     shard: str | None = None
+    window: int | None = None
     threads: int | None = None
     quiet: bool = False
     # sequential stopping
@@ -103,13 +104,6 @@ class RunSettings:
                 raise UserError("--radii, --n-max and --futility belong to --sequential")
             return None
         return rule_from_options(self.radii, self.sigma, self.alpha, self.n_max or self.n, self.futility)
-
-    def samples_per_pass(self, mode: str) -> int | None:
-        """Samples one image's votes take in one chain of passes (None for sequential looks): what a
-        static batch is aligned to."""
-        if self.sequential:
-            return None
-        return self.n if mode == "predict" else self.n0 + self.n
 
     def recorded(self, mode: str) -> dict:
         """What determines the rows of a result file (a resumed run must match it)."""

@@ -37,7 +37,7 @@ def run_sharded(mode: str, run: PreparedRun, log) -> dict:
         wait_for_all(plan)              # every rank has read the files before any rank writes
     summary = run_dataset(run.smooth, run.dataset, indices, out, mode=mode, n0=s.n0, n=s.n,
                           alpha=s.alpha, batch=s.batch, progress=not s.quiet, sequential=s.sequential_rule(),
-                          claim=claim, skip=skip)
+                          window=s.window, claim=claim, skip=skip)
     log(report_line(summary))
     wait_for_all(plan)
     if plan.is_merger and not summary["interrupted"]:

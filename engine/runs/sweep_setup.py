@@ -12,7 +12,7 @@ from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.runs.assemble import load_denoiser_from
-from diffsmooth.engine.runs.fast_path import default_static_batch
+from diffsmooth.engine.runs.fast_path import default_batch
 from diffsmooth.engine.runs.prepare import (
     fast_path_for,
     open_dataset,
@@ -79,8 +79,7 @@ def certify_sweep(s: RunSettings, log) -> dict:
     modules = {name: load_classifier(paths[name], arch=sources.arch, dataset=sources.stats,
                                      normalization=sources.normalization) for name in {e.classifier for e in entries}}
     fast = fast_path_for(s, s.device)
-    batch = s.batch or default_static_batch(s.device, tuple(dataset.image_shape), s.samples_per_pass("certify"),
-                                            fast.static_batch)
+    batch = s.batch or default_batch(s.device, tuple(dataset.image_shape))
     s = s.replace(batch=batch, fast_path=fast.as_dict())
     backend = TorchBackend(s.device, s.precision, compile=fast.compile, cuda_graphs=fast.cuda_graphs)
     purify = None
@@ -93,6 +92,7 @@ def certify_sweep(s: RunSettings, log) -> dict:
                              compiled_noise=fast.compiled_noise)
     log(f"# sweep: {len(entries)} configurations at sigma={s.sigma}, images={len(indices)} -> {s.out}/")
     summary = run_sweep(pipeline, dataset, indices, s.out, n0=s.n0, n=s.n, alpha=s.alpha, batch=batch,
-                        settings=s.recorded("certify"), progress=not s.quiet, sequential=s.sequential_rule())
+                        settings=s.recorded("certify"), progress=not s.quiet, sequential=s.sequential_rule(),
+                        window=s.window)
     log(report_line(summary))
     return summary

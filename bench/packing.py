@@ -1,0 +1,175 @@
+"""Continuous batching vs one image at a time, side by side in one run: samples computed per sample
+counted, identical rows, wall time; and the balance of torchrun-style ranks that pull work.
+
+    python -m diffsmooth.bench.packing [--images 100] [--batches 2000,1000] [--n-max 10000]
+        [--predict-n 1000] [--ranks 2,4] [--compile/--no-compile] [--threads 2] [--out DIR]
+
+Sequential and PREDICT runs use the embedded demo models and images (RS base classifier, sigma
+0.5). The packed run is the scheduler with its default window; "one at a time" is the same
+scheduler with a window of one image (what every run did before packing). Ranks: gloo processes on
+this machine with a stand-in classifier whose images need very different sample counts; each rank
+either pulls the next image from a shared store counter or takes a static round-robin shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import click
+
+from diffsmooth.engine.certify.core import predict_job
+from diffsmooth.engine.certify.scheduler import Scheduler, Work
+from diffsmooth.engine.certify.sequential import rule_from_options, sequential_job
+
+RADII = "0.25,0.5,0.75,1.0"
+
+
+def demo_pipeline(compile: bool, device: str = "cpu"):
+    """The embedded RS pipeline at sigma 0.5, static batches when compiled."""
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
+    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
+    from diffsmooth.engine.runs.fast_path import FastPath
+    from diffsmooth.engine.data import load_dataset
+    dataset = load_dataset("embedded")
+    smooth = build_smooth(MethodConfig("rs", 0.5), ModelSources.demo(), tuple(dataset.image_shape),
+                          dataset.num_classes, device=device, fast=FastPath.resolve(device, compile))
+    return dataset, smooth.pipeline
+
+
+def timed_run(pipeline, dataset, indices, make_job, batch: int, window) -> dict:
+    """One scheduler run: results by index, samples computed / counted, wall seconds."""
+    results = {}
+    works = [Work(i, dataset[i][0], make_job()) for i in indices]
+    start = time.perf_counter()
+    stats = Scheduler(pipeline, batch, window).run(works, lambda d: results.__setitem__(d.work.index, d.result))
+    return {"results": results, "seconds": time.perf_counter() - start, "computed": stats.samples_computed,
+            "counted": stats.samples_counted, "overhead": stats.overhead, "max_window": stats.max_window,
+            "batches": stats.batches}
+
+
+def compare(pipeline, dataset, indices, make_job, batch: int) -> dict:
+    """Packed vs one image at a time at one static batch size (a warm-up batch first)."""
+    timed_run(pipeline, dataset, indices[:1], make_job, batch, 1)
+    one = timed_run(pipeline, dataset, indices, make_job, batch, 1)
+    packed = timed_run(pipeline, dataset, indices, make_job, batch, None)
+    same = one.pop("results") == packed.pop("results")
+    return {"batch": batch, "rows_identical": same, "one_at_a_time": one, "packed": packed,
+            "wall_ratio": one["seconds"] / packed["seconds"]}
+
+
+# -- ranks ---------------------------------------------------------------------------------------
+
+def rank_fixture(count: int):
+    """(pipeline on CPU, images) whose sequential runs need from ~200 samples to n-max: blends of two
+    template images, from near the midpoint (split votes) to near one template (votes agree)."""
+    import torch
+    from diffsmooth.engine.backends.base import BaseClassifierStages
+    from diffsmooth.engine.backends.torch_backend import TorchBackend
+    from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
+    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+
+    templates = torch.rand((4, 3, 8, 8), generator=torch.Generator().manual_seed(11))
+
+    class Templates(torch.nn.Module):
+        def forward(self, x):
+            return -((x.flatten(1)[:, None, :] - templates.flatten(1)[None]) ** 2).sum(-1)
+
+    stage = TorchBackend().stage(LogitsHead(Templates().eval()), "templates")
+    pipe = MonteCarloPipeline(BaseClassifierStages("rs", None, stage, 4), 0.5, seed=0)
+    weights = torch.rand(count, generator=torch.Generator().manual_seed(5)) * 0.45 + 0.55
+    images = [(w * templates[k % 4] + (1 - w) * templates[(k + 1) % 4], k % 4) for k, w in enumerate(weights)]
+    return pipe, images
+
+
+def _rank_main(rank: int, world: int, mode: str, store_path: str, images: int, n_max: int, batch: int, out: str):
+    import torch
+    import torch.distributed as dist
+    from diffsmooth.engine.runs.sharding import pull_from_store
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    pipe, data = rank_fixture(images)
+    rule = rule_from_options(RADII, 0.5, 0.001, n_max)
+    todo = list(range(images))
+    mine = pull_from_store("bench", store)(todo) if mode == "pulled" else todo[rank::world]
+    works = (Work(i, data[i][0], sequential_job(100, rule)) for i in mine)
+    dist.barrier()
+    stats = Scheduler(pipe, batch).run(works, lambda d: None)
+    Path(out, f"{mode}-{world}-{rank}.json").write_text(json.dumps({"computed": stats.samples_computed}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def rank_balance(world: int, mode: str, images: int, n_max: int, batch: int) -> dict:
+    """The busiest rank's computed samples over the mean, for `world` gloo processes."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank_main, args=(world, mode, os.path.join(tmp, "store"), images, n_max, batch, tmp),
+                 nprocs=world, join=True)
+        computed = [json.loads(Path(tmp, f"{mode}-{world}-{r}.json").read_text())["computed"] for r in range(world)]
+    return {"ranks": world, "mode": mode, "computed": computed,
+            "busiest_over_mean": max(computed) / (sum(computed) / world)}
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+def markdown(report: dict) -> str:
+    lines = ["| run | batch | computed / counted, one at a time | computed / counted, packed | rows identical | "
+             "wall time, one at a time / packed |", "|---|---|---|---|---|---|"]
+    for name, rows in (("sequential", report["sequential"]), ("predict", report["predict"])):
+        for r in rows:
+            lines.append(f"| {name} | {r['batch']} | {r['one_at_a_time']['overhead']:.3f} | "
+                         f"{r['packed']['overhead']:.3f} | {'yes' if r['rows_identical'] else 'NO'} | "
+                         f"{r['wall_ratio']:.2f}x |")
+    if report.get("ranks"):
+        lines += ["", "| ranks | work | computed samples per rank | busiest / mean |", "|---|---|---|---|"]
+        for r in report["ranks"]:
+            lines.append(f"| {r['ranks']} | {r['mode']} | {', '.join(f'{c:,}' for c in r['computed'])} | "
+                         f"{r['busiest_over_mean']:.3f} |")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--images", default=100, show_default=True, help="Embedded demo images (spread over the set).")
+@click.option("--batches", default="2000,1000", show_default=True, help="Static batch sizes to compare.")
+@click.option("--n-max", default=10000, show_default=True)
+@click.option("--predict-n", default=1000, show_default=True)
+@click.option("--ranks", default="2,4", show_default=True, help="Rank counts for the balance part ('' to skip).")
+@click.option("--rank-images", default=64, show_default=True)
+@click.option("--compile/--no-compile", default=True, show_default=True)
+@click.option("--threads", default=2, show_default=True)
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--out", type=click.Path(), default=None, help="Folder for packing.json and packing.md.")
+def main(images, batches, n_max, predict_n, ranks, rank_images, compile, threads, device, out):
+    import torch
+    from diffsmooth.engine.demo.run import spread_indices
+    torch.set_num_threads(threads)
+    dataset, pipe = demo_pipeline(compile, device)
+    indices = spread_indices(len(dataset), images)
+    rule = rule_from_options(RADII, 0.5, 0.001, n_max)
+    report: Dict[str, List[dict]] = {"settings": dict(images=images, n_max=n_max, predict_n=predict_n,
+                                                      compile=compile, threads=threads, device=device,
+                                                      radii=RADII, method="rs", sigma=0.5)}
+    report["sequential"] = [compare(pipe, dataset, indices, lambda: sequential_job(100, rule), int(b))
+                            for b in batches.split(",")]
+    print(markdown(dict(report, predict=[])), file=sys.stderr)
+    report["predict"] = [compare(pipe, dataset, indices, lambda: predict_job(predict_n, 0.001), int(b))
+                         for b in batches.split(",")]
+    report["ranks"] = [rank_balance(int(w), mode, rank_images, n_max, 1000)
+                       for w in ranks.split(",") if w for mode in ("pulled", "static")]
+    text = markdown(report)
+    print(text)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, "packing.json").write_text(json.dumps(report, indent=1) + "\n")
+        Path(out, "packing.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
