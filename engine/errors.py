@@ -2,7 +2,8 @@
 
 
 class UserError(Exception):
-    """A bad path, shape, parameter or checkpoint: the message says what to change."""
+    """A bad path, shape, parameter or checkpoint: the message says what to change. Settings are
+    named as `setting` (the keyword the engine takes); the command line shows them as its flags."""
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import click
+import pytest
 from click.testing import CliRunner
 from diffsmooth.engine import choices
 
@@ -79,3 +80,18 @@ def test_the_engines_tables_cover_exactly_the_names():
     assert set(PRECISIONS) == set(choices.PRECISIONS)
     assert set(KIND_STATS) == set(choices.DATASET_KINDS)
     assert set(PRESET_STATS.values()) | set(KIND_STATS.values()) <= set(choices.STATS)
+
+
+def test_engine_errors_name_settings_and_the_cli_shows_flags(tmp_path):
+    """The engine speaks of its settings (`radii`); the CLI turns those it has into flags (--radii)."""
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    from diffsmooth.engine.certify.sequential import parse_radii
+    from diffsmooth.engine.errors import UserError
+    with pytest.raises(UserError) as engine_error:
+        parse_radii("a,b")
+    assert "`radii`" in str(engine_error.value) and "--" not in str(engine_error.value)
+    result = CliRunner().invoke(main, ["certify", "--sequential", "--radii", "a,b", "--out", str(tmp_path / "x.tsv")])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: --radii must be comma-separated numbers"), result.output

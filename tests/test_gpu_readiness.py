@@ -418,7 +418,7 @@ def test_failed_capture_that_breaks_the_stream_is_one_user_error(monkeypatch):
     from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
     from diffsmooth.engine.errors import UserError
     _FakeCuda(monkeypatch, broken_stream=True)
-    with pytest.raises(UserError, match="--no-cuda-graphs"):
+    with pytest.raises(UserError, match="`cuda_graphs` off"):
         CudaGraphStage(_Doubling())(torch.rand(5, 3))
 
 

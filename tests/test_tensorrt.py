@@ -411,7 +411,7 @@ def test_cli_without_tensorrt_is_one_line_and_exit_2(tmp_path, no_tensorrt):
         r = _run(args)
         assert r.exit_code == 2, r.output
         lines = r.output.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: --backend tensorrt needs TensorRT"), r.output
+        assert len(lines) == 1 and lines[0].startswith("error: TensorRT plans need TensorRT"), r.output
     assert not (tmp_path / "new").exists()                   # export --trt fails before writing graphs
     assert not (tmp_path / "r.tsv").exists()
     r = _run(["certify", "--backend", "tensorrt", "--out", tmp_path / "r.tsv"])

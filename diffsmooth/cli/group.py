@@ -7,6 +7,7 @@ a command whose module cannot be imported (a missing optional package), instead 
 from __future__ import annotations
 
 import importlib
+import re
 from typing import NamedTuple
 
 import click
@@ -70,6 +71,14 @@ def _unavailable(name: str, entry: Command, exc: ImportError) -> click.Command:
                                            "help_option_names": []})
 
 
+def as_flags(message: str, command: click.Command | None) -> str:
+    """Engine messages name settings as `name`; where the command has that option, show its flag."""
+    if command is None:
+        return message
+    flags = {p.name: p.opts[0] for p in command.params if isinstance(p, click.Option)}
+    return re.sub(r"`([a-z_][a-z0-9_]*)`", lambda m: flags.get(m.group(1), m.group(0)), message)
+
+
 class LazyGroup(click.Group):
     """Loads a command's module when the command is used; maps UserError (and a few OS errors) to CLIError."""
 
@@ -97,7 +106,8 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            raise CLIError(str(exc)) from None
+            command = self.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None
+            raise CLIError(as_flags(str(exc), command)) from None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             raise CLIError(f"{exc.strerror}: {exc.filename}") from None
 

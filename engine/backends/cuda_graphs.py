@@ -80,7 +80,7 @@ class CudaGraphStage:
             problem = stream_problem(self.device)
             if problem is not None:
                 raise UserError(f"CUDA graph capture of {self.name} at {shapes} failed ({first_line(exc)}) and left "
-                                f"the GPU unusable ({problem}); rerun with --no-cuda-graphs") from exc
+                                f"the GPU unusable ({problem}); rerun with `cuda_graphs` off") from exc
             self.log(f"# CUDA graph capture failed for {self.name} at {shapes} ({first_line(exc)}); the graph and "
                      f"its memory pool were discarded and the stream checked usable; running uncaptured")
             return None

@@ -62,7 +62,7 @@ def scan_manifests(onnx_dir, require: bool = True) -> List[Tuple[Path, dict]]:
     """(graph path, manifest) for every export manifest in `onnx_dir`, sorted by file name."""
     d = Path(onnx_dir)
     if not d.is_dir():
-        raise UserError(f"--onnx-dir {d}: no such directory (make it with `diffsmooth export --out {d}`)")
+        raise UserError(f"`onnx_dir` {d}: no such directory (make it with `diffsmooth export --out {d}`)")
     found = []
     for p in sorted(d.glob("*.json")):
         try:
@@ -72,7 +72,7 @@ def scan_manifests(onnx_dir, require: bool = True) -> List[Tuple[Path, dict]]:
         if isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT:
             found.append((d / data.get("onnx_file", p.with_suffix(".onnx").name), data))
     if require and not found:
-        raise UserError(f"--onnx-dir {d} holds no exported graphs (no manifests); run `diffsmooth export --out {d}`")
+        raise UserError(f"`onnx_dir` {d} holds no exported graphs (no manifests); run `diffsmooth export --out {d}`")
     return found
 
 
@@ -118,5 +118,5 @@ def find_graph(found: List[Tuple[Path, dict]], role: str, want: dict, onnx_dir) 
     validation = manifest.get("validation")
     if isinstance(validation, dict) and validation.get("passed") is False:
         raise UserError(f"{path.name} failed validation against torch ({validation.get('summary', 'see its manifest')}); "
-                        "re-export it or use --backend torch")
+                        "re-export it or use `backend` torch")
     return path, manifest

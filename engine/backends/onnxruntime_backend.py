@@ -22,7 +22,7 @@ def _ort():
     try:
         import onnxruntime
     except ImportError:
-        raise UserError("--backend onnxruntime needs the onnxruntime package "
+        raise UserError("`backend` onnxruntime needs the onnxruntime package "
                         "(pip install 'diffsmooth-engine[onnx]', or onnxruntime-gpu for CUDA)") from None
     return onnxruntime
 
@@ -78,10 +78,10 @@ def providers_for(device: torch.device, provider: Optional[str] = None,
     available = ort.get_available_providers()
     if device.type == "cpu":
         if provider not in (None, "cpu"):
-            raise UserError(f"execution provider {provider!r} needs --device cuda")
+            raise UserError(f"execution provider {provider!r} needs `device` cuda")
         return ["CPUExecutionProvider"]
     if device.type != "cuda":
-        raise UserError(f"--backend onnxruntime runs on cpu or cuda, not {device.type}")
+        raise UserError(f"`backend` onnxruntime runs on cpu or cuda, not {device.type}")
     provider = provider or "cuda"
     if provider not in GPU_PROVIDERS:
         raise UserError(f"execution provider must be one of {', '.join(GPU_PROVIDERS)}, got {provider!r}")

@@ -35,7 +35,7 @@ def import_tensorrt():
     try:
         import tensorrt as trt
     except ImportError:
-        raise UserError(f"--backend tensorrt needs TensorRT: {INSTALL_HINT}") from None
+        raise UserError(f"TensorRT plans need TensorRT: {INSTALL_HINT}") from None
     except Exception as exc:  # noqa: BLE001 - see tensorrt_available
         raise UserError(f"tensorrt fails to import ({type(exc).__name__}: "
                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); check the install") from None
@@ -49,9 +49,9 @@ def cuda_device(device) -> torch.device:
     except RuntimeError:
         raise UserError(f"unknown device {device!r}: use cuda or cuda:N") from None
     if dev.type != "cuda":
-        raise UserError(f"--backend tensorrt runs on a CUDA device; use --device cuda (not {device!r})")
+        raise UserError(f"`backend` tensorrt runs on a CUDA device; use `device` cuda (not {device!r})")
     if not torch.cuda.is_available():
-        raise UserError("--backend tensorrt needs a CUDA GPU, and this machine has none")
+        raise UserError("`backend` tensorrt needs a CUDA GPU, and this machine has none")
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     if dev.index >= torch.cuda.device_count():

@@ -34,7 +34,7 @@ def profile_for(inputs: Dict[str, Sequence], batch: int, max_batch: Optional[int
     if batch < 1:
         raise UserError(f"engine batch must be >= 1, got {batch}")
     if max_batch < batch:
-        raise UserError(f"--max-batch {max_batch} is smaller than the batch {batch}")
+        raise UserError(f"`max_batch` {max_batch} is smaller than the batch {batch}")
     if not inputs:
         raise UserError("the graph manifest lists no inputs; re-export it")
     profile = {}
@@ -177,7 +177,7 @@ def choose_plan(plans: List[Tuple[Path, dict]], *, tensorrt_version: str, gpu_na
     if not fits:
         sizes = sorted({_max_batch(m) for _, m in same_trt})
         raise UserError(f"the TensorRT plans for {graph_name} take batches up to {sizes}, not {batch}; "
-                        f"use --batch <= {max(sizes)} or {build}")
+                        f"use `batch` <= {max(sizes)} or {build}")
     exact = [(p, m) for p, m in fits if _opt_batch(m) == int(batch)]
     return (exact or sorted(fits, key=lambda pm: _max_batch(pm[1])))[0]
 

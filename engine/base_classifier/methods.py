@@ -73,7 +73,7 @@ def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ..
     dtype = PRECISIONS[backend.precision] or torch.float32
     folded = fold_classifier(classifier.eval(), dtype)
     if folded is None:
-        log(f"# --fused-conv: {type(classifier).__name__} is not a CIFAR ResNet / ResNet-50; it runs unfolded")
+        log(f"# `fused_conv`: {type(classifier).__name__} is not a CIFAR ResNet / ResNet-50; it runs unfolded")
         return classifier
     folded = folded.eval().to(backend.device)
     if backend.device.type == "cuda":             # NHWC, which cuDNN's fused kernels need
@@ -90,7 +90,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     fused_attention / fused_conv: the GPU fast path's kernels for the UNet / the ResNet classifier;
     classifier_batch: images per classifier call in the run (where fused convolutions are probed)."""
     if config.uses_denoiser and denoiser is None:
-        raise UserError(f"method {config.method} needs a denoiser checkpoint (--denoiser)")
+        raise UserError(f"method {config.method} needs a denoiser checkpoint (`denoiser`)")
     if fused_conv:
         classifier = folded_classifier(classifier, backend, image_shape, log, classifier_batch)
     purify = (backend.stage(denoiser.purifier(config.sigma, fused_attention), "denoiser")

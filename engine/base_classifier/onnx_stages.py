@@ -32,7 +32,7 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
                       threads: Optional[int] = None) -> BaseClassifierStages:
     """Stages for `config` from the graphs in `onnx_dir` (picked and hash-checked via manifests)."""
     if precision not in ORT_PRECISIONS:
-        raise UserError(f"--backend onnxruntime runs the exported fp32 or fp16 graphs, not {precision}")
+        raise UserError(f"`backend` onnxruntime runs the exported fp32 or fp16 graphs, not {precision}")
     try:
         dev = torch.device(device)
     except RuntimeError:

@@ -29,7 +29,7 @@ def plan_for(onnx_dir, role: str, want: dict, precision: str, *, tensorrt_versio
     validation = plan_manifest.get("validation")
     if isinstance(validation, dict) and validation.get("passed") is False:
         raise UserError(f"{plan.name} failed validation ({validation.get('summary', 'see its manifest')}); "
-                        "rebuild it or use --backend onnxruntime")
+                        "rebuild it or use `backend` onnxruntime")
     return plan, plan_manifest, manifest
 
 
@@ -37,7 +37,7 @@ def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: O
                      device: str = "cuda", precision: str = "fp32", batch: int = 1000) -> BaseClassifierStages:
     """Stages for `config` from the plans built beside the graphs in `onnx_dir`."""
     if precision not in TRT_PRECISIONS:
-        raise UserError(f"--backend tensorrt runs plans built from the fp32 or fp16 graphs, not {precision}")
+        raise UserError(f"`backend` tensorrt runs plans built from the fp32 or fp16 graphs, not {precision}")
     trt = import_tensorrt()
     dev = cuda_device(device)
     gpu_name, cc = gpu_identity(dev)

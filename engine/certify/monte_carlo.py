@@ -140,7 +140,7 @@ class MonteCarloPipeline:
                 more = [d for d in divisors(size) if d >= 2 * pieces]
                 if not more:
                     raise UserError(f"the classifier stage does not fit on {h.device} even one sample at a "
-                                    f"time; use a smaller --batch or --m") from None
+                                    f"time; use a smaller `batch` or `m`") from None
                 self.stages.score = eager_fallback(self.stages.score, self.log,
                                                    f"out of memory at {size // pieces} samples per call")
                 torch.cuda.empty_cache()

@@ -133,7 +133,7 @@ class SequentialRule:
 
     def __post_init__(self):
         if not self.radii or any(r < 0 for r in self.radii):
-            raise UserError(f"--radii needs one or more radii >= 0, got {list(self.radii)}")
+            raise UserError(f"`radii` needs one or more radii >= 0, got {list(self.radii)}")
         if self.n_max < 1:
             raise UserError(f"n-max must be >= 1, got {self.n_max}")
         if not 0 < self.alpha < 1:
@@ -158,9 +158,9 @@ def parse_radii(text: str) -> Tuple[float, ...]:
     try:
         radii = tuple(float(r) for r in text.split(",") if r.strip())
     except ValueError:
-        raise UserError(f"--radii must be comma-separated numbers, got {text!r}") from None
+        raise UserError(f"`radii` must be comma-separated numbers, got {text!r}") from None
     if not radii:
-        raise UserError("--radii must name at least one radius")
+        raise UserError("`radii` must name at least one radius")
     return radii
 
 
@@ -270,9 +270,9 @@ def parse_futility(text: Optional[str]) -> Optional[float]:
     try:
         margin = float(text)
     except ValueError:
-        raise UserError(f"--futility must be a number >= 0 or 'off', got {text!r}") from None
+        raise UserError(f"`futility` must be a number >= 0 or 'off', got {text!r}") from None
     if not margin >= 0:
-        raise UserError(f"--futility must be a number >= 0 or 'off', got {text!r}")
+        raise UserError(f"`futility` must be a number >= 0 or 'off', got {text!r}")
     return margin
 
 
@@ -280,5 +280,5 @@ def rule_from_options(radii: Optional[str], sigma: float, alpha: float, n_max: i
                       futility: Optional[str] = None) -> SequentialRule:
     """The rule of `certify --sequential --radii ... --n-max ... [--futility K|off]` (radii required)."""
     if not radii:
-        raise UserError("--sequential needs --radii, e.g. --radii 0.25,0.5,0.75,1.0")
+        raise UserError("`sequential` needs `radii`, e.g. 0.25,0.5,0.75,1.0")
     return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max), parse_futility(futility))

@@ -39,6 +39,6 @@ def load_dataset(kind: str, path: str | None = None, split: str = "test",
                         f"options: {', '.join(allowed) or 'none'}")
     if kind != "embedded":
         if path is None or str(path) == "":
-            raise UserError(f"dataset kind {kind!r} needs a path (--data PATH)")
+            raise UserError(f"dataset kind {kind!r} needs a path (`data` PATH)")
         path = os.path.expanduser(os.fspath(path))
     return loader(path, split, **options)

@@ -71,7 +71,7 @@ def _refuse_other_runs(out: Path, settings: Dict[str, dict]) -> None:
         if settings_path(path).exists():
             check_or_record_settings(path, wanted)          # equal settings: nothing to do
         elif path.exists() and path.stat().st_size > 0:
-            raise UserError(f"{path} holds rows whose settings were not recorded: use another --out")
+            raise UserError(f"{path} holds rows whose settings were not recorded: use another `out`")
 
 
 def _to_uint8(images: torch.Tensor, scale: int) -> np.ndarray:

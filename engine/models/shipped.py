@@ -29,7 +29,7 @@ def demo_classifier_for(method: str, sigma: float, local_sigma: float) -> Path:
     if not path.exists():
         have = ", ".join(f"{s:g}" for s in DEMO_TRAINING_SIGMAS)
         raise UserError(f"no embedded demo classifier for noise level {level:g} (method {method}); "
-                        f"the demo ships {have}: pick one of those or pass --classifier")
+                        f"the demo ships {have}: pick one of those or pass `classifier`")
     return path
 
 

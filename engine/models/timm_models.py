@@ -210,7 +210,7 @@ def timm_input_stats(arch: str, net: nn.Module) -> tuple[tuple[float, ...], tupl
     cfg = _pretrained_cfg(net)
     mean, std = cfg.get("mean"), cfg.get("std")
     if mean is None or std is None:
-        raise UserError(f"timm model {timm_model_name(arch)!r} records no input mean/std; pass --normalization and --stats")
+        raise UserError(f"timm model {timm_model_name(arch)!r} records no input mean/std; pass `normalization` and `stats`")
     return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 

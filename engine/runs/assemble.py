@@ -51,9 +51,9 @@ def parse_unet_config(text: Optional[str]) -> dict:
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"--unet-config is not valid JSON: {exc}") from None
+        raise UserError(f"`unet_config` is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
-        raise UserError("--unet-config must be a JSON object of UNet config fields")
+        raise UserError("`unet_config` must be a JSON object of UNet config fields")
     return config
 
 
@@ -61,7 +61,7 @@ def load_denoiser_from(sources: ModelSources):
     """The one-shot denoiser named by `sources` (eval mode, CPU)."""
     from diffsmooth.engine.base_classifier.denoise import load_denoiser
     if not sources.denoiser:
-        raise UserError("give --denoiser CHECKPOINT")
+        raise UserError("give `denoiser` CHECKPOINT")
     return load_denoiser(sources.denoiser, sources.preset, schedule=sources.schedule,
                          diffusion_steps=sources.diffusion_steps,
                          rescale_timesteps=sources.rescale_timesteps, **sources.unet_config)
@@ -72,7 +72,7 @@ def classifier_path_for(config: MethodConfig, sources: ModelSources) -> str:
     if sources.classifier:
         return sources.classifier
     if sources.preset != demo_assets.DEMO_PRESET:
-        raise UserError("give --classifier CHECKPOINT")
+        raise UserError("give `classifier` CHECKPOINT")
     return str(demo_assets.demo_classifier_for(config.method, config.sigma, config.local_sigma))
 
 
@@ -86,7 +86,7 @@ def load_classifier_from(config: MethodConfig, sources: ModelSources):
 def load_models(config: MethodConfig, sources: ModelSources):
     """(denoiser or None, classifier) as torch modules on the CPU, in eval mode."""
     if config.uses_denoiser and not sources.denoiser:
-        raise UserError(f"method {config.method} needs --denoiser CHECKPOINT")
+        raise UserError(f"method {config.method} needs `denoiser` CHECKPOINT")
     denoiser = load_denoiser_from(sources) if config.uses_denoiser else None
     return denoiser, load_classifier_from(config, sources)
 
@@ -116,12 +116,12 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
     elif backend == "onnxruntime":
         from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
         if not onnx_dir:
-            raise UserError("--backend onnxruntime needs --onnx-dir (made by `diffsmooth export`)")
+            raise UserError("`backend` onnxruntime needs `onnx_dir` (made by `diffsmooth export`)")
         stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision)
     elif backend == "tensorrt":
         from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
         if not onnx_dir:
-            raise UserError("--backend tensorrt needs --onnx-dir (graphs from `diffsmooth export`, plans from "
+            raise UserError("`backend` tensorrt needs `onnx_dir` (graphs from `diffsmooth export`, plans from "
                             "`diffsmooth build-engine`)")
         stages = build_trt_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision,
                                   batch=batch)

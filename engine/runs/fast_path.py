@@ -55,10 +55,10 @@ class FastPath:
         compile = cuda if compile is None else bool(compile)
         cuda_graphs = (cuda and compile) if cuda_graphs is None else bool(cuda_graphs)
         if cuda_graphs and not cuda:
-            raise UserError("--cuda-graphs needs a CUDA device")
+            raise UserError("`cuda_graphs` needs a CUDA device")
         streams = (2 if cuda else 1) if streams is None else int(streams)
         if streams not in (1, 2):
-            raise UserError(f"--streams must be 1 or 2, got {streams}")
+            raise UserError(f"`streams` must be 1 or 2, got {streams}")
         fused_attention = (cuda and compile) if fused_attention is None else bool(fused_attention)
         return cls(compile=compile, cuda_graphs=cuda_graphs, streams=streams,
                    static_batch=compile or cuda_graphs, compiled_noise=compile and cuda,
@@ -127,6 +127,6 @@ def validate_fast_path(fast, reference, images: Sequence[Tuple[int, torch.Tensor
     if max(report.spread) < 2:
         log("# the check images' votes do not spread over classes: only the scores can show wrong noise")
     if not report.ok:
-        raise UserError(f"the fast path disagrees with eager fp32: {report.problems[0]}; use --precision fp32 or "
-                        f"--no-compile, or raise --expected-flip-rate (fp16 measured 1.3e-4, bf16 1.7e-3)")
+        raise UserError(f"the fast path disagrees with eager fp32: {report.problems[0]}; use `precision` fp32 or "
+                        f"`compile` off, or raise `expected_flip_rate` (fp16 measured 1.3e-4, bf16 1.7e-3)")
     return report

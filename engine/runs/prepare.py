@@ -41,7 +41,7 @@ def open_dataset(s: RunSettings) -> tuple[str, object, list[int]]:
     from diffsmooth.engine.data import load_dataset
     kind = s.dataset or ("embedded" if not s.data else None)
     if kind is None:
-        raise UserError("--data given without --dataset: say which layout it is (cifar10, imagenet, npz, idx)")
+        raise UserError("`data` given without `dataset`: say which layout it is (cifar10, imagenet, npz, idx)")
     dataset = load_dataset(kind, s.data, split=s.split)
     check_alpha(s.alpha)
     return kind, dataset, dataset.indices_selected(s.skip, s.max_index)
@@ -66,7 +66,7 @@ def prepare_single(s: RunSettings, mode: str = "certify", log=None) -> PreparedR
     set_threads(s.threads)
     kind, dataset, indices = open_dataset(s)
     if not indices:
-        raise UserError("no images selected (check --skip / --max)")
+        raise UserError("no images selected (check `skip` / `max`)")
     config = s.method_config()
     sources = sources_of(s, kind)
     plan = plan_from(s.shard, s.device)

@@ -81,7 +81,7 @@ class ResultWriter:
             header = self.path.read_text().split("\n", 1)[0].split("\t")
             if tuple(header) != self.columns:
                 raise UserError(f"{self.path} has columns {header}, not {list(self.columns)}: "
-                                f"choose another --out or remove the file")
+                                f"choose another `out` or remove the file")
             self.done = {int(row["idx"]) for row in read_rows(self.path)}
             self._file = open(self.path, "a")
         else:
@@ -169,7 +169,7 @@ def check_or_record_settings(out_path, settings: dict, record: bool = True) -> N
         for key in sorted(set(recorded) | set(settings)):
             if recorded.get(key) != settings.get(key):
                 raise UserError(f"{out_path} was written with {key}={recorded.get(key)!r}, this run has "
-                                f"{key}={settings.get(key)!r}: use another --out to avoid mixing runs")
+                                f"{key}={settings.get(key)!r}: use another `out` to avoid mixing runs")
         return
     if not record:
         return

@@ -101,7 +101,7 @@ class RunSettings:
         """The SequentialRule of a --sequential run, else None."""
         if not self.sequential:
             if self.radii or self.n_max or self.futility:
-                raise UserError("--radii, --n-max and --futility belong to --sequential")
+                raise UserError("`radii`, `n_max` and `futility` belong to `sequential`")
             return None
         return rule_from_options(self.radii, self.sigma, self.alpha, self.n_max or self.n, self.futility)
 

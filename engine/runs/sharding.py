@@ -35,9 +35,9 @@ def parse_shard(text: str) -> ShardPlan:
     try:
         i, k = (int(p) for p in text.split("/"))
     except ValueError:
-        raise UserError(f"--shard must look like i/k (e.g. 0/4), got {text!r}") from None
+        raise UserError(f"`shard` must look like i/k (e.g. 0/4), got {text!r}") from None
     if not (k >= 1 and 0 <= i < k):
-        raise UserError(f"--shard i/k needs k >= 1 and 0 <= i < k, got {text!r}")
+        raise UserError(f"`shard` i/k needs k >= 1 and 0 <= i < k, got {text!r}")
     return ShardPlan(i, k)
 
 
@@ -46,7 +46,7 @@ def plan_from(shard_option: Optional[str], device: str) -> ShardPlan:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if shard_option:
         if world > 1:
-            raise UserError("use either --shard or torchrun, not both")
+            raise UserError("use either `shard` or torchrun, not both")
         return parse_shard(shard_option)
     if world <= 1:
         return ShardPlan()

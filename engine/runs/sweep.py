@@ -168,7 +168,7 @@ def run_sweep(pipeline: SweepPipeline, dataset, indices: Sequence[int], out_dir,
     index = {"settings": settings, "entries": [dict(asdict(e), file=f"{e.name}.tsv") for e in pipeline.entries]}
     index_path = out / "index.json"
     if index_path.exists() and json.loads(index_path.read_text()) != json.loads(json.dumps(index)):
-        raise UserError(f"{out} holds a sweep with other settings or configurations: use another --out")
+        raise UserError(f"{out} holds a sweep with other settings or configurations: use another `out`")
     index_path.write_text(json.dumps(index, indent=1) + "\n")
     columns = CERTIFY_COLUMNS + (("samples",) if sequential is not None else ())
     writers = {e: ResultWriter(out / f"{e.name}.tsv", columns) for e in pipeline.entries}

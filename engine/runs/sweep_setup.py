@@ -27,10 +27,10 @@ from diffsmooth.engine.runs.sweep import SweepPipeline, plan_entries, run_sweep
 def check_sweep_settings(s: RunSettings) -> None:
     """What a sweep cannot do, and every method x sigma' x m combination's parameters."""
     if s.backend != "torch" or s.shard:
-        raise UserError("sweeps run on the torch backend in one process (no --backend onnxruntime/tensorrt "
-                        "or --shard yet)")
+        raise UserError("sweeps run on the torch backend in one process (no `backend` onnxruntime/tensorrt "
+                        "or `shard` yet)")
     if s.fused_conv:
-        raise UserError("--fused-conv is for single configurations; sweeps run the classifiers unfolded")
+        raise UserError("`fused_conv` is for single configurations; sweeps run the classifiers unfolded")
     for method in s.method:
         for ls in s.local_sigma:
             for m in s.m:
