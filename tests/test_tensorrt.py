@@ -348,7 +348,7 @@ def test_tensorrt_available_and_missing_tensorrt(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)                      # import fails
     ok, why = tensorrt_available()
     assert not ok and "not installed" in why
-    with pytest.raises(UserError, match="needs TensorRT"):
+    with pytest.raises(UserError, match="need TensorRT"):
         trt_backend.import_tensorrt()
     monkeypatch.setitem(sys.modules, "tensorrt", FAKE)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
