@@ -329,8 +329,12 @@ def sequential_options(f):
                      help="With --sequential: most estimation samples per image [default: --n]."),
         click.option("--futility", default=None, metavar="K|off",
                      help="With --sequential: stop an image once even its vote rate + K standard errors "
-                          "would not certify the next radius at n-max [default: 2]; 'off' runs such "
+                          "would not certify the next radius at n-max [default: 1.25]; 'off' runs such "
                           "images to n-max. Validity does not depend on it."),
+        click.option("--bound", default=None, type=click.Choice(["split-cp", "mixture"]),
+                     help="With --sequential: split-cp (Clopper-Pearson split over the looks fixed by n-max; "
+                          "the fewest samples) or mixture (valid at every sample, so a budget can be extended "
+                          "later) [default: split-cp]."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -342,10 +346,11 @@ def _sequential_rule(kw):
     from diffsmooth.engine.certify.sequential import rule_from_options
     from diffsmooth.engine.errors import UserError
     if not kw.get("sequential"):
-        if kw.get("radii") or kw.get("n_max") or kw.get("futility"):
-            raise UserError("--radii, --n-max and --futility belong to --sequential")
+        if kw.get("radii") or kw.get("n_max") or kw.get("futility") or kw.get("bound"):
+            raise UserError("--radii, --n-max, --futility and --bound belong to --sequential")
         return None
-    return rule_from_options(kw["radii"], kw["sigma"], kw["alpha"], kw["n_max"] or kw["n"], kw.get("futility"))
+    return rule_from_options(kw["radii"], kw["sigma"], kw["alpha"], kw["n_max"] or kw["n"], kw.get("futility"),
+                             kw.get("bound"))
 
 
 @main.command()
@@ -423,7 +428,7 @@ def _settings(mode, kw):
     if rule is not None:
         settings.pop("n")                       # n only sets n-max's default
         settings.update(sequential=True, radii=list(rule.radii), n_max=rule.n_max, futility=rule.futility,
-                        look_growth=rule.growth)
+                        look_growth=rule.growth, bound=rule.bound)
     if kw["method"] != "diffsmooth" and not isinstance(kw["method"], list):
         for k in ("local_sigma", "m", "local_noise"):
             settings.pop(k)
