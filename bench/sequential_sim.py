@@ -46,6 +46,7 @@ def recover_votes(radius: float, n: int, alpha: float, sigma: float) -> Optional
 class Image:
     p: float                 # vote rate of the predicted class
     correct: bool            # the fixed run's prediction was right (accuracy counts only these)
+    idx: int = -1            # the row's dataset index
 
 
 def load_images(path, n: int, alpha: float, sigma: float, abstain_p: float) -> List[Image]:
@@ -55,7 +56,7 @@ def load_images(path, n: int, alpha: float, sigma: float, abstain_p: float) -> L
     for row in rows:
         n_a = recover_votes(float(row["radius"]), n, alpha, sigma)
         p = abstain_p if n_a is None or int(row["predict"]) < 0 else n_a / n
-        images.append(Image(p, int(row["correct"]) == 1 and n_a is not None))
+        images.append(Image(p, int(row["correct"]) == 1 and n_a is not None, int(row["idx"])))
     return images
 
 
@@ -167,8 +168,9 @@ def standard_rules(n_max: int, radii: Sequence[float], sigma: float, alpha: floa
 @click.option("--radii", default="0.25,0.5,0.75,1.0", show_default=True)
 @click.option("--seeds", type=int, default=20, show_default=True, help="Simulated vote paths per image and rule.")
 @click.option("--measured", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Optional: the measured sequential TSV (with `samples`) of the same images, to print "
-                   "the measured rows next to the simulated ones.")
+              help="Optional: a measured sequential TSV (with `samples`) of these images or some of them "
+                   "(e.g. an unfinished run): the simulation is restricted to its images and the measured "
+                   "rows are printed next to the simulated ones.")
 @click.option("--abstain-p", type=float, default=0.45, show_default=True,
               help="Assumed vote rate of rows that abstained (radius 0).")
 def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured):
@@ -177,6 +179,9 @@ def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured):
     radii = sorted(parse_radii(radii))
     images = load_images(rows, n, alpha, sigma, abstain_p)
     n_max = n_max or n
+    if measured:
+        done = {int(r["idx"]) for r in _read(measured)}
+        images = [im for im in images if im.idx in done]
     result = simulate(images, n=n_max, n0=n0, alpha=alpha, sigma=sigma, radii=radii, seeds=seeds,
                       rules=standard_rules(n_max, radii, sigma, alpha))
     header = (f"SIMULATION from the vote rates recovered from {rows} ({len(images)} images, rows' n={n}, "
@@ -184,21 +189,28 @@ def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured):
               f"alpha={alpha}, sigma={sigma}, {seeds} seeds, abstained rows p={abstain_p}); means over seeds")
     click.echo(markdown(result, radii, header))
     if measured:
-        click.echo("\n" + measured_table(rows, measured, n, n0, radii))
+        click.echo("\n" + measured_table(rows, measured, n, n0, radii, n_max))
 
 
-def measured_table(fixed_path, seq_path, n: int, n0: int, radii: Sequence[float]) -> str:
-    """The MEASURED rows (fixed-n and sequential TSVs) in the same layout, to check the simulation."""
-    def read(path):
-        with open(path, newline="") as handle:
-            return list(csv.DictReader(handle, delimiter="\t"))
-    fixed, seq = read(fixed_path), read(seq_path)
+def _read(path) -> List[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle, delimiter="\t"))
+
+
+def measured_table(fixed_path, seq_path, n: int, n0: int, radii: Sequence[float], n_max: Optional[int] = None) -> str:
+    """The MEASURED rows (fixed-n rows of the sequential file's images, and the sequential rows) in
+    the same layout, to check the simulation; n is the fixed rows' n, n_max the sequential run's."""
+    seq = _read(seq_path)
+    done = {r["idx"] for r in seq}
+    fixed = [r for r in _read(fixed_path) if r["idx"] in done]
+    n_max = n_max or n
     table = {}
-    for name, rows, samples in (("MEASURED fixed-n", fixed, len(fixed) * (n0 + n)),
-                                ("MEASURED sequential", seq, sum(int(r["samples"]) for r in seq))):
+    for name, rows, samples, top in ((f"MEASURED fixed-n n={n}", fixed, len(fixed) * (n0 + n), n),
+                                     (f"MEASURED sequential n-max={n_max}", seq, sum(int(r["samples"]) for r in seq),
+                                      n_max)):
         radius = np.array([float(r["radius"]) for r in rows])
         correct = np.array([int(r["correct"]) == 1 for r in rows])
-        at_max = sum(int(r["samples"]) >= n0 + n for r in rows) if "samples" in rows[0] else len(rows)
+        at_max = sum(int(r["samples"]) >= n0 + top for r in rows) if "samples" in rows[0] else len(rows)
         table[name] = {"samples": samples, "at_nmax": at_max,
                        "accuracy": {r: accuracy(radius, correct, r) for r in radii}}
     return markdown(table, radii, f"MEASURED: {fixed_path} and {seq_path}", label="run (MEASURED)")
