@@ -186,7 +186,7 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
 @click.option("--m", "m", type=int, default=5, show_default=True)
 @click.option("--local-sigma", type=float, default=0.25, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--futility", default=None, metavar="K|off", help="The sequential rule's futility stop [default: 2].")
+@click.option("--futility", default=None, metavar="K|off", help="The sequential rule's futility stop [default: 1.25].")
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--out", type=click.Path(), default="bench-sequential", show_default=True,
               help="Directory for fixed.tsv, sequential.tsv, sequential.md, sequential.json.")

@@ -1,15 +1,17 @@
 """SIMULATED fixed-n vs sequential CERTIFY from measured vote rates (no model, no GPU).
 
-    python -m diffsmooth.bench.sequential_sim --rows bench/results/h200-2026-11-26/sequential/fixed.tsv
+    python -m diffsmooth.bench.sequential_sim --rows bench/results/h200-2026-11-26/sequential/fixed.tsv [--n-max 100000]
 
 Each image's vote rate p for its predicted class is recovered from a fixed-n CERTIFY TSV: the
 printed radius is sigma * Phi^-1(Clopper-Pearson lower bound of nA out of n) to 3 significant
 digits, so the nA whose radius prints the same is found (the middle one when several do);
 p = nA / n. Abstained rows (radius 0) get --abstain-p (an assumption: their p is below 1/2).
-Then Binomial vote paths with that p (--seeds per image) run through fixed-n CERTIFY and through
-each sequential stopping rule; the table shows total samples (incl. n0) and certified accuracy
-per radius, means over seeds. It is a model of the measurement, not a measurement: it assumes
-the selection step picks the same class as the fixed run and that votes are i.i.d. given p.
+Then Binomial vote paths with that p (--seeds per image) run through fixed-n CERTIFY at n-max and
+through each sequential rule (the engine's own vectorised rule, `run_rule`; no bound is computed
+here), next to an oracle that knows p. The table shows total samples (incl. n0) and certified
+accuracy per radius, means over seeds. It is a model of the measurement, not a measurement: it
+assumes the selection step picks the same class as the fixed run and that votes are i.i.d. given p
+(at an n-max above the rows' n, p is extrapolated from those rows).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import List, Optional, Sequence
 
 import click
 import numpy as np
-from scipy.stats import beta, norm
+from scipy.stats import norm
 
-from diffsmooth.engine.certify.sequential import confidence_bounds, futility_bounds, look_schedule
+from diffsmooth.engine.certify.core import lower_confidence_bounds
+from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_lower, run_rule
 from diffsmooth.engine.runs.results import format_radius
 
 
@@ -31,8 +34,7 @@ def recover_votes(radius: float, n: int, alpha: float, sigma: float) -> Optional
     if radius <= 0:
         return None
     n_a = np.arange(n // 2, n + 1)
-    lower = beta.ppf(alpha, n_a, n - n_a + 1)
-    radii = sigma * norm.ppf(lower)
+    radii = sigma * norm.ppf(lower_confidence_bounds(n_a, n, alpha))
     printed = np.array([float(format_radius(r)) if r > 0 else 0.0 for r in radii])
     hits = n_a[printed == float(format_radius(radius))]
     if len(hits):
@@ -44,6 +46,7 @@ def recover_votes(radius: float, n: int, alpha: float, sigma: float) -> Optional
 class Image:
     p: float                 # vote rate of the predicted class
     correct: bool            # the fixed run's prediction was right (accuracy counts only these)
+    idx: int = -1            # the row's dataset index
 
 
 def load_images(path, n: int, alpha: float, sigma: float, abstain_p: float) -> List[Image]:
@@ -53,55 +56,39 @@ def load_images(path, n: int, alpha: float, sigma: float, abstain_p: float) -> L
     for row in rows:
         n_a = recover_votes(float(row["radius"]), n, alpha, sigma)
         p = abstain_p if n_a is None or int(row["predict"]) < 0 else n_a / n
-        images.append(Image(p, int(row["correct"]) == 1 and n_a is not None))
+        images.append(Image(p, int(row["correct"]) == 1 and n_a is not None, int(row["idx"])))
     return images
 
 
 def simulate_fixed(p: np.ndarray, n: int, alpha: float, sigma: float, rng) -> np.ndarray:
     """Radii of fixed-n CERTIFY (0 = abstain) for vote rates p (any shape)."""
-    n_a = rng.binomial(n, p)
-    lower = np.where(n_a > 0, beta.ppf(alpha, np.maximum(n_a, 1), n - n_a + 1), 0.0)
-    return np.where(lower > 0.5, sigma * norm.ppf(np.clip(lower, 0.5, 1.0)), 0.0)
+    return radius_from_lower(lower_confidence_bounds(rng.binomial(n, p), n, alpha), sigma)
 
 
-def simulate_sequential(p: np.ndarray, radii: Sequence[float], sigma: float, alpha: float, n_max: int,
-                        chunks: Sequence[int], futility: Optional[float], rng, votes=None):
-    """(radii, estimation samples) of the sequential rule, vectorised over vote rates p (1-D).
-
-    The same decisions as SequentialCertificate.add (tests/test_sequential.py compares
-    them path by path; `votes`, shape (len(p), len(chunks)), fixes the per-chunk votes): running max / min of the CS, stop when all radii are certified, the next
-    threshold is above U_t, the futility projection misses it, or at n_max."""
-    thresholds = norm.cdf(np.asarray(sorted(radii)) / sigma)
-    m = len(p)
+def simulate_sequential(p: np.ndarray, rule: SequentialRule, rng, votes=None):
+    """(radii, estimation samples) of `rule` on Binomial vote paths with rates p (1-D); `votes`,
+    shape (len(p), len(rule.chunks())), fixes the per-chunk votes instead."""
     if votes is None:
-        votes = rng.binomial(np.asarray(chunks)[None, :], np.asarray(p, dtype=np.float64)[:, None])
-    s = np.zeros(m)
-    t = 0
-    lower, upper = np.zeros(m), np.ones(m)
-    done = np.zeros(m, dtype=bool)
-    used = np.zeros(m, dtype=np.int64)
-    final_lower = np.zeros(m)
-    for j, size in enumerate(chunks):
-        live = ~done
-        s = s + np.where(live, votes[:, j], 0)
-        t += size
-        lo, hi = confidence_bounds(s, np.full(m, float(t)), alpha)
-        lower, upper = np.where(live, np.maximum(lower, lo), lower), np.where(live, np.minimum(upper, hi), upper)
-        certified = (lower[:, None] > 0.5) & (lower[:, None] >= thresholds[None, :])
-        all_done = certified.all(axis=1)
-        nxt = thresholds[np.argmin(certified, axis=1)]           # smallest uncertified threshold
-        stop = all_done | (upper < nxt) | (t >= n_max)
-        if futility is not None and t < n_max:
-            projected = futility_bounds(s, t, n_max, alpha, futility)
-            stop |= ~all_done & (projected < nxt)
-        newly = live & stop
-        used[newly] = t
-        final_lower[newly] = lower[newly]
-        done |= stop
-        if done.all():
-            break
-    radius = np.where(final_lower > 0.5, sigma * norm.ppf(np.clip(final_lower, 0.5, 1.0)), 0.0)
-    return radius, used
+        votes = rng.binomial(np.asarray(rule.chunks())[None, :], np.asarray(p, dtype=np.float64)[:, None])
+    lower, used = run_rule(rule, votes)
+    return radius_from_lower(lower, rule.sigma), used
+
+
+def oracle_samples(p: np.ndarray, n_max: int, alpha: float, sigma: float, radii: Sequence[float]) -> np.ndarray:
+    """A ceiling, not a rule: knowing p, the fewest estimation samples n at which fixed-n CERTIFY with
+    the expected votes p n settles the largest listed radius that it settles at n_max (0 samples
+    when it settles none). Its certified accuracy is fixed-n's by construction."""
+    thresholds = norm.cdf(np.asarray(sorted(radii)) / sigma)
+    p = np.asarray(p, dtype=np.float64)
+    at_max = lower_confidence_bounds(np.floor(p * n_max), n_max, alpha)
+    reach = (at_max[:, None] > 0.5) & (at_max[:, None] >= thresholds[None, :])
+    target = np.where(reach.any(axis=1), thresholds[np.maximum(reach.sum(axis=1) - 1, 0)], np.inf)
+    lo, hi = np.zeros(len(p), dtype=np.int64), np.full(len(p), n_max, dtype=np.int64)
+    while np.any(hi - lo > 1):                  # smallest n with bound(floor(p n), n) >= target
+        mid = (lo + hi) // 2
+        ok = lower_confidence_bounds(np.floor(p * mid), np.maximum(mid, 1), alpha) >= target
+        lo, hi = np.where(ok, lo, mid), np.where(ok, mid, hi)
+    return np.where(np.isfinite(target), hi, 0)
 
 
 def accuracy(radius: np.ndarray, correct: np.ndarray, r: float) -> float:
@@ -109,8 +96,9 @@ def accuracy(radius: np.ndarray, correct: np.ndarray, r: float) -> float:
 
 
 def simulate(images: List[Image], *, n: int, n0: int, alpha: float, sigma: float, radii: Sequence[float],
-             seeds: int, rules: dict, seed: int = 0) -> dict:
-    """{rule name: {'samples': mean total, 'accuracy': {r: mean}, 'at_nmax': mean images at n_max}}."""
+             seeds: int, rules: dict, seed: int = 0, oracle: bool = True) -> dict:
+    """{row name: {'samples': mean total, 'accuracy': {r: mean}, 'at_nmax': mean images at n_max}};
+    n is n-max (the fixed-n baseline's n); rules maps names to SequentialRules."""
     p = np.array([im.p for im in images])
     correct = np.array([im.correct for im in images])
     out = {}
@@ -120,89 +108,109 @@ def simulate(images: List[Image], *, n: int, n0: int, alpha: float, sigma: float
         rad = simulate_fixed(p, n, alpha, sigma, rng)
         for r in radii:
             acc[r].append(accuracy(rad, correct, r))
-    out[f"fixed-n n={n}"] = {"samples": len(p) * (n0 + n), "accuracy": {r: float(np.mean(v)) for r, v in acc.items()},
-                             "at_nmax": len(p)}
-    for name, (chunks, futility) in rules.items():
+    fixed = {"samples": len(p) * (n0 + n), "accuracy": {r: float(np.mean(v)) for r, v in acc.items()},
+             "at_nmax": len(p)}
+    out[f"fixed-n n={n}"] = fixed
+    for name, rule in rules.items():
         rng = np.random.default_rng(seed)
         acc, samples, at_max = {r: [] for r in radii}, [], []
         for _ in range(seeds):
-            rad, used = simulate_sequential(p, radii, sigma, alpha, n, chunks, futility, rng)
+            rad, used = simulate_sequential(p, rule, rng)
             samples.append(int(used.sum()) + len(p) * n0)
             at_max.append(int((used >= n).sum()))
             for r in radii:
                 acc[r].append(accuracy(rad, correct, r))
         out[name] = {"samples": float(np.mean(samples)), "accuracy": {r: float(np.mean(v)) for r, v in acc.items()},
                      "at_nmax": float(np.mean(at_max))}
+    if oracle:
+        used = oracle_samples(p, n, alpha, sigma, radii)
+        out["oracle (true pA known; a ceiling, not a rule)"] = {
+            "samples": float(used.sum()) + len(p) * n0, "accuracy": dict(fixed["accuracy"]),
+            "at_nmax": float((used >= n).sum())}
     return out
 
 
 def markdown(result: dict, radii: Sequence[float], header: str, label: str = "rule (SIMULATED)") -> str:
     base = next(iter(result.values()))
     lines = [header, "", f"| {label} | samples (total) | fewer | at n-max | "
-             + " | ".join(f"r={r:g}" for r in radii) + " | worst diff (points) |",
-             "|" + "---|" * (len(radii) + 5)]
+             + " | ".join(f"r={r:g}" for r in radii) + " | mean diff | worst diff (points) |",
+             "|" + "---|" * (len(radii) + 6)]
     for name, row in result.items():
         accs = " | ".join(f"{row['accuracy'][r]:.3f}" for r in radii)
-        worst = min(100 * (row["accuracy"][r] - base["accuracy"][r]) for r in radii)
+        diffs = [100 * (row["accuracy"][r] - base["accuracy"][r]) for r in radii]
         lines.append(f"| {name} | {row['samples']:,.0f} | {base['samples'] / row['samples']:.2f}x | "
-                     f"{row['at_nmax']:.1f} | {accs} | {worst:+.1f} |")
+                     f"{row['at_nmax']:.1f} | {accs} | {np.mean(diffs):+.2f} | {min(diffs):+.1f} |")
     return "\n".join(lines)
 
 
-def standard_rules(n: int) -> dict:
-    """The rules compared: the old default (doubling looks, no futility stop) and the options."""
-    from diffsmooth.engine.certify.sequential import FUTILITY_MARGIN, GROWTH_OLD
-    old = look_schedule(n, growth=GROWTH_OLD)
-    new = look_schedule(n)
-    rules = {"old: doubling looks": (old, None)}
-    for k in (0.0, 1.0, 2.0):
-        rules[f"doubling looks + futility k={k:g}"] = (old, k)
-    rules["new looks (x1.5)"] = (new, None)
-    for k in (1.0, 2.0, 3.0):
-        rules[f"new looks + futility k={k:g}" + (" (default)" if k == FUTILITY_MARGIN else "")] = (new, k)
+def standard_rules(n_max: int, radii: Sequence[float], sigma: float, alpha: float,
+                   margins: Sequence[float] = (1.0, 1.25, 1.5, 2.0)) -> dict:
+    """The rules compared: the mixture (the bound of the first releases, k = 2) and split CP at
+    several futility margins k; the engine's defaults are marked."""
+    from diffsmooth.engine.certify.sequential import DEFAULT_BOUND, FUTILITY_MARGIN
+    rules = {}
+    for bound, ks in (("mixture", (2.0,)), ("split-cp", tuple(margins))):
+        for k in ks:
+            mark = " (default)" if (bound, k) == (DEFAULT_BOUND, FUTILITY_MARGIN) else ""
+            rules[f"{bound}, futility k={k:g}{mark}"] = SequentialRule(tuple(radii), sigma, alpha, n_max,
+                                                                       futility=k, bound=bound)
     return rules
 
 
 @click.command()
 @click.option("--rows", type=click.Path(exists=True, dir_okay=False), required=True,
               help="A fixed-n CERTIFY TSV (idx label predict radius correct time).")
-@click.option("--n", type=int, default=10000, show_default=True, help="The n of that run (= simulated n-max).")
+@click.option("--n", type=int, default=10000, show_default=True, help="The n of that run.")
+@click.option("--n-max", type=int, default=None, help="Simulated n-max (fixed-n baseline n) [default: --n].")
 @click.option("--n0", type=int, default=100, show_default=True)
 @click.option("--alpha", type=float, default=0.001, show_default=True)
 @click.option("--sigma", type=float, default=0.5, show_default=True)
 @click.option("--radii", default="0.25,0.5,0.75,1.0", show_default=True)
 @click.option("--seeds", type=int, default=20, show_default=True, help="Simulated vote paths per image and rule.")
 @click.option("--measured", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Optional: the measured sequential TSV (with `samples`) of the same images, to print "
-                   "the measured rows next to the simulated ones.")
+              help="Optional: a measured sequential TSV (with `samples`) of these images or some of them "
+                   "(e.g. an unfinished run): the simulation is restricted to its images and the measured "
+                   "rows are printed next to the simulated ones.")
 @click.option("--abstain-p", type=float, default=0.45, show_default=True,
               help="Assumed vote rate of rows that abstained (radius 0).")
-def main(rows, n, n0, alpha, sigma, radii, seeds, abstain_p, measured):
+def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured):
     """Prints the SIMULATED samples / certified-accuracy table (markdown)."""
     from diffsmooth.engine.certify.sequential import parse_radii
     radii = sorted(parse_radii(radii))
     images = load_images(rows, n, alpha, sigma, abstain_p)
-    result = simulate(images, n=n, n0=n0, alpha=alpha, sigma=sigma, radii=radii, seeds=seeds,
-                      rules=standard_rules(n))
-    header = (f"SIMULATION from the vote rates recovered from {rows} ({len(images)} images, n={n}, n0={n0}, "
+    n_max = n_max or n
+    if measured:
+        done = {int(r["idx"]) for r in _read(measured)}
+        images = [im for im in images if im.idx in done]
+    result = simulate(images, n=n_max, n0=n0, alpha=alpha, sigma=sigma, radii=radii, seeds=seeds,
+                      rules=standard_rules(n_max, radii, sigma, alpha))
+    header = (f"SIMULATION from the vote rates recovered from {rows} ({len(images)} images, rows' n={n}, "
+              f"n-max={n_max}, n0={n0}, "
               f"alpha={alpha}, sigma={sigma}, {seeds} seeds, abstained rows p={abstain_p}); means over seeds")
     click.echo(markdown(result, radii, header))
     if measured:
-        click.echo("\n" + measured_table(rows, measured, n, n0, radii))
+        click.echo("\n" + measured_table(rows, measured, n, n0, radii, n_max))
 
 
-def measured_table(fixed_path, seq_path, n: int, n0: int, radii: Sequence[float]) -> str:
-    """The MEASURED rows (fixed-n and sequential TSVs) in the same layout, to check the simulation."""
-    def read(path):
-        with open(path, newline="") as handle:
-            return list(csv.DictReader(handle, delimiter="\t"))
-    fixed, seq = read(fixed_path), read(seq_path)
+def _read(path) -> List[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle, delimiter="\t"))
+
+
+def measured_table(fixed_path, seq_path, n: int, n0: int, radii: Sequence[float], n_max: Optional[int] = None) -> str:
+    """The MEASURED rows (fixed-n rows of the sequential file's images, and the sequential rows) in
+    the same layout, to check the simulation; n is the fixed rows' n, n_max the sequential run's."""
+    seq = _read(seq_path)
+    done = {r["idx"] for r in seq}
+    fixed = [r for r in _read(fixed_path) if r["idx"] in done]
+    n_max = n_max or n
     table = {}
-    for name, rows, samples in (("MEASURED fixed-n", fixed, len(fixed) * (n0 + n)),
-                                ("MEASURED sequential", seq, sum(int(r["samples"]) for r in seq))):
+    for name, rows, samples, top in ((f"MEASURED fixed-n n={n}", fixed, len(fixed) * (n0 + n), n),
+                                     (f"MEASURED sequential n-max={n_max}", seq, sum(int(r["samples"]) for r in seq),
+                                      n_max)):
         radius = np.array([float(r["radius"]) for r in rows])
         correct = np.array([int(r["correct"]) == 1 for r in rows])
-        at_max = sum(int(r["samples"]) >= n0 + n for r in rows) if "samples" in rows[0] else len(rows)
+        at_max = sum(int(r["samples"]) >= n0 + top for r in rows) if "samples" in rows[0] else len(rows)
         table[name] = {"samples": samples, "at_nmax": at_max,
                        "accuracy": {r: accuracy(radius, correct, r) for r in radii}}
     return markdown(table, radii, f"MEASURED: {fixed_path} and {seq_path}", label="run (MEASURED)")

@@ -16,3 +16,4 @@ STATS = ("cifar10", "imagenet", "fashion-mnist")         # mean/std tables of th
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "bf16")                    # torch backend
 GRAPH_PRECISIONS = ("fp32", "fp16")                      # exported ONNX graphs and TensorRT plans
+SEQUENTIAL_BOUNDS = ("split-cp", "mixture")              # lower bounds of a sequential run (certify/sequential.py)

@@ -31,5 +31,21 @@ def test_sim_table_from_a_tsv(tmp_path):
                                     "--radii", "0.25,0.5"])
     assert out.exit_code == 0, out.output
     assert "SIMULATION" in out.output and f"| fixed-n n={n} | {31 * (100 + n):,} | 1.00x |" in out.output
-    seq = [line for line in out.output.splitlines() if line.startswith("| old: doubling")][0]
+    seq = [line for line in out.output.splitlines() if line.startswith("| split-cp, futility k=1.25 (default)")][0]
     assert float(seq.split("|")[3].strip().rstrip("x")) > 1.0          # the sequential rule saved samples
+    assert "| mixture, futility k=2 |" in out.output
+    oracle = [line for line in out.output.splitlines() if line.startswith("| oracle")][0]
+    assert float(oracle.split("|")[3].strip().rstrip("x")) > 1.0
+    # a longer n-max than the rows' n: the fixed-n baseline is simulated at n-max
+    out = CliRunner().invoke(main, ["--rows", str(tmp_path / "fixed.tsv"), "--n", str(n), "--n-max", "5000",
+                                    "--seeds", "1", "--radii", "0.25,0.5,0.75,1.0,1.25,1.5"])
+    assert out.exit_code == 0, out.output
+    assert f"| fixed-n n=5000 | {31 * (100 + 5000):,} | 1.00x |" in out.output and "r=1.5" in out.output
+
+
+def test_sim_computes_no_bound_of_its_own():
+    """One implementation: the simulator takes its bounds and its rule from engine/certify."""
+    import diffsmooth.bench.sequential_sim as sim
+    from diffsmooth.engine.certify import core, sequential
+    assert sim.lower_confidence_bounds is core.lower_confidence_bounds and sim.run_rule is sequential.run_rule
+    assert not hasattr(sim, "beta") and not hasattr(sim, "confidence_bounds")

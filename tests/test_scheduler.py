@@ -48,7 +48,7 @@ def images():
 
 def jobs():
     """A mix of every request kind: CERTIFY, PREDICT, sequential looks (images stop at different looks)."""
-    rule = SequentialRule((0.1, 0.3, 0.6), sigma=0.5, alpha=0.001, n_max=700)
+    rule = SequentialRule((0.25, 0.5, 0.75, 1.0), sigma=0.5, alpha=0.001, n_max=2000)
     kinds = [lambda: certify_job(10, 60, 0.001, 0.5), lambda: predict_job(50, 0.001),
              lambda: sequential_job(10, rule)]
     return [kinds[k % 3] for k in range(len(INDICES))]

@@ -11,10 +11,10 @@ from scipy.stats import beta, norm
 from cli_helpers import invoke_ok, rows_without_time
 from click.testing import CliRunner
 from diffsmooth.cli import main
-from diffsmooth.engine.certify.core import lower_confidence_bound
+from diffsmooth.engine.certify.core import lower_confidence_bound, lower_confidence_bounds, upper_confidence_bounds
 from diffsmooth.engine.certify.sequential import (SequentialCertificate, SequentialRule, certify_sequential,
                                                   certify_sequential_many, confidence_bounds, futility_bounds,
-                                                  look_schedule)
+                                                  look_schedule, run_rule, split_levels)
 from diffsmooth.engine.runs.results import read_rows
 
 PATHS = 2000
@@ -74,11 +74,50 @@ def test_bounds_edge_cases():
 
 
 def test_look_schedule():
-    assert np.cumsum(look_schedule(10000))[:9].tolist() == [100, 200, 300, 500, 800, 1200, 1800, 2700, 3700]
-    assert look_schedule(10000, growth=2.0)[:6] == [100, 100, 200, 400, 800, 1000]      # the first release's
+    assert np.cumsum(look_schedule(10000))[:16].tolist() == [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000,
+                                                             1200, 1400, 1700, 2000, 2400, 2900]
+    assert look_schedule(10000, growth=2.0, fine_until=0)[:6] == [100, 100, 200, 400, 800, 1000]   # the first release's
     assert sum(look_schedule(10000)) == 10000 and sum(look_schedule(123457)) == 123457
     assert look_schedule(50) == [50]
-    assert max(look_schedule(100000)) == 5000
+    assert max(look_schedule(100000)) == 2500
+    assert len(look_schedule(10000)) == 24 and len(look_schedule(100000)) == 60
+
+
+def test_vectorised_clopper_pearson_is_the_scalar_one():
+    n_a, n = np.array([0, 1, 37, 500, 999, 1000]), np.array([1000, 1000, 1000, 1000, 1000, 1000])
+    vec = lower_confidence_bounds(n_a, n, 0.001)
+    assert vec.tolist() == [lower_confidence_bound(int(a), 1000, 0.001) for a in n_a]
+    assert vec[0] == 0.0 and vec[-1] == pytest.approx(0.001 ** (1 / 1000))
+    upper = upper_confidence_bounds(n_a, n, 0.001)
+    assert upper[-1] == 1.0 and np.all(upper[:-1] > n_a[:-1] / 1000) and np.all(vec[1:] < n_a[1:] / 1000)
+    with pytest.raises(ValueError):
+        lower_confidence_bounds(5, 4, 0.1)
+
+
+def test_split_levels_sum_to_alpha():
+    levels = split_levels(24, 0.001)
+    assert levels[:-1] == pytest.approx(np.full(23, 0.001 / 46)) and levels[-1] == pytest.approx(0.0005)
+    assert levels.sum() == pytest.approx(0.001) and split_levels(1, 0.01).tolist() == [0.01]
+    rule = SequentialRule((0.5,), 0.5, 0.001, 10000)
+    assert rule.bound == "split-cp" and rule.looks()[-1] == 10000 and rule.levels().sum() == pytest.approx(0.001)
+    lower, upper = rule.bounds(9000.0, 10000.0, 23)               # the last look: CP at alpha / 2 each side
+    assert float(lower) == pytest.approx(lower_confidence_bound(9000, 10000, 0.0005))
+    assert float(upper) == pytest.approx(1 - lower_confidence_bound(1000, 10000, 0.0005))
+
+
+def test_split_cp_refuses_an_off_schedule_look():
+    """A padded or packed batch must never move a look: split CP spent its levels on the schedule's counts."""
+    rule = SequentialRule((0.25, 0.5), 0.5, 0.001, 10000, futility=None)
+    state = SequentialCertificate(rule)
+    assert not state.add(80, 100)                                    # the first look, at 100
+    with pytest.raises(RuntimeError, match="next look is at 200"):
+        state.add(100, 128)                                          # a padded batch: 228 is no look
+    assert state.samples == 100 and state.successes == 80            # the refused update left no trace
+    assert not state.add(80, 100)                                    # the real next look still works
+    with pytest.raises(RuntimeError, match="next look is at 300"):
+        state.add(70, 90)                                            # a short (packed) batch neither
+    mixture = SequentialCertificate(SequentialRule((0.25, 0.5), 0.5, 0.001, 10000, futility=None, bound="mixture"))
+    assert not mixture.add(100, 128)                                 # the mixture is valid at any count
 
 
 def _stream(p, seed=0, classes=3):
@@ -116,8 +155,9 @@ def test_stopping_rule_settles_each_case():
     assert used == 100 + 10000
     ends = np.cumsum(no_futility.chunks())                          # L is the running max over the looks
     s = np.array([int((votes[100:100 + e] == 0).sum()) for e in ends])
-    assert radius == pytest.approx(0.5 * norm.ppf(confidence_bounds(s, ends, 0.001)[0].max()))
-    assert radius >= 0.5 * norm.ppf(confidence_bounds(s[-1], 10000, 0.001)[0])
+    running = lower_confidence_bounds(s, ends, no_futility.levels()).max()
+    assert radius == pytest.approx(0.5 * norm.ppf(running))
+    assert radius >= 0.5 * norm.ppf(lower_confidence_bound(int(s[-1]), 10000, 0.0005))
     pred2, radius2, used2 = certify_sequential(_stream(norm.cdf(1.0))[0], 100, rule)
     assert pred2 == 0 and used2 < 100 + 10000 / 2 and 0.25 <= radius2 < 0.5 and radius2 <= radius
 
@@ -131,18 +171,23 @@ def test_futility_projection():
     assert k0 == pytest.approx(float(confidence_bounds(8500, n_max, alpha)[0])) and k0 < k1 < k3 < 0.9
     with pytest.raises(Exception, match="futility"):
         SequentialRule((0.5,), 0.5, 0.01, 100, futility=-1.0)
+    # split CP projects to its own last-look bound (CP at alpha / 2)
+    rule = SequentialRule((0.5,), 0.5, alpha, n_max, futility=0.0)
+    assert float(rule.projected_lower(850.0, 1000.0)) == pytest.approx(lower_confidence_bound(8500, n_max, alpha / 2))
 
 
-def test_simulation_rule_equals_engine_rule():
-    """bench/sequential_sim.py's vectorised rule makes the engine's decisions, path by path."""
+@pytest.mark.parametrize("bound", ["split-cp", "mixture"])
+def test_simulation_rule_equals_engine_rule(bound):
+    """The vectorised rule (run_rule, which bench/sequential_sim.py calls) makes the engine's
+    decisions, path by path, for both bounds."""
     from diffsmooth.bench.sequential_sim import simulate_sequential
     radii, sigma, alpha, n_max = (0.25, 0.5, 0.75, 1.0), 0.5, 0.001, 10000
     p = np.array([0.3, 0.55, 0.69, 0.75, 0.84, 0.85, 0.9, 0.93, 0.975, 0.98, 0.995, 1.0] * 2)
-    for futility in (2.0, None):
-        rule = SequentialRule(radii, sigma, alpha, n_max, futility=futility)
+    for futility in (1.25, None):
+        rule = SequentialRule(radii, sigma, alpha, n_max, futility=futility, bound=bound)
         chunks = rule.chunks()
         votes = np.random.default_rng(3).binomial(np.asarray(chunks)[None, :], p[:, None])
-        sim_radius, sim_used = simulate_sequential(p, radii, sigma, alpha, n_max, chunks, futility, None, votes=votes)
+        sim_radius, sim_used = simulate_sequential(p, rule, None, votes=votes)
         stops = set()
         for i in range(len(p)):
             state = SequentialCertificate(rule)
@@ -165,7 +210,7 @@ def test_new_rule_reported_radius_is_valid(p):
     rule = SequentialRule(radii, sigma, ALPHA, n_max)
     assert rule.futility is not None
     rng = np.random.default_rng(int(p * 1e4))
-    radius, used = simulate_sequential(np.full(PATHS, p), radii, sigma, ALPHA, n_max, rule.chunks(), rule.futility, rng)
+    radius, used = simulate_sequential(np.full(PATHS, p), rule, rng)
     true_radius = sigma * norm.ppf(p) if p > 0.5 else 0.0
     assert (radius > true_radius + 1e-12).mean() <= ALPHA
     assert used.min() < n_max                                       # the rule did stop early
@@ -251,9 +296,12 @@ def test_cli_sequential_rows_resume_and_guard(tmp_path, spread_models):
     off = CliRunner().invoke(main, [str(a) for a in _args(spread_models, *SEQ, "--batch", "64", "--futility", "off")]
                              + ["--out", str(part)])
     assert off.exit_code == 2 and "futility" in off.output                 # another stopping rule: refused
+    other = CliRunner().invoke(main, [str(a) for a in _args(spread_models, *SEQ, "--batch", "64", "--bound", "mixture")]
+                               + ["--out", str(part)])
+    assert other.exit_code == 2 and "bound" in other.output                # another bound: refused
     settings = json.loads((tmp_path / "part.tsv.settings.json").read_text())
     assert settings["sequential"] is True and settings["radii"] == [0.05, 0.1] and settings["n_max"] == 1500
-    assert settings["futility"] == 2.0 and settings["look_growth"] == 1.5
+    assert settings["futility"] == 1.25 and settings["look_growth"] == 1.2 and settings["bound"] == "split-cp"
     table = invoke_ok(["analyze", whole, "--radii", "0,0.05,0.1"]).output
     assert "| whole | 6 |" in table
 
@@ -283,7 +331,29 @@ def test_cli_sequential_option_errors(tmp_path, spread_models):
                            (["--sequential"], "needs --radii"),
                            (["--sequential", "--radii", "a,b"], "comma-separated"),
                            (["--futility", "off"], "belong to --sequential"),
+                           (["--bound", "mixture"], "belong to --sequential"),
+                           (["--sequential", "--radii", "0.5", "--bound", "cp"], "--bound"),
                            (["--sequential", "--radii", "0.5", "--futility", "-1"], "--futility must be"),
                            (["--sequential", "--radii", "0.5", "--futility", "x"], "--futility must be")):
         result = CliRunner().invoke(main, [str(a) for a in _args(spread_models, *extra)] + ["--out", str(tmp_path / "x.tsv")])
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+def _coverage_holds(lower, chunks, alpha, paths=20000, ps=(0.5, norm.cdf(1.0), 0.99)):
+    """Miscoverage at the looks within estimation noise of alpha (<= 1.6 alpha over 20,000 paths)."""
+    from diffsmooth.bench.sequential_coverage import miscoverage
+    for p in ps:
+        failures = miscoverage(lower, chunks, p, paths, np.random.default_rng(int(p * 1e6)))
+        assert failures <= 1.6 * alpha * paths, (p, failures)
+
+
+@pytest.mark.slow
+def test_split_cp_coverage_at_the_looks_and_a_naive_rule_fails():
+    """The smaller version of `python -m diffsmooth.bench.sequential_coverage`: split CP keeps its
+    lower bound below p at every look on all but ~alpha of the paths; Clopper-Pearson at alpha at
+    every look (the naive rule, ~1% misses) fails the same check."""
+    from diffsmooth.bench.sequential_coverage import naive_cp_lower, split_cp_lower
+    rule = SequentialRule((0.25, 0.5, 0.75, 1.0), 0.5, 0.001, 10000)
+    _coverage_holds(split_cp_lower(rule), rule.chunks(), rule.alpha)
+    with pytest.raises(AssertionError):
+        _coverage_holds(naive_cp_lower(rule.alpha), rule.chunks(), rule.alpha)

@@ -15,6 +15,7 @@ from diffsmooth.engine.choices import (
     PRECISIONS,
     PRESETS,
     SCHEDULES,
+    SEQUENTIAL_BOUNDS,
     STATS,
 )
 
@@ -158,8 +159,12 @@ def sequential_options(f):
                      help="With --sequential: most estimation samples per image [default: --n]."),
         click.option("--futility", default=None, metavar="K|off",
                      help="With --sequential: stop an image once even its vote rate + K standard errors "
-                          "would not certify the next radius at n-max [default: 2]; 'off' runs such "
+                          "would not certify the next radius at n-max [default: 1.25]; 'off' runs such "
                           "images to n-max. Validity does not depend on it."),
+        click.option("--bound", default=None, type=click.Choice(SEQUENTIAL_BOUNDS),
+                     help="With --sequential: split-cp (Clopper-Pearson split over the looks fixed by n-max; "
+                          "the fewest samples) or mixture (valid at every sample, so a budget can be extended "
+                          "later) [default: split-cp]."),
     )(f)
 
 

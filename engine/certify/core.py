@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Generator, Optional, Sequence, Tuple
 
+import numpy as np
 from scipy.stats import beta, binomtest, norm
 
 from diffsmooth.engine.errors import UserError, check_alpha
@@ -29,14 +30,29 @@ ABSTAIN = -1
 # The math: counts in, (class, radius) out
 
 
+def lower_confidence_bounds(n_a, n, alpha) -> np.ndarray:
+    """Vectorised one-sided (1 - alpha) Clopper-Pearson lower bounds on p (arrays broadcast):
+    the alpha quantile of Beta(n_a, n - n_a + 1), and 0 where n_a = 0. The one formula of the project."""
+    n_a, n, alpha = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (n_a, n, alpha)))
+    if np.any(n < 1) or np.any(n_a < 0) or np.any(n_a > n):
+        raise ValueError("need 0 <= n_a <= n and n >= 1")
+    if np.any(alpha <= 0) or np.any(alpha >= 1):
+        raise ValueError("alpha must be in (0, 1)")
+    return np.where(n_a > 0, beta.ppf(alpha, np.maximum(n_a, 1.0), n - n_a + 1), 0.0)
+
+
+def upper_confidence_bounds(n_a, n, alpha) -> np.ndarray:
+    """Vectorised one-sided (1 - alpha) Clopper-Pearson upper bounds: 1 - the lower bound of the failures."""
+    n_a, n = np.broadcast_arrays(np.asarray(n_a, dtype=np.float64), np.asarray(n, dtype=np.float64))
+    return 1.0 - lower_confidence_bounds(n - n_a, n, alpha)
+
+
 def lower_confidence_bound(n_a: int, n: int, alpha: float) -> float:
     """One-sided (1 - alpha) Clopper-Pearson lower bound on p from n_a successes in n trials."""
     check_alpha(alpha)
     if n < 1 or not 0 <= n_a <= n:
         raise ValueError(f"need 0 <= n_a <= n and n >= 1, got n_a={n_a}, n={n}")
-    if n_a == 0:
-        return 0.0
-    return float(beta.ppf(alpha, n_a, n - n_a + 1))
+    return float(lower_confidence_bounds(n_a, n, alpha))
 
 
 def certified_radius(n_a: int, n: int, alpha: float, sigma: float) -> Optional[float]:

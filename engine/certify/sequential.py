@@ -1,31 +1,29 @@
-"""Anytime-valid CERTIFY at target radii: sample in growing chunks, stop once every listed radius
-is settled. Plain numpy/scipy; read it next to the math below.
+"""Sequential CERTIFY at target radii: sample in chunks on a look schedule fixed by n_max, stop
+once every listed radius is settled. Plain numpy/scipy; two lower bounds (`SequentialRule.bound`).
 
-The bound: a confidence sequence (CS) for pA = P(f(x + eps) = cA) from the beta-binomial
-mixture martingale (Robbins 1970; Howard, Ramdas, McAuliffe & Sekhon, "Time-uniform,
-nonparametric, nonasymptotic confidence sequences", Ann. Statist. 2021, the conjugate-mixture
-example). After t estimation samples with s votes for cA and f = t - s others, for any p0
+Split Clopper-Pearson ("split-cp", the default). The looks t_1 < ... < t_K = n_max are the sample
+counts of `look_schedule(n_max)`, fixed before any data. At look k < K the lower bound L_k is the
+one-sided Clopper-Pearson bound at level alpha / (2(K - 1)), at the last look at alpha / 2, so the
+levels sum to alpha; the certificate uses L = the running max of the L_k. Validity next to Cohen's:
+  Cohen et al.: n fixed in advance, so P(CP lower bound at level alpha > pA) <= alpha.
+  Here each t_k is fixed in advance, so P(L_k > pA) <= alpha_k for each k by the same argument, and
+  P(max_k L_k > pA) <= sum_k alpha_k = alpha (union bound); L at any stopping time is <= max_k L_k.
+The upper bound (CP at the same levels) and the futility projection only decide WHEN to stop and
+spend no alpha: stopping early only reports a smaller, still valid L. The price: a look must fall
+exactly on t_k (`SequentialCertificate.add` refuses any other sample total), and a budget cannot be
+extended past n_max afterwards (the levels were split over these K looks).
+
+Beta-binomial mixture ("mixture"): a confidence sequence valid at EVERY sample count (Robbins 1970;
+Howard, Ramdas, McAuliffe & Sekhon, Ann. Statist. 2021, the conjugate-mixture example). After t
+samples with s votes for cA and f = t - s others, for any p0
 
     M_t(p0) = B(a + s, b + f) / B(a, b) / (p0^s (1 - p0)^f)
 
-is the likelihood ratio of "pA ~ Beta(a, b)" against "pA = p0". Under pA = p0 it is a nonnegative
-martingale with mean 1, so Ville's inequality gives P(exists t: M_t(pA) >= 1/alpha) <= alpha. Hence
-C_t = {p : M_t(p) < 1/alpha} contains pA at ALL times t simultaneously with probability >= 1 - alpha,
-and it stays valid at any data-dependent stopping time and under any look schedule.
-log M_t(p) is convex in p with its minimum (<= 0) at s/t, so C_t is an interval [L_t, U_t] found
-by bisection. We use the Jeffreys prior a = b = 1/2 (the Krichevsky-Trofimov mixture): it keeps
-mass near p = 1, where the large radii live; when all t votes agree the bound is
-L_t = (alpha / sqrt(pi t))^(1/t) roughly, against Clopper-Pearson's fixed-n alpha^(1/t).
-Running max / min of L_t / U_t stay valid (they are intersections of the C_t).
-
-Why not Clopper-Pearson at every look: repeated looks at a fixed-n bound inflate the error far
-beyond alpha (tests/test_sequential.py measures it); a union bound over every sample index
-(alpha / n_max each) is valid but looser than the mixture. (Bonferroni over a short look schedule
-fixed in advance, alpha / K per look, can be a little tighter at the last look for small K; the
-mixture needs no schedule and is tight early, where most images stop.)
-Hand-written: scipy has no confidence sequences, and the `confseq` package (Howard &
-Waudby-Smith), which has this bound, ships only as a C++/Boost source build; this is about
-twenty lines of numpy and vectorised over paths for the coverage test.
+is a nonnegative martingale with mean 1 under pA = p0, so Ville's inequality gives
+P(exists t: M_t(pA) >= 1/alpha) <= alpha and C_t = {p : M_t(p) < 1/alpha} = [L_t, U_t] holds at all t
+at once (Jeffreys prior a = b = 1/2; bisection, outer end of the bracket). It guards both sides
+with one alpha, so its lower bound is looser than split CP's at the same looks; keep it for runs
+whose budget may be extended later. docs/sequential-rules.md has the measured comparison.
 """
 
 from __future__ import annotations
@@ -37,15 +35,21 @@ import numpy as np
 from scipy.special import betaln, xlog1py, xlogy
 from scipy.stats import norm
 
-from diffsmooth.engine.certify.core import ABSTAIN, Request, drive, top_class
+from diffsmooth.engine.certify.core import (ABSTAIN, Request, drive, lower_confidence_bounds, top_class,
+                                            upper_confidence_bounds)
+from diffsmooth.engine.choices import SEQUENTIAL_BOUNDS
 from diffsmooth.engine.errors import UserError
 
 PRIOR_A = PRIOR_B = 0.5          # Jeffreys prior of the mixture
-FIRST_LOOK = 100                 # first chunk of estimation samples; the total then grows by GROWTH ...
-MIN_STEP_CAP = 1000              # ... up to max(MIN_STEP_CAP, n_max // 20) samples between looks
-GROWTH = 1.5                     # looks at 100, 200, 300, 500, 700, 1100, ...: finer than doubling
+FIRST_LOOK = 100                 # looks every FIRST_LOOK estimation samples up to FINE_UNTIL, ...
+FINE_UNTIL = 1000                # ... then the total grows by GROWTH per look, ...
+CAP_DIVISOR = 40                 # ... at most max(MIN_STEP_CAP, n_max // CAP_DIVISOR) samples between looks
+MIN_STEP_CAP = 1000
+GROWTH = 1.2                     # chosen by simulation (docs/sequential-rules.md): K = 24 looks at 10k, 60 at 100k
 GROWTH_OLD = 2.0                 # the first release's schedule (100, 200, 400, 800, ...)
-FUTILITY_MARGIN = 2.0            # default k of the futility stop (see futility_bounds)
+FUTILITY_MARGIN = 1.25           # default k of the futility stop (see futility_bounds), chosen by simulation
+BOUNDS = SEQUENTIAL_BOUNDS       # SequentialRule.bound
+DEFAULT_BOUND = "split-cp"
 _BISECTIONS = 64                 # enough for double precision on [0, 1]
 
 
@@ -87,42 +91,66 @@ def confidence_bounds(successes, trials, alpha: float) -> Tuple[np.ndarray, np.n
     return lower, upper
 
 
-def look_schedule(n_max: int, first: int = FIRST_LOOK, growth: float = GROWTH) -> List[int]:
-    """Chunk sizes of the estimation samples between two looks: first, then (growth - 1) times
-    the total so far in whole multiples of `first` (growth 2 doubles), at most
-    max(1000, n_max // 20) per chunk, summing to n_max. It depends on n_max only, never on
-    --batch, so results do not depend on the batch size. The engine, the sweep and the
-    benchmark replay all use this one schedule. Any schedule is valid (the CS is time-uniform);
-    finer looks stop closer to where the bound crosses a threshold, coarser ones batch better."""
+def look_schedule(n_max: int, first: int = FIRST_LOOK, growth: float = GROWTH,
+                  fine_until: int = FINE_UNTIL) -> List[int]:
+    """Chunk sizes of the estimation samples between two looks: `first` each until `fine_until`
+    (most images stop early), then (growth - 1) times the total so far in whole multiples of
+    `first`, at most max(1000, n_max // 40) per chunk, summing to n_max. It depends on n_max only
+    (never on --batch), so results do not depend on the batch size. The engine, the sweep and the
+    benchmark replay all use this one schedule; split CP spends its alpha over exactly these looks."""
     if growth <= 1:
         raise ValueError(f"growth must be > 1, got {growth}")
-    cap = max(MIN_STEP_CAP, n_max // 20)
+    cap = max(MIN_STEP_CAP, n_max // CAP_DIVISOR)
     sizes, done = [], 0
     while done < n_max:
-        step = first * int(done * (growth - 1) / first + 0.5)
+        step = first if done < fine_until else first * int(done * (growth - 1) / first + 0.5)
         size = min(cap, max(first, step), n_max - done)
         sizes.append(size)
         done += size
     return sizes
 
 
-def futility_bounds(successes, trials, n_max: int, alpha: float, margin: float) -> np.ndarray:
-    """The CS lower bound at n_max if the vote rate from here on were the optimistic rate
-    p_hat + margin * sqrt(p_hat (1 - p_hat) / t) (capped at 1). Used only to decide when to stop:
-    an image whose projection misses the next threshold would (most likely) not certify that
-    radius even at n_max, so sampling on is futile. Stopping never affects validity (the
-    reported L_t is time-uniform); a wrong futility call only gives a smaller, still valid radius."""
+def split_levels(looks: int, alpha: float) -> np.ndarray:
+    """Split CP's per-look levels: alpha / (2(K - 1)) at looks 1..K-1, alpha / 2 at look K (sum alpha);
+    a single look gets all of alpha."""
+    if looks < 1:
+        raise ValueError(f"need at least one look, got {looks}")
+    if looks == 1:
+        return np.array([float(alpha)])
+    return np.array([alpha / (2 * (looks - 1))] * (looks - 1) + [alpha / 2])
+
+
+def split_cp_bounds(successes, trials, level) -> Tuple[np.ndarray, np.ndarray]:
+    """(lower, upper): one-sided Clopper-Pearson bounds at `level` each (arrays broadcast)."""
+    return lower_confidence_bounds(successes, trials, level), upper_confidence_bounds(successes, trials, level)
+
+
+def _projected_successes(successes, trials, n_max: int, margin: float) -> np.ndarray:
+    """Votes at n_max if the rate from here on were p_hat + margin * sqrt(p_hat (1 - p_hat) / t) (capped at 1)."""
     s = np.asarray(successes, dtype=np.float64)
     t = np.asarray(trials, dtype=np.float64)
     p_hat = s / t
     rate = np.minimum(1.0, p_hat + margin * np.sqrt(p_hat * (1 - p_hat) / t))
-    final = np.minimum(float(n_max), s + rate * (n_max - t))
+    return np.minimum(float(n_max), s + rate * (n_max - t))
+
+
+def futility_bounds(successes, trials, n_max: int, alpha: float, margin: float,
+                    final_level: Optional[float] = None) -> np.ndarray:
+    """The lower bound at n_max if the vote rate from here on were optimistic (margin k standard
+    errors above p_hat): the mixture CS at alpha, or with `final_level` split CP's last-look bound.
+    Used only to decide when to stop: an image whose projection misses the next threshold would
+    (most likely) not certify that radius even at n_max. It spends no alpha; a wrong call only
+    gives a smaller, still valid radius."""
+    final = _projected_successes(successes, trials, n_max, margin)
+    if final_level is not None:
+        return lower_confidence_bounds(final, float(n_max), final_level)
     return confidence_bounds(final, np.broadcast_to(float(n_max), final.shape), alpha)[0]
 
 
 @dataclass(frozen=True)
 class SequentialRule:
-    """What a sequential certificate asks: is the radius >= r for each r in radii?"""
+    """What a sequential certificate asks: is the radius >= r for each r in radii? And how it answers
+    (`bound`, the futility margin, the look schedule; all fixed before any data)."""
 
     radii: Tuple[float, ...]
     sigma: float
@@ -130,6 +158,7 @@ class SequentialRule:
     n_max: int
     futility: Optional[float] = FUTILITY_MARGIN     # margin k of the futility stop; None = off
     growth: float = GROWTH                          # look schedule (look_schedule)
+    bound: str = DEFAULT_BOUND                      # "split-cp" or "mixture"
 
     def __post_init__(self):
         if not self.radii or any(r < 0 for r in self.radii):
@@ -142,6 +171,8 @@ class SequentialRule:
             raise UserError(f"the futility margin must be >= 0 (or off), got {self.futility}")
         if not self.growth > 1:
             raise UserError(f"the look growth must be > 1, got {self.growth}")
+        if self.bound not in BOUNDS:
+            raise UserError(f"`bound` must be one of {', '.join(BOUNDS)}, got {self.bound!r}")
         object.__setattr__(self, "radii", tuple(sorted(float(r) for r in self.radii)))
 
     @property
@@ -151,6 +182,77 @@ class SequentialRule:
 
     def chunks(self) -> List[int]:
         return look_schedule(self.n_max, growth=self.growth)
+
+    def looks(self) -> List[int]:
+        """The sample counts t_1 < ... < t_K = n_max at which the rule looks."""
+        return np.cumsum(self.chunks()).tolist()
+
+    def levels(self) -> np.ndarray:
+        """Split CP's level at each look (sums to alpha)."""
+        return split_levels(len(self.chunks()), self.alpha)
+
+    def bounds(self, successes, trials, look: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) at look index `look` (trials = looks()[look]; any trials for the mixture)."""
+        if self.bound == "mixture":
+            return confidence_bounds(successes, trials, self.alpha)
+        return split_cp_bounds(successes, trials, self.levels()[look])
+
+    def projected_lower(self, successes, trials) -> np.ndarray:
+        """The futility projection of the lower bound to n_max with this rule's bound."""
+        final_level = None if self.bound == "mixture" else float(self.levels()[-1])
+        return futility_bounds(successes, trials, self.n_max, self.alpha, self.futility, final_level)
+
+
+def look_decision(rule: SequentialRule, successes, trials, look: int, lower, upper):
+    """One look of the rule for arrays of images: (running lower, running upper, stop).
+
+    Stop when every radius is certified (L > 1/2 and L >= Phi(r / sigma)), or the smallest
+    uncertified threshold is above U, or (with rule.futility) the projection of L to n_max misses
+    it, or at n_max. The engine (SequentialCertificate) and the simulator both call this."""
+    lo, hi = rule.bounds(successes, trials, look)
+    lower, upper = np.maximum(lower, lo), np.minimum(upper, hi)
+    thresholds = np.asarray(rule.thresholds)
+    certified = (lower[..., None] > 0.5) & (lower[..., None] >= thresholds)
+    all_done = certified.all(axis=-1)
+    pending = thresholds[np.argmin(certified, axis=-1)]            # smallest uncertified threshold
+    stop = all_done | (upper < pending) | (np.asarray(trials) >= rule.n_max)
+    if rule.futility is not None:
+        stop = stop | (~all_done & (rule.projected_lower(successes, trials) < pending))
+    return lower, upper, stop
+
+
+def run_rule(rule: SequentialRule, votes) -> Tuple[np.ndarray, np.ndarray]:
+    """(final lower bound, estimation samples used) of the rule on many vote paths at once:
+    votes[i, j] = votes for cA in chunk j of rule.chunks() of path i. Vectorised `add`."""
+    votes = np.asarray(votes)
+    chunks = rule.chunks()
+    m = votes.shape[0]
+    s = np.zeros(m)
+    lower, upper = np.zeros(m), np.ones(m)
+    done = np.zeros(m, dtype=bool)
+    used = np.zeros(m, dtype=np.int64)
+    final = np.zeros(m)
+    t = 0
+    for j, size in enumerate(chunks):
+        live = ~done
+        idx = np.flatnonzero(live)
+        s[idx] += votes[idx, j]
+        t += size
+        lo, hi, stop = look_decision(rule, s[idx], np.full(len(idx), float(t)), j, lower[idx], upper[idx])
+        lower[idx], upper[idx] = lo, hi
+        newly = idx[stop]
+        used[newly] = t
+        final[newly] = lower[newly]
+        done[newly] = True
+        if done.all():
+            break
+    return final, used
+
+
+def radius_from_lower(lower, sigma: float) -> np.ndarray:
+    """sigma * Phi^-1(L) where L > 1/2, else 0 (abstain)."""
+    lower = np.asarray(lower, dtype=np.float64)
+    return np.where(lower > 0.5, sigma * norm.ppf(np.clip(lower, 0.5, 1.0)), 0.0)
 
 
 def parse_radii(text: str) -> Tuple[float, ...]:
@@ -165,21 +267,20 @@ def parse_radii(text: str) -> Tuple[float, ...]:
 
 
 class SequentialCertificate:
-    """The running state of one image: votes for cA so far and the CS; `add` says when to stop.
+    """The running state of one image: votes for cA so far and the bounds; `add` says when to stop.
 
-    Stop when every listed radius is settled: L_t >= Phi(r_max / sigma) (all certified), or
-    U_t < Phi(r_next / sigma) for the smallest radius not yet certified (out of reach), or (with
-    rule.futility) the optimistic projection of L to n_max misses Phi(r_next / sigma), or n_max.
-    Only L_t makes the certificate: the reported radius sigma * Phi^-1(L_t) is valid at the
-    (random) stopping time because L_t is time-uniform at level alpha. U_t only decides WHEN to
-    stop; if it is wrong, the run stops early with a smaller L_t, i.e. a more conservative but
-    still valid radius. So the lower bound carries the full alpha (L and U come from one CS)."""
+    Decisions are `look_decision`'s (shared with the vectorised `run_rule`). Only the lower bound
+    makes the certificate; U and the futility projection only decide WHEN to stop. Under split CP
+    each update must end exactly on the next look of the schedule (a padded or packed batch must
+    never move a look: the levels were spent on those sample counts)."""
 
     def __init__(self, rule: SequentialRule):
         self.rule = rule
         self.thresholds = rule.thresholds
+        self.looks = rule.looks()
         self.successes = 0
         self.samples = 0
+        self.look = 0                   # index of the next look
         self.lower, self.upper = 0.0, 1.0
         self.done = False
 
@@ -190,20 +291,25 @@ class SequentialCertificate:
         """Record n more samples, n_a of them for cA; True once the answer is settled."""
         if self.done:
             raise RuntimeError("add() after the certificate was settled")
+        if not 0 <= int(n_a) <= int(n):
+            raise ValueError(f"need 0 <= n_a <= n, got n_a={n_a}, n={n}")
+        total = self.samples + int(n)
+        if self.rule.bound != "mixture" and total != self.looks[self.look]:
+            raise RuntimeError(f"split CP looks only at the schedule's sample counts: the next look is at "
+                               f"{self.looks[self.look]} samples, this update ends at {total}")
         self.successes += int(n_a)
-        self.samples += int(n)
-        lower, upper = confidence_bounds(self.successes, self.samples, self.rule.alpha)
-        self.lower, self.upper = max(self.lower, float(lower)), min(self.upper, float(upper))
-        pending = [thr for thr in self.thresholds if not self.certified(thr)]
-        self.done = (not pending or self.upper < pending[0] or self.samples >= self.rule.n_max)
-        if not self.done and self.rule.futility is not None:
-            projected = futility_bounds(self.successes, self.samples, self.rule.n_max, self.rule.alpha,
-                                        self.rule.futility)
-            self.done = bool(projected < pending[0])
+        self.samples = total
+        look = min(self.look, len(self.looks) - 1)
+        lower, upper, stop = look_decision(self.rule, np.array([float(self.successes)]),
+                                           np.array([float(self.samples)]), look,
+                                           np.array([self.lower]), np.array([self.upper]))
+        self.lower, self.upper = float(lower[0]), float(upper[0])
+        self.look += 1
+        self.done = bool(stop[0])
         return self.done
 
     def result(self, c_a: int) -> Tuple[int, float]:
-        """(cA, sigma * Phi^-1(L_t)), or (ABSTAIN, 0.0) when L_t <= 1/2."""
+        """(cA, sigma * Phi^-1(L)), or (ABSTAIN, 0.0) when L <= 1/2."""
         if self.lower <= 0.5:
             return ABSTAIN, 0.0
         return int(c_a), float(self.rule.sigma * norm.ppf(self.lower))
@@ -276,9 +382,20 @@ def parse_futility(text: Optional[str]) -> Optional[float]:
     return margin
 
 
+def parse_bound(text: Optional[str]) -> str:
+    """--bound 'split-cp' | 'mixture'; not given -> DEFAULT_BOUND."""
+    if text is None:
+        return DEFAULT_BOUND
+    bound = str(text).strip().lower()
+    if bound not in BOUNDS:
+        raise UserError(f"`bound` must be one of {', '.join(BOUNDS)}, got {text!r}")
+    return bound
+
+
 def rule_from_options(radii: Optional[str], sigma: float, alpha: float, n_max: int,
-                      futility: Optional[str] = None) -> SequentialRule:
-    """The rule of `certify --sequential --radii ... --n-max ... [--futility K|off]` (radii required)."""
+                      futility: Optional[str] = None, bound: Optional[str] = None) -> SequentialRule:
+    """The rule of `certify --sequential --radii ... --n-max ... [--futility K|off] [--bound B]` (radii required)."""
     if not radii:
         raise UserError("`sequential` needs `radii`, e.g. 0.25,0.5,0.75,1.0")
-    return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max), parse_futility(futility))
+    return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max), parse_futility(futility),
+                          bound=parse_bound(bound))

@@ -70,6 +70,7 @@ class RunSettings:
     radii: str | None = None
     n_max: int | None = None
     futility: str | None = None
+    bound: str | None = None
     # resolved when the run is prepared
     fast_path: dict | None = field(default=None, compare=False)
 
@@ -100,10 +101,11 @@ class RunSettings:
     def sequential_rule(self) -> SequentialRule | None:
         """The SequentialRule of a --sequential run, else None."""
         if not self.sequential:
-            if self.radii or self.n_max or self.futility:
-                raise UserError("`radii`, `n_max` and `futility` belong to `sequential`")
+            if self.radii or self.n_max or self.futility or self.bound:
+                raise UserError("`radii`, `n_max`, `futility` and `bound` belong to `sequential`")
             return None
-        return rule_from_options(self.radii, self.sigma, self.alpha, self.n_max or self.n, self.futility)
+        return rule_from_options(self.radii, self.sigma, self.alpha, self.n_max or self.n, self.futility,
+                                 self.bound)
 
     def recorded(self, mode: str) -> dict:
         """What determines the rows of a result file (a resumed run must match it)."""
@@ -124,7 +126,7 @@ class RunSettings:
         if rule is not None:
             settings.pop("n")                       # n only sets n-max's default
             settings.update(sequential=True, radii=list(rule.radii), n_max=rule.n_max, futility=rule.futility,
-                            look_growth=rule.growth)
+                            look_growth=rule.growth, bound=rule.bound)
         if not self.is_sweep and self.method[0] != "diffsmooth":
             for k in ("local_sigma", "m", "local_noise"):
                 settings.pop(k)
