@@ -63,6 +63,7 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
     from diffsmooth.engine.data import load_dataset
     from diffsmooth.engine.runs.fast_path import production_arrays, reference_arrays
     from diffsmooth.engine.runs.vote_agreement import judge_agreement
+
     from .hardware import gpu_peak_memory, reset_gpu_peak_memory
     dataset = load_dataset("embedded")
     indices = [int(i * len(dataset) / images) for i in range(images)]
@@ -119,7 +120,8 @@ def table(doc: dict) -> str:
     for r in doc["rows"]:
         mem = r.get("peak_memory") or {}
         memory = f"{mem['max_allocated_gib']:.2f} / {mem['max_reserved_gib']:.2f}" if mem else "-"
-        lines.append(f"| {r['variant']} | {r['differ']} of {r['samples']} | {r.get('flip_rate', r['differ'] / r['samples']):.2g} | "
+        rate = r.get('flip_rate', r['differ'] / r['samples'])
+        lines.append(f"| {r['variant']} | {r['differ']} of {r['samples']} | {rate:.2g} | "
                      f"{r.get('count_moved', '-')} | {r['max_abs_score_diff']:.3g} | {r.get('budget', '-')} | "
                      f"{r.get('verdict', '-')} | {memory} |")
     c = doc.get("checks")

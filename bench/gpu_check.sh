@@ -3,7 +3,7 @@
 #   bash bench/gpu_check.sh OUT_DIR [speed|sequential|ablation|all]
 #   DRY_RUN=1 bash bench/gpu_check.sh OUT_DIR PART     # print the steps and their limits, run nothing
 # Each part fits one 600 s call on a fresh H100 or H200, its own install included: the step limits of a
-# part (install, import check, its steps, summary) add up to at most 540 s (tests/test_gpu_readiness.py
+# part (install, import check, its steps, summary) add up to at most 540 s (tests/engine/runs/test_gpu_readiness.py
 # checks this). A failed install or import stops the script at once with one line.
 # speed: CIFAR-10 on the default CUDA path (with a kernel profile), CIFAR-10 with --fused-conv, ImageNet,
 #        each beside the reference-equivalent baseline (not the fused-conv run); the agreement of

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 from diffsmooth.engine.errors import UserError, first_line
+
 from .flops import CONVENTION, stage_flops
 from .hardware import gpu_peak_memory, machine_info, peak_flops, reset_gpu_peak_memory
 from .models import SET_SPECS, bench_images, build_model_set
-from .timing import (STAGE_NAMES, StageClock, extrapolation_table, make_timed_pipeline, split_fractions,
-                     synchronize, timed_noise)
+from .timing import STAGE_NAMES, StageClock, extrapolation_table, make_timed_pipeline, split_fractions, synchronize, timed_noise
 
 SCHEMA = "diffsmooth-bench/1"
 STANDARD_NS = (10_000, 100_000)
@@ -168,6 +168,7 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
     if backend == "onnxruntime":
         try:
             import onnxruntime  # noqa: F401
+
             from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
         except ImportError as exc:
             raise _Skip(f"onnxruntime backend not available ({exc})") from None
@@ -202,6 +203,7 @@ def _tensorrt_stages(config, precision, model_set, settings, workdir):
     if precision not in ("fp32", "fp16"):
         raise _Skip(f"tensorrt runs plans of the fp32 or fp16 graphs, not {precision}")
     from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
+
     from ..export.trt_build import build_plans, current_target
     try:
         _export_graphs(config, precision, model_set, workdir)

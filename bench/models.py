@@ -19,9 +19,11 @@ MODEL_SETS = ("demo", "cifar10", "imagenet")
 # are small (the demo sweep on 2 cores: batch 25-50 beat 200-400); CUDA batches are large.
 SET_SPECS = {
     "demo": dict(preset="demo", arch="cifar_resnet20", classes=10, shape=(1, 32, 32),
-                 stats="fashion-mnist", n=100_000, batch=50, batch_cuda=2000, measure_n=1000, measure_n_cuda=20000, dataset="CIFAR-10"),
+                 stats="fashion-mnist", n=100_000, batch=50, batch_cuda=2000, measure_n=1000, measure_n_cuda=20000,
+                 dataset="CIFAR-10"),
     "cifar10": dict(preset="cifar10", arch="cifar_resnet110", classes=10, shape=(3, 32, 32),
-                    stats="cifar10", n=100_000, batch=50, batch_cuda=2000, measure_n=100, measure_n_cuda=20000, dataset="CIFAR-10"),
+                    stats="cifar10", n=100_000, batch=50, batch_cuda=2000, measure_n=100, measure_n_cuda=20000,
+                    dataset="CIFAR-10"),
     "imagenet": dict(preset="imagenet", arch="resnet50", classes=1000, shape=(3, 224, 224),
                      stats="imagenet", n=10_000, batch=4, batch_cuda=32, measure_n=4, measure_n_cuda=640, dataset="ImageNet"),
 }
@@ -131,8 +133,8 @@ def build_model_set(name: str, method: str = "diffsmooth", sigma: float = 0.5, l
     needs_unet = method != "rs"
     found = _demo_checkpoints(method, sigma, local_sigma) if name == "demo" and not unet_overrides and not arch else None
     if found is not None:
-        from diffsmooth.engine.models.checkpoints import load_classifier
         from diffsmooth.engine.base_classifier.denoise import load_denoiser
+        from diffsmooth.engine.models.checkpoints import load_classifier
         denoiser = load_denoiser(found[0], "demo") if needs_unet else None
         classifier = load_classifier(found[1], dataset=spec["stats"])
         weights = "embedded demo"

@@ -51,9 +51,9 @@ def bench_set(name: str, *, batch: int, iters: int, threads: int, method: str, s
     (models and graphs are kept in `cache` between thread counts)."""
     from diffsmooth.bench.models import build_model_set
     from diffsmooth.engine.backends.base import BaseClassifierStages
-    from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
     from diffsmooth.engine.backends.torch_backend import TorchBackend
     from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+    from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     from diffsmooth.export.onnx_export import export_models
 

@@ -33,9 +33,9 @@ RADII = "0.25,0.5,0.75,1.0"
 def demo_pipeline(compile: bool, device: str = "cpu"):
     """The embedded RS pipeline at sigma 0.5, static batches when compiled."""
     from diffsmooth.engine.base_classifier.methods import MethodConfig
+    from diffsmooth.engine.data import load_dataset
     from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
     from diffsmooth.engine.runs.fast_path import FastPath
-    from diffsmooth.engine.data import load_dataset
     dataset = load_dataset("embedded")
     smooth = build_smooth(MethodConfig("rs", 0.5), ModelSources.demo(), tuple(dataset.image_shape),
                           dataset.num_classes, device=device, fast=FastPath.resolve(device, compile))
@@ -69,6 +69,7 @@ def rank_fixture(count: int):
     """(pipeline on CPU, images) whose sequential runs need from ~200 samples to n-max: blends of two
     template images, from near the midpoint (split votes) to near one template (votes agree)."""
     import torch
+
     from diffsmooth.engine.backends.base import BaseClassifierStages
     from diffsmooth.engine.backends.torch_backend import TorchBackend
     from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
@@ -90,6 +91,7 @@ def rank_fixture(count: int):
 def _rank_main(rank: int, world: int, mode: str, store_path: str, images: int, n_max: int, batch: int, out: str):
     import torch
     import torch.distributed as dist
+
     from diffsmooth.engine.runs.sharding import pull_from_store
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world)
@@ -148,6 +150,7 @@ def markdown(report: dict) -> str:
 @click.option("--out", type=click.Path(), default=None, help="Folder for packing.json and packing.md.")
 def main(images, batches, n_max, predict_n, ranks, rank_images, compile, threads, device, out):
     import torch
+
     from diffsmooth.engine.demo.run import spread_indices
     torch.set_num_threads(threads)
     dataset, pipe = demo_pipeline(compile, device)

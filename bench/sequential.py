@@ -7,7 +7,7 @@ engine/certify/sequential.py's look schedule, each chunk's vote counts recorded.
 uses the sum of all chunks (the same samples a `certify --n N` run draws, same seed); the
 sequential result is the ENGINE's own rule (certify_sequential) replayed on the recorded chunks,
 which is exact because a sequential run's samples are a prefix of the fixed run's and its look
-boundaries are the recorded chunk boundaries (tests/test_bench_sequential.py checks the replay
+boundaries are the recorded chunk boundaries (tests/bench/test_sequential_bench.py checks the replay
 against a real `certify --sequential` run). Writes both TSVs, markdown and JSON to --out.
 """
 

@@ -27,13 +27,13 @@ MS = (1, 3, 5, 11, 21)
 
 def _demo_models():
     """(denoiser, {name: classifier}, image shape, 'embedded'|'random')."""
-    from diffsmooth.engine.models import shipped as demo_assets
     from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+    from diffsmooth.engine.models import shipped as demo_assets
     from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
     from diffsmooth.engine.models.unet import PRESETS, UNetModel
     if demo_assets.DEMO_UNET.exists() and demo_assets.demo_classifier_path(0.25).exists():
-        from diffsmooth.engine.models.checkpoints import load_classifier
         from diffsmooth.engine.base_classifier.denoise import load_denoiser
+        from diffsmooth.engine.models.checkpoints import load_classifier
         den = load_denoiser(demo_assets.DEMO_UNET, "demo")
         clfs = {f"s{s:.2f}": load_classifier(demo_assets.demo_classifier_path(s), dataset="fashion-mnist")
                 for s in (0.25, 0.5)}
@@ -111,7 +111,8 @@ def main(n, n0, images, batch, cifar_unet_img_s, cifar_clf_img_s, as_json):
         unet, clf = UNetModel(PRESETS["cifar10"]).eval(), build_classifier_net("cifar_resnet110", 10, 3).eval()
         x = torch.rand(8, 3, 32, 32)
         with torch.inference_mode():
-            unet(x, torch.full((8,), 496.0)); clf(x)
+            unet(x, torch.full((8,), 496.0))
+            clf(x)
             cifar_unet_img_s = cifar_unet_img_s or 8 / _time(lambda: unet(x, torch.full((8,), 496.0)))
             x32 = torch.rand(32, 3, 32, 32)
             cifar_clf_img_s = cifar_clf_img_s or 32 / _time(lambda: clf(x32))

@@ -18,13 +18,12 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, OneShotPurifier
-from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
+from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.hashing import sha256_file
 
 from .fp16 import convert_mixed_fp16
 from .graph_passes import check_structure, fuse_affine_chains, initializer_bytes, op_counts, optimize
-from diffsmooth.engine.hashing import sha256_file
-
 from .manifest import file_hashes, package_versions, write_manifest
 
 OPSET = 17

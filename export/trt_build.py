@@ -18,10 +18,17 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
+from diffsmooth.engine.backends.trt_plans import (
+    DEFAULT_WORKSPACE_BYTES,
+    cache_key,
+    gpu_slug,
+    plan_path_for,
+    profile_for,
+    reuse_decision,
+    write_plan_manifest,
+)
+from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.hashing import sha256_file
-from diffsmooth.engine.backends.trt_plans import (DEFAULT_WORKSPACE_BYTES, cache_key, gpu_slug, plan_path_for,
-                                                  profile_for, reuse_decision, write_plan_manifest)
-from diffsmooth.engine.errors import UserError
 
 from .trt_inspect import format_report, summarize
 
@@ -180,7 +187,7 @@ def ensure_plan(onnx_path, graph_manifest: dict, target: Target, *, batch: int, 
         try:
             load_fn(plan.read_bytes())
         except Exception as exc:  # noqa: BLE001 - a bad plan is rebuilt, never a crash
-            reuse, why = False, f"{plan.name} fails to deserialize ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+            reuse, why = False, f"{plan.name} fails to deserialize ({first_line(exc)})"
     if reuse:
         from diffsmooth.engine.backends.trt_plans import read_plan_manifest
         manifest, _ = read_plan_manifest(plan)

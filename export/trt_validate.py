@@ -7,14 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-
 from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
-from diffsmooth.engine.base_classifier.onnx_stages import wanted_fields
 from diffsmooth.engine.backends.trt_plans import read_plan_manifest, write_plan_manifest
+from diffsmooth.engine.base_classifier.onnx_stages import wanted_fields
 from diffsmooth.engine.errors import UserError
 
-from .validate import DEFAULT_IMAGES, DEFAULT_SAMPLES, ValidationFailed, compare_stages, config_from_manifest, \
-    validation_images
+from .validate import DEFAULT_IMAGES, DEFAULT_SAMPLES, ValidationFailed, compare_stages, config_from_manifest, validation_images
 
 MIN_SAMPLES = 1000
 

@@ -11,9 +11,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
+from diffsmooth.engine.errors import UserError
 
 from .manifest import update_manifest
 
@@ -288,9 +288,9 @@ def _check_source(manifest: dict, what: str) -> str:
 
 def load_denoiser_for(manifest: dict):
     """The torch denoiser a denoiser/unet manifest was exported from (checkpoint hash checked)."""
-    from diffsmooth.engine.models.checkpoints import load_unet
     from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
     from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
+    from diffsmooth.engine.models.checkpoints import load_unet
     path = _check_source(manifest, "UNet")
     cfg = dict(manifest.get("unet_config") or {})
     if not cfg:

@@ -54,8 +54,8 @@ def centroid_classifier(seed: int, images: np.ndarray, sigma: float, purify):
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Paths of a tiny cifar10-family UNet state dict, two Cohen-style classifiers and an npz."""
-    from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state
     from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+    from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state
     from diffsmooth.engine.models.unet import UNetModel, unet_config
 
     root = tmp_path_factory.mktemp("tiny")
@@ -82,3 +82,11 @@ def tiny_cli_args(tiny_models):
     return ["--denoiser", str(tiny_models["unet"]), "--preset", "cifar10",
             "--unet-config", tiny_models["unet_config"], "--classifier", str(tiny_models["classifier"]),
             "--dataset", "npz", "--data", str(tiny_models["data"]), "--sigma", tiny_models["sigma"]]
+
+
+@pytest.fixture(scope="session")
+def tiny_stages():
+    """(config, denoiser, classifier) of diffsmooth stages (fresh local noise, m=3) on a tiny UNet
+    and a small conv classifier whose votes spread (tests/stage_fixtures.py)."""
+    from stage_fixtures import build_tiny_stages
+    return build_tiny_stages()

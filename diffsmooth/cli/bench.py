@@ -49,7 +49,8 @@ def _check_choices(values, allowed, name):
 @click.option("--m", "m", type=int, default=5, show_default=True, help="Local noises (diffsmooth).")
 @click.option("--local-sigma", type=float, default=0.25, show_default=True)
 @click.option("--local-noise", type=click.Choice(LOCAL_NOISE_MODES), default="fixed", show_default=True)
-@click.option("--batch", type=int, default=None, help="Engine batch [default: CPU demo/cifar10 50, imagenet 4; CUDA 2000/2000/32].")
+@click.option("--batch", type=int, default=None,
+              help="Engine batch [default: CPU demo/cifar10 50, imagenet 4; CUDA 2000/2000/32].")
 @click.option("--measure-n", type=int, default=None,
               help="Samples actually run per image (n0 uses min(n0, this)) [default: demo 1000, cifar10 100, imagenet 4; "
                    "CUDA 20000/20000/640].")

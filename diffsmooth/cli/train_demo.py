@@ -47,7 +47,8 @@ def _at_least(lo):
 @click.option("--quick", is_flag=True, help="Tiny budget for smoke tests (a few steps on 256 images).")
 @click.option("--no-progress", is_flag=True, help="Hide the tqdm progress bars.")
 def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs,
-               clean_classifier_epochs, classifier_steps, classifier_batch_size, train_limit, test_limit, workers, threads, quick, no_progress):
+               clean_classifier_epochs, classifier_steps, classifier_batch_size, train_limit, test_limit, workers, threads,
+               quick, no_progress):
     """Train the embedded demo denoiser and classifiers on Fashion-MNIST (CPU, fixed seeds)."""
     budget = QUICK_BUDGET if quick else DemoBudget()
     overrides = dict(unet_steps=unet_steps, unet_batch_size=unet_batch_size,

@@ -11,8 +11,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, OneShotCoefficients
+from diffsmooth.engine.errors import UserError
 
 # The diffusion schedule each UNet preset was trained with.
 PRESET_SCHEDULES = {

@@ -10,11 +10,10 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.base_classifier.local_smoothing import LOCAL_NOISE_MODES, LocalSmoothingHead, LogitsHead
 from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.choices import METHODS
-
+from diffsmooth.engine.errors import UserError, first_line
 
 
 @dataclass(frozen=True)

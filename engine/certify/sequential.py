@@ -35,8 +35,7 @@ import numpy as np
 from scipy.special import betaln, xlog1py, xlogy
 from scipy.stats import norm
 
-from diffsmooth.engine.certify.core import (ABSTAIN, Request, drive, lower_confidence_bounds, top_class,
-                                            upper_confidence_bounds)
+from diffsmooth.engine.certify.core import ABSTAIN, Request, drive, lower_confidence_bounds, top_class, upper_confidence_bounds
 from diffsmooth.engine.choices import SEQUENTIAL_BOUNDS
 from diffsmooth.engine.errors import UserError
 

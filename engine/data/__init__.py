@@ -9,17 +9,14 @@ from __future__ import annotations
 import inspect
 import os
 
+from diffsmooth.engine.choices import DATASET_KINDS
 from diffsmooth.engine.data.base import ArrayDataset, ImageDataset, load_arrays, pad_image  # noqa: F401
-from diffsmooth.engine.data.cifar10 import (CIFAR10_CLASSES, RestrictedUnpickler, load_cifar10,  # noqa: F401
-                                            restricted_load)
+from diffsmooth.engine.data.cifar10 import CIFAR10_CLASSES, RestrictedUnpickler, load_cifar10, restricted_load  # noqa: F401
 from diffsmooth.engine.data.embedded import EMBEDDED_RESOURCE, load_embedded  # noqa: F401
 from diffsmooth.engine.data.idx import FASHION_MNIST_CLASSES, find_idx, load_idx, read_idx  # noqa: F401
-from diffsmooth.engine.data.imagenet import (IMAGE_EXTENSIONS, ImageFolderDataset, center_crop,  # noqa: F401
-                                             load_imagenet, resize_shorter)
+from diffsmooth.engine.data.imagenet import IMAGE_EXTENSIONS, ImageFolderDataset, center_crop, load_imagenet, resize_shorter  # noqa: F401
 from diffsmooth.engine.data.npz import arrays_to_dataset, load_npz  # noqa: F401
-from diffsmooth.engine.choices import DATASET_KINDS
 from diffsmooth.engine.errors import UserError
-
 
 _LOADERS = {"cifar10": load_cifar10, "imagenet": load_imagenet, "npz": load_npz,
             "idx": load_idx, "embedded": load_embedded}

@@ -10,13 +10,13 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from diffsmooth.engine.runs.analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize
-from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_denoiser_from
 from diffsmooth.engine.base_classifier.methods import METHODS, MethodConfig
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, fixed_local_noise, gaussian
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.runs.analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize
+from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_denoiser_from
 from diffsmooth.engine.runs.dataset_run import run_dataset
 from diffsmooth.engine.runs.results import check_or_record_settings, settings_path
-from diffsmooth.engine.errors import UserError
 
 
 def spread_indices(total: int, count: int) -> List[int]:
@@ -90,6 +90,7 @@ def purify_grid(out_png, *, sources: Optional[ModelSources] = None, dataset=None
     """One PNG: rows = clean, noisy (x + sigma*eps), one-shot denoised, denoised + sigma'*delta_i
     for the first m local noises (the paper's purified-images figure)."""
     from PIL import Image
+
     from diffsmooth.engine.data import load_dataset
     dataset = dataset or load_dataset("embedded")
     denoiser = load_denoiser_from(sources or ModelSources.demo())

@@ -1,5 +1,14 @@
 """The shipped demo models' facts under the demo's name; they live in models/shipped.py."""
 
 from diffsmooth.engine.models.shipped import (  # noqa: F401
-    ASSETS, DEMO_DATASET, DEMO_MANIFEST, DEMO_PRESET, DEMO_STATS, DEMO_TRAINING_SIGMAS, DEMO_UNET,
-    demo_classifier_for, demo_classifier_path, require_demo_assets)
+    ASSETS,
+    DEMO_DATASET,
+    DEMO_MANIFEST,
+    DEMO_PRESET,
+    DEMO_STATS,
+    DEMO_TRAINING_SIGMAS,
+    DEMO_UNET,
+    demo_classifier_for,
+    demo_classifier_path,
+    require_demo_assets,
+)

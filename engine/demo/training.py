@@ -25,11 +25,11 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel, unet_config
-from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 CLASSIFIER_ARCH = "cifar_resnet20"
@@ -391,8 +391,8 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
     classifier at sigma s `seed + 1 + i` (i = index of s in 0, 0.25, 0.5).
     Returns the manifest (also written as out_dir/MODELS.json).
     """
-    from diffsmooth.engine.models.checkpoints import load_classifier, load_unet
     from diffsmooth.engine.data import load_arrays, load_dataset
+    from diffsmooth.engine.models.checkpoints import load_classifier, load_unet
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

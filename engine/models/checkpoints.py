@@ -23,8 +23,8 @@ from diffsmooth.engine.models.resnet import (
     DATASET_STATS,
     DEFAULT_NORMALIZATION,
     NORMALIZATION_MODES,
-    NormalizeLayer,
     NormalizedClassifier,
+    NormalizeLayer,
     _dataset_key,
     build_classifier_net,
     normalization_layer,
@@ -98,7 +98,8 @@ def read_checkpoint(path) -> object:
         glob = re.search(r"Unsupported global: GLOBAL ([\w.]+)", msg)
         if glob:
             raise UserError(
-                f"refusing to load {p}: it would call '{glob.group(1)}', which weights-only loading forbids because it could run code; "
+                f"refusing to load {p}: it would call '{glob.group(1)}', which weights-only loading forbids "
+                f"because it could run code; "
                 f"if you trust its source, re-save only its tensors (torch.save(model.state_dict(), ...)) and load that"
             ) from None
         if "Weights only load failed" in msg:
@@ -112,7 +113,8 @@ def read_checkpoint(path) -> object:
     except RuntimeError as exc:
         msg = str(exc)
         if "central directory" in msg or "unexpected EOF" in msg or "failed reading" in msg:
-            raise UserError(f"checkpoint {p} is truncated or corrupted ({first_line(exc)[:80]}); download or copy it again") from None
+            raise UserError(f"checkpoint {p} is truncated or corrupted ({first_line(exc)[:80]}); "
+                            f"download or copy it again") from None
         if is_zip:
             raise UserError(f"{p} is a zip archive but not a PyTorch checkpoint; check the path") from None
         raise UserError(f"cannot read checkpoint {p}: {first_line(exc)}") from None
@@ -160,6 +162,11 @@ def extract_state_dict(obj) -> tuple[OrderedDict, str | None]:
     return OrderedDict(sd), arch
 
 
+def _describe(value) -> str:
+    """A parameter's shape, or the type of a non-tensor entry."""
+    return _fmt_shape(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
 def _fmt_shape(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
@@ -186,8 +193,7 @@ def load_weights(module: nn.Module, state_dict: Mapping[str, torch.Tensor], what
             parts.append(
                 "unexpected "
                 + ", ".join(
-                    f"{k} {_fmt_shape(state_dict[k].shape) if isinstance(state_dict[k], torch.Tensor) else type(state_dict[k]).__name__}"
-                    for k in unexpected[:_SHOW]
+                    f"{k} {_describe(state_dict[k])}" for k in unexpected[:_SHOW]
                 )
             )
         if misshaped:
@@ -285,7 +291,8 @@ def load_classifier(
     key = _dataset_key(dataset) if dataset is not None else None
     if normalization is None:
         if key not in DEFAULT_NORMALIZATION:
-            raise UserError(f"unknown dataset {dataset!r}; known: {', '.join(DEFAULT_NORMALIZATION)} (or pass normalization='none')")
+            raise UserError(f"unknown dataset {dataset!r}; known: {', '.join(DEFAULT_NORMALIZATION)} "
+                            f"(or pass normalization='none')")
         normalization = DEFAULT_NORMALIZATION[key]
     norm = normalization_layer(normalization, dataset)
     if normalization != "none" and len(DATASET_STATS[key][0]) != in_channels:
@@ -306,7 +313,11 @@ def _known_archs() -> str:
 def _load_timm_classifier(state_dict, arch, dataset, normalization, num_classes, in_channels, model_kwargs):
     """A timm classifier behind its input normalisation: the model's own mean/std unless one is asked for."""
     from diffsmooth.engine.models.timm_models import (
-        adapt_timm_state_dict, create_timm_net, timm_classifier_key, timm_first_conv_key, timm_input_stats,
+        adapt_timm_state_dict,
+        create_timm_net,
+        timm_classifier_key,
+        timm_first_conv_key,
+        timm_input_stats,
     )
     head = state_dict.get(f"{timm_classifier_key(arch)}.weight")
     if num_classes is None and isinstance(head, torch.Tensor) and head.dim() == 2:

@@ -290,7 +290,8 @@ def normalization_layer(mode: str, dataset: str | None) -> nn.Module:
         return nn.Identity()
     key = _dataset_key(dataset) if dataset is not None else None
     if key not in DATASET_STATS:
-        raise UserError(f"no normalisation statistics for dataset {dataset!r}; known: {', '.join(DATASET_STATS)} (or normalization='none')")
+        raise UserError(f"no normalisation statistics for dataset {dataset!r}; known: {', '.join(DATASET_STATS)} "
+                        f"(or normalization='none')")
     mean, std = DATASET_STATS[key]
     return NormalizeLayer(mean, std) if mode == "normalize" else InputCenterLayer(mean)
 

@@ -115,7 +115,8 @@ class UNetConfig:
         for mult in self.channel_mult:
             ch = int(mult * self.model_channels)
             if ch % _GROUPS:
-                bad(f"channel count {ch} (model_channels {self.model_channels} x mult {mult}) is not a multiple of {_GROUPS} (GroupNorm groups)")
+                bad(f"channel count {ch} (model_channels {self.model_channels} x mult {mult}) is not a multiple of "
+                    f"{_GROUPS} (GroupNorm groups)")
         reachable = {2**level for level in range(len(self.channel_mult))}
         for res in self.attention_resolutions:
             if not isinstance(res, int) or res < 1 or self.image_size % res or self.image_size // res not in reachable:
@@ -136,7 +137,8 @@ class UNetConfig:
             for up in (False, True):
                 heads = self.heads_for(ch, up)
                 if heads < 1 or ch % heads or (self.num_head_channels != -1 and ch % self.num_head_channels):
-                    bad(f"{ch} attention channels cannot be split into heads (num_heads {self.num_heads}, num_head_channels {self.num_head_channels})")
+                    bad(f"{ch} attention channels cannot be split into heads (num_heads {self.num_heads}, "
+                        f"num_head_channels {self.num_head_channels})")
 
 
 PRESETS: dict[str, UNetConfig] = {

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.certify.core import Smooth
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.choices import BACKENDS
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.models import shipped as demo_assets
-from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-from diffsmooth.engine.certify.core import Smooth
 from diffsmooth.engine.runs.fast_path import VALIDATE_SAMPLES, FastPath, validate_fast_path
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE
 
@@ -134,8 +134,9 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
 def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[int, ...], device) -> int:
     """Images per classifier call in a run at `batch`: the pipeline's first chunk of the batch, times m
     for local smoothing (the shape the fused-convolution probe must see)."""
-    from diffsmooth.engine.certify.monte_carlo import initial_score_chunks
     import torch
+
+    from diffsmooth.engine.certify.monte_carlo import initial_score_chunks
     per_sample = config.m if config.method == "diffsmooth" else 1
     numel = 1
     for d in image_shape:

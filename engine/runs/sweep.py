@@ -11,7 +11,6 @@ separate single-configuration run with the same seed writes; the sweep is only f
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError, first_line

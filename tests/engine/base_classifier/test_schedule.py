@@ -3,8 +3,8 @@
 import pytest
 
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
-from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, betas_for
+from diffsmooth.engine.errors import UserError
 
 FACTS_TABLE = [
     # preset, sigma, t*, model timestep, sqrt(abar*), sqrt(1/abar*), sqrt(1/abar* - 1)

@@ -144,7 +144,8 @@ def test_timm_imports_without_torchvision_and_leaves_none_behind():
         "timm = import_timm()\n"
         "assert not [m for m in sys.modules if m.startswith('torchvision')]\n"
         "assert importlib.util.find_spec('torchvision') is None\n"
-        "net = create_timm_net('beit_large_patch16_224', 10, None, dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2))\n"
+        "net = create_timm_net('beit_large_patch16_224', 10, None,\n"
+        "                      dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2))\n"
         "import torch; print(tuple(net(torch.rand(1, 3, 32, 32)).shape))\n"
         "from timm.layers import create_norm\n"
         "try:\n"
@@ -197,6 +198,7 @@ def test_attention_matmuls_are_counted_in_flops():
 def test_bench_cli_with_timm_arch():
     """`bench --arch timm:<name>`: the set's classifier replaced (random weights), FLOPs include attention."""
     import json
+
     from diffsmooth.cli.bench import bench
     args = ["--models", "cifar10", "--method", "rs", "--arch", "timm:test_vit", "--n0", "2", "--measure-n", "2",
             "--batch", "2", "--no-reference", "--peak-tflops", "1", "--json", "--quiet"]
@@ -234,7 +236,8 @@ def test_broken_torchvision_falls_back_to_placeholders(tmp_path):
     code = (
         "import sys\n"
         "from diffsmooth.engine.models.timm_models import create_timm_net\n"
-        "net = create_timm_net('beit_large_patch16_224', 10, None, dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2))\n"
+        "net = create_timm_net('beit_large_patch16_224', 10, None,\n"
+        "                      dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2))\n"
         "import torch; print(tuple(net(torch.rand(1, 3, 32, 32)).shape))\n"
         "print('left:', sorted(m for m in sys.modules if m.startswith('torchvision')))\n"
     )

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from diffsmooth.engine.models import folded_resnet
 from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, FUSED_CALLS, check_fusion, fusion_verdict
 
-
 # -- item 2: --fused-conv ---------------------------------------------------------------------------
 
 def _fake_cudnn(monkeypatch):
@@ -98,11 +97,12 @@ def test_fusion_probe_turns_fusion_off_on_a_nan_output(monkeypatch):
 def test_fusion_is_probed_at_the_runs_classifier_call(monkeypatch):
     """build_smooth hands the fused-conv probe the images per classifier call of the run (batch x m
     on CPU, where the classifier runs in one call)."""
+    from stage_fixtures import randomized_bn_resnet
+
     from diffsmooth.engine.base_classifier import methods
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
     from diffsmooth.engine.runs.fast_path import FastPath
-    from tests.test_models import randomized_bn_resnet
     seen = []
     real = methods.folded_classifier
 
@@ -120,7 +120,7 @@ def test_fusion_is_probed_at_the_runs_classifier_call(monkeypatch):
 
 # -- item 3: the agreement check ------------------------------------------------------------------
 
-from tests.test_fast_path import image, make_pipeline, tiny_stages  # noqa: E402,F401  (fixture)
+from stage_fixtures import image, make_pipeline  # noqa: E402
 
 CHECK_IMAGES = [(0, 1), (3, 2), (7, 3)]         # (dataset index, image seed)
 CHECK_SAMPLES, CHECK_BATCH = 64, 24
@@ -137,6 +137,7 @@ def _check(fast, reference, **kw):
 
 def test_flip_budget_refuses_a_correct_fp16_path_less_than_once_in_10000_runs():
     from scipy.stats import binom
+
     from diffsmooth.engine.runs.vote_agreement import FALSE_REFUSAL, FP16_FLIP_RATE, flip_budget
     for samples in (180, 2000, 10_000):
         budget = flip_budget(samples)
@@ -272,7 +273,7 @@ def test_reference_of_the_check_runs_with_tf32_off_and_restores_it(tiny_stages):
 
 def test_agreement_check_sees_wrong_noise_on_an_image_whose_votes_all_agree(tiny_stages):
     """Counts and votes cannot show wrong noise when every sample votes the same class; the scores can."""
-    from tests.test_fast_path import spread_classifier
+    from stage_fixtures import spread_classifier
     one_class = spread_classifier(2)
     with torch.no_grad():
         one_class[3].bias[0] += 3.0
@@ -303,8 +304,10 @@ def _compiled_stages(monkeypatch, count):
     """`count` compiled TorchStages (dynamo with its eager backend: the recompile limit is dynamo's,
     the backend does not matter, and this keeps the test fast); their messages and outputs."""
     import functools
+
     import torch._dynamo
     import torch._dynamo.config as config
+
     from diffsmooth.engine.backends.torch_backend import TorchStage
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     for key in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
@@ -478,7 +481,7 @@ import re  # noqa: E402
 import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-GPU_CHECK = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.sh"
+GPU_CHECK = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.sh"
 STEP = re.compile(r"run_step\s+(\S+)\s+\$\{(\w+):-(\d+)\}")
 
 

@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from cli_helpers import invoke_ok, rows_without_time
+
 from diffsmooth.engine.demo import shipped as demo_assets
 
 pytestmark = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
@@ -44,6 +44,7 @@ def test_a_terminated_run_reports_the_images_it_finished(tmp_path, monkeypatch):
     """`timeout` sends SIGTERM: the table and JSON still come out, over the finished images only."""
     import os
     import signal
+
     from diffsmooth.bench import sequential
     real, calls = sequential.certify_both, []
 

@@ -16,20 +16,20 @@ ort = pytest.importorskip("onnxruntime")
 
 from diffsmooth.engine.backends.base import BaseClassifierStages  # noqa: E402
 from diffsmooth.engine.backends.onnxruntime_backend import OrtStage  # noqa: E402
-from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages  # noqa: E402
 from diffsmooth.engine.backends.torch_backend import TorchBackend  # noqa: E402
-from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state  # noqa: E402
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser  # noqa: E402
-from diffsmooth.engine.errors import UserError  # noqa: E402
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages  # noqa: E402
-from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer  # noqa: E402
-from diffsmooth.engine.models.unet import UNetConfig, UNetModel  # noqa: E402
-from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline  # noqa: E402
+from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages  # noqa: E402
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule  # noqa: E402
 from diffsmooth.engine.certify.core import Smooth  # noqa: E402
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline  # noqa: E402
+from diffsmooth.engine.errors import UserError  # noqa: E402
+from diffsmooth.engine.hashing import sha256_file  # noqa: E402
+from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state  # noqa: E402
+from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer  # noqa: E402
+from diffsmooth.engine.models.unet import UNetConfig, UNetModel  # noqa: E402
 from diffsmooth.export.fp16 import precision_report  # noqa: E402
 from diffsmooth.export.graph_passes import infer_types  # noqa: E402
-from diffsmooth.engine.hashing import sha256_file  # noqa: E402
 from diffsmooth.export.manifest import read_manifest  # noqa: E402
 from diffsmooth.export.onnx_export import export_denoiser, export_models, export_unet  # noqa: E402
 from diffsmooth.export.validate import ValidationFailed, validate_graphs, validation_images  # noqa: E402
@@ -452,7 +452,8 @@ def test_cli_export_validate_and_certify_backends_agree(tmp_path, checkpoints):
 def test_backend_refuses_external_data_outside_its_folder_and_corrupt_graphs(tmp_path):
     """Hostile ONNX: a tensor whose external data points outside the folder, and a corrupt file."""
     import onnx
-    from onnx import helper, TensorProto
+    from onnx import TensorProto, helper
+
     from diffsmooth.engine.backends.manifests import check_external_data_paths
     weight = helper.make_tensor("w", TensorProto.FLOAT, [1], [1.0])
     weight.data_location = TensorProto.EXTERNAL

@@ -1,6 +1,7 @@
 """The certified-accuracy figure keeps its title inside the picture (the demo's title included)."""
 
 import pytest
+
 from diffsmooth.engine.runs.analyze import curve_figure
 
 

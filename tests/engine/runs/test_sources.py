@@ -1,6 +1,7 @@
 """One rule for the models' normalisation statistics, whichever command asks (certify, export, purify)."""
 
 import pytest
+
 from diffsmooth.engine.runs.sources import default_image_shape, resolve_sources
 
 

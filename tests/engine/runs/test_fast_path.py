@@ -5,55 +5,15 @@ the stages and of the noise with inductor's C++ backend."""
 import numpy as np
 import pytest
 import torch
+from stage_fixtures import SHAPE, image, make_pipeline, spread_classifier  # noqa: F401
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.base_classifier.methods import build_torch_stages
 from diffsmooth.engine.certify.lanes import SerialLanes
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, gaussian
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch, validate_fast_path
-
-SHAPE = (3, 8, 8)
-
-
-@pytest.fixture(scope="module")
-def tiny_stages():
-    """diffsmooth stages (fresh local noise, m=3) on a tiny UNet and a small conv classifier whose
-    votes spread over several classes (an untrained resnet20 votes one class only)."""
-    from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
-    from diffsmooth.engine.models.unet import UNetModel, unet_config
-    from tests.conftest import TINY_UNET
-    torch.manual_seed(0)
-    unet = UNetModel(unet_config("cifar10", **TINY_UNET))
-    with torch.no_grad():
-        for p in unet.parameters():
-            if p.abs().sum() == 0:
-                p.normal_(0, 0.02)
-    denoiser = DiffusionDenoiser(unet, PRESET_SCHEDULES["cifar10"])
-    classifier = spread_classifier(2)
-    config = MethodConfig("diffsmooth", 0.5, m=3, local_sigma=0.25, local_noise="fresh")
-    return config, denoiser, classifier
-
-
-def spread_classifier(seed):
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-                              torch.nn.Linear(8 * 64, 10)).eval()
-    with torch.no_grad():
-        net[3].weight.mul_(4)
-    return net
-
-
-def make_pipeline(tiny_stages, backend=None, fused_attention=False, fused_conv=False, classifier=None, **kw):
-    config, denoiser, default_classifier = tiny_stages
-    stages = build_torch_stages(config, classifier or default_classifier, denoiser, backend or TorchBackend(), SHAPE, 10,
-                                fused_attention=fused_attention, fused_conv=fused_conv)
-    return MonteCarloPipeline(stages, config.sigma, seed=3, **kw)
-
-
-def image(seed=0):
-    return torch.rand(SHAPE, generator=torch.Generator().manual_seed(seed))
 
 
 def test_fixture_votes_spread(tiny_stages):
@@ -238,7 +198,7 @@ def test_fused_attention_counts_equal_reference_attention_on_cpu(tiny_stages):
 
 def test_folded_resnet_classifier_counts_equal_the_unfolded_one_on_cpu(tiny_stages):
     """--fused-conv: the local-smoothing stage on the BatchNorm-folded ResNet votes like the original."""
-    from tests.test_models import randomized_bn_resnet
+    from stage_fixtures import randomized_bn_resnet
     resnet = randomized_bn_resnet("cifar_resnet20", seed=0)
     x = image(11)
     folded = make_pipeline(tiny_stages, fused_conv=True, classifier=resnet)
@@ -266,9 +226,10 @@ def test_compiled_stages_match_eager_on_cpu(tiny_stages):
                                     ["--fused-conv"]])
 def test_resume_refuses_other_batch_or_fast_path(tmp_path, tiny_cli_args, change):
     """Counts repeat only at the same batch, precision and kernels: a resume must match them."""
+    from cli_helpers import invoke_ok
     from click.testing import CliRunner
+
     from diffsmooth.cli import main
-    from tests.cli_helpers import invoke_ok
     out = tmp_path / "r.tsv"
     base = ["certify", *tiny_cli_args, "--method", "dds", "--n0", "4", "--n", "8", "--max", "1", "--quiet",
             "--out", out]

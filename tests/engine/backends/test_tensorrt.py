@@ -17,21 +17,29 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from fake_tensorrt import FAKE, fake_plan
 from onnx import TensorProto, helper
 
 from diffsmooth.cli import main
 from diffsmooth.engine.backends import tensorrt_backend as trt_backend
 from diffsmooth.engine.backends.tensorrt_backend import TrtStage, tensorrt_available
-from diffsmooth.engine.backends.trt_plans import (cache_key, choose_plan, plan_manifest_path, plan_path_for,
-                                                  profile_covers, profile_for, read_plan_manifest, reuse_decision,
-                                                  scan_plans, write_plan_manifest)
-from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.backends.trt_plans import (
+    cache_key,
+    choose_plan,
+    plan_manifest_path,
+    plan_path_for,
+    profile_covers,
+    profile_for,
+    read_plan_manifest,
+    reuse_decision,
+    scan_plans,
+    write_plan_manifest,
+)
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.export.manifest import write_manifest
 from diffsmooth.export.trt_build import Target, build_plans, ensure_plan
 from diffsmooth.export.trt_inspect import datatype_of, layer_roles, summarize
-
-from fake_tensorrt import FAKE, fake_plan
 
 H100 = Target("10.12.0", "NVIDIA H100 80GB HBM3", "9.0")
 A100 = Target("10.12.0", "NVIDIA A100-SXM4-80GB", "8.0")
@@ -361,8 +369,8 @@ def test_tensorrt_available_and_missing_tensorrt(monkeypatch):
 
 
 def test_select_refuses_precision_missing_gpu_and_failed_validation(tmp_path, monkeypatch):
-    from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages, plan_for
     from diffsmooth.engine.base_classifier.methods import MethodConfig
+    from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages, plan_for
     config = MethodConfig("dds", 0.5)
     with pytest.raises(UserError, match="not bf16"):
         build_trt_stages(tmp_path, config, (1, 8, 8), precision="bf16")
@@ -511,13 +519,14 @@ def test_real_plan_matches_onnxruntime(tmp_path):
 
 
 def test_plan_validation_records_votes_and_fails_on_disagreement(tmp_path):
+    from test_export import SHAPE, tiny_classifier
+
     from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.export.onnx_export import export_models
     from diffsmooth.export.trt_build import PlanResult
     from diffsmooth.export.trt_validate import validate_plans
     from diffsmooth.export.validate import ValidationFailed, validation_images
-    from test_export import SHAPE, tiny_classifier
 
     torch.set_num_threads(1)
     config = MethodConfig("rs", 0.25)                        # the tiny classifier's votes spread at 0.25

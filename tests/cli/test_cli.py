@@ -4,9 +4,9 @@ and bad inputs that must give one `error:` line and exit code 2."""
 import json
 
 import pytest
+from cli_helpers import assert_rows_spread, rows_without_time
 from click.testing import CliRunner
 
-from cli_helpers import assert_rows_spread, rows_without_time
 from diffsmooth.cli import main
 from diffsmooth.engine.runs.results import read_rows
 

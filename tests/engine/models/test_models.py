@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stage_fixtures import randomized_bn_resnet
 
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.resnet import (
@@ -32,8 +33,7 @@ from diffsmooth.engine.models.unet import (
     unet_config,
 )
 
-
-KEYS = Path(__file__).resolve().parent / "data" / "keys"   # facts of the checkpoint formats (FACTS.md)
+KEYS = Path(__file__).resolve().parents[2] / "data" / "keys"   # facts of the checkpoint formats (FACTS.md)
 
 
 def _reference_entries(name: str) -> list:
@@ -378,21 +378,6 @@ def test_normalized_classifier_is_sequential_norm_then_net():
 
 
 # --------------------------------------------------------------------------- folded classifiers
-
-
-def randomized_bn_resnet(arch: str, seed: int = 0) -> NormalizedClassifier:
-    """A ResNet with non-trivial BatchNorm statistics (folding must use them) whose votes spread."""
-    torch.manual_seed(seed)
-    net = build_classifier_net(arch, 10, 3)
-    with torch.no_grad():
-        for m in net.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.normal_(0, 0.1)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(0.5, 1.0)
-                m.bias.normal_(0, 0.05)
-        net.fc.weight.normal_(0, 1.0)
-    return NormalizedClassifier(normalization_layer("normalize", "cifar10"), net).eval()
 
 
 @pytest.mark.parametrize("arch,size", [("cifar_resnet20", 32), ("resnet50", 64)])

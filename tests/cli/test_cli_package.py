@@ -9,10 +9,10 @@ import sys
 import click
 import pytest
 from click.testing import CliRunner
-from diffsmooth.engine import choices
 
 from diffsmooth.cli import main
 from diffsmooth.cli.group import COMMANDS, Command
+from diffsmooth.engine import choices
 
 
 def _load(name):

@@ -2,10 +2,9 @@
 
 import pytest
 
-from diffsmooth.engine.runs.analyze import average_certified_radius, certified_accuracy, markdown_table, summarize
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.runs.results import (CERTIFY_COLUMNS, ResultWriter, format_radius, format_time,
-                                       parse_time, read_rows)
+from diffsmooth.engine.runs.analyze import average_certified_radius, certified_accuracy, markdown_table, summarize
+from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, ResultWriter, format_radius, format_time, parse_time, read_rows
 
 
 def test_formats():
@@ -61,6 +60,7 @@ def test_certified_accuracy_and_acr(tmp_path):
 def test_clopper_pearson_interval_over_images():
     """Exact 95% interval: covers the estimate, matches the beta quantiles, widens for fewer images."""
     from scipy.stats import beta
+
     from diffsmooth.engine.runs.analyze import clopper_pearson
     low, high = clopper_pearson(62, 100)
     assert low == pytest.approx(beta.ppf(0.025, 62, 39)) and high == pytest.approx(beta.ppf(0.975, 63, 38))

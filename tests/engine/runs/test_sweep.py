@@ -5,9 +5,10 @@ import json
 
 import pytest
 import torch
+from cli_helpers import assert_rows_spread, rows_without_time
+from cli_helpers import invoke_ok as invoke
 from click.testing import CliRunner
 
-from cli_helpers import assert_rows_spread, invoke_ok as invoke, rows_without_time
 from diffsmooth.cli import main
 from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.runs.results import read_rows

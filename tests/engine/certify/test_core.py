@@ -5,10 +5,16 @@ import random
 import pytest
 from scipy.stats import beta, norm
 
+from diffsmooth.engine.certify.core import (
+    ABSTAIN,
+    certified_radius,
+    certify_from_counts,
+    lower_confidence_bound,
+    max_certifiable_radius,
+    predict_from_counts,
+    top_class,
+)
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.certify.core import (ABSTAIN, certified_radius, certify_from_counts,
-                                             lower_confidence_bound, max_certifiable_radius,
-                                             predict_from_counts, top_class)
 
 SPOT = [(100, 100, 0.933254300797), (9990, 10000, 0.997588308033),
         (10000, 10000, 0.999309463003), (99990, 100000, 0.999758677344)]

@@ -9,9 +9,10 @@ import sys
 import time
 
 import pytest
+from cli_helpers import assert_rows_spread, rows_without_time
+from cli_helpers import invoke_ok as invoke
 from click.testing import CliRunner
 
-from cli_helpers import assert_rows_spread, invoke_ok as invoke, rows_without_time
 from diffsmooth.cli import main
 from diffsmooth.engine.runs.results import merge_results, read_rows, shard_path
 

@@ -14,15 +14,19 @@ import sys
 import pytest
 import torch
 
-from diffsmooth.engine.demo import shipped as demo_assets
-from diffsmooth.engine.models.checkpoints import (load_classifier, load_unet, read_checkpoint,
-                                           save_cohen_checkpoint, save_unet_state)
-from diffsmooth.engine.data import load_arrays, load_dataset
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+from diffsmooth.engine.data import load_arrays, load_dataset
+from diffsmooth.engine.demo import shipped as demo_assets
+from diffsmooth.engine.demo.training import classifier_accuracy, mse, one_shot_denoise, train_classifier, train_denoiser
 from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.models.checkpoints import (
+    load_classifier,
+    load_unet,
+    read_checkpoint,
+    save_cohen_checkpoint,
+    save_unet_state,
+)
 from diffsmooth.engine.models.unet import unet_config
-from diffsmooth.engine.demo.training import (classifier_accuracy, mse, one_shot_denoise,
-                                        train_classifier, train_denoiser)
 
 ACC_TOL = 0.01        # 5 of 500 images
 MSE_RTOL = 0.02

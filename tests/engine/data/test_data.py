@@ -18,8 +18,7 @@ import torch
 from PIL import Image
 
 from diffsmooth.engine import data
-from diffsmooth.engine.data import (DATASET_KINDS, ImageDataset, load_arrays, load_dataset,
-                                    read_idx, restricted_load)
+from diffsmooth.engine.data import DATASET_KINDS, ImageDataset, load_arrays, load_dataset, read_idx, restricted_load
 from diffsmooth.engine.errors import UserError
 
 FMNIST_DIR = "/usr/share/datasets/fashion-mnist"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import (
     extract_state_dict,
     load_classifier,
@@ -18,7 +19,6 @@ from diffsmooth.engine.models.checkpoints import (
     save_cohen_checkpoint,
     save_unet_state,
 )
-from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.resnet import (
     InputCenterLayer,
     NormalizedClassifier,
@@ -128,7 +128,8 @@ def test_cohen_checkpoint_loads_with_arch_from_file(tmp_path, resnet20):
     path = tmp_path / "checkpoint.pth.tar"
     state = resnet20.state_dict()
     assert all(k.startswith("1.") for k in state)
-    torch.save({"epoch": 90, "arch": "cifar_resnet20", "state_dict": state, "optimizer": {"state": {}, "param_groups": [{"lr": 0.1}]}}, path)
+    optimizer = {"state": {}, "param_groups": [{"lr": 0.1}]}
+    torch.save({"epoch": 90, "arch": "cifar_resnet20", "state_dict": state, "optimizer": optimizer}, path)
     model = load_classifier(path)
     assert isinstance(model, NormalizedClassifier) and not model.training
     assert isinstance(model.normalization, NormalizeLayer)

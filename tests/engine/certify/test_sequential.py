@@ -6,15 +6,22 @@ import json
 import numpy as np
 import pytest
 import torch
-from scipy.stats import beta, norm
-
 from cli_helpers import invoke_ok, rows_without_time
 from click.testing import CliRunner
+from scipy.stats import beta, norm
+
 from diffsmooth.cli import main
 from diffsmooth.engine.certify.core import lower_confidence_bound, lower_confidence_bounds, upper_confidence_bounds
-from diffsmooth.engine.certify.sequential import (SequentialCertificate, SequentialRule, certify_sequential,
-                                                  certify_sequential_many, confidence_bounds, futility_bounds,
-                                                  look_schedule, run_rule, split_levels)
+from diffsmooth.engine.certify.sequential import (
+    SequentialCertificate,
+    SequentialRule,
+    certify_sequential,
+    certify_sequential_many,
+    confidence_bounds,
+    futility_bounds,
+    look_schedule,
+    split_levels,
+)
 from diffsmooth.engine.runs.results import read_rows
 
 PATHS = 2000
@@ -260,7 +267,8 @@ def spread_models(tmp_path_factory):
 
 
 def _args(root, *extra, classifiers=("clf.pt",)):
-    return ["certify", *[a for c in classifiers for a in ("--classifier", root / c)], "--arch", "cifar_resnet20", "--dataset", "npz",
+    return ["certify", *[a for c in classifiers for a in ("--classifier", root / c)], "--arch", "cifar_resnet20",
+            "--dataset", "npz",
             "--data", root / "data.npz", "--method", "rs", "--sigma", "0.12", "--n0", "20", "--alpha", "0.01",
             "--quiet", *extra]
 

@@ -8,11 +8,11 @@ from torch import nn
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
-from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
-from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, NonFiniteScores
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.certify.core import Smooth
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, NonFiniteScores
+from diffsmooth.engine.errors import UserError
 
 SHAPE = (1, 8, 8)
 

@@ -248,6 +248,7 @@ def test_sweep_table_grid():
 def test_cli_json_and_results(tmp_path):
     """The click command on the demo set, tiny n: one JSON document on stdout, JSON lines appended."""
     from click.testing import CliRunner
+
     from diffsmooth.cli.bench import bench
     results = tmp_path / "r.jsonl"
     args = ["--models", "demo", "--method", "rs", "--n0", "2", "--measure-n", "2", "--batch", "2",
@@ -297,8 +298,9 @@ def test_gpu_summary_reads_every_part_of_the_gpu_check(tmp_path):
     """The summary table of bench/gpu_check.sh: the bench runs with their targets, the kernel profile,
     the fused-attention ablation and the sequential table, from the files the script writes."""
     from click.testing import CliRunner
-    from diffsmooth.cli.bench import bench
+
     from diffsmooth.bench.gpu_summary import summarize
+    from diffsmooth.cli.bench import bench
     args = ["--models", "demo", "--method", "dds", "--n0", "2", "--n", "1000", "--measure-n", "4", "--batch", "2",
             "--reference-batch", "2", "--peak-tflops", "1", "--quiet"]
     out = CliRunner().invoke(bench, [*args, "--results", str(tmp_path / "bench.jsonl"), "--profile",

@@ -108,6 +108,7 @@ def test_check_compile_really_compiles_on_cpu():
 def test_gpu_block_from_device_properties(monkeypatch):
     """The CUDA part, fed fake device properties (no GPU here): memory, compute capability, readiness."""
     import types
+
     import torch
     props = [types.SimpleNamespace(name="NVIDIA H200", total_memory=150_121_545_728, major=9, minor=0),
              types.SimpleNamespace(name="Tesla P100", total_memory=17_071_734_784, major=6, minor=0)]

@@ -4,6 +4,7 @@ batch size, window and static/dynamic batches; padding only at the end; time sha
 import numpy as np
 import pytest
 import torch
+from stage_fixtures import make_pipeline
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
@@ -11,7 +12,6 @@ from diffsmooth.engine.certify.core import certify_job, drive, predict_job
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.scheduler import NonFiniteScores, Scheduler, Work, default_window
 from diffsmooth.engine.certify.sequential import SequentialRule, sequential_job
-from test_fast_path import make_pipeline, tiny_stages  # noqa: F401  (a fixture)
 
 SHAPE = (3, 8, 8)
 INDICES = [0, 3, 5, 8, 13, 21, 34, 55]        # dataset indices key the noise: not 0..k-1

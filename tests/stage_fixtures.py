@@ -1,0 +1,65 @@
+"""Tiny stages shared by the pipeline tests: a tiny UNet denoiser and a small conv classifier
+whose votes spread over several classes, and a ResNet with non-trivial BatchNorm statistics."""
+
+import torch
+
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
+
+SHAPE = (3, 8, 8)
+
+
+def build_tiny_stages():
+    """diffsmooth stages (fresh local noise, m=3) on a tiny UNet and a small conv classifier whose
+    votes spread over several classes (an untrained resnet20 votes one class only)."""
+    from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+    from diffsmooth.engine.models.unet import UNetModel, unet_config
+    from tests.conftest import TINY_UNET
+    torch.manual_seed(0)
+    unet = UNetModel(unet_config("cifar10", **TINY_UNET))
+    with torch.no_grad():
+        for p in unet.parameters():
+            if p.abs().sum() == 0:
+                p.normal_(0, 0.02)
+    denoiser = DiffusionDenoiser(unet, PRESET_SCHEDULES["cifar10"])
+    classifier = spread_classifier(2)
+    config = MethodConfig("diffsmooth", 0.5, m=3, local_sigma=0.25, local_noise="fresh")
+    return config, denoiser, classifier
+
+
+def spread_classifier(seed):
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 64, 10)).eval()
+    with torch.no_grad():
+        net[3].weight.mul_(4)
+    return net
+
+
+def make_pipeline(tiny_stages, backend=None, fused_attention=False, fused_conv=False, classifier=None, **kw):
+    config, denoiser, default_classifier = tiny_stages
+    stages = build_torch_stages(config, classifier or default_classifier, denoiser, backend or TorchBackend(), SHAPE, 10,
+                                fused_attention=fused_attention, fused_conv=fused_conv)
+    return MonteCarloPipeline(stages, config.sigma, seed=3, **kw)
+
+
+def image(seed=0):
+    return torch.rand(SHAPE, generator=torch.Generator().manual_seed(seed))
+
+
+
+def randomized_bn_resnet(arch: str, seed: int = 0) -> NormalizedClassifier:
+    """A ResNet with non-trivial BatchNorm statistics (folding must use them) whose votes spread."""
+    torch.manual_seed(seed)
+    net = build_classifier_net(arch, 10, 3)
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.0)
+                m.bias.normal_(0, 0.05)
+        net.fc.weight.normal_(0, 1.0)
+    return NormalizedClassifier(normalization_layer("normalize", "cifar10"), net).eval()
