@@ -1,6 +1,6 @@
 """TensorRT plans vs ONNX Runtime fp32 on the pipeline's noisy real samples (the same
 compare_stages as `diffsmooth validate`): output errors and >= 99.9% argmax-vote agreement;
-results go into the plan manifests. Never executed here (needs TensorRT and a GPU)."""
+results go into the plan manifests. Needs TensorRT and a GPU (docs/status.md)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ class FastPath:
         """On CUDA everything on unless switched off; on CPU eager unless compile=True. Compiled
         stages always get static batches (one graph per run); fused attention defaults to on with
         compiled CUDA stages; fused (BatchNorm-folded) classifier convolutions only when asked for
-        (not yet measured on a GPU)."""
+        (docs/status.md says what has run on a GPU)."""
         cuda = torch.device(device).type == "cuda"
         compile = cuda if compile is None else bool(compile)
         cuda_graphs = (cuda and compile) if cuda_graphs is None else bool(cuda_graphs)
