@@ -21,7 +21,7 @@ from pathlib import Path
 
 import click
 
-from diffsmooth.engine.certify.core import certify_from_counts, top_class
+from diffsmooth.engine.certify.core import Request, certify_from_counts, top_class
 from diffsmooth.engine.certify.sequential import certify_sequential, rule_from_options
 from diffsmooth.engine.runs.analyze import certified_accuracy, clopper_pearson
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, ResultWriter, format_radius, format_time
@@ -44,16 +44,22 @@ def replay_counter(recorded: dict):
     return count
 
 
+def _all_of(ranges):
+    """A job asking for the counts of every (first, num) range at once."""
+    return (yield tuple(Request(first, num) for first, num in ranges))
+
+
 def certify_both(pipeline, x, image_index: int, *, n0: int, n: int, alpha: float, batch: int, rule):
     """((fixed prediction, radius), (sequential prediction, radius, samples), votes for cA out of n)
     from one pass."""
-    recorded = {(0, n0): pipeline.count(x, image_index, 0, n0, batch)}
-    first, total = n0, None
+    ranges, first = [(0, n0)], n0
     for size in rule.chunks():
-        counts = pipeline.count(x, image_index, first, size, batch)
-        recorded[(first, size)] = counts
-        total = counts if total is None else total + counts
+        ranges.append((first, size))
         first += size
+    # one job asks for every chunk at once: its samples are contiguous, so only the last batch is padded
+    counts = pipeline.run_one(x, image_index, _all_of(ranges), batch)
+    recorded = dict(zip(ranges, counts))
+    total = sum(counts[1:])
     fixed = certify_from_counts(recorded[(0, n0)].tolist(), total.tolist(), alpha, pipeline.sigma)
     c_a = top_class(recorded[(0, n0)].tolist())
     return fixed, certify_sequential(replay_counter(recorded), n0, rule), int(total[c_a])
