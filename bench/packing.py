@@ -23,7 +23,7 @@ from typing import Dict, List
 
 import click
 
-from diffsmooth.engine.certify.core import predict_job
+from diffsmooth.engine.certify.core import Request, predict_job
 from diffsmooth.engine.certify.scheduler import Scheduler, Work
 from diffsmooth.engine.certify.sequential import rule_from_options, sequential_job
 
@@ -119,6 +119,57 @@ def rank_balance(world: int, mode: str, images: int, n_max: int, batch: int) -> 
             "busiest_over_mean": max(computed) / (sum(computed) / world)}
 
 
+# -- replay: recorded sequential demands on full-size models -----------------------------------------
+
+def replay_job(n0: int, chunks, samples: int):
+    """Ask for exactly the requests a sequential run that used `samples` (n0 included) asked for:
+    the selection with the first look, then one look at a time. Decides nothing; returns `samples`."""
+    yield Request(0, n0), Request(n0, chunks[0])
+    done = n0 + chunks[0]
+    for size in chunks[1:]:
+        if done >= samples:
+            break
+        yield Request(done, size)
+        done += size
+    return done
+
+
+def replay(rows_path: str, models: str, device: str, precision: str, images: int, batch: int, n_max: int) -> dict:
+    """A packed sequential run on full-size models (random weights) whose images ask for what the
+    recorded rows' images needed (`samples` column), against fixed-n at the same measured rate."""
+    import torch
+
+    from diffsmooth.bench.models import build_model_set
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
+    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
+    from diffsmooth.engine.runs.fast_path import FastPath
+    from diffsmooth.engine.runs.results import read_rows
+    demands = [int(r["samples"]) for r in read_rows(rows_path)][:images]
+    model_set = build_model_set(models, method="diffsmooth")
+    config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
+    smooth = build_smooth(config, ModelSources(), model_set.image_shape, model_set.num_classes, device=device,
+                          precision=precision, fast=FastPath.resolve(device),
+                          models=(model_set.denoiser, model_set.classifier))
+    chunks = rule_from_options(RADII, 0.5, 0.001, n_max).chunks()
+    x = torch.rand((len(demands), *model_set.image_shape), generator=torch.Generator().manual_seed(0))
+    pipe = smooth.pipeline
+    Scheduler(pipe, batch, 1).run([Work(0, x[0], replay_job(100, chunks, 100 + batch))], lambda d: None)   # warm-up
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    works = [Work(i, x[i], replay_job(100, chunks, s)) for i, s in enumerate(demands)]
+    start = time.perf_counter()
+    stats = Scheduler(pipe, batch).run(works, lambda d: None)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    per_sample = seconds / stats.samples_computed
+    return {"rows": rows_path, "models": models, "images": len(demands), "batch": batch, "precision": precision,
+            "samples_counted": stats.samples_counted, "samples_computed": stats.samples_computed,
+            "seconds": seconds, "seconds_per_image": seconds / len(demands),
+            "fixed_n_seconds_per_image_extrapolated": per_sample * (100 + n_max),
+            "fewer_samples": (100 + n_max) * len(demands) / stats.samples_counted}
+
+
 # -- report ----------------------------------------------------------------------------------------
 
 def markdown(report: dict) -> str:
@@ -148,11 +199,24 @@ def markdown(report: dict) -> str:
 @click.option("--threads", default=2, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--out", type=click.Path(), default=None, help="Folder for packing.json and packing.md.")
-def main(images, batches, n_max, predict_n, ranks, rank_images, compile, threads, device, out):
+@click.option("--replay-rows", type=click.Path(exists=True), default=None,
+              help="Instead: a packed sequential run on full-size models whose images ask for what these rows' "
+                   "images needed (their `samples` column), timed against fixed-n.")
+@click.option("--models", default="cifar10", show_default=True, help="With --replay-rows: the model set.")
+@click.option("--precision", default="fp16", show_default=True, help="With --replay-rows.")
+def main(images, batches, n_max, predict_n, ranks, rank_images, compile, threads, device, out, replay_rows, models,
+         precision):
     import torch
 
     from diffsmooth.engine.demo.run import spread_indices
     torch.set_num_threads(threads)
+    if replay_rows:
+        result = replay(replay_rows, models, device, precision, images, int(batches.split(",")[0]), n_max)
+        print(json.dumps(result, indent=1))
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            Path(out, "replay.json").write_text(json.dumps(result, indent=1) + "\n")
+        return
     dataset, pipe = demo_pipeline(compile, device)
     indices = spread_indices(len(dataset), images)
     rule = rule_from_options(RADII, 0.5, 0.001, n_max)
