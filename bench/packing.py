@@ -53,14 +53,21 @@ def timed_run(pipeline, dataset, indices, make_job, batch: int, window) -> dict:
             "batches": stats.batches}
 
 
-def compare(pipeline, dataset, indices, make_job, batch: int) -> dict:
-    """Packed vs one image at a time at one static batch size (a warm-up batch first)."""
+def compare(pipeline, dataset, indices, make_job, batch: int, alone: int, samples_of) -> dict:
+    """Packed (all images) vs one image at a time (the first `alone` images: a window of one, each
+    request padded to whole batches) at one static batch size, after a warm-up batch. Also what the
+    previous per-image engine computed, from the rows: it kept a padded tail's votes for the image's
+    next request, so an image of s samples cost ceil(s / batch) whole batches."""
     timed_run(pipeline, dataset, indices[:1], make_job, batch, 1)
-    one = timed_run(pipeline, dataset, indices, make_job, batch, 1)
     packed = timed_run(pipeline, dataset, indices, make_job, batch, None)
-    same = one.pop("results") == packed.pop("results")
-    return {"batch": batch, "rows_identical": same, "one_at_a_time": one, "packed": packed,
-            "wall_ratio": one["seconds"] / packed["seconds"]}
+    one = timed_run(pipeline, dataset, indices[:alone], make_job, batch, 1)
+    packed_results, one_results = packed.pop("results"), one.pop("results")
+    same = all(one_results[i] == packed_results[i] for i in indices[:alone])
+    samples = [samples_of(packed_results[i]) for i in indices]
+    previous = sum(-(-s // batch) * batch for s in samples)
+    return {"batch": batch, "rows_identical": same, "alone_images": alone, "one_at_a_time": one, "packed": packed,
+            "previous_engine_overhead": previous / sum(samples),
+            "seconds_per_image_ratio": (one["seconds"] / alone) / (packed["seconds"] / len(indices))}
 
 
 # -- ranks ---------------------------------------------------------------------------------------
@@ -173,13 +180,14 @@ def replay(rows_path: str, models: str, device: str, precision: str, images: int
 # -- report ----------------------------------------------------------------------------------------
 
 def markdown(report: dict) -> str:
-    lines = ["| run | batch | computed / counted, one at a time | computed / counted, packed | rows identical | "
-             "wall time, one at a time / packed |", "|---|---|---|---|---|---|"]
+    lines = ["| run | batch | computed / counted: packed | window of one | previous engine (from the rows) | "
+             "rows identical | seconds per image: window of one / packed |", "|---|---|---|---|---|---|---|"]
     for name, rows in (("sequential", report["sequential"]), ("predict", report["predict"])):
         for r in rows:
-            lines.append(f"| {name} | {r['batch']} | {r['one_at_a_time']['overhead']:.3f} | "
-                         f"{r['packed']['overhead']:.3f} | {'yes' if r['rows_identical'] else 'NO'} | "
-                         f"{r['wall_ratio']:.2f}x |")
+            lines.append(f"| {name} | {r['batch']} | {r['packed']['overhead']:.3f} | "
+                         f"{r['one_at_a_time']['overhead']:.3f} | {r['previous_engine_overhead']:.3f} | "
+                         f"{'yes' if r['rows_identical'] else 'NO'} ({r['alone_images']} images) | "
+                         f"{r['seconds_per_image_ratio']:.2f}x |")
     if report.get("ranks"):
         lines += ["", "| ranks | work | computed samples per rank | busiest / mean |", "|---|---|---|---|"]
         for r in report["ranks"]:
@@ -195,6 +203,7 @@ def markdown(report: dict) -> str:
 @click.option("--predict-n", default=1000, show_default=True)
 @click.option("--ranks", default="2,4", show_default=True, help="Rank counts for the balance part ('' to skip).")
 @click.option("--rank-images", default=64, show_default=True)
+@click.option("--alone", default=20, show_default=True, help="Images run one at a time for the comparison.")
 @click.option("--compile/--no-compile", default=True, show_default=True)
 @click.option("--threads", default=2, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
@@ -204,8 +213,8 @@ def markdown(report: dict) -> str:
                    "images needed (their `samples` column), timed against fixed-n.")
 @click.option("--models", default="cifar10", show_default=True, help="With --replay-rows: the model set.")
 @click.option("--precision", default="fp16", show_default=True, help="With --replay-rows.")
-def main(images, batches, n_max, predict_n, ranks, rank_images, compile, threads, device, out, replay_rows, models,
-         precision):
+def main(images, batches, n_max, predict_n, ranks, rank_images, alone, compile, threads, device, out, replay_rows,
+         models, precision):
     import torch
 
     from diffsmooth.engine.demo.run import spread_indices
@@ -220,14 +229,14 @@ def main(images, batches, n_max, predict_n, ranks, rank_images, compile, threads
     dataset, pipe = demo_pipeline(compile, device)
     indices = spread_indices(len(dataset), images)
     rule = rule_from_options(RADII, 0.5, 0.001, n_max)
-    report: Dict[str, List[dict]] = {"settings": dict(images=images, n_max=n_max, predict_n=predict_n,
+    report: Dict[str, List[dict]] = {"settings": dict(images=images, alone=alone, n_max=n_max, predict_n=predict_n,
                                                       compile=compile, threads=threads, device=device,
                                                       radii=RADII, method="rs", sigma=0.5)}
-    report["sequential"] = [compare(pipe, dataset, indices, lambda: sequential_job(100, rule), int(b))
-                            for b in batches.split(",")]
+    report["sequential"] = [compare(pipe, dataset, indices, lambda: sequential_job(100, rule), int(b), alone,
+                                    lambda result: result[2]) for b in batches.split(",")]
     print(markdown(dict(report, predict=[])), file=sys.stderr)
-    report["predict"] = [compare(pipe, dataset, indices, lambda: predict_job(predict_n, 0.001), int(b))
-                         for b in batches.split(",")]
+    report["predict"] = [compare(pipe, dataset, indices, lambda: predict_job(predict_n, 0.001), int(b), alone,
+                                 lambda result: predict_n) for b in batches.split(",")]
     report["ranks"] = [rank_balance(int(w), mode, rank_images, n_max, 1000)
                        for w in ranks.split(",") if w for mode in ("pulled", "static")]
     text = markdown(report)
