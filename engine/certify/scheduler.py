@@ -5,7 +5,9 @@ Python generator from certify/core.py or certify/sequential.py) that yields `Req
 ranges and is sent their vote counts. The scheduler keeps a window of images in flight and fills
 each batch with the next pending samples of several of them: a batch is a list of segments
 (image slot, count row, first sample, count). Images join when a batch has room and leave when
-their job returns, so a batch is only padded when no image is left to fill it.
+their job returns. When no image can join (the end of a run, or every image waiting for its votes),
+a static batch's free rows compute *look-ahead* samples: the next sample indices of images in
+flight, whose votes are kept and counted if the image's next request starts there.
 
 Why the rows do not depend on the packing: the noise of a sample is keyed by (seed, stream, image
 index, sample index) and drawn per row (certify/noise.py), each row's votes are scatter-added into
@@ -83,7 +85,7 @@ class BatchRows:
     sample: torch.Tensor
     count_row: torch.Tensor
     size: int
-    segments: List[Tuple["_Slot", "_Pending", int]]     # (slot, request, rows) on the host
+    segments: List[Tuple["_Slot", Optional["_Pending"], int, int]]   # (slot, request or None: look-ahead, first, rows)
 
     def part(self, lo: int, hi: int) -> "BatchRows":
         """Rows lo..hi-1 (for chunked classifier calls)."""
@@ -116,6 +118,13 @@ class _Slot:
     seconds: float = 0.0
     counted: int = 0
     rows_since_mark: int = 0
+    frontier: int = 0               # the first sample index no request or look-ahead has planned
+    ahead_first: int = 0            # look-ahead votes kept: samples ahead_first.. (contiguous chunks)
+    ahead: List[Tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)   # (votes [E, n], finite [E, n])
+
+    @property
+    def ahead_count(self) -> int:
+        return sum(v.shape[1] for v, _ in self.ahead)
 
 
 class NonFiniteScores(UserError):
@@ -207,6 +216,33 @@ class Scheduler:
                 raise ValueError(f"a job asked for {r!r}: requests need num >= 1")
             check_indices(slot.work.index, r.first, r.num)
         slot.pending = [_Pending(r, self._take_row()) for r in requests]
+        if slot.ahead and slot.ahead_first != requests[0].first:
+            slot.ahead = []                              # the job did not continue where the look-ahead did
+        self._serve_from_ahead(slot)
+        slot.frontier = max([slot.frontier] + [r.first + r.num for r in requests])
+
+    def _serve_from_ahead(self, slot: _Slot) -> None:
+        """Count kept look-ahead votes for requests that start where they do (nothing planned yet)."""
+        for p in slot.pending:
+            if not slot.ahead or p.planned or slot.ahead_first != p.request.first:
+                continue
+            votes, finite = [torch.cat(parts, dim=1) for parts in zip(*slot.ahead)]
+            used = min(p.request.num, votes.shape[1])
+            self._add_votes(p.row, votes[:, :used], finite[:, :used])
+            p.planned = p.counted = used
+            slot.counted += used
+            self.stats.samples_counted += used
+            rest = (votes[:, used:], finite[:, used:])
+            slot.ahead = [rest] if rest[0].shape[1] else []
+            slot.ahead_first += used
+
+    def _add_votes(self, row: int, votes: torch.Tensor, finite: torch.Tensor) -> None:
+        """Scatter-add votes [E, n] (and their non-finite flags) into count row `row`."""
+        e, rows, k = self._counts.shape
+        flat_rows = (torch.arange(e, device=self.device) * rows + row).unsqueeze(1).expand_as(votes)
+        self._counts.view(-1).scatter_add_(0, (flat_rows * k + votes).reshape(-1),
+                                            self._ones[:votes.shape[1]].repeat(e))
+        self._bad.view(-1).scatter_add_(0, flat_rows[:, 0].contiguous(), (~finite).sum(dim=1))
 
     # -- one batch -----------------------------------------------------------------------------
 
@@ -222,7 +258,7 @@ class Scheduler:
                     return
                 rows = min(p.request.num - p.planned, space)
                 if rows > 0:
-                    segments.append((slot, p, rows))
+                    segments.append((slot, p, p.request.first + p.planned, rows))
                     p.planned += rows
                     space -= rows
 
@@ -232,19 +268,32 @@ class Scheduler:
             take_from(next(reversed(active.values())))
         if not segments:
             return None
+        if self.voter.static_batch and space > 0:
+            space = self._look_ahead(list(active.values()), space, segments)
         return self._rows(segments, space if self.voter.static_batch else 0)
+
+    def _look_ahead(self, slots: List[_Slot], space: int, segments: list) -> int:
+        """Spend a static batch's free rows on the next samples of the images in flight (shared
+        evenly); returns the rows still free (padding)."""
+        share = -(-space // len(slots))
+        for slot in slots:
+            rows = min(share, space, 2 ** 32 - slot.frontier)
+            if rows > 0:
+                segments.append((slot, None, slot.frontier, rows))
+                slot.frontier += rows
+                space -= rows
+        return space
 
     def _rows(self, segments, padding: int) -> BatchRows:
         """The batch's per-row keys as one int64 block, copied to the device without a host sync."""
-        size = sum(rows for _, _, rows in segments) + padding
+        size = sum(rows for *_, rows in segments) + padding
         block = np.empty((4, size), dtype=np.int64)
         at = 0
-        for slot, p, rows in segments:
-            first = p.request.first + p.planned - rows
+        for slot, p, first, rows in segments:
             block[0, at:at + rows] = slot.number
             block[1, at:at + rows] = slot.work.index
             block[2, at:at + rows] = np.arange(first, first + rows)
-            block[3, at:at + rows] = p.row
+            block[3, at:at + rows] = p.row if p is not None else self.TRASH
             at += rows
         if padding:                                     # any valid keys; votes go to the trash row
             block[0, at:] = segments[0][0].number
@@ -264,14 +313,16 @@ class Scheduler:
         x_rows = self._x.index_select(0, rows.slot)
         return self.voter.produce(x_rows, rows)
 
-    def _count(self, h, rows: BatchRows) -> None:
-        """Scatter-add each row's vote into its request's count row, per configuration."""
+    def _count(self, h, rows: BatchRows):
+        """Scatter-add each row's vote into its request's count row, per configuration; returns the
+        votes and finite flags [E, B] (look-ahead rows keep theirs)."""
         votes, finite = self.voter.classify(h, rows)
         e, slots, k = self._counts.shape
         offsets = (torch.arange(e, device=self.device) * slots).unsqueeze(1)       # cached by the allocator
         flat_rows = offsets + rows.count_row.unsqueeze(0)                          # [E, B]
         self._counts.view(-1).scatter_add_(0, (flat_rows * k + votes).view(-1), self._ones[:rows.size].repeat(e))
         self._bad.view(-1).scatter_add_(0, flat_rows.view(-1), (~finite).view(-1).to(torch.int64))
+        return votes, finite
 
     # -- the run -------------------------------------------------------------------------------
 
@@ -316,25 +367,49 @@ class Scheduler:
                 rows, h, token = in_flight.popleft()
                 with lanes.consumer():
                     lanes.accept(token, _tensors(h))
-                    self._count(h, rows)
-                    mark = self._complete(rows, active, on_finish, mark)
+                    votes, finite = self._count(h, rows)
+                    mark = self._complete(rows, votes, finite, active, on_finish, mark)
         finally:
             lanes.end()
         return self.stats
 
-    def _complete(self, rows: BatchRows, active: Dict[int, _Slot], on_finish, mark: float) -> float:
-        """Book the consumed rows; read the counts of requests that completed (one host sync), send
-        them to their jobs, and finish the images whose jobs return. Returns the new time mark."""
-        done_slots = []
-        for slot, p, n in rows.segments:
-            p.counted += n
-            slot.counted += n
+    def _complete(self, rows: BatchRows, votes, finite, active: Dict[int, _Slot], on_finish, mark: float) -> float:
+        """Book the consumed rows (keep look-ahead votes); read the counts of requests that completed
+        (a host sync), send them to their jobs, and finish the images whose jobs return; repeat while
+        new requests are served whole from look-ahead votes. Returns the new time mark."""
+        ready, at = [], 0
+        for slot, p, first, n in rows.segments:
             slot.rows_since_mark += n
-            self.stats.samples_counted += n
-            if all(q.complete for q in slot.pending) and slot not in done_slots:
-                done_slots.append(slot)
-        if not done_slots:
-            return mark
+            if p is not None:
+                p.counted += n
+                slot.counted += n
+                self.stats.samples_counted += n
+            elif active.get(slot.number) is slot:
+                self._keep_ahead(slot, first, votes[:, at:at + n], finite[:, at:at + n])
+            at += n
+            if active.get(slot.number) is slot and all(q.complete for q in slot.pending) and slot not in ready:
+                ready.append(slot)
+        while ready:
+            mark, ready = self._deliver(ready, active, on_finish, mark)
+        return mark
+
+    def _keep_ahead(self, slot: _Slot, first: int, votes: torch.Tensor, finite: torch.Tensor) -> None:
+        """Keep look-ahead votes that continue the slot's kept ones and lie beyond what its requests
+        have planned; serve a waiting request that starts there."""
+        planned_end = max((p.request.first + p.planned for p in slot.pending), default=0)
+        if first < planned_end:
+            return
+        if slot.ahead and first != slot.ahead_first + slot.ahead_count:
+            return
+        if not slot.ahead:
+            slot.ahead_first = first
+        slot.ahead.append((votes, finite))
+        self._serve_from_ahead(slot)
+
+    def _deliver(self, ready: List[_Slot], active: Dict[int, _Slot], on_finish, mark: float):
+        """Read the counts of the ready slots' requests (one host sync), send them to their jobs;
+        returns (new time mark, slots whose next requests are already complete)."""
+        done_slots = ready
         read = [p.row for slot in done_slots for p in slot.pending]
         index = torch.from_numpy(np.asarray(read, dtype=np.int64))
         index = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
@@ -345,6 +420,7 @@ class Scheduler:
         self.stats.syncs += 1
         now = time.perf_counter()
         self._share_time(active, now - mark)
+        again = []
         for slot in done_slots:
             got = []
             for p in slot.pending:
@@ -363,7 +439,9 @@ class Scheduler:
                 on_finish(Finished(slot.work, finished.value, slot.seconds, slot.counted))
                 continue
             self._set_ask(slot, ask)
-        return now
+            if all(q.complete for q in slot.pending):
+                again.append(slot)
+        return now, again
 
     def _share_time(self, active: Dict[int, _Slot], seconds: float) -> None:
         """Split the wall time since the last read over the images by their rows in it."""

@@ -9,6 +9,7 @@ from stage_fixtures import make_pipeline
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.certify.core import certify_job, drive, predict_job
+from diffsmooth.engine.certify.lanes import SerialLanes
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.scheduler import NonFiniteScores, Scheduler, Work, default_window
 from diffsmooth.engine.certify.sequential import SequentialRule, sequential_job
@@ -95,6 +96,22 @@ def test_packed_rows_equal_the_serial_oracle(rs_stages, oracle, batch, window, s
         assert stats.max_window >= 2                      # images really shared batches
 
 
+class TwoLanes(SerialLanes):
+    """Lanes that report overlap, so the scheduler plans batch k+1 before counting batch k (as on
+    CUDA with two streams): requests and look-ahead samples are in flight while others complete."""
+
+    overlapping = True
+
+
+@pytest.mark.parametrize("batch,window", [(7, None), (64, None), (64, 2), (300, None)])
+def test_two_batches_in_flight_give_the_oracle_rows(rs_stages, oracle, batch, window):
+    pipe = pipeline(rs_stages, static_batch=True)
+    pipe.lanes = TwoLanes()
+    got, stats = packed_results(pipe, batch, window)
+    assert got == oracle
+    assert stats.max_window >= 2
+
+
 def test_diffsmooth_fresh_local_noise_packs_exactly(tiny_stages):
     """The denoiser and per-row fresh local noise (keyed by each row's image and sample index)."""
     pipe = make_pipeline(tiny_stages, static_batch=True)
@@ -107,13 +124,19 @@ def test_diffsmooth_fresh_local_noise_packs_exactly(tiny_stages):
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_static_batch_is_padded_only_at_the_end_of_the_run(rs_stages):
+def test_free_rows_of_a_static_batch_compute_look_ahead_samples(rs_stages, monkeypatch):
+    """Rows no request fills compute the next samples of images in flight; those counted by a later
+    request are not computed again, so a packed run computes less than one image at a time, which
+    computes less than padding would."""
     packed, stats = packed_results(pipeline(rs_stages, static_batch=True), 64, None)
-    assert stats.samples_computed - stats.samples_counted < 64
     one_at_a_time, alone = packed_results(pipeline(rs_stages, static_batch=True), 64, 1)
-    assert alone.samples_counted == stats.samples_counted
-    assert alone.samples_computed - alone.samples_counted >= 64      # every image's tail padded
     assert packed == one_at_a_time
+    assert alone.samples_counted == stats.samples_counted
+    assert stats.samples_computed - stats.samples_counted < 64
+    assert stats.samples_computed < alone.samples_computed
+    monkeypatch.setattr(Scheduler, "_look_ahead", lambda self, slots, space, segments: space)    # pad instead
+    padded, without = packed_results(pipeline(rs_stages, static_batch=True), 64, 1)
+    assert padded == packed and without.samples_computed > alone.samples_computed
 
 
 def test_every_image_finishes_once_with_time_shares_summing_to_the_run(rs_stages):
