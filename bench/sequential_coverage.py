@@ -19,10 +19,11 @@ from typing import Callable, Sequence
 
 import click
 import numpy as np
-from scipy.stats import beta, norm
+from scipy.stats import norm
 
 from diffsmooth.engine.certify.core import lower_confidence_bounds
 from diffsmooth.engine.certify.sequential import SequentialRule
+from diffsmooth.engine.runs.analyze import clopper_pearson
 
 # lower(successes, trials, look index) -> lower bounds (arrays)
 LowerBound = Callable[[np.ndarray, float, int], np.ndarray]
@@ -52,13 +53,6 @@ def miscoverage(lower: LowerBound, chunks: Sequence[int], p: float, paths: int, 
     return int(failed.sum())
 
 
-def interval(k: int, n: int, level: float = 0.05):
-    """Two-sided Clopper-Pearson interval of k failures out of n paths."""
-    lo = 0.0 if k == 0 else float(beta.ppf(level / 2, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(1 - level / 2, k + 1, n - k))
-    return lo, hi
-
-
 def rates(radii: Sequence[float], sigma: float) -> list:
     """The p checked: each threshold Phi(r / sigma), then 0.5, 0.9, 0.99, 0.999 (sorted, unique)."""
     return sorted({round(float(norm.cdf(r / sigma)), 6) for r in radii} | {0.5, 0.9, 0.99, 0.999})
@@ -79,7 +73,7 @@ def run(n_maxes: Sequence[int], paths: int, alpha: float, sigma: float, radii: S
                 start = time.perf_counter()
                 k = miscoverage(lower, rule.chunks(), p, paths, rng)
                 records.append(dict(n_max=n_max, looks=len(rule.chunks()), p=p, bound=name, failures=k, paths=paths,
-                                    rate=k / paths, ci95=interval(k, paths),
+                                    rate=k / paths, ci95=clopper_pearson(k, paths),
                                     seconds=round(time.perf_counter() - start, 1)))
     return records
 

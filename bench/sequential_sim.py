@@ -179,8 +179,9 @@ def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured):
     radii = sorted(parse_radii(radii))
     images = load_images(rows, n, alpha, sigma, abstain_p)
     n_max = n_max or n
+    seq_rows = _read(measured) if measured else None         # read once: the run may still be writing
     if measured:
-        done = {int(r["idx"]) for r in _read(measured)}
+        done = {int(r["idx"]) for r in seq_rows}
         images = [im for im in images if im.idx in done]
     result = simulate(images, n=n_max, n0=n0, alpha=alpha, sigma=sigma, radii=radii, seeds=seeds,
                       rules=standard_rules(n_max, radii, sigma, alpha))
@@ -189,7 +190,7 @@ def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured):
               f"alpha={alpha}, sigma={sigma}, {seeds} seeds, abstained rows p={abstain_p}); means over seeds")
     click.echo(markdown(result, radii, header))
     if measured:
-        click.echo("\n" + measured_table(rows, measured, n, n0, radii, n_max))
+        click.echo("\n" + measured_table(rows, measured, n, n0, radii, n_max, seq_rows))
 
 
 def _read(path) -> List[dict]:
@@ -197,10 +198,11 @@ def _read(path) -> List[dict]:
         return list(csv.DictReader(handle, delimiter="\t"))
 
 
-def measured_table(fixed_path, seq_path, n: int, n0: int, radii: Sequence[float], n_max: Optional[int] = None) -> str:
+def measured_table(fixed_path, seq_path, n: int, n0: int, radii: Sequence[float], n_max: Optional[int] = None,
+                   seq_rows: Optional[List[dict]] = None) -> str:
     """The MEASURED rows (fixed-n rows of the sequential file's images, and the sequential rows) in
     the same layout, to check the simulation; n is the fixed rows' n, n_max the sequential run's."""
-    seq = _read(seq_path)
+    seq = seq_rows if seq_rows is not None else _read(seq_path)
     done = {r["idx"] for r in seq}
     fixed = [r for r in _read(fixed_path) if r["idx"] in done]
     n_max = n_max or n

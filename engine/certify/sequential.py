@@ -23,7 +23,7 @@ is a nonnegative martingale with mean 1 under pA = p0, so Ville's inequality giv
 P(exists t: M_t(pA) >= 1/alpha) <= alpha and C_t = {p : M_t(p) < 1/alpha} = [L_t, U_t] holds at all t
 at once (Jeffreys prior a = b = 1/2; bisection, outer end of the bracket). It guards both sides
 with one alpha, so its lower bound is looser than split CP's at the same looks; keep it for runs
-whose budget may be extended later. docs/sequential-rules.md has the measured comparison.
+whose budget may be extended later. docs/sequential-rules.md compares the two (simulated and measured).
 """
 
 from __future__ import annotations
