@@ -204,6 +204,7 @@ def markdown(report: dict) -> str:
 @click.option("--ranks", default="2,4", show_default=True, help="Rank counts for the balance part ('' to skip).")
 @click.option("--rank-images", default=64, show_default=True)
 @click.option("--alone", default=20, show_default=True, help="Images run one at a time for the comparison.")
+@click.option("--parts", default="sequential,predict,ranks", show_default=True)
 @click.option("--compile/--no-compile", default=True, show_default=True)
 @click.option("--threads", default=2, show_default=True)
 @click.option("--device", default="cpu", show_default=True)
@@ -213,7 +214,7 @@ def markdown(report: dict) -> str:
                    "images needed (their `samples` column), timed against fixed-n.")
 @click.option("--models", default="cifar10", show_default=True, help="With --replay-rows: the model set.")
 @click.option("--precision", default="fp16", show_default=True, help="With --replay-rows.")
-def main(images, batches, n_max, predict_n, ranks, rank_images, alone, compile, threads, device, out, replay_rows,
+def main(images, batches, n_max, predict_n, ranks, rank_images, alone, parts, compile, threads, device, out, replay_rows,
          models, precision):
     import torch
 
@@ -232,13 +233,14 @@ def main(images, batches, n_max, predict_n, ranks, rank_images, alone, compile, 
     report: Dict[str, List[dict]] = {"settings": dict(images=images, alone=alone, n_max=n_max, predict_n=predict_n,
                                                       compile=compile, threads=threads, device=device,
                                                       radii=RADII, method="rs", sigma=0.5)}
-    report["sequential"] = [compare(pipe, dataset, indices, lambda: sequential_job(100, rule), int(b), alone,
-                                    lambda result: result[2]) for b in batches.split(",")]
+    sizes = [int(b) for b in batches.split(",")] if parts != "ranks" else []
+    report["sequential"] = [compare(pipe, dataset, indices, lambda: sequential_job(100, rule), b, alone,
+                                    lambda result: result[2]) for b in sizes if "sequential" in parts]
     print(markdown(dict(report, predict=[])), file=sys.stderr)
-    report["predict"] = [compare(pipe, dataset, indices, lambda: predict_job(predict_n, 0.001), int(b), alone,
-                                 lambda result: predict_n) for b in batches.split(",")]
+    report["predict"] = [compare(pipe, dataset, indices, lambda: predict_job(predict_n, 0.001), b, alone,
+                                 lambda result: predict_n) for b in sizes if "predict" in parts]
     report["ranks"] = [rank_balance(int(w), mode, rank_images, n_max, 1000)
-                       for w in ranks.split(",") if w for mode in ("pulled", "static")]
+                       for w in ranks.split(",") if w and "ranks" in parts for mode in ("pulled", "static")]
     text = markdown(report)
     print(text)
     if out:
