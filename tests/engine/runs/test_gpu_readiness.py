@@ -310,17 +310,19 @@ def _compiled_stages(monkeypatch, count):
 
     from diffsmooth.engine.backends.torch_backend import TorchStage
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
-    for key in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
-        monkeypatch.setattr(config, key, getattr(config, key))
+    saved = config.save_config()                  # the stages raise dynamo's limits: restore them after
     torch._dynamo.reset()
     messages, outs = [], []
     x = torch.rand(4, 6)
     torch.manual_seed(0)
-    for k in range(count):
-        head = _LocalHead(0.01 * (k + 1))
-        stage = TorchStage(head, f"local {k}", torch.device("cpu"), compile=True, log=messages.append)
-        outs.append((stage(x), head(x).detach(), stage.compiled))
-    torch._dynamo.reset()
+    try:
+        for k in range(count):
+            head = _LocalHead(0.01 * (k + 1))
+            stage = TorchStage(head, f"local {k}", torch.device("cpu"), compile=True, log=messages.append)
+            outs.append((stage(x), head(x).detach(), stage.compiled))
+    finally:
+        torch._dynamo.reset()
+        config.load_config(saved)
     return messages, outs
 
 
@@ -340,8 +342,8 @@ def test_a_stage_past_the_limit_says_it_runs_eager(monkeypatch):
     monkeypatch.setattr(recompile_limit, "ENTRIES_PER_STAGE", 0)        # the limit no longer grows
     monkeypatch.setattr(recompile_limit, "BASE_LIMIT", 3)
     import torch._dynamo.config as config
-    monkeypatch.setattr(config, "recompile_limit", 3)
-    messages, outs = _compiled_stages(monkeypatch, 5)
+    with config.patch(recompile_limit=3):
+        messages, outs = _compiled_stages(monkeypatch, 5)
     assert [compiled for _, _, compiled in outs] == [True, True, True, False, False]
     assert len(messages) == 2 and all("runs eager" in m for m in messages)
     for got, want, _ in outs:
