@@ -60,14 +60,16 @@ def compare(pipeline, dataset, indices, make_job, batch: int, alone: int, sample
     next request, so an image of s samples cost ceil(s / batch) whole batches."""
     timed_run(pipeline, dataset, indices[:1], make_job, batch, 1)
     packed = timed_run(pipeline, dataset, indices, make_job, batch, None)
-    one = timed_run(pipeline, dataset, indices[:alone], make_job, batch, 1)
-    packed_results, one_results = packed.pop("results"), one.pop("results")
-    same = all(one_results[i] == packed_results[i] for i in indices[:alone])
+    packed_results = packed.pop("results")
     samples = [samples_of(packed_results[i]) for i in indices]
     previous = sum(-(-s // batch) * batch for s in samples)
-    return {"batch": batch, "rows_identical": same, "alone_images": alone, "one_at_a_time": one, "packed": packed,
-            "previous_engine_overhead": previous / sum(samples),
-            "seconds_per_image_ratio": (one["seconds"] / alone) / (packed["seconds"] / len(indices))}
+    report = {"batch": batch, "alone_images": alone, "packed": packed, "previous_engine_overhead": previous / sum(samples)}
+    if alone:
+        one = timed_run(pipeline, dataset, indices[:alone], make_job, batch, 1)
+        one_results = one.pop("results")
+        report.update(one_at_a_time=one, rows_identical=all(one_results[i] == packed_results[i] for i in indices[:alone]),
+                      seconds_per_image_ratio=(one["seconds"] / alone) / (packed["seconds"] / len(indices)))
+    return report
 
 
 # -- ranks ---------------------------------------------------------------------------------------
@@ -184,10 +186,11 @@ def markdown(report: dict) -> str:
              "rows identical | seconds per image: window of one / packed |", "|---|---|---|---|---|---|---|"]
     for name, rows in (("sequential", report["sequential"]), ("predict", report["predict"])):
         for r in rows:
+            alone = r.get("one_at_a_time")
             lines.append(f"| {name} | {r['batch']} | {r['packed']['overhead']:.3f} | "
-                         f"{r['one_at_a_time']['overhead']:.3f} | {r['previous_engine_overhead']:.3f} | "
-                         f"{'yes' if r['rows_identical'] else 'NO'} ({r['alone_images']} images) | "
-                         f"{r['seconds_per_image_ratio']:.2f}x |")
+                         f"{alone['overhead'] if alone else float('nan'):.3f} | {r['previous_engine_overhead']:.3f} | "
+                         f"{('yes' if r['rows_identical'] else 'NO') if alone else 'n/a'} ({r['alone_images']} images) | "
+                         f"{r.get('seconds_per_image_ratio', float('nan')):.2f}x |")
     if report.get("ranks"):
         lines += ["", "| ranks | work | computed samples per rank | busiest / mean |", "|---|---|---|---|"]
         for r in report["ranks"]:
