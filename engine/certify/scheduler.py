@@ -241,7 +241,7 @@ class Scheduler:
         e, rows, k = self._counts.shape
         flat_rows = (torch.arange(e, device=self.device) * rows + row).unsqueeze(1).expand_as(votes)
         self._counts.view(-1).scatter_add_(0, (flat_rows * k + votes).reshape(-1),
-                                            self._ones[:votes.shape[1]].repeat(e))
+                                            votes.new_ones(votes.numel()))      # kept votes may span batches
         self._bad.view(-1).scatter_add_(0, flat_rows[:, 0].contiguous(), (~finite).sum(dim=1))
 
     # -- one batch -----------------------------------------------------------------------------

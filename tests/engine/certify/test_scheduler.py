@@ -112,6 +112,23 @@ def test_two_batches_in_flight_give_the_oracle_rows(rs_stages, oracle, batch, wi
     assert stats.max_window >= 2
 
 
+def test_kept_look_ahead_longer_than_a_batch_is_counted_whole(rs_stages):
+    """Look-ahead kept over several batches serves a request larger than one batch."""
+    from diffsmooth.engine.certify.core import Request
+    from diffsmooth.engine.certify.scheduler import _Slot
+    sched = Scheduler(pipeline(rs_stages, static_batch=True), 8, window=2)
+    x = images()[0][1]
+    sched._allocate(x)
+    slot = _Slot(0, Work(0, x, iter(())))
+    votes = torch.tensor([[3, 1, 3, 2, 3, 0, 0, 3, 1, 2, 3, 3, 2, 1, 0, 3, 3, 2, 1, 3]])
+    slot.ahead_first, slot.ahead = 5, [(votes[:, :12], torch.ones(1, 12, dtype=torch.bool)),
+                                        (votes[:, 12:], torch.ones(1, 8, dtype=torch.bool))]
+    sched._set_ask(slot, Request(5, 20))
+    (p,) = slot.pending
+    assert p.complete and not slot.ahead
+    np.testing.assert_array_equal(sched._counts[0, p.row].numpy(), np.bincount(votes[0].numpy(), minlength=10))
+
+
 def test_diffsmooth_fresh_local_noise_packs_exactly(tiny_stages):
     """The denoiser and per-row fresh local noise (keyed by each row's image and sample index)."""
     pipe = make_pipeline(tiny_stages, static_batch=True)
