@@ -409,8 +409,8 @@ class Scheduler:
     def _deliver(self, ready: List[_Slot], active: Dict[int, _Slot], on_finish, mark: float):
         """Read the counts of the ready slots' requests (one host sync), send them to their jobs;
         returns (new time mark, slots whose next requests are already complete)."""
-        done_slots = ready
-        read = [p.row for slot in done_slots for p in slot.pending]
+        read = [p.row for slot in ready for p in slot.pending]
+        column_of = {row: column for column, row in enumerate(read)}
         index = torch.from_numpy(np.asarray(read, dtype=np.int64))
         index = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
         counts = self._counts.index_select(1, index).cpu().numpy()        # the host sync
@@ -421,10 +421,10 @@ class Scheduler:
         now = time.perf_counter()
         self._share_time(active, now - mark)
         again = []
-        for slot in done_slots:
+        for slot in ready:
             got = []
             for p in slot.pending:
-                column = read.index(p.row)
+                column = column_of[p.row]
                 if bad[:, column].any():
                     configs = [self.voter.describe_config(e) for e in np.flatnonzero(bad[:, column])]
                     raise NonFiniteScores(f"image {slot.work.index}: {', '.join(configs)} produced NaN/Inf "
