@@ -160,7 +160,7 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
     report = {
         "settings": dict(images=images, n=n, n0=n0, alpha=alpha, radii=list(rule.radii), batch=batch, device=device,
                          precision=precision, method=method, sigma=sigma, m=m, local_sigma=local_sigma, seed=seed,
-                         futility=rule.futility, look_schedule=rule.chunks()),
+                         futility=rule.describe_futility(), look_schedule=rule.chunks()),
         "images": len(fixed_rows),
         "stopped_early": stopped,
         "fixed": {"samples": fixed_samples, "certified_accuracy": fixed_acc,
@@ -192,7 +192,8 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
 @click.option("--m", "m", type=int, default=5, show_default=True)
 @click.option("--local-sigma", type=float, default=0.25, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--futility", default=None, metavar="K|off", help="The sequential rule's futility stop [default: 1.25].")
+@click.option("--futility", default=None, metavar="M|off|RULE:M",
+              help="The sequential rule's futility stop, as `certify --futility` [default: the pace rule].")
 @click.option("--threads", type=int, default=None, help="CPU threads for torch.")
 @click.option("--out", type=click.Path(), default="bench-sequential", show_default=True,
               help="Directory for fixed.tsv, sequential.tsv, sequential.md, sequential.json.")

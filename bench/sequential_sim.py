@@ -8,7 +8,9 @@ digits, so the nA whose radius prints the same is found (the middle one when sev
 p = nA / n. Abstained rows (radius 0) get --abstain-p (an assumption: their p is below 1/2).
 Then Binomial vote paths with that p (--seeds per image) run through fixed-n CERTIFY at n-max and
 through each sequential rule (the engine's own vectorised rule, `run_rule`; no bound is computed
-here), next to an oracle that knows p. The table shows total samples (incl. n0) and certified
+here), next to an oracle that knows p. Every rule and the fixed-n baseline see the SAME paths (a
+sequential run's samples are a prefix of a fixed-n run's with the same seed), so the accuracy
+differences are paired, not two independent draws. The table shows total samples (incl. n0) and certified
 accuracy per radius, means over seeds. It is a model of the measurement, not a measurement: it
 assumes the selection step picks the same class as the fixed run and that votes are i.i.d. given p
 (at an n-max above the rows' n, p is extrapolated from those rows).
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import click
 import numpy as np
@@ -60,9 +62,19 @@ def load_images(path, n: int, alpha: float, sigma: float, abstain_p: float) -> L
     return images
 
 
-def simulate_fixed(p: np.ndarray, n: int, alpha: float, sigma: float, rng) -> np.ndarray:
-    """Radii of fixed-n CERTIFY (0 = abstain) for vote rates p (any shape)."""
-    return radius_from_lower(lower_confidence_bounds(rng.binomial(n, p), n, alpha), sigma)
+def shared_paths(p: np.ndarray, rules, n: int, rng) -> Tuple[np.ndarray, np.ndarray]:
+    """(cut points, votes per segment): one Binomial vote path per rate p, cut at every look of every
+    rule and at n, so each rule's chunk votes and the fixed-n count (their total) share the path."""
+    cuts = sorted({n, *(int(t) for rule in rules for t in rule.looks())})
+    sizes = np.diff(np.concatenate([[0], cuts]))
+    return np.asarray(cuts), rng.binomial(sizes[None, :], np.asarray(p, dtype=np.float64)[:, None])
+
+
+def chunk_votes(cuts: np.ndarray, segments: np.ndarray, rule: SequentialRule) -> np.ndarray:
+    """The votes of each chunk of rule.chunks(), summed from the shared segments."""
+    cumulative = np.cumsum(segments, axis=1)
+    at_looks = cumulative[:, np.searchsorted(cuts, rule.looks())]
+    return np.diff(np.concatenate([np.zeros((len(segments), 1), dtype=at_looks.dtype), at_looks], axis=1), axis=1)
 
 
 def simulate_sequential(p: np.ndarray, rule: SequentialRule, rng, votes=None):
@@ -101,27 +113,30 @@ def simulate(images: List[Image], *, n: int, n0: int, alpha: float, sigma: float
     n is n-max (the fixed-n baseline's n); rules maps names to SequentialRules."""
     p = np.array([im.p for im in images])
     correct = np.array([im.correct for im in images])
-    out = {}
+    if any(rule.n_max != n for rule in rules.values()):
+        raise ValueError("every rule must have n_max = n (the fixed-n baseline's n)")
     rng = np.random.default_rng(seed)
-    acc = {r: [] for r in radii}
+    names = [f"fixed-n n={n}", *rules]
+    acc = {name: {r: [] for r in radii} for name in names}
+    samples = {name: [] for name in rules}
+    at_max = {name: [] for name in rules}
     for _ in range(seeds):
-        rad = simulate_fixed(p, n, alpha, sigma, rng)
+        cuts, segments = shared_paths(p, rules.values(), n, rng)
+        rad = radius_from_lower(lower_confidence_bounds(segments.sum(axis=1), n, alpha), sigma)
         for r in radii:
-            acc[r].append(accuracy(rad, correct, r))
-    fixed = {"samples": len(p) * (n0 + n), "accuracy": {r: float(np.mean(v)) for r, v in acc.items()},
-             "at_nmax": len(p)}
-    out[f"fixed-n n={n}"] = fixed
-    for name, rule in rules.items():
-        rng = np.random.default_rng(seed)
-        acc, samples, at_max = {r: [] for r in radii}, [], []
-        for _ in range(seeds):
-            rad, used = simulate_sequential(p, rule, rng)
-            samples.append(int(used.sum()) + len(p) * n0)
-            at_max.append(int((used >= n).sum()))
+            acc[names[0]][r].append(accuracy(rad, correct, r))
+        for name, rule in rules.items():
+            rad, used = simulate_sequential(p, rule, None, votes=chunk_votes(cuts, segments, rule))
+            samples[name].append(int(used.sum()) + len(p) * n0)
+            at_max[name].append(int((used >= n).sum()))
             for r in radii:
-                acc[r].append(accuracy(rad, correct, r))
-        out[name] = {"samples": float(np.mean(samples)), "accuracy": {r: float(np.mean(v)) for r, v in acc.items()},
-                     "at_nmax": float(np.mean(at_max))}
+                acc[name][r].append(accuracy(rad, correct, r))
+    mean_acc = {name: {r: float(np.mean(v)) for r, v in acc[name].items()} for name in names}
+    fixed = {"samples": len(p) * (n0 + n), "accuracy": mean_acc[names[0]], "at_nmax": len(p)}
+    out = {names[0]: fixed}
+    for name in rules:
+        out[name] = {"samples": float(np.mean(samples[name])), "accuracy": mean_acc[name],
+                     "at_nmax": float(np.mean(at_max[name]))}
     if oracle:
         used = oracle_samples(p, n, alpha, sigma, radii)
         out["oracle (true pA known; a ceiling, not a rule)"] = {
@@ -143,17 +158,23 @@ def markdown(result: dict, radii: Sequence[float], header: str, label: str = "ru
     return "\n".join(lines)
 
 
+PACE_MARGINS = (0.1, 0.13, 0.17, 0.21, 0.27)
+
+
 def standard_rules(n_max: int, radii: Sequence[float], sigma: float, alpha: float,
-                   margins: Sequence[float] = (1.0, 1.25, 1.5, 2.0)) -> dict:
-    """The rules compared: the mixture (the bound of the first releases, k = 2) and split CP at
-    several futility margins k; the engine's defaults are marked."""
-    from diffsmooth.engine.certify.sequential import DEFAULT_BOUND, FUTILITY_MARGIN
-    rules = {}
-    for bound, ks in (("mixture", (2.0,)), ("split-cp", tuple(margins))):
-        for k in ks:
-            mark = " (default)" if (bound, k) == (DEFAULT_BOUND, FUTILITY_MARGIN) else ""
-            rules[f"{bound}, futility k={k:g}{mark}"] = SequentialRule(tuple(radii), sigma, alpha, n_max,
-                                                                       futility=k, bound=bound)
+                   margins: Sequence[float] = PACE_MARGINS) -> dict:
+    """The rules compared: the earlier defaults (the mixture with the projection stop at k = 2, split CP
+    with it at k = 1.25) and split CP with the pace stop at several margins m and at the default for
+    n_max (marked)."""
+    default = SequentialRule(tuple(radii), sigma, alpha, n_max)
+    rules = {"mixture, projection k=2 (first default)": SequentialRule(
+                 tuple(radii), sigma, alpha, n_max, futility=2.0, bound="mixture", futility_rule="projection"),
+             "split-cp, projection k=1.25 (previous default)": SequentialRule(
+                 tuple(radii), sigma, alpha, n_max, futility=1.25, futility_rule="projection")}
+    rules[f"mixture, pace m={default.futility:g}"] = SequentialRule(tuple(radii), sigma, alpha, n_max, bound="mixture")
+    for m in sorted({*margins, default.futility}):
+        mark = " (default)" if m == default.futility else ""
+        rules[f"split-cp, pace m={m:g}{mark}"] = SequentialRule(tuple(radii), sigma, alpha, n_max, futility=m)
     return rules
 
 
@@ -173,11 +194,14 @@ def standard_rules(n_max: int, radii: Sequence[float], sigma: float, alpha: floa
                    "rows are printed next to the simulated ones.")
 @click.option("--abstain-p", type=float, default=0.45, show_default=True,
               help="Assumed vote rate of rows that abstained (radius 0).")
-def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured):
+@click.option("--jitter", type=float, default=0.0, show_default=True,
+              help="Robustness check: move each vote rate below 0.9999 by a uniform offset in [-J, J] "
+                   "(seeded), a population the defaults were not chosen on.")
+def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured, jitter):
     """Prints the SIMULATED samples / certified-accuracy table (markdown)."""
     from diffsmooth.engine.certify.sequential import parse_radii
     radii = sorted(parse_radii(radii))
-    images = load_images(rows, n, alpha, sigma, abstain_p)
+    images = jittered(load_images(rows, n, alpha, sigma, abstain_p), jitter)
     n_max = n_max or n
     seq_rows = _read(measured) if measured else None         # read once: the run may still be writing
     if measured:
@@ -185,12 +209,22 @@ def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured):
         images = [im for im in images if im.idx in done]
     result = simulate(images, n=n_max, n0=n0, alpha=alpha, sigma=sigma, radii=radii, seeds=seeds,
                       rules=standard_rules(n_max, radii, sigma, alpha))
-    header = (f"SIMULATION from the vote rates recovered from {rows} ({len(images)} images, rows' n={n}, "
+    header = (f"SIMULATION from the vote rates recovered from {rows}{f' +- U({jitter})' if jitter else ''} "
+              f"({len(images)} images, rows' n={n}, "
               f"n-max={n_max}, n0={n0}, "
               f"alpha={alpha}, sigma={sigma}, {seeds} seeds, abstained rows p={abstain_p}); means over seeds")
     click.echo(markdown(result, radii, header))
     if measured:
         click.echo("\n" + measured_table(rows, measured, n, n0, radii, n_max, seq_rows))
+
+
+def jittered(images: List[Image], width: float, seed: int = 1234) -> List[Image]:
+    """Each vote rate below 0.9999 moved by U(-width, width), clipped to [0, 1] (unanimous rows stay)."""
+    if not width:
+        return images
+    offsets = np.random.default_rng(seed).uniform(-width, width, len(images))
+    return [Image(float(np.clip(im.p + d, 0.0, 1.0)) if im.p < 0.9999 else im.p, im.correct, im.idx)
+            for im, d in zip(images, offsets)]
 
 
 def _read(path) -> List[dict]:

@@ -8,7 +8,7 @@ levels sum to alpha; the certificate uses L = the running max of the L_k. Validi
   Cohen et al.: n fixed in advance, so P(CP lower bound at level alpha > pA) <= alpha.
   Here each t_k is fixed in advance, so P(L_k > pA) <= alpha_k for each k by the same argument, and
   P(max_k L_k > pA) <= sum_k alpha_k = alpha (union bound); L at any stopping time is <= max_k L_k.
-The upper bound (CP at the same levels) and the futility projection only decide WHEN to stop and
+The upper bound (CP at the same levels) and the futility stop only decide WHEN to stop and
 spend no alpha: stopping early only reports a smaller, still valid L. The price: a look must fall
 exactly on t_k (`SequentialCertificate.add` refuses any other sample total), and a budget cannot be
 extended past n_max afterwards (the levels were split over these K looks).
@@ -29,7 +29,8 @@ whose budget may be extended later. docs/sequential-rules.md compares the two (s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Generator, Hashable, List, Optional, Sequence, Tuple
+from functools import cached_property
+from typing import Callable, Dict, Generator, Hashable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from scipy.special import betaln, xlog1py, xlogy
@@ -46,7 +47,10 @@ CAP_DIVISOR = 40                 # ... at most max(MIN_STEP_CAP, n_max // CAP_DI
 MIN_STEP_CAP = 1000
 GROWTH = 1.2                     # chosen by simulation (docs/sequential-rules.md): K = 24 looks at 10k, 60 at 100k
 GROWTH_OLD = 2.0                 # the first release's schedule (100, 200, 400, 800, ...)
-FUTILITY_MARGIN = 1.25           # default k of the futility stop (see futility_bounds), chosen by simulation
+FUTILITY_RULES = ("pace", "projection")   # how the futility stop judges an image (SequentialRule.futility_rule)
+DEFAULT_FUTILITY_RULE = "pace"
+PACE_SLOPE = 4.0                 # the pace margin grows as m (1 + PACE_SLOPE t / n_max) (pace_futile)
+PROJECTION_MARGIN = 1.25         # default k of the projection rule (the previous default)
 BOUNDS = SEQUENTIAL_BOUNDS       # SequentialRule.bound
 DEFAULT_BOUND = "split-cp"
 _BISECTIONS = 64                 # enough for double precision on [0, 1]
@@ -133,6 +137,44 @@ def _projected_successes(successes, trials, n_max: int, margin: float) -> np.nda
     return np.minimum(float(n_max), s + rate * (n_max - t))
 
 
+def default_pace_margin(n_max: int) -> float:
+    """The pace rule's default margin m: 0.21 at n_max 10,000 and 0.13 at 100,000 (each chosen by
+    simulation on the project's two row sets, docs/sequential-rules.md), power-law in between and beyond.
+    Larger n_max spreads the images over more final standard deviations, so a smaller m loses as little."""
+    return round(0.21 * (n_max / 10_000) ** -0.208, 3)
+
+
+def needed_votes(bound_at: Callable[[np.ndarray], np.ndarray], n_max: int, thresholds) -> np.ndarray:
+    """Fewest votes c at n_max with bound_at(c) > 1/2 and >= each threshold (n_max + 1 where none does);
+    bound_at must increase with c. Integer bisection, vectorised over the thresholds."""
+    thresholds = np.asarray(thresholds, dtype=np.float64)
+    lo, hi = np.full(thresholds.shape, -1, dtype=np.int64), np.full(thresholds.shape, n_max, dtype=np.int64)
+    ok_hi = bound_at(hi.astype(np.float64))
+    reachable = (ok_hi > 0.5) & (ok_hi >= thresholds)
+    while np.any(hi - lo > 1):                      # invariant: bound(lo) misses, bound(hi) reaches
+        mid = (lo + hi) // 2
+        bound = bound_at(np.maximum(mid, 0).astype(np.float64))
+        ok = (mid >= 0) & (bound > 0.5) & (bound >= thresholds)
+        lo, hi = np.where(ok, lo, mid), np.where(ok, mid, hi)
+    return np.where(reachable, hi, n_max + 1)
+
+
+def pace_futile(successes, trials, need, n_max: int, margin: float) -> np.ndarray:
+    """The pace rule: True where the votes trail the pace to `need` votes at n_max, t * need / n_max,
+    by more than margin * (1 + 4 t / n_max) standard deviations of the final count, sqrt(n_max v (1 - v))
+    with v = need / n_max. A straight line in (samples, votes) fixed before any data, as a Wald SPRT's
+    boundary: it waits out the early looks (p-hat is too noisy to tell a hopeless image from one that
+    fixed-n would certify) and then stops steadily. Strictly more: needing every vote (sd = 0) it gives
+    up at the first miss, never before. need > n_max (unreachable) is always futile."""
+    s = np.asarray(successes, dtype=np.float64)
+    t = np.asarray(trials, dtype=np.float64)
+    need = np.asarray(need, dtype=np.float64)
+    v = np.clip(need / n_max, 0.0, 1.0)
+    sd = np.sqrt(n_max * v * (1 - v))
+    trail = t * need / n_max - s
+    return (need > n_max) | (trail > margin * (1 + PACE_SLOPE * t / n_max) * sd)
+
+
 def futility_bounds(successes, trials, n_max: int, alpha: float, margin: float,
                     final_level: Optional[float] = None) -> np.ndarray:
     """The lower bound at n_max if the vote rate from here on were optimistic (margin k standard
@@ -155,9 +197,10 @@ class SequentialRule:
     sigma: float
     alpha: float
     n_max: int
-    futility: Optional[float] = FUTILITY_MARGIN     # margin k of the futility stop; None = off
+    futility: Union[float, str, None] = "default"   # margin of the futility stop; None = off
     growth: float = GROWTH                          # look schedule (look_schedule)
     bound: str = DEFAULT_BOUND                      # "split-cp" or "mixture"
+    futility_rule: str = DEFAULT_FUTILITY_RULE      # "pace" (pace_futile) or "projection" (futility_bounds)
 
     def __post_init__(self):
         if not self.radii or any(r < 0 for r in self.radii):
@@ -166,7 +209,12 @@ class SequentialRule:
             raise UserError(f"n-max must be >= 1, got {self.n_max}")
         if not 0 < self.alpha < 1:
             raise UserError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.futility is not None and self.futility < 0:
+        if self.futility_rule not in FUTILITY_RULES:
+            raise UserError(f"the futility rule must be one of {', '.join(FUTILITY_RULES)}, got {self.futility_rule!r}")
+        if self.futility == "default":
+            margin = default_pace_margin(self.n_max) if self.futility_rule == "pace" else PROJECTION_MARGIN
+            object.__setattr__(self, "futility", margin)
+        if self.futility is not None and not self.futility >= 0:
             raise UserError(f"the futility margin must be >= 0 (or off), got {self.futility}")
         if not self.growth > 1:
             raise UserError(f"the look growth must be > 1, got {self.growth}")
@@ -196,27 +244,49 @@ class SequentialRule:
             return confidence_bounds(successes, trials, self.alpha)
         return split_cp_bounds(successes, trials, self.levels()[look])
 
+    def final_bound(self, votes) -> np.ndarray:
+        """The lower bound this rule reports at n_max from `votes` (split CP's last look, or the mixture)."""
+        votes = np.asarray(votes, dtype=np.float64)
+        if self.bound == "mixture":
+            return confidence_bounds(votes, np.broadcast_to(float(self.n_max), votes.shape), self.alpha)[0]
+        return lower_confidence_bounds(votes, float(self.n_max), float(self.levels()[-1]))
+
+    @cached_property
+    def needed(self) -> np.ndarray:
+        """Fewest votes at n_max that certify each radius (n_max + 1: none does)."""
+        return needed_votes(self.final_bound, self.n_max, self.thresholds)
+
     def projected_lower(self, successes, trials) -> np.ndarray:
-        """The futility projection of the lower bound to n_max with this rule's bound."""
+        """The projection rule's lower bound at n_max with this rule's bound."""
         final_level = None if self.bound == "mixture" else float(self.levels()[-1])
         return futility_bounds(successes, trials, self.n_max, self.alpha, self.futility, final_level)
+
+    def futile(self, successes, trials, pending: np.ndarray) -> np.ndarray:
+        """True where the futility stop gives up on radius index `pending` (spends no alpha)."""
+        if self.futility_rule == "pace":
+            return pace_futile(successes, trials, self.needed[pending], self.n_max, self.futility)
+        return self.projected_lower(successes, trials) < np.asarray(self.thresholds)[pending]
+
+    def describe_futility(self) -> Optional[str]:
+        """'pace:0.13', 'projection:1.25' or None (off): the recorded setting."""
+        return None if self.futility is None else f"{self.futility_rule}:{self.futility:g}"
 
 
 def look_decision(rule: SequentialRule, successes, trials, look: int, lower, upper):
     """One look of the rule for arrays of images: (running lower, running upper, stop).
 
     Stop when every radius is certified (L > 1/2 and L >= Phi(r / sigma)), or the smallest
-    uncertified threshold is above U, or (with rule.futility) the projection of L to n_max misses
-    it, or at n_max. The engine (SequentialCertificate) and the simulator both call this."""
+    uncertified threshold is above U, or (with rule.futility) the futility stop gives up on it, or
+    at n_max. The engine (SequentialCertificate) and the simulator both call this."""
     lo, hi = rule.bounds(successes, trials, look)
     lower, upper = np.maximum(lower, lo), np.minimum(upper, hi)
     thresholds = np.asarray(rule.thresholds)
     certified = (lower[..., None] > 0.5) & (lower[..., None] >= thresholds)
     all_done = certified.all(axis=-1)
-    pending = thresholds[np.argmin(certified, axis=-1)]            # smallest uncertified threshold
-    stop = all_done | (upper < pending) | (np.asarray(trials) >= rule.n_max)
+    pending = np.argmin(certified, axis=-1)                         # the smallest uncertified radius
+    stop = all_done | (upper < thresholds[pending]) | (np.asarray(trials) >= rule.n_max)
     if rule.futility is not None:
-        stop = stop | (~all_done & (rule.projected_lower(successes, trials) < pending))
+        stop = stop | (~all_done & rule.futile(successes, trials, pending))
     return lower, upper, stop
 
 
@@ -366,19 +436,29 @@ def certify_sequential_many(count: Callable[[int, int], Dict[Hashable, Sequence[
     return drive(sequential_many_job(n0, rule), count)
 
 
-def parse_futility(text: Optional[str]) -> Optional[float]:
-    """--futility '2' -> 2.0, 'off' -> None, not given -> FUTILITY_MARGIN."""
+def parse_futility(text: Optional[str]) -> Tuple[Union[float, str, None], str]:
+    """--futility: (margin, rule). Not given -> the pace rule at its default margin; 'off' -> no futility
+    stop; 'M' or 'pace:M' -> the pace rule at margin M; 'projection:K' -> the projection rule at K;
+    'pace' / 'projection' -> that rule at its default."""
     if text is None:
-        return FUTILITY_MARGIN
-    if str(text).strip().lower() in ("off", "none", "no"):
-        return None
+        return "default", DEFAULT_FUTILITY_RULE
+    spec = str(text).strip().lower()
+    if spec in ("off", "none", "no"):
+        return None, DEFAULT_FUTILITY_RULE
+    rule, _, value = spec.rpartition(":") if ":" in spec else ("", "", spec)
+    if spec in FUTILITY_RULES:
+        return "default", spec
+    rule = rule or DEFAULT_FUTILITY_RULE
+    usage = f"`futility` must be 'off', a margin >= 0, or RULE:MARGIN with RULE in {', '.join(FUTILITY_RULES)}"
+    if rule not in FUTILITY_RULES:
+        raise UserError(f"{usage}, got {text!r}")
     try:
-        margin = float(text)
+        margin = float(value)
     except ValueError:
-        raise UserError(f"`futility` must be a number >= 0 or 'off', got {text!r}") from None
+        raise UserError(f"{usage}, got {text!r}") from None
     if not margin >= 0:
-        raise UserError(f"`futility` must be a number >= 0 or 'off', got {text!r}")
-    return margin
+        raise UserError(f"{usage}, got {text!r}")
+    return margin, rule
 
 
 def parse_bound(text: Optional[str]) -> str:
@@ -396,5 +476,6 @@ def rule_from_options(radii: Optional[str], sigma: float, alpha: float, n_max: i
     """The rule of `certify --sequential --radii ... --n-max ... [--futility K|off] [--bound B]` (radii required)."""
     if not radii:
         raise UserError("`sequential` needs `radii`, e.g. 0.25,0.5,0.75,1.0")
-    return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max), parse_futility(futility),
-                          bound=parse_bound(bound))
+    margin, futility_rule = parse_futility(futility)
+    return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max), margin,
+                          bound=parse_bound(bound), futility_rule=futility_rule)

@@ -125,7 +125,7 @@ class RunSettings:
         rule = self.sequential_rule()
         if rule is not None:
             settings.pop("n")                       # n only sets n-max's default
-            settings.update(sequential=True, radii=list(rule.radii), n_max=rule.n_max, futility=rule.futility,
+            settings.update(sequential=True, radii=list(rule.radii), n_max=rule.n_max, futility=rule.describe_futility(),
                             look_growth=rule.growth, bound=rule.bound)
         if not self.is_sweep and self.method[0] != "diffsmooth":
             for k in ("local_sigma", "m", "local_noise"):

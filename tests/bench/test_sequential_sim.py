@@ -31,9 +31,11 @@ def test_sim_table_from_a_tsv(tmp_path):
                                     "--radii", "0.25,0.5"])
     assert out.exit_code == 0, out.output
     assert "SIMULATION" in out.output and f"| fixed-n n={n} | {31 * (100 + n):,} | 1.00x |" in out.output
-    seq = [line for line in out.output.splitlines() if line.startswith("| split-cp, futility k=1.25 (default)")][0]
+    seq = [line for line in out.output.splitlines() if line.startswith("| split-cp, pace m=")
+           and "(default)" in line][0]
     assert float(seq.split("|")[3].strip().rstrip("x")) > 1.0          # the sequential rule saved samples
-    assert "| mixture, futility k=2 |" in out.output
+    assert "| mixture, projection k=2 (first default) |" in out.output
+    assert "| split-cp, projection k=1.25 (previous default) |" in out.output
     oracle = [line for line in out.output.splitlines() if line.startswith("| oracle")][0]
     assert float(oracle.split("|")[3].strip().rstrip("x")) > 1.0
     # a longer n-max than the rows' n: the fixed-n baseline is simulated at n-max
@@ -49,3 +51,22 @@ def test_sim_computes_no_bound_of_its_own():
     from diffsmooth.engine.certify import core, sequential
     assert sim.lower_confidence_bounds is core.lower_confidence_bounds and sim.run_rule is sequential.run_rule
     assert not hasattr(sim, "beta") and not hasattr(sim, "confidence_bounds")
+
+
+def test_rules_and_fixed_n_share_one_path_per_image():
+    """Paired comparison: each rule's chunk votes are cut from the same path, whose total is the
+    fixed-n count, also for rules whose looks differ."""
+    from diffsmooth.bench.sequential_sim import chunk_votes, shared_paths
+    from diffsmooth.engine.certify.sequential import SequentialRule
+    rules = [SequentialRule((0.5,), 0.5, 0.001, 5000, growth=g) for g in (1.2, 2.0)]
+    assert rules[0].looks() != rules[1].looks()
+    p = np.linspace(0.5, 0.99, 40)
+    cuts, segments = shared_paths(p, rules, 5000, np.random.default_rng(0))
+    assert cuts[-1] == 5000 and len(set(segments.sum(axis=1))) > 10       # totals spread over the paths
+    for rule in rules:
+        votes = chunk_votes(cuts, segments, rule)
+        assert votes.shape == (40, len(rule.chunks())) and np.all(votes >= 0)
+        assert np.array_equal(votes.sum(axis=1), segments.sum(axis=1))
+        assert np.all(votes <= np.asarray(rule.chunks())[None, :])
+        # the first look's votes are the same prefix of the path for both rules
+    assert np.array_equal(chunk_votes(cuts, segments, rules[0])[:, 0], chunk_votes(cuts, segments, rules[1])[:, 0])

@@ -18,8 +18,13 @@ from diffsmooth.engine.certify.sequential import (
     certify_sequential,
     certify_sequential_many,
     confidence_bounds,
+    default_pace_margin,
     futility_bounds,
     look_schedule,
+    needed_votes,
+    pace_futile,
+    parse_futility,
+    run_rule,
     split_levels,
 )
 from diffsmooth.engine.runs.results import read_rows
@@ -179,19 +184,89 @@ def test_futility_projection():
     with pytest.raises(Exception, match="futility"):
         SequentialRule((0.5,), 0.5, 0.01, 100, futility=-1.0)
     # split CP projects to its own last-look bound (CP at alpha / 2)
-    rule = SequentialRule((0.5,), 0.5, alpha, n_max, futility=0.0)
+    rule = SequentialRule((0.5,), 0.5, alpha, n_max, futility=0.0, futility_rule="projection")
     assert float(rule.projected_lower(850.0, 1000.0)) == pytest.approx(lower_confidence_bound(8500, n_max, alpha / 2))
+
+
+@pytest.mark.parametrize("bound", ["split-cp", "mixture"])
+def test_needed_votes_are_the_fewest_that_certify_at_n_max(bound):
+    """rule.needed[j] is the smallest vote count whose bound at n_max certifies radius j (its own
+    last-look level for split CP): one vote fewer does not. Unreachable radii get n_max + 1."""
+    n_max = 2000
+    rule = SequentialRule((0.0, 0.25, 0.5, 1.0, 1.5), 0.5, 0.001, n_max, bound=bound)
+    for j, threshold in enumerate(rule.thresholds[:-1]):
+        c = int(rule.needed[j])
+        at, below = float(rule.final_bound(c)), float(rule.final_bound(c - 1))
+        assert at > 0.5 and at >= threshold and not (below > 0.5 and below >= threshold), (j, c)
+    if bound == "split-cp":
+        assert rule.needed[1] == needed_votes(lambda v: lower_confidence_bounds(v, n_max, 0.0005), n_max, [norm.cdf(0.5)])[0]
+    # r = 1.5 at sigma 0.5 needs pA >= 0.99865: 2,000 agreeing votes cannot show it
+    assert rule.needed[-1] == n_max + 1 and float(rule.final_bound(n_max)) < rule.thresholds[-1]
+
+
+def test_pace_futility_is_a_line_behind_the_pace():
+    """Futile once the votes trail t * need / n_max by more than m (1 + 4 t / n_max) final standard
+    deviations: on pace never; the margin widens with m and with t; need beyond n_max always."""
+    n_max, need, m = 100000, 93579, 0.13
+    sd = np.sqrt(n_max * (need / n_max) * (1 - need / n_max))
+    for t in (100.0, 1000.0, 20000.0, 99000.0):
+        pace = t * need / n_max
+        line = pace - m * (1 + 4 * t / n_max) * sd
+        assert not pace_futile(np.ceil(pace), t, need, n_max, m)
+        assert not pace_futile(np.ceil(line), t, need, n_max, m) and pace_futile(np.ceil(line) - 1, t, need, n_max, m)
+    assert not pace_futile(84.0, 100.0, need, n_max, m)                 # 4 standard errors behind at t = 100: waits
+    assert pace_futile(18600.0, 20000.0, need, n_max, m)                # 116 behind at t = 20,000: gives up
+    assert not pace_futile(18600.0, 20000.0, need, n_max, 2.0)          # ... unless m is wide
+    assert pace_futile(1000.0, 1000.0, n_max + 1, n_max, m)             # unreachable: always futile
+    assert pace_futile(999.0, 1000.0, n_max, n_max, m)                  # every vote needed: one miss ends it,
+    assert not pace_futile(1000.0, 1000.0, n_max, n_max, m)             # ... no miss never does
+    assert default_pace_margin(10000) == 0.21 and default_pace_margin(100000) == 0.13
+    assert SequentialRule((0.5,), 0.5, 0.001, 100000).futility == 0.13
+
+
+def test_pace_rule_loses_less_and_stops_hopeless_images_sooner_than_the_projection():
+    """Why the pace stop is the default (n_max 100,000, the same 1,000 paths for both rules): on an
+    image that fixed-n certifies every time it gives up less often, and on a hopeless one (3 final
+    standard deviations short) it stops sooner on average. docs/sequential-rules.md has the tables."""
+    n_max = 100000
+    pace = SequentialRule((0.5,), 0.5, 0.001, n_max)
+    projection = SequentialRule((0.5,), 0.5, 0.001, n_max, futility_rule="projection")
+    v = pace.needed[0] / n_max
+    out = {}
+    for d in (5.0, -3.0):
+        p = v + d * np.sqrt(v * (1 - v) / n_max)
+        votes = np.random.default_rng(0).binomial(np.asarray(pace.chunks())[None, :], np.full((1000, 1), p))
+        fixed = lower_confidence_bounds(votes.sum(axis=1), n_max, 0.001) >= pace.thresholds[0]
+        for name, rule in (("pace", pace), ("projection", projection)):
+            lower, used = run_rule(rule, votes)
+            out[name, d] = (float(np.mean(fixed & (lower < rule.thresholds[0]))), float(used.mean()))
+        if d > 0:
+            assert fixed.all()
+    assert out["pace", 5.0][0] < out["projection", 5.0][0] - 0.02
+    assert out["pace", -3.0][1] < 0.9 * out["projection", -3.0][1]
+
+
+def test_futility_option_parsing():
+    from diffsmooth.engine.errors import UserError
+    assert parse_futility(None) == ("default", "pace") and parse_futility("off") == (None, "pace")
+    assert parse_futility("0.2") == (0.2, "pace") and parse_futility("pace:0.3") == (0.3, "pace")
+    assert parse_futility("projection:1.25") == (1.25, "projection") and parse_futility("projection") == ("default", "projection")
+    assert SequentialRule((0.5,), 0.5, 0.001, 1000, futility="default", futility_rule="projection").futility == 1.25
+    for bad in ("x", "-1", "bogus:1", "pace:", "pace:-2"):
+        with pytest.raises(UserError, match="futility"):
+            parse_futility(bad)
+    assert SequentialRule((0.5,), 0.5, 0.001, 1000).describe_futility() == f"pace:{default_pace_margin(1000):g}"
 
 
 @pytest.mark.parametrize("bound", ["split-cp", "mixture"])
 def test_simulation_rule_equals_engine_rule(bound):
     """The vectorised rule (run_rule, which bench/sequential_sim.py calls) makes the engine's
-    decisions, path by path, for both bounds."""
+    decisions, path by path, for both bounds and both futility rules."""
     from diffsmooth.bench.sequential_sim import simulate_sequential
     radii, sigma, alpha, n_max = (0.25, 0.5, 0.75, 1.0), 0.5, 0.001, 10000
     p = np.array([0.3, 0.55, 0.69, 0.75, 0.84, 0.85, 0.9, 0.93, 0.975, 0.98, 0.995, 1.0] * 2)
-    for futility in (1.25, None):
-        rule = SequentialRule(radii, sigma, alpha, n_max, futility=futility, bound=bound)
+    for futility, futility_rule in (("default", "pace"), (1.25, "projection"), (None, "pace")):
+        rule = SequentialRule(radii, sigma, alpha, n_max, futility=futility, bound=bound, futility_rule=futility_rule)
         chunks = rule.chunks()
         votes = np.random.default_rng(3).binomial(np.asarray(chunks)[None, :], p[:, None])
         sim_radius, sim_used = simulate_sequential(p, rule, None, votes=votes)
@@ -311,7 +386,8 @@ def test_cli_sequential_rows_resume_and_guard(tmp_path, spread_models):
     assert other.exit_code == 2 and "bound" in other.output                # another bound: refused
     settings = json.loads((tmp_path / "part.tsv.settings.json").read_text())
     assert settings["sequential"] is True and settings["radii"] == [0.05, 0.1] and settings["n_max"] == 1500
-    assert settings["futility"] == 1.25 and settings["look_growth"] == 1.2 and settings["bound"] == "split-cp"
+    assert settings["futility"] == f"pace:{default_pace_margin(1500):g}"
+    assert settings["look_growth"] == 1.2 and settings["bound"] == "split-cp"
     table = invoke_ok(["analyze", whole, "--radii", "0,0.05,0.1"]).output
     assert "| whole | 6 |" in table
 
@@ -344,7 +420,8 @@ def test_cli_sequential_option_errors(tmp_path, spread_models):
                            (["--bound", "mixture"], "belong to --sequential"),
                            (["--sequential", "--radii", "0.5", "--bound", "cp"], "--bound"),
                            (["--sequential", "--radii", "0.5", "--futility", "-1"], "--futility must be"),
-                           (["--sequential", "--radii", "0.5", "--futility", "x"], "--futility must be")):
+                           (["--sequential", "--radii", "0.5", "--futility", "x"], "--futility must be"),
+                           (["--sequential", "--radii", "0.5", "--futility", "sprt:1"], "--futility must be")):
         result = CliRunner().invoke(main, [str(a) for a in _args(spread_models, *extra)] + ["--out", str(tmp_path / "x.tsv")])
         assert result.exit_code == 2 and message in result.output, result.output
 
