@@ -339,7 +339,7 @@ class SequentialCertificate:
     """The running state of one image: votes for cA so far and the bounds; `add` says when to stop.
 
     Decisions are `look_decision`'s (shared with the vectorised `run_rule`). Only the lower bound
-    makes the certificate; U and the futility projection only decide WHEN to stop. Under split CP
+    makes the certificate; U and the futility stop only decide WHEN to stop. Under split CP
     each update must end exactly on the next look of the schedule (a padded or packed batch must
     never move a look: the levels were spent on those sample counts)."""
 
@@ -445,9 +445,9 @@ def parse_futility(text: Optional[str]) -> Tuple[Union[float, str, None], str]:
     spec = str(text).strip().lower()
     if spec in ("off", "none", "no"):
         return None, DEFAULT_FUTILITY_RULE
-    rule, _, value = spec.rpartition(":") if ":" in spec else ("", "", spec)
     if spec in FUTILITY_RULES:
         return "default", spec
+    rule, _, value = spec.rpartition(":")           # no colon: ("", "", spec), the default rule
     rule = rule or DEFAULT_FUTILITY_RULE
     usage = f"`futility` must be 'off', a margin >= 0, or RULE:MARGIN with RULE in {', '.join(FUTILITY_RULES)}"
     if rule not in FUTILITY_RULES:
