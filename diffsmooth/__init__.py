@@ -4,16 +4,29 @@ The public Python API is re-exported here lazily, so `import diffsmooth` needs n
 TensorRT nor onnxruntime (nor, until an attribute is used, torch).
 """
 
+import importlib
+
 __version__ = "0.1.0"
 
 _API = {
+    # smoothed classifiers built from modules (engine/pipelines.py)
+    "DiffSmooth": "diffsmooth.engine.pipelines",
+    "DenoisedSmoothing": "diffsmooth.engine.pipelines",
+    "RandomizedSmoothing": "diffsmooth.engine.pipelines",
+    "load_demo_denoiser": "diffsmooth.engine.pipelines",
+    "load_demo_classifier": "diffsmooth.engine.pipelines",
+    # loaders of the official checkpoints and datasets
     "load_denoiser": "diffsmooth.engine.base_classifier.denoise",
     "DiffusionDenoiser": "diffsmooth.engine.base_classifier.denoise",
     "load_classifier": "diffsmooth.engine.models.checkpoints",
-    "lower_confidence_bound": "diffsmooth.engine.certify.core",
-    "certified_radius": "diffsmooth.engine.certify.core",
-    "Smooth": "diffsmooth.engine.certify.core",
     "load_dataset": "diffsmooth.engine.data",
+    # the certification math and Cohen's Smooth on a voter
+    "Certificate": "diffsmooth.engine.certify.cohen",
+    "ABSTAIN": "diffsmooth.engine.certify.cohen",
+    "lower_confidence_bound": "diffsmooth.engine.certify.cohen",
+    "certified_radius": "diffsmooth.engine.certify.cohen",
+    "Smooth": "diffsmooth.engine.certify.smooth",
+    "SequentialRule": "diffsmooth.engine.certify.sequential",
 }
 
 __all__ = sorted(_API) + ["__version__"]
@@ -21,6 +34,5 @@ __all__ = sorted(_API) + ["__version__"]
 
 def __getattr__(name):
     if name in _API:
-        import importlib
         return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'diffsmooth' has no attribute {name!r}")

@@ -114,7 +114,7 @@ def test_issuing_a_packed_batch_never_blocks_the_host():
     from diffsmooth.engine.backends.base import BaseClassifierStages
     from diffsmooth.engine.backends.torch_backend import TorchBackend
     from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
-    from diffsmooth.engine.certify.core import count_job
+    from diffsmooth.engine.certify.jobs import count_job
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     from diffsmooth.engine.certify.scheduler import Scheduler, Work
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),

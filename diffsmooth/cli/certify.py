@@ -1,4 +1,4 @@
-"""`diffsmooth certify` and `diffsmooth predict`: options -> RunSettings -> engine/runs."""
+"""`diffsmooth certify` and `diffsmooth predict`: options -> RunRequest -> plan -> voter -> rows."""
 
 from __future__ import annotations
 
@@ -10,15 +10,27 @@ from diffsmooth.cli.options import (
     run_options,
     sequential_options,
 )
-from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.runs.prepare import prepare_single
-from diffsmooth.engine.runs.settings import RunSettings
-from diffsmooth.engine.runs.sharded_run import run_sharded
-from diffsmooth.engine.runs.sweep_setup import certify_sweep
+from diffsmooth.engine.runs.execute import build_voter, execute
+from diffsmooth.engine.runs.plan import plan_run
+from diffsmooth.engine.runs.request import RunRequest
 
 
 def _log(line: str) -> None:
     click.echo(line, err=True)
+
+
+def _run(request: RunRequest) -> None:
+    run = plan_run(request)                 # option and resume errors before any model is loaded
+    voter = build_voter(run, _log)
+    r = run.request
+    if run.is_sweep:
+        _log(f"# sweep: {len(run.configurations)} configurations at sigma={r.sigma}, images={len(run.indices)} "
+             f"-> {r.out}/")
+    samples = f"n={r.n}" if r.sequential is None else \
+        f"sequential n-max={r.sequential.n_max} radii={list(r.sequential.radii)}"
+    _log(f"# {voter.describe()}; batch={run.batch} sigma={r.sigma} n0={r.n0} {samples} alpha={r.alpha} "
+         f"images={len(run.indices)} -> {run.out}")
+    execute(run, voter, _log)
 
 
 @click.command()
@@ -30,19 +42,10 @@ def certify(**options):
     """CERTIFY each selected image; one TSV row per image (idx label predict radius correct time).
 
     Several --method / --classifier / --local-sigma / --m values make a sweep: --out is then a
-    directory with one TSV per configuration and index.json; the denoiser runs once per batch.
+    directory with one TSV per configuration and index.json; the denoiser runs once per batch and
+    every configuration votes on the same samples, on any backend.
     """
-    settings = RunSettings.from_options(**options)
-    rule = settings.sequential_rule()                  # option errors before any model is loaded
-    if settings.is_sweep:
-        certify_sweep(settings, _log)
-        return
-    run = prepare_single(settings, "certify")
-    s = run.settings
-    samples = f"n={s.n}" if rule is None else f"sequential n-max={rule.n_max} radii={list(rule.radii)}"
-    _log(f"# {run.smooth.pipeline.describe()}; batch={s.batch} sigma={run.config.sigma} n0={s.n0} {samples} "
-         f"alpha={s.alpha} images={len(run.indices)} -> {s.out}")
-    run_sharded("certify", run, _log)
+    _run(RunRequest.parse("certify", **options))
 
 
 @click.command()
@@ -51,7 +54,4 @@ def certify(**options):
 @run_options
 def predict(**options):
     """PREDICT each selected image (abstain = -1); TSV rows idx label predict correct time."""
-    settings = RunSettings.from_options(**options)
-    if settings.is_sweep:
-        raise UserError("predict takes one configuration: give each of --method/--classifier/--local-sigma/--m once")
-    run_sharded("predict", prepare_single(settings, "predict"), _log)
+    _run(RunRequest.parse("predict", **options))

@@ -8,7 +8,7 @@ from diffsmooth.cli.options import positive, precision_option
 from diffsmooth.engine.demo.run import run_demo
 from diffsmooth.engine.errors import check_alpha
 from diffsmooth.engine.runs.fast_path import FastPath
-from diffsmooth.engine.runs.prepare import set_threads
+from diffsmooth.engine.runs.plan import set_threads
 
 
 @click.command()

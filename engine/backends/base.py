@@ -23,11 +23,12 @@ class Stage(Protocol):
 
 @dataclass
 class BaseClassifierStages:
-    """The base classifier f of one method, as stages: purify (None for RS) then score.
+    """The base classifier f as stages: purify (the denoiser; None when nothing is denoised), then score.
 
-    `score` returns [B, num_classes] scores whose argmax is the vote. When
-    `local_noise_shape` is set (fresh local noise) the pipeline passes noise of shape
-    [B, *local_noise_shape] as score's second input.
+    `score` takes the batch's `inputs` in order ("noisy": x + sigma * eps, "denoised": purify of it)
+    and, when `local_noise_shape` is set (fresh local noise), noise [B, *local_noise_shape]. It returns
+    scores [B, num_classes] whose argmax is the vote, or [B, E, num_classes] when it scores the E
+    configurations named in `configs` on the same samples (a sweep).
     """
 
     method: str
@@ -35,6 +36,18 @@ class BaseClassifierStages:
     score: Stage
     num_classes: int
     local_noise_shape: Optional[Tuple[int, ...]] = None
+    configs: Tuple[str, ...] = ()
+    inputs: Tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.inputs:
+            self.inputs = ("denoised",) if self.purify is not None else ("noisy",)
+        if "denoised" in self.inputs and self.purify is None:
+            raise ValueError("a score stage that reads denoised samples needs a purify stage")
+
+    @property
+    def num_configs(self) -> int:
+        return max(1, len(self.configs))
 
     @property
     def device(self) -> torch.device:
@@ -43,3 +56,6 @@ class BaseClassifierStages:
     def describe(self) -> str:
         parts = [s.name for s in (self.purify, self.score) if s is not None]
         return f"{self.method}: " + " -> ".join(parts) + f" [{self.score.precision}, {self.device}]"
+
+    def describe_config(self, config: int) -> str:
+        return f"configuration {self.configs[config]}" if self.configs else self.describe()

@@ -109,7 +109,7 @@ def probe(stages: BaseClassifierStages, image_shape: Tuple[int, ...]) -> int:
     """Run one blank sample through the stages: a shape the models cannot take becomes one clear
     error here instead of a stack trace mid-run. Returns the number of classes scored.
     Compiled stages are probed through their eager form, so no graph is compiled for batch 1."""
-    x = torch.full((1, *image_shape), 0.5, device=stages.device)
+    blank = x = torch.full((1, *image_shape), 0.5, device=stages.device)
     purify = getattr(stages.purify, "eager", stages.purify)
     score = getattr(stages.score, "eager", stages.score)
     try:
@@ -117,13 +117,14 @@ def probe(stages: BaseClassifierStages, image_shape: Tuple[int, ...]) -> int:
             x = purify(x)
             if tuple(x.shape[1:]) != tuple(image_shape):
                 raise UserError(f"the denoiser returned shape {tuple(x.shape[1:])} for input {tuple(image_shape)}")
-        inputs = [x]
+        inputs = [x if name == "denoised" else blank for name in stages.inputs]
         if stages.local_noise_shape is not None:
             inputs.append(torch.zeros((1, *stages.local_noise_shape), device=stages.device))
         out = score(*inputs)
     except RuntimeError as exc:
         raise UserError(f"the models cannot take images of shape {tuple(image_shape)} "
                         f"({stages.describe()}): {first_line(exc)}") from exc
-    if out.dim() != 2:
-        raise UserError(f"the classifier stage returned shape {tuple(out.shape)}, expected [B, classes]")
-    return int(out.shape[1])
+    if out.dim() != (2 if not stages.configs else 3):
+        want = "[B, classes]" if not stages.configs else "[B, configurations, classes]"
+        raise UserError(f"the classifier stage returned shape {tuple(out.shape)}, expected {want}")
+    return int(out.shape[-1])

@@ -3,7 +3,8 @@ config needs (manifest fields), loaded as ONNX Runtime stages and probed once.""
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from pathlib import Path
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -12,6 +13,7 @@ from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
 from diffsmooth.engine.backends.onnxruntime_backend import ORT_PRECISIONS, OrtStage
 from diffsmooth.engine.base_classifier.methods import MethodConfig, probe
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.hashing import sha256_file
 
 
 def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[dict, dict]:
@@ -27,10 +29,21 @@ def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[di
     return denoiser, classifier
 
 
+def exported_from(found: List[Tuple[Path, dict]], checkpoint: Optional[str]) -> List[Tuple[Path, dict]]:
+    """The graphs, less the classifier graphs exported from another checkpoint than `checkpoint` (by
+    sha256; a sweep over several classifiers picks each one's graph); all of them when None."""
+    if not checkpoint:
+        return found
+    digest = sha256_file(checkpoint)
+    return [(p, m) for p, m in found
+            if m.get("role") != "classifier" or (m.get("source") or {}).get("sha256") in (None, digest)]
+
+
 def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
                       device: str = "cpu", precision: str = "fp32", provider: Optional[str] = None,
-                      threads: Optional[int] = None) -> BaseClassifierStages:
-    """Stages for `config` from the graphs in `onnx_dir` (picked and hash-checked via manifests)."""
+                      threads: Optional[int] = None, classifier: Optional[str] = None) -> BaseClassifierStages:
+    """Stages for `config` from the graphs in `onnx_dir` (picked and hash-checked via manifests);
+    `classifier`: the checkpoint the classifier graph must come from, when several are exported."""
     if precision not in ORT_PRECISIONS:
         raise UserError(f"`backend` onnxruntime runs the exported fp32 or fp16 graphs, not {precision}")
     try:
@@ -39,14 +52,14 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
         raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device {device!r} requested but CUDA is not available on this machine")
-    found = scan_manifests(onnx_dir)
+    found = exported_from(scan_manifests(onnx_dir), classifier)
     want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
     purify = None
     if config.uses_denoiser:
         path, _ = find_graph(found, "denoiser", want_denoiser, onnx_dir)
         purify = OrtStage(path, f"denoiser[{path.name}]", dev, precision, provider, threads)
     path, manifest = find_graph(found, "classifier", want_classifier, onnx_dir)
-    if num_classes is not None and manifest.get("num_classes") not in (None, num_classes):
+    if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{path.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
     label = "local-smoothing classifier" if config.method == "diffsmooth" else "classifier"
     score = OrtStage(path, f"{label}[{path.name}]", dev, precision, provider, threads)
@@ -64,6 +77,6 @@ def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int
                         f"local noise mode {config.local_noise!r}")
     stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
     stages.num_classes = probe(stages, tuple(image_shape))
-    if num_classes is not None and stages.num_classes != num_classes:
+    if num_classes is not None and stages.num_classes < num_classes:
         raise UserError(f"the classifier {kind} outputs {stages.num_classes} classes but the data has {num_classes}")
     return stages

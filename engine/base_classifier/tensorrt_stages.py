@@ -11,7 +11,7 @@ from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
 from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device, gpu_identity, import_tensorrt
 from diffsmooth.engine.backends.trt_plans import choose_plan, scan_plans
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.onnx_stages import exported_stages, wanted_fields
+from diffsmooth.engine.base_classifier.onnx_stages import exported_from, exported_stages, wanted_fields
 from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError
 
@@ -19,9 +19,10 @@ TRT_PRECISIONS = GRAPH_PRECISIONS
 
 
 def plan_for(onnx_dir, role: str, want: dict, precision: str, *, tensorrt_version: str, gpu_name: str,
-             compute_capability: str, batch: int):
-    """(plan path, plan manifest, graph manifest) for the graph of `role` matching `want`."""
-    path, manifest = find_graph(scan_manifests(onnx_dir), role, want, onnx_dir)
+             compute_capability: str, batch: int, classifier: Optional[str] = None):
+    """(plan path, plan manifest, graph manifest) for the graph of `role` matching `want` (a classifier
+    graph exported from `classifier`, when given)."""
+    path, manifest = find_graph(exported_from(scan_manifests(onnx_dir), classifier), role, want, onnx_dir)
     plans = scan_plans(onnx_dir, manifest["onnx_sha256"], precision)
     plan, plan_manifest = choose_plan(plans, tensorrt_version=tensorrt_version, gpu_name=gpu_name,
                                       compute_capability=compute_capability, batch=batch,
@@ -34,7 +35,8 @@ def plan_for(onnx_dir, role: str, want: dict, precision: str, *, tensorrt_versio
 
 
 def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
-                     device: str = "cuda", precision: str = "fp32", batch: int = 1000) -> BaseClassifierStages:
+                     device: str = "cuda", precision: str = "fp32", batch: int = 1000,
+                     classifier: Optional[str] = None) -> BaseClassifierStages:
     """Stages for `config` from the plans built beside the graphs in `onnx_dir`."""
     if precision not in TRT_PRECISIONS:
         raise UserError(f"`backend` tensorrt runs plans built from the fp32 or fp16 graphs, not {precision}")
@@ -47,8 +49,8 @@ def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: O
     if config.uses_denoiser:
         plan, _, _ = plan_for(onnx_dir, "denoiser", want_denoiser, precision, **key)
         purify = TrtStage(plan, f"denoiser[{plan.name}]", dev, precision, trt)
-    plan, _, manifest = plan_for(onnx_dir, "classifier", want_classifier, precision, **key)
-    if num_classes is not None and manifest.get("num_classes") not in (None, num_classes):
+    plan, _, manifest = plan_for(onnx_dir, "classifier", want_classifier, precision, classifier=classifier, **key)
+    if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{plan.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
     label = "local-smoothing classifier" if config.method == "diffsmooth" else "classifier"
     score = TrtStage(plan, f"{label}[{plan.name}]", dev, precision, trt)

@@ -1,8 +1,9 @@
 """Monte Carlo vote counting: noisy copies of images -> base classifier -> votes.
 
-MonteCarloPipeline is the base classifier of one method as the scheduler's *voter*: it turns a
-packed batch of rows (image slot, image index, sample index) into noisy samples (lane 1:
-noise + denoiser) and votes (lane 2: classifier, argmax). Sample j of image i always gets the same
+MonteCarloPipeline is the base classifier as the scheduler's *voter*: it turns a packed batch of
+rows (image slot, image index, sample index) into noisy samples (lane 1: noise + denoiser) and
+votes (lane 2: classifier, argmax), for one configuration or for every configuration of a sweep
+scored on the same denoised batch (the stages say which; backends/base.py). Sample j of image i always gets the same
 noise (engine/certify/noise.py), so which samples are counted never depends on the batch size or
 on which other images share the batch. The scheduler (certify/scheduler.py) packs the batches and
 counts the votes on the device. On CUDA with two streams, the denoiser of batch k+1 runs while the
@@ -23,7 +24,7 @@ import torch
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.eager_fallback import eager_fallback
-from diffsmooth.engine.certify.core import count_job
+from diffsmooth.engine.certify.jobs import count_job
 from diffsmooth.engine.certify.lanes import lanes_for
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, NoiseKeys, gaussian_rows
 from diffsmooth.engine.certify.scheduler import BatchRows, NonFiniteScores, Scheduler, Work
@@ -56,9 +57,7 @@ def initial_score_chunks(batch: int, images_per_sample: int, image_numel: int, d
 
 
 class MonteCarloPipeline:
-    """The base classifier on x + sigma * eps, as the scheduler's voter (one configuration)."""
-
-    num_configs = 1
+    """The base classifier on x + sigma * eps, as the scheduler's voter (E = stages.num_configs)."""
 
     def __init__(self, stages: BaseClassifierStages, sigma: float, seed: int = 0, *,
                  static_batch: bool = False, streams: int = 1, compiled_noise: bool = False,
@@ -80,6 +79,10 @@ class MonteCarloPipeline:
     def num_classes(self) -> int:
         return self.stages.num_classes
 
+    @property
+    def num_configs(self) -> int:
+        return self.stages.num_configs
+
     def keys(self, stream: int) -> NoiseKeys:
         """The noise keys of a stream for the current seed, made once (no per-batch host copies)."""
         if (stream, self.seed) not in self._keys:
@@ -99,47 +102,46 @@ class MonteCarloPipeline:
         return "; ".join(parts)
 
     def describe_config(self, config: int) -> str:
-        return self.stages.describe()
-
-    def unpack(self, counts: np.ndarray) -> np.ndarray:
-        """What a job is sent: the counts [K] of the one configuration."""
-        return counts[0]
+        return self.stages.describe_config(config)
 
     # -- the two halves of the base classifier ------------------------------------------------
 
-    def produce(self, x_rows: torch.Tensor, rows: BatchRows) -> torch.Tensor:
-        """Noisy samples x + sigma * eps of a packed batch, denoised when the method has a
-        denoiser (lane 1)."""
+    def produce(self, x_rows: torch.Tensor, rows: BatchRows):
+        """The score stage's inputs for a packed batch (lane 1): the noisy samples x + sigma * eps
+        and/or their denoised form, one tensor or a tuple in `stages.inputs` order."""
         self.samples_computed += rows.size
-        h = self.noisy(x_rows, rows)
-        return self.stages.purify(h) if self.stages.purify is not None else h
+        noisy = self.noisy(x_rows, rows)
+        denoised = self.stages.purify(noisy) if "denoised" in self.stages.inputs else None
+        produced = tuple(noisy if name == "noisy" else denoised for name in self.stages.inputs)
+        return produced[0] if len(produced) == 1 else produced
 
     def noisy(self, x_rows: torch.Tensor, rows: BatchRows) -> torch.Tensor:
         """x + sigma * eps, eps keyed by each row's (image index, sample index)."""
         eps = gaussian_rows(self.keys(STREAM_SMOOTHING), rows.image, rows.sample, x_rows.shape[1:], self.compiled_noise)
         return x_rows + self.sigma * eps
 
-    def classify(self, h: torch.Tensor, rows: BatchRows):
-        """(votes [1, B], finite [1, B]) of the classifier stage on produced samples (lane 2)."""
+    def classify(self, h, rows: BatchRows):
+        """(votes [E, B], finite [E, B]) of the score stage on produced samples (lane 2)."""
         scores = self.scores_of(h, rows)
-        return scores.argmax(dim=1).unsqueeze(0), torch.isfinite(scores).all(dim=1).unsqueeze(0)
+        return scores.argmax(dim=2).T.contiguous(), torch.isfinite(scores).all(dim=2).T.contiguous()
 
-    def scores_of(self, h: torch.Tensor, rows: BatchRows) -> torch.Tensor:
-        """Scores [B, K] of the classifier stage, in equal chunks that fit the GPU; an
-        out-of-memory error halves the chunk and retries."""
-        size = h.shape[0]
+    def scores_of(self, h, rows: BatchRows) -> torch.Tensor:
+        """Scores [B, E, K] of the score stage, in equal chunks that fit the GPU; an out-of-memory
+        error halves the chunk and retries."""
+        parts = h if isinstance(h, tuple) else (h,)
+        size = parts[0].shape[0]
         while True:
             pieces = self.score_chunks.get(size)
             if pieces is None:
                 per_sample = self.stages.local_noise_shape[0] if self.stages.local_noise_shape else 1
-                pieces = initial_score_chunks(size, per_sample, h[0].numel(), h.device)
+                pieces = initial_score_chunks(size, per_sample, parts[0][0].numel(), parts[0].device)
                 self.score_chunks[size] = pieces
             try:
-                return self._score_in_pieces(h, rows, pieces)
+                return self._score_in_pieces(parts, rows, pieces)
             except torch.cuda.OutOfMemoryError:
                 more = [d for d in divisors(size) if d >= 2 * pieces]
                 if not more:
-                    raise UserError(f"the classifier stage does not fit on {h.device} even one sample at a "
+                    raise UserError(f"the classifier stage does not fit on {parts[0].device} even one sample at a "
                                     f"time; use a smaller `batch` or `m`") from None
                 self.stages.score = eager_fallback(self.stages.score, self.log,
                                                    f"out of memory at {size // pieces} samples per call")
@@ -148,17 +150,18 @@ class MonteCarloPipeline:
                 self.log(f"# classifier stage out of memory at {size // pieces} samples per call; "
                          f"using {size // more[0]}")
 
-    def _score_in_pieces(self, h: torch.Tensor, rows: BatchRows, pieces: int) -> torch.Tensor:
-        step = h.shape[0] // pieces
+    def _score_in_pieces(self, parts: Tuple[torch.Tensor, ...], rows: BatchRows, pieces: int) -> torch.Tensor:
+        step = parts[0].shape[0] // pieces
         out = []
         for p in range(pieces):
             lo = p * step
-            inputs = [h[lo:lo + step]]
+            inputs = [t[lo:lo + step] for t in parts]
             if self.stages.local_noise_shape is not None:
                 part = rows.part(lo, lo + step)
                 inputs.append(gaussian_rows(self.keys(STREAM_LOCAL), part.image, part.sample, self.stages.local_noise_shape,
                                             self.compiled_noise))
-            out.append(self.stages.score(*inputs))
+            scores = self.stages.score(*inputs)
+            out.append(scores.unsqueeze(1) if scores.dim() == 2 else scores)
         return out[0] if pieces == 1 else torch.cat(out)
 
     # -- running jobs -------------------------------------------------------------------------
@@ -174,15 +177,15 @@ class MonteCarloPipeline:
 
     def count(self, x: torch.Tensor, image_index: int, first_sample: int, num: int,
               batch: int) -> np.ndarray:
-        """Vote counts (int64 [K]) over samples first_sample..first_sample+num-1 of image_index."""
+        """Vote counts (int64 [E, K]) over samples first_sample..first_sample+num-1 of image_index."""
         if num < 1 or batch < 1:
             raise UserError(f"need num >= 1 and batch >= 1, got num={num}, batch={batch}")
         return self.run_one(x, image_index, count_job(first_sample, num), batch)
 
     def count_many(self, images: Sequence[Tuple[int, torch.Tensor]], first_sample: int, num: int, batch: int,
                    window: Optional[int] = None) -> List[np.ndarray]:
-        """Vote counts of samples first_sample..first_sample+num-1 of each (index, image), packed into
-        shared batches as a run packs them (the production path); in the order given."""
+        """Vote counts [E, K] of samples first_sample..first_sample+num-1 of each (index, image), packed
+        into shared batches as a run packs them (the production path); in the order given."""
         results = {}
         works = [Work(index, x, count_job(first_sample, num), tag=k) for k, (index, x) in enumerate(images)]
         self.scheduler(batch, window).run(works, lambda done: results.__setitem__(done.work.tag, done.result))
@@ -190,7 +193,7 @@ class MonteCarloPipeline:
 
     def all_scores(self, x: torch.Tensor, image_index: int, first_sample: int, num: int,
                    batch: int) -> torch.Tensor:
-        """Scores [num, K] of every sample (serially, for agreement checks), at the batch shape."""
+        """Scores [num, E, K] of every sample (serially, for agreement checks), at the batch shape."""
         x = x.to(self.device, torch.float32)
         out = []
         for start in range(first_sample, first_sample + num, batch):

@@ -1,8 +1,8 @@
 """Continuous batching of certification: many images' Monte Carlo samples packed into every batch.
 
 Images are requests and samples are tokens, as in an LLM server. Each image runs a *job* (a plain
-Python generator from certify/core.py or certify/sequential.py) that yields `Request`s for sample
-ranges and is sent their vote counts. The scheduler keeps a window of images in flight and fills
+Python generator, certify/jobs.py) that yields `Request`s for sample ranges and is sent their vote
+counts [configurations, classes]. The scheduler keeps a window of images in flight and fills
 each batch with the next pending samples of several of them: a batch is a list of segments
 (image slot, count row, first sample, count). Images join when a batch has room and leave when
 their job returns. When no image can join (the end of a run, or every image waiting for its votes),
@@ -25,7 +25,7 @@ from typing import Any, Callable, Deque, Dict, Generator, Iterable, Iterator, Li
 import numpy as np
 import torch
 
-from diffsmooth.engine.certify.core import Request
+from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.noise import check_indices
 from diffsmooth.engine.errors import UserError
 
@@ -132,11 +132,11 @@ class NonFiniteScores(UserError):
 
 
 class Scheduler:
-    """Runs jobs on a voter (MonteCarloPipeline, SweepPipeline) with continuous batching.
+    """Runs jobs on a voter (certify/monte_carlo.py) with continuous batching.
 
-    The voter provides `device`, `num_classes`, `num_configs`, `static_batch`, `lanes`,
-    `produce(x_rows, rows)`, `classify(h, rows) -> (votes [E, B], finite [E, B])`,
-    `unpack(counts [E, K])` (what a job is sent) and `describe_config(e)`."""
+    The voter provides `device`, `num_classes`, `num_configs` (E), `static_batch`, `lanes`,
+    `produce(x_rows, rows)`, `classify(h, rows) -> (votes [E, B], finite [E, B])` and
+    `describe_config(e)`; a job is sent the counts [E, K] of each request."""
 
     TRASH = 0       # count row 0 takes the votes of padded rows and is never read
 
@@ -429,7 +429,7 @@ class Scheduler:
                     configs = [self.voter.describe_config(e) for e in np.flatnonzero(bad[:, column])]
                     raise NonFiniteScores(f"image {slot.work.index}: {', '.join(configs)} produced NaN/Inf "
                                           f"scores; no result written for it")
-                got.append(self.voter.unpack(counts[:, column, :]))
+                got.append(counts[:, column, :])
                 self._free_rows.append(p.row)
             try:
                 ask = slot.work.job.send(tuple(got) if slot.ask_is_tuple else got[0])
@@ -454,5 +454,5 @@ class Scheduler:
 
 
 def _tensors(h) -> List[torch.Tensor]:
-    """The tensors a produced batch hands across lanes (one, or a tuple for sweeps)."""
+    """The tensors a produced batch hands across lanes (one, or a tuple: noisy and denoised samples)."""
     return [t for t in (h if isinstance(h, tuple) else (h,)) if isinstance(t, torch.Tensor)]

@@ -30,13 +30,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Dict, Generator, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Generator, List, Optional, Tuple
 
 import numpy as np
 from scipy.special import betaln, xlog1py, xlogy
 from scipy.stats import norm
 
-from diffsmooth.engine.certify.core import ABSTAIN, Request, drive, lower_confidence_bounds, top_class, upper_confidence_bounds
+from diffsmooth.engine.certify.cohen import (
+    ABSTAIN,
+    Certificate,
+    lower_confidence_bounds,
+    top_class,
+    upper_confidence_bounds,
+)
+from diffsmooth.engine.certify.jobs import Request, drive
 from diffsmooth.engine.choices import SEQUENTIAL_BOUNDS
 from diffsmooth.engine.errors import UserError
 
@@ -197,10 +204,10 @@ class SequentialRule:
     sigma: float
     alpha: float
     n_max: int
-    futility: Union[float, str, None] = "default"   # margin of the futility stop; None = off
+    futility: Optional[float] = None                # the futility stop's margin (None: the rule's default)
     growth: float = GROWTH                          # look schedule (look_schedule)
     bound: str = DEFAULT_BOUND                      # "split-cp" or "mixture"
-    futility_rule: str = DEFAULT_FUTILITY_RULE      # "pace" (pace_futile) or "projection" (futility_bounds)
+    futility_rule: Optional[str] = DEFAULT_FUTILITY_RULE   # "pace" (pace_futile), "projection" (futility_bounds), None: off
 
     def __post_init__(self):
         if not self.radii or any(r < 0 for r in self.radii):
@@ -209,12 +216,14 @@ class SequentialRule:
             raise UserError(f"n-max must be >= 1, got {self.n_max}")
         if not 0 < self.alpha < 1:
             raise UserError(f"alpha must be in (0, 1), got {self.alpha}")
-        if self.futility_rule not in FUTILITY_RULES:
+        if self.futility_rule is None:
+            object.__setattr__(self, "futility", None)
+        elif self.futility_rule not in FUTILITY_RULES:
             raise UserError(f"the futility rule must be one of {', '.join(FUTILITY_RULES)}, got {self.futility_rule!r}")
-        if self.futility == "default":
+        elif self.futility is None:
             margin = default_pace_margin(self.n_max) if self.futility_rule == "pace" else PROJECTION_MARGIN
             object.__setattr__(self, "futility", margin)
-        if self.futility is not None and not self.futility >= 0:
+        elif not self.futility >= 0:
             raise UserError(f"the futility margin must be >= 0 (or off), got {self.futility}")
         if not self.growth > 1:
             raise UserError(f"the look growth must be > 1, got {self.growth}")
@@ -324,17 +333,6 @@ def radius_from_lower(lower, sigma: float) -> np.ndarray:
     return np.where(lower > 0.5, sigma * norm.ppf(np.clip(lower, 0.5, 1.0)), 0.0)
 
 
-def parse_radii(text: str) -> Tuple[float, ...]:
-    """--radii '0.25,0.5,0.75,1.0' -> (0.25, 0.5, 0.75, 1.0)."""
-    try:
-        radii = tuple(float(r) for r in text.split(",") if r.strip())
-    except ValueError:
-        raise UserError(f"`radii` must be comma-separated numbers, got {text!r}") from None
-    if not radii:
-        raise UserError("`radii` must name at least one radius")
-    return radii
-
-
 class SequentialCertificate:
     """The running state of one image: votes for cA so far and the bounds; `add` says when to stop.
 
@@ -377,105 +375,39 @@ class SequentialCertificate:
         self.done = bool(stop[0])
         return self.done
 
-    def result(self, c_a: int) -> Tuple[int, float]:
-        """(cA, sigma * Phi^-1(L)), or (ABSTAIN, 0.0) when L <= 1/2."""
+    def result(self, c_a: int, n0: int) -> Certificate:
+        """cA with radius sigma * Phi^-1(L), or ABSTAIN when L <= 1/2; samples = n0 + those used."""
         if self.lower <= 0.5:
-            return ABSTAIN, 0.0
-        return int(c_a), float(self.rule.sigma * norm.ppf(self.lower))
+            return Certificate(ABSTAIN, 0.0, n0 + self.samples)
+        return Certificate(int(c_a), float(self.rule.sigma * norm.ppf(self.lower)), n0 + self.samples)
 
 
-def sequential_many_job(n0: int, rule: SequentialRule) -> Generator:
-    """Sequential CERTIFY of several configurations voting on one shared sample stream (a sweep) as
-    a job: it is sent {key: counts}. Samples 0..n0-1 select each key's cA as in CERTIFY; the
-    estimation looks follow from sample n0 on, exactly on `rule.chunks()`. Sampling goes on while
-    any key is undecided; each key stops at its own look, so its result equals a
-    single-configuration run's. Returns {key: (prediction, radius, samples incl. the n0)}."""
+def sequential_job(n0: int, rule: SequentialRule) -> Generator:
+    """Sequential CERTIFY as a job, for every configuration voting on the image's samples (one count
+    row each). Samples 0..n0-1 select each row's cA as in CERTIFY; the estimation looks follow from
+    sample n0 on, exactly on `rule.chunks()`. Sampling goes on while any row is undecided; each row
+    stops at its own look, so a sweep's row equals its single-configuration run. Returns a list of
+    Certificates (samples: the n0 selection samples plus the estimation samples the row used)."""
     if n0 < 1:
         raise UserError(f"n0 must be >= 1, got {n0}")
     chunks = rule.chunks()
     # The first look does not depend on the selection (all classes are counted): ask for both.
     selection, votes = yield Request(0, n0), Request(n0, chunks[0])
-    c_a = {k: top_class([int(c) for c in v]) for k, v in selection.items()}
-    states = {k: SequentialCertificate(rule) for k in selection}
+    c_a = [top_class([int(c) for c in row]) for row in selection]
+    states = [SequentialCertificate(rule) for _ in c_a]
     first = n0
     for look, size in enumerate(chunks):
         if look > 0:
             votes = yield Request(first, size)
         first += size
-        for k, state in states.items():
+        for row, state in enumerate(states):
             if not state.done:
-                state.add(int(votes[k][c_a[k]]), size)
-        if all(state.done for state in states.values()):
+                state.add(int(votes[row][c_a[row]]), size)
+        if all(state.done for state in states):
             break
-    return {k: (*state.result(c_a[k]), n0 + state.samples) for k, state in states.items()}
+    return [state.result(c, n0) for c, state in zip(c_a, states)]
 
 
-def sequential_job(n0: int, rule: SequentialRule) -> Generator:
-    """Sequential CERTIFY of one configuration as a job (sent counts [K]); returns (prediction,
-    radius, samples used incl. the n0 selection samples). A run uses a prefix of the samples of a
-    fixed-n run with the same seed."""
-    inner = sequential_many_job(n0, rule)
-    ask = next(inner)
-    try:
-        while True:
-            got = yield ask
-            ask = inner.send(tuple({0: c} for c in got) if isinstance(got, tuple) else {0: got})
-    except StopIteration as done:
-        return done.value[0]
-
-
-def certify_sequential(count: Callable[[int, int], Sequence[int]], n0: int,
-                       rule: SequentialRule) -> Tuple[int, float, int]:
-    """sequential_job driven by count(first, num) -> the vote counts of those samples."""
+def certify_sequential(count: Callable[[int, int], np.ndarray], n0: int, rule: SequentialRule) -> List[Certificate]:
+    """sequential_job driven by count(first, num) -> the counts [configurations, classes] of those samples."""
     return drive(sequential_job(n0, rule), count)
-
-
-def certify_sequential_many(count: Callable[[int, int], Dict[Hashable, Sequence[int]]], n0: int,
-                            rule: SequentialRule) -> Dict[Hashable, Tuple[int, float, int]]:
-    """sequential_many_job driven by count(first, num) -> {key: counts}."""
-    return drive(sequential_many_job(n0, rule), count)
-
-
-def parse_futility(text: Optional[str]) -> Tuple[Union[float, str, None], str]:
-    """--futility: (margin, rule). Not given -> the pace rule at its default margin; 'off' -> no futility
-    stop; 'M' or 'pace:M' -> the pace rule at margin M; 'projection:K' -> the projection rule at K;
-    'pace' / 'projection' -> that rule at its default."""
-    if text is None:
-        return "default", DEFAULT_FUTILITY_RULE
-    spec = str(text).strip().lower()
-    if spec in ("off", "none", "no"):
-        return None, DEFAULT_FUTILITY_RULE
-    if spec in FUTILITY_RULES:
-        return "default", spec
-    rule, _, value = spec.rpartition(":")           # no colon: ("", "", spec), the default rule
-    rule = rule or DEFAULT_FUTILITY_RULE
-    usage = f"`futility` must be 'off', a margin >= 0, or RULE:MARGIN with RULE in {', '.join(FUTILITY_RULES)}"
-    if rule not in FUTILITY_RULES:
-        raise UserError(f"{usage}, got {text!r}")
-    try:
-        margin = float(value)
-    except ValueError:
-        raise UserError(f"{usage}, got {text!r}") from None
-    if not margin >= 0:
-        raise UserError(f"{usage}, got {text!r}")
-    return margin, rule
-
-
-def parse_bound(text: Optional[str]) -> str:
-    """--bound 'split-cp' | 'mixture'; not given -> DEFAULT_BOUND."""
-    if text is None:
-        return DEFAULT_BOUND
-    bound = str(text).strip().lower()
-    if bound not in BOUNDS:
-        raise UserError(f"`bound` must be one of {', '.join(BOUNDS)}, got {text!r}")
-    return bound
-
-
-def rule_from_options(radii: Optional[str], sigma: float, alpha: float, n_max: int,
-                      futility: Optional[str] = None, bound: Optional[str] = None) -> SequentialRule:
-    """The rule of `certify --sequential --radii ... --n-max ... [--futility K|off] [--bound B]` (radii required)."""
-    if not radii:
-        raise UserError("`sequential` needs `radii`, e.g. 0.25,0.5,0.75,1.0")
-    margin, futility_rule = parse_futility(futility)
-    return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max), margin,
-                          bound=parse_bound(bound), futility_rule=futility_rule)

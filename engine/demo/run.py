@@ -9,9 +9,11 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 
 from diffsmooth.engine.base_classifier.methods import METHODS, MethodConfig
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, fixed_local_noise, gaussian
+from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize
 from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_denoiser_from
@@ -31,7 +33,6 @@ def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: f
              seed: int = 0, methods: Sequence[str] = METHODS, device: str = "cpu", precision: str = "fp32",
              fast=None, sources: Optional[ModelSources] = None, dataset=None, progress: bool = True) -> Dict:
     """Certify the same images with each method; TSVs, a markdown table and a PNG into out_dir."""
-    from diffsmooth.engine.data import load_dataset
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dataset = dataset or load_dataset("embedded")
@@ -48,7 +49,7 @@ def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: f
         path = out / f"{method}.tsv"
         check_or_record_settings(path, settings[method])
         start = time.perf_counter()
-        run_dataset(smooth, dataset, indices, path, n0=n0, n=n, alpha=alpha, batch=batch, progress=progress)
+        run_dataset(smooth.pipeline, dataset, indices, [path], n0=n0, n=n, alpha=alpha, batch=batch, progress=progress)
         seconds[method] = time.perf_counter() - start
         paths.append(path)
     radii = [r for r in DEFAULT_RADII]
@@ -89,9 +90,6 @@ def purify_grid(out_png, *, sources: Optional[ModelSources] = None, dataset=None
                 sigma: float = 0.5, local_sigma: float = 0.25, m: int = 2, seed: int = 0, scale: int = 3) -> Path:
     """One PNG: rows = clean, noisy (x + sigma*eps), one-shot denoised, denoised + sigma'*delta_i
     for the first m local noises (the paper's purified-images figure)."""
-    from PIL import Image
-
-    from diffsmooth.engine.data import load_dataset
     dataset = dataset or load_dataset("embedded")
     denoiser = load_denoiser_from(sources or ModelSources.demo())
     idx = spread_indices(len(dataset), images)

@@ -1,4 +1,5 @@
-"""From user settings to a ready Smooth: load models -> build backend stages -> pipeline.
+"""From model sources to a ready voter: load models -> build backend stages -> pipeline, for one
+configuration or a sweep's configurations.
 
 This is the one place that knows which backend was asked for; everything downstream only sees
 stages (engine/backends/base.py).
@@ -6,15 +7,31 @@ stages (engine/backends/base.py).
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import sys
 from dataclasses import dataclass, field
-from typing import Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
+import torch
+
+from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.configurations import (
+    Configuration,
+    stacked_configuration_stages,
+    torch_configuration_stages,
+)
+from diffsmooth.engine.base_classifier.denoise import load_denoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
-from diffsmooth.engine.certify.core import Smooth
-from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
+from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, initial_score_chunks
+from diffsmooth.engine.certify.smooth import Smooth
 from diffsmooth.engine.choices import BACKENDS
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped as demo_assets
+from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.runs.fast_path import VALIDATE_SAMPLES, FastPath, validate_fast_path
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE
 
@@ -45,7 +62,6 @@ class ModelSources:
 
 def parse_unet_config(text: Optional[str]) -> dict:
     """--unet-config: a JSON object of UNet config fields ({} when not given)."""
-    import json
     if not text:
         return {}
     try:
@@ -59,7 +75,6 @@ def parse_unet_config(text: Optional[str]) -> dict:
 
 def load_denoiser_from(sources: ModelSources):
     """The one-shot denoiser named by `sources` (eval mode, CPU)."""
-    from diffsmooth.engine.base_classifier.denoise import load_denoiser
     if not sources.denoiser:
         raise UserError("give `denoiser` CHECKPOINT")
     return load_denoiser(sources.denoiser, sources.preset, schedule=sources.schedule,
@@ -78,7 +93,6 @@ def classifier_path_for(config: MethodConfig, sources: ModelSources) -> str:
 
 def load_classifier_from(config: MethodConfig, sources: ModelSources):
     """The classifier named by `sources`, or the demo classifier matching the method's noise level."""
-    from diffsmooth.engine.models.checkpoints import load_classifier
     return load_classifier(classifier_path_for(config, sources), arch=sources.arch, dataset=sources.stats,
                            normalization=sources.normalization)
 
@@ -91,52 +105,84 @@ def load_models(config: MethodConfig, sources: ModelSources):
     return denoiser, load_classifier_from(config, sources)
 
 
+def build_stages(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
+                 num_classes: Optional[int] = None, *, backend: str = "torch", device: str = "cpu",
+                 precision: str = "fp32", onnx_dir: Optional[str] = None, fast: FastPath = FastPath(),
+                 models=None, log=None, batch: int = 1000) -> BaseClassifierStages:
+    """The stages of one configuration on the requested backend; probes the models with `image_shape`.
+    `models` = (denoiser, classifier) already loaded (torch backend)."""
+    if backend == "torch":
+        runner = TorchBackend(device=device, precision=precision, compile=fast.compile,
+                              cuda_graphs=fast.cuda_graphs, log=log)
+        denoiser, classifier = models or load_models(config, sources)
+        return build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
+                                  fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log,
+                                  classifier_batch=classifier_call_images(config, batch, image_shape, runner.device))
+    if not onnx_dir:
+        raise UserError(f"`backend` {backend} needs `onnx_dir` (graphs from `diffsmooth export`"
+                        + (", plans from `diffsmooth build-engine`)" if backend == "tensorrt" else ")"))
+    if backend == "onnxruntime":
+        return build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision,
+                                 classifier=sources.classifier)
+    if backend == "tensorrt":
+        return build_trt_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision,
+                                batch=batch, classifier=sources.classifier)
+    raise UserError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+
+
+def build_sweep_stages(configs: Sequence[Configuration], classifier_paths: Dict[str, str], sources: ModelSources,
+                       image_shape: Tuple[int, ...], num_classes: Optional[int] = None, *, backend: str = "torch",
+                       device: str = "cpu", precision: str = "fp32", onnx_dir: Optional[str] = None,
+                       fast: FastPath = FastPath(), models=None, log=None, batch: int = 1000) -> BaseClassifierStages:
+    """The stages of several configurations at one sigma scored on the same samples (a sweep): on the
+    torch backend one module scoring all of them; on exported backends each configuration's graph or
+    plan, stacked. `models` = (denoiser, {name: classifier}) already loaded (torch backend)."""
+    if backend == "torch":
+        runner = TorchBackend(device=device, precision=precision, compile=fast.compile,
+                              cuda_graphs=fast.cuda_graphs, log=log)
+        denoiser, classifiers = models or load_sweep_models(configs, classifier_paths, sources)
+        return torch_configuration_stages(configs, classifiers, denoiser, runner, image_shape, num_classes,
+                                          fused_attention=fast.fused_attention)
+
+    def stages_of(c: Configuration) -> BaseClassifierStages:
+        one = dataclasses.replace(sources, classifier=classifier_paths[c.classifier])
+        return build_stages(c.method, one, image_shape, num_classes, backend=backend, device=device,
+                            precision=precision, onnx_dir=onnx_dir, fast=fast, log=log, batch=batch)
+    return stacked_configuration_stages(configs, stages_of)
+
+
+def load_sweep_models(configs: Sequence[Configuration], classifier_paths: Dict[str, str], sources: ModelSources):
+    """(denoiser or None, {name: classifier}) of a sweep, each classifier loaded once."""
+    needs_denoiser = any(c.method.uses_denoiser for c in configs)
+    if needs_denoiser and not sources.denoiser:
+        raise UserError("the sweep's dds / diffsmooth configurations need `denoiser` CHECKPOINT")
+    denoiser = load_denoiser_from(sources) if needs_denoiser else None
+    classifiers = {name: load_classifier(classifier_paths[name], arch=sources.arch, dataset=sources.stats,
+                                         normalization=sources.normalization)
+                   for name in sorted({c.classifier for c in configs})}
+    return denoiser, classifiers
+
+
+def build_pipeline(stages: BaseClassifierStages, sigma: float, seed: int, fast: FastPath, log=None) -> MonteCarloPipeline:
+    """The voter of the stages with the fast path's batch shape, lanes and noise kernel."""
+    return MonteCarloPipeline(stages, sigma, seed, static_batch=fast.static_batch, streams=fast.streams,
+                              compiled_noise=fast.compiled_noise, log=log)
+
+
 def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
                  num_classes: Optional[int] = None, *, backend: str = "torch", device: str = "cpu",
                  precision: str = "fp32", seed: int = 0, onnx_dir: Optional[str] = None,
                  fast: Optional[FastPath] = None, models=None, log=None, batch: int = 1000) -> Smooth:
-    """A Smooth for `config` on the requested backend; probes the models with `image_shape`.
-
-    `fast` (torch backend) picks compiled static-shape stages, CUDA graphs and two streams; by
-    default FastPath.resolve(device). `models` = (denoiser, classifier) already loaded.
-    """
-    if fast is None:
-        fast = FastPath.resolve(device) if backend == "torch" else FastPath()
-        if backend == "tensorrt" and torch_device_type(device) == "cuda":
-            fast = FastPath(static_batch=True, streams=2)       # plans are built for the run's batch
-    if backend == "torch":
-        from diffsmooth.engine.backends.torch_backend import TorchBackend
-        runner = TorchBackend(device=device, precision=precision, compile=fast.compile,
-                              cuda_graphs=fast.cuda_graphs, log=log)
-        denoiser, classifier = models or load_models(config, sources)
-        stages = build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
-                                    fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log,
-                                    classifier_batch=classifier_call_images(config, batch, image_shape,
-                                                                            runner.device))
-    elif backend == "onnxruntime":
-        from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
-        if not onnx_dir:
-            raise UserError("`backend` onnxruntime needs `onnx_dir` (made by `diffsmooth export`)")
-        stages = build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision)
-    elif backend == "tensorrt":
-        from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
-        if not onnx_dir:
-            raise UserError("`backend` tensorrt needs `onnx_dir` (graphs from `diffsmooth export`, plans from "
-                            "`diffsmooth build-engine`)")
-        stages = build_trt_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision,
-                                  batch=batch)
-    else:
-        raise UserError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    return Smooth(MonteCarloPipeline(stages, config.sigma, seed, static_batch=fast.static_batch,
-                                     streams=fast.streams, compiled_noise=fast.compiled_noise, log=log))
+    """A Smooth for `config` on the requested backend (the fast path resolved for the device when not given)."""
+    fast = fast if fast is not None else FastPath.resolve(device, backend=backend)
+    stages = build_stages(config, sources, image_shape, num_classes, backend=backend, device=device,
+                          precision=precision, onnx_dir=onnx_dir, fast=fast, models=models, log=log, batch=batch)
+    return Smooth(build_pipeline(stages, config.sigma, seed, fast, log))
 
 
 def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[int, ...], device) -> int:
     """Images per classifier call in a run at `batch`: the pipeline's first chunk of the batch, times m
     for local smoothing (the shape the fused-convolution probe must see)."""
-    import torch
-
-    from diffsmooth.engine.certify.monte_carlo import initial_score_chunks
     per_sample = config.m if config.method == "diffsmooth" else 1
     numel = 1
     for d in image_shape:
@@ -145,36 +191,15 @@ def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[
     return (int(batch) // pieces) * per_sample
 
 
-def torch_device_type(device: str) -> str:
-    import torch
-    return torch.device(device).type
-
-
-def build_checked_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
-                         num_classes: Optional[int], first_image, first_index: int, batch: int, *,
-                         backend: str = "torch", device: str = "cpu", precision: str = "fp32", seed: int = 0,
-                         onnx_dir: Optional[str] = None, fast: Optional[FastPath] = None,
-                         validate_samples: int = VALIDATE_SAMPLES, expected_flip_rate: float = FP16_FLIP_RATE,
-                         check_images=None, log=None) -> Smooth:
-    """build_smooth, then (torch backend, compiled or reduced precision) the once-per-run check of
-    its production counts against eager fp32 on `check_images` ((index, image) pairs; default the
-    first image), `validate_samples` samples each, printed; refuses a path that disagrees."""
-    log = log or _stderr
-    models = load_models(config, sources) if backend == "torch" else None
-    if backend == "torch" and fast is None:
-        fast = FastPath.resolve(device)
-    smooth = build_smooth(config, sources, image_shape, num_classes, backend=backend, device=device,
-                          precision=precision, seed=seed, onnx_dir=onnx_dir, fast=fast, models=models, log=log,
-                          batch=batch)
-    if backend == "torch" and (fast.changes_arithmetic or precision != "fp32") and validate_samples > 0:
-        reference = build_smooth(config, sources, image_shape, num_classes, device=device, precision="fp32",
-                                 seed=seed, fast=FastPath(), models=models, log=log)
-        images = list(check_images) if check_images else [(first_index, first_image)]
-        validate_fast_path(smooth.pipeline, reference.pipeline, images, validate_samples, batch,
-                           expected_flip_rate, log)
-    return smooth
+def check_against_eager(pipeline: MonteCarloPipeline, reference: MonteCarloPipeline, check_images, batch: int,
+                        validate_samples: int = VALIDATE_SAMPLES, expected_flip_rate: float = FP16_FLIP_RATE,
+                        log=None) -> None:
+    """The once-per-run check of a compiled or reduced-precision pipeline's production counts against
+    the same stages in eager fp32, on `check_images` ((index, image) pairs), `validate_samples` samples
+    each, every configuration of a sweep included; printed, and a path that disagrees is refused."""
+    validate_fast_path(pipeline, reference, list(check_images), validate_samples, batch, expected_flip_rate,
+                       log or _stderr)
 
 
 def _stderr(message: str) -> None:
-    import sys
     print(message, file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Certify or predict a selection of dataset images and write one TSV row per finished image.
+"""Certify or predict a selection of dataset images and write one TSV row per finished image and
+configuration (one result file each: a single run has one, a sweep one per configuration).
 
 Every image runs as a job on the continuous-batching scheduler (certify/scheduler.py): many images
 share each batch, and rows are written (fsynced) in the order images finish. Resumable (every index
@@ -12,10 +13,14 @@ from __future__ import annotations
 
 import signal
 import threading
-from contextlib import contextmanager
-from typing import Callable, Iterable, Optional, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence, Tuple
 
-from diffsmooth.engine.certify.core import Smooth, certify_job, predict_job
+from tqdm import tqdm
+
+from diffsmooth.engine.certify.cohen import Certificate, certify_job, predict_job
 from diffsmooth.engine.certify.scheduler import Finished, Work
 from diffsmooth.engine.certify.sequential import SequentialRule, sequential_job
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, PREDICT_COLUMNS, ResultWriter, format_radius, format_time
@@ -56,63 +61,96 @@ def image_works(dataset, indices: Iterable[int], make_job: Callable[[], object])
         yield Work(index, x, make_job(), tag=int(label))
 
 
-def run_dataset(smooth: Smooth, dataset, indices: Sequence[int], out_path, *, mode: str = "certify",
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run wrote: rows, where, and the samples its batches computed and counted."""
+
+    written: int
+    skipped_done: int
+    interrupted: bool
+    path: str
+    files: Tuple[str, ...]
+    samples_computed: int = 0
+    samples_counted: int = 0
+    max_window: int = 0
+
+    def line(self) -> str:
+        """One line saying what the run wrote."""
+        state = "interrupted after" if self.interrupted else "wrote"
+        return f"{state} {self.written} rows ({self.skipped_done} already done) to {self.path}"
+
+
+def job_factory(mode: str, n0: int, n: int, alpha: float, sigma: float,
+                sequential: Optional[SequentialRule] = None) -> Callable[[], object]:
+    """A new job per image: sequential CERTIFY, CERTIFY or PREDICT (certify/cohen.py, certify/sequential.py)."""
+    if sequential is not None:
+        return lambda: sequential_job(n0, sequential)
+    if mode == "certify":
+        return lambda: certify_job(n0, n, alpha, sigma)
+    return lambda: predict_job(n, alpha)
+
+
+def columns_of(mode: str, sequential: bool) -> Tuple[str, ...]:
+    """The reference TSV's columns; sequential rows add the samples drawn."""
+    if mode == "predict":
+        return PREDICT_COLUMNS
+    return CERTIFY_COLUMNS + (("samples",) if sequential else ())
+
+
+def result_row(index: int, label: int, result, seconds: float, columns: Sequence[str]) -> dict:
+    """One configuration's row: a Certificate (certify) or a class (predict)."""
+    if isinstance(result, Certificate):
+        prediction = result.prediction
+        row = dict(radius=format_radius(result.radius), samples=result.samples)
+    else:
+        prediction, row = int(result), {}
+    row.update(idx=index, label=label, predict=prediction, correct=int(prediction == label), time=format_time(seconds))
+    return {c: row[c] for c in columns}
+
+
+def run_dataset(voter, dataset, indices: Sequence[int], files: Sequence, *, mode: str = "certify",
                 n0: int = 100, n: int = 10000, alpha: float = 0.001, batch: int = 1000,
                 progress: bool = True, on_row: Optional[Callable[[dict], None]] = None,
                 sequential: Optional[SequentialRule] = None, window: Optional[int] = None,
-                claim: Optional[Callable[[Sequence[int]], Iterable[int]]] = None, skip=()) -> dict:
-    """Certify (or predict) dataset[i] for i in indices, appending rows to out_path as images finish.
-    With `sequential`, certify stops early per image (engine/certify/sequential.py) and the rows get
-    a trailing `samples` column. `window` bounds the images in flight (1: one image at a time).
-    `claim(todo)` hands out the images this process runs (default: all of todo, in order; under
-    torchrun, pulled from a shared counter); `skip` holds indices finished elsewhere."""
-    columns = CERTIFY_COLUMNS if mode == "certify" else PREDICT_COLUMNS
-    if sequential is not None:
-        columns = CERTIFY_COLUMNS + ("samples",)
-    if sequential is not None:
-        make_job = lambda: sequential_job(n0, sequential)           # noqa: E731
-    elif mode == "certify":
-        make_job = lambda: certify_job(n0, n, alpha, smooth.sigma)  # noqa: E731
-    else:
-        make_job = lambda: predict_job(n, alpha)                    # noqa: E731
+                claim: Optional[Callable[[Sequence[int]], Iterable[int]]] = None, skip=()) -> RunSummary:
+    """Certify (or predict) dataset[i] for i in indices on `voter` (certify/monte_carlo.py), appending
+    each configuration's row to its file in `files` (one per configuration, in the voter's order) as
+    images finish. With `sequential`, certify stops early per image and rows get a trailing `samples`
+    column. `window` bounds the images in flight (1: one image at a time). `claim(todo)` hands out the
+    images this process runs (default: all of todo, in order; under torchrun, pulled from a shared
+    counter); `skip` holds indices finished elsewhere."""
+    if len(files) != voter.num_configs:
+        raise ValueError(f"{voter.num_configs} configurations vote, {len(files)} result files given")
+    columns = columns_of(mode, sequential is not None)
+    make_job = job_factory(mode, n0, n, alpha, voter.sigma, sequential)
     written = 0
-    with ResultWriter(out_path, columns) as writer, stop_after_current_image() as flag:
-        todo = [i for i in indices if i not in writer.done and i not in skip]
+    with ExitStack() as stack:
+        writers = [stack.enter_context(ResultWriter(f, columns)) for f in files]
+        flag = stack.enter_context(stop_after_current_image())
+        todo = [i for i in indices if i not in skip and any(i not in w.done for w in writers)]
         mine = claim(todo) if claim is not None else todo
         bar = None
         if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=len(indices), initial=len(indices) - len(todo), unit="img",
-                       desc=f"{mode} {smooth.pipeline.stages.method}", dynamic_ncols=True)
+            what = voter.stages.method if voter.num_configs == 1 else f"{voter.num_configs} configs"
+            bar = stack.enter_context(tqdm(total=len(indices), initial=len(indices) - len(todo), unit="img",
+                                           desc=f"{mode} {what}", dynamic_ncols=True))
 
         def finished(done: Finished) -> None:
             nonlocal written
-            if sequential is not None:
-                prediction, radius, samples = done.result
-            elif mode == "certify":
-                (prediction, radius), samples = done.result, None
-            else:
-                prediction, samples = done.result, None
-            label = done.work.tag
-            row = dict(idx=done.work.index, label=label, predict=prediction,
-                       correct=int(prediction == label), time=format_time(done.seconds))
-            if mode == "certify":
-                row["radius"] = format_radius(radius)
-            if samples is not None:
-                row["samples"] = samples
-            writer.write(**row)
+            for writer, result in zip(writers, done.result):
+                if done.work.index in writer.done:
+                    continue
+                row = result_row(done.work.index, done.work.tag, result, done.seconds, columns)
+                writer.write(**row)
+                if on_row:
+                    on_row(row)
             written += 1
-            if on_row:
-                on_row(row)
             if bar is not None:
                 bar.update(1)
 
-        try:
-            stats = smooth.pipeline.scheduler(batch, window).run(image_works(dataset, mine, make_job), finished,
-                                                                  stop=lambda: flag.stop)
-        finally:
-            if bar is not None:
-                bar.close()
-        return {"written": written, "skipped_done": len(indices) - len(todo), "interrupted": flag.stop,
-                "path": str(out_path), "samples_computed": stats.samples_computed,
-                "samples_counted": stats.samples_counted, "max_window": stats.max_window}
+        stats = voter.scheduler(batch, window).run(image_works(dataset, mine, make_job), finished,
+                                                   stop=lambda: flag.stop)
+        return RunSummary(written, len(indices) - len(todo), flag.stop, str(files[0] if len(files) == 1 else
+                                                                           Path(files[0]).parent),
+                          tuple(str(f) for f in files), stats.samples_computed, stats.samples_counted,
+                          stats.max_window)

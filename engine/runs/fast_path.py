@@ -46,12 +46,21 @@ class FastPath:
     @classmethod
     def resolve(cls, device: str, compile: Optional[bool] = None, cuda_graphs: Optional[bool] = None,
                 streams: Optional[int] = None, fused_attention: Optional[bool] = None,
-                fused_conv: Optional[bool] = None) -> "FastPath":
-        """On CUDA everything on unless switched off; on CPU eager unless compile=True. Compiled
-        stages always get static batches (one graph per run); fused attention defaults to on with
-        compiled CUDA stages; fused (BatchNorm-folded) classifier convolutions only when asked for
-        (docs/status.md says what has run on a GPU)."""
-        cuda = torch.device(device).type == "cuda"
+                fused_conv: Optional[bool] = None, backend: str = "torch") -> "FastPath":
+        """The one place the fast path's defaults are decided. Torch backend: on CUDA everything on
+        unless switched off; on CPU eager unless compile=True. Compiled stages always get static
+        batches (one graph per run); fused attention defaults to on with compiled CUDA stages; fused
+        (BatchNorm-folded) classifier convolutions only when asked for (docs/status.md says what has
+        run on a GPU). TensorRT: static batches (plans are built for the run's batch) and, on CUDA,
+        two streams. ONNX Runtime: none of it."""
+        try:
+            cuda = torch.device(device).type == "cuda"
+        except RuntimeError:
+            raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
+        if backend == "tensorrt":
+            return cls(static_batch=True, streams=2 if cuda else 1)
+        if backend != "torch":
+            return cls()
         compile = cuda if compile is None else bool(compile)
         cuda_graphs = (cuda and compile) if cuda_graphs is None else bool(cuda_graphs)
         if cuda_graphs and not cuda:
@@ -93,8 +102,8 @@ def tf32_off():
 
 
 def production_arrays(fast, images: Sequence[Tuple[int, torch.Tensor]], samples: int, batch: int):
-    """(counts per image from the production path: the images packed into shared batches by the
-    scheduler, per-sample scores [samples, K] per image) of samples 0..samples-1 of each (index,
+    """(counts [E, K] per image from the production path: the images packed into shared batches by the
+    scheduler, per-sample scores [samples, E, K] per image) of samples 0..samples-1 of each (index,
     image), as numpy arrays."""
     counts = fast.count_many(images, 0, samples, batch)
     scores = [fast.all_scores(x, index, 0, samples, batch).float().cpu().numpy() for index, x in images]
@@ -102,7 +111,7 @@ def production_arrays(fast, images: Sequence[Tuple[int, torch.Tensor]], samples:
 
 
 def reference_arrays(reference, images: Sequence[Tuple[int, torch.Tensor]], samples: int, batch: int):
-    """Per-sample scores of the eager fp32 reference on the same samples, with TF32 off."""
+    """Per-sample scores [samples, E, K] of the eager fp32 reference on the same samples, with TF32 off."""
     with tf32_off():
         return [reference.all_scores(x, index, 0, samples, batch).float().cpu().numpy() for index, x in images]
 
@@ -111,10 +120,14 @@ def measure_agreement(fast, reference, images: Sequence[Tuple[int, torch.Tensor]
                       flip_rate: float = FP16_FLIP_RATE) -> AgreementReport:
     """The fast pipeline's production counts (`count_many`: packing, lanes, vote scatter, graph replays) and
     per-sample scores on samples 0..samples-1 of each (index, image), against eager fp32 with TF32
-    off on the same samples; judged by vote_agreement.judge_agreement."""
+    off on the same samples; judged by vote_agreement.judge_agreement, each configuration of each
+    image as one case."""
     counts, scores = production_arrays(fast, images, samples, batch)
-    return judge_agreement(counts, scores, reference_arrays(reference, images, samples, batch),
-                           [i for i, _ in images], flip_rate)
+    references = reference_arrays(reference, images, samples, batch)
+    configs = range(counts[0].shape[0])
+    return judge_agreement([c[e] for c in counts for e in configs], [f[:, e] for f in scores for e in configs],
+                           [r[:, e] for r in references for e in configs], [i for i, _ in images for _ in configs],
+                           flip_rate)
 
 
 def validate_fast_path(fast, reference, images: Sequence[Tuple[int, torch.Tensor]], samples: int, batch: int,

@@ -4,7 +4,7 @@ import numpy as np
 from click.testing import CliRunner
 
 from diffsmooth.bench.sequential_sim import main, recover_votes
-from diffsmooth.engine.certify.core import certified_radius
+from diffsmooth.engine.certify.cohen import certified_radius
 from diffsmooth.engine.runs.results import format_radius
 
 

@@ -87,8 +87,8 @@ def test_engine_errors_name_settings_and_the_cli_shows_flags(tmp_path):
     from click.testing import CliRunner
 
     from diffsmooth.cli import main
-    from diffsmooth.engine.certify.sequential import parse_radii
     from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.runs.request import parse_radii
     with pytest.raises(UserError) as engine_error:
         parse_radii("a,b")
     assert "`radii`" in str(engine_error.value) and "--" not in str(engine_error.value)

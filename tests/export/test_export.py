@@ -21,8 +21,8 @@ from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser  # noqa:
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages  # noqa: E402
 from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages  # noqa: E402
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule  # noqa: E402
-from diffsmooth.engine.certify.core import Smooth  # noqa: E402
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline  # noqa: E402
+from diffsmooth.engine.certify.smooth import Smooth  # noqa: E402
 from diffsmooth.engine.errors import UserError  # noqa: E402
 from diffsmooth.engine.hashing import sha256_file  # noqa: E402
 from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state  # noqa: E402
@@ -382,7 +382,7 @@ def test_onnxruntime_certify_matches_torch(export_dir, models, name):
     for i, x in enumerate(real_images(3)):
         ra = a.certify(x, 20, 200, 0.05, 64, image_index=i)
         rb = b.certify(x, 20, 200, 0.05, 64, image_index=i)
-        assert ra[0] == rb[0] and abs(ra[1] - rb[1]) < 1e-6, (name, i, ra, rb)
+        assert ra.prediction == rb.prediction and abs(ra.radius - rb.radius) < 1e-6, (name, i, ra, rb)
     counts = [s.pipeline.count(x, 7, 0, 300, 100) for s in (a, b)]    # every vote, not just the top class
     assert np.array_equal(*counts), counts
 
@@ -473,3 +473,38 @@ def test_backend_refuses_external_data_outside_its_folder_and_corrupt_graphs(tmp
     corrupt.write_bytes(b"\x08\x07garbage" * 10)
     with pytest.raises(UserError, match="not a readable ONNX file"):
         check_external_data_paths(corrupt)
+
+
+@pytest.mark.slow
+def test_sweep_on_onnxruntime_gives_the_torch_rows(tmp_path, tiny_cli_args):
+    """A sweep runs through the one voter on any backend: exported graphs of every configuration
+    (one denoiser graph serves all) give the torch sweep's rows under the backends' agreement rule
+    (CPU fp32: the same prediction and radius in every row)."""
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    onnx_dir = tmp_path / "onnx"
+    models_args = [a for a in tiny_cli_args]
+    shape = ["--image-shape", "3,8,8"]
+    model_only = models_args[:models_args.index("--dataset")] + models_args[models_args.index("--sigma"):]
+    for method in (["--method", "rs"], ["--method", "dds"],
+                   *(["--method", "diffsmooth", "--m", m, "--local-sigma", "0.12", "--local-noise", "fresh"]
+                     for m in ("1", "2"))):
+        r = CliRunner().invoke(main, ["export", *model_only, *method, *shape, "--no-validate", "--out", str(onnx_dir)])
+        assert r.exit_code == 0, (method, r.output, r.exception)
+    assert len(list(onnx_dir.glob("*.onnx"))) == 5                 # one denoiser graph, four classifier graphs
+    args = ["certify", *models_args, "--method", "rs", "--method", "dds", "--method", "diffsmooth", "--m", "1",
+            "--m", "2", "--local-sigma", "0.12", "--local-noise", "fresh", "--n0", "8", "--n", "40", "--batch", "16",
+            "--max", "4", "--quiet", "--onnx-dir", str(onnx_dir)]
+    rows = {}
+    for backend in ("torch", "onnxruntime"):
+        out = tmp_path / backend
+        r = CliRunner().invoke(main, [*args, "--backend", backend, "--out", str(out)])
+        assert r.exit_code == 0, (backend, r.output, r.exception)
+        rows[backend] = {f.name: [line.split("\t")[:4] for line in f.read_text().splitlines()[1:]]
+                         for f in sorted(out.glob("*.tsv"))}
+    assert len(rows["torch"]) == 4 and all(len(v) == 4 for v in rows["torch"].values())
+    assert rows["torch"] == rows["onnxruntime"]
+    predictions = {row[2] for file_rows in rows["torch"].values() for row in file_rows}
+    radii = {row[3] for file_rows in rows["torch"].values() for row in file_rows}
+    assert len(predictions - {"-1"}) >= 2 and len(radii) >= 3, (predictions, radii)

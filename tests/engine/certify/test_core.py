@@ -5,7 +5,7 @@ import random
 import pytest
 from scipy.stats import beta, norm
 
-from diffsmooth.engine.certify.core import (
+from diffsmooth.engine.certify.cohen import (
     ABSTAIN,
     certified_radius,
     certify_from_counts,

@@ -10,8 +10,8 @@ from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
-from diffsmooth.engine.certify.core import Smooth
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, NonFiniteScores
+from diffsmooth.engine.certify.smooth import Smooth
 from diffsmooth.engine.errors import UserError
 
 SHAPE = (1, 8, 8)
@@ -85,7 +85,7 @@ def test_counts_equal_votes_of_explicit_samples(method, mode):
     """Batches starting mid-run (sample 13, batch 7) count exactly the samples they name."""
     expected = explicit_votes(method, mode, image_index=5, first=13, num=60)
     assert (expected > 0).sum() >= 2, f"votes {expected} do not spread"
-    got = make_smooth(method, local_noise=mode).pipeline.count(image(), 5, 13, 60, batch=7)
+    got = make_smooth(method, local_noise=mode).pipeline.count(image(), 5, 13, 60, batch=7)[0]
     assert np.array_equal(got, expected)
 
 
@@ -163,8 +163,8 @@ def test_constant_classifier_gets_maximal_radius():
             return out
     config = MethodConfig("rs", 0.25)
     stages = build_torch_stages(config, Constant(), None, TorchBackend(), SHAPE, 3)
-    pred, radius = Smooth(MonteCarloPipeline(stages, 0.25)).certify(image(), 10, 1000, 0.001, 256)
-    from diffsmooth.engine.certify.core import max_certifiable_radius
+    pred, radius = Smooth(MonteCarloPipeline(stages, 0.25)).certify(image(), 10, 1000, 0.001, 256, image_index=0)
+    from diffsmooth.engine.certify.cohen import max_certifiable_radius
     assert pred == 2 and radius == pytest.approx(max_certifiable_radius(1000, 0.001, 0.25))
 
 
@@ -189,8 +189,9 @@ def test_bad_shapes_and_parameters_are_user_errors():
         with pytest.raises(UserError, match=msg):
             MethodConfig(**args)
     smooth = make_smooth("rs")
-    for kwargs, msg in (({"n0": 0}, "n0"), ({"n": 0}, "n must"), ({"alpha": 1.0}, "alpha"), ({"batch": 0}, "batch")):
-        args = dict(n0=1, n=10, alpha=0.001, batch=5)
+    for kwargs, msg in (({"n0": 0}, "n0"), ({"n": 0}, "n must"), ({"alpha": 1.0}, "alpha"), ({"batch": 0}, "batch"),
+                        ({"image_index": None}, "give `image_index`"), ({"image_index": -1}, "image_index")):
+        args = dict(n0=1, n=10, alpha=0.001, batch=5, image_index=0)
         args.update(kwargs)
         with pytest.raises(UserError, match=msg):
             smooth.certify(image(), **args)

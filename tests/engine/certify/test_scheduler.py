@@ -8,7 +8,8 @@ from stage_fixtures import make_pipeline
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
-from diffsmooth.engine.certify.core import certify_job, drive, predict_job
+from diffsmooth.engine.certify.cohen import certify_job, predict_job
+from diffsmooth.engine.certify.jobs import drive
 from diffsmooth.engine.certify.lanes import SerialLanes
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.scheduler import NonFiniteScores, Scheduler, Work, default_window
@@ -60,27 +61,27 @@ def oracle_results(pipe):
     out = {}
     for (index, x), make in zip(images(), jobs()):
         def count(first, num, x=x, index=index):
-            votes = pipe.all_scores(x, index, first, num, num).argmax(1)
-            return np.bincount(votes.numpy(), minlength=10)
-        out[index] = drive(make(), count)
+            votes = pipe.all_scores(x, index, first, num, num)[:, 0].argmax(1)
+            return np.bincount(votes.numpy(), minlength=10)[None]
+        out[index], = drive(make(), count)
     return out
 
 
 def packed_results(pipe, batch, window):
     results = {}
     works = [Work(index, x, make()) for (index, x), make in zip(images(), jobs())]
-    stats = Scheduler(pipe, batch, window).run(works, lambda done: results.__setitem__(done.work.index, done.result))
+    stats = Scheduler(pipe, batch, window).run(works, lambda done: results.__setitem__(done.work.index, *done.result))
     return results, stats
 
 
 @pytest.fixture(scope="module")
 def oracle(rs_stages):
     results = oracle_results(pipeline(rs_stages))
-    predictions = [r if isinstance(r, int) else r[0] for r in results.values()]
-    radii = {round(r[1], 6) for r in results.values() if not isinstance(r, int) and r[1] > 0}
+    predictions = [r if isinstance(r, int) else r.prediction for r in results.values()]
+    radii = {round(r.radius, 6) for r in results.values() if not isinstance(r, int) and r.radius > 0}
     assert len(set(predictions) - {-1}) >= 3, f"fixture votes do not spread: {predictions}"
     assert len(radii) >= 3, f"fixture radii do not differ: {radii}"
-    samples = {r[2] for r in results.values() if isinstance(r, tuple) and len(r) == 3}
+    samples = {r.samples for r in results.values() if not isinstance(r, int) and r.samples != 70}
     assert len(samples) >= 2, f"sequential images should stop at different looks: {samples}"
     return results
 
@@ -114,7 +115,7 @@ def test_two_batches_in_flight_give_the_oracle_rows(rs_stages, oracle, batch, wi
 
 def test_kept_look_ahead_longer_than_a_batch_is_counted_whole(rs_stages):
     """Look-ahead kept over several batches serves a request larger than one batch."""
-    from diffsmooth.engine.certify.core import Request
+    from diffsmooth.engine.certify.jobs import Request
     from diffsmooth.engine.certify.scheduler import _Slot
     sched = Scheduler(pipeline(rs_stages, static_batch=True), 8, window=2)
     x = images()[0][1]
@@ -134,11 +135,11 @@ def test_diffsmooth_fresh_local_noise_packs_exactly(tiny_stages):
     pipe = make_pipeline(tiny_stages, static_batch=True)
     imgs = images()[:4]
     packed = pipe.count_many(imgs, 5, 40, 32)
-    serial = [np.bincount(make_pipeline(tiny_stages).all_scores(x, i, 5, 40, 40).argmax(1).numpy(), minlength=10)
+    serial = [np.bincount(make_pipeline(tiny_stages).all_scores(x, i, 5, 40, 40)[:, 0].argmax(1).numpy(), minlength=10)
               for i, x in imgs]
     assert all((c > 0).sum() >= 2 for c in serial)
     for a, b in zip(packed, serial):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a[0], b)
 
 
 def test_free_rows_of_a_static_batch_compute_look_ahead_samples(rs_stages, monkeypatch):

@@ -11,22 +11,21 @@ from click.testing import CliRunner
 from scipy.stats import beta, norm
 
 from diffsmooth.cli import main
-from diffsmooth.engine.certify.core import lower_confidence_bound, lower_confidence_bounds, upper_confidence_bounds
+from diffsmooth.engine.certify.cohen import lower_confidence_bound, lower_confidence_bounds, upper_confidence_bounds
 from diffsmooth.engine.certify.sequential import (
     SequentialCertificate,
     SequentialRule,
     certify_sequential,
-    certify_sequential_many,
     confidence_bounds,
     default_pace_margin,
     futility_bounds,
     look_schedule,
     needed_votes,
     pace_futile,
-    parse_futility,
     run_rule,
     split_levels,
 )
+from diffsmooth.engine.runs.request import parse_futility
 from diffsmooth.engine.runs.results import read_rows
 
 PATHS = 2000
@@ -119,7 +118,7 @@ def test_split_levels_sum_to_alpha():
 
 def test_split_cp_refuses_an_off_schedule_look():
     """A padded or packed batch must never move a look: split CP spent its levels on the schedule's counts."""
-    rule = SequentialRule((0.25, 0.5), 0.5, 0.001, 10000, futility=None)
+    rule = SequentialRule((0.25, 0.5), 0.5, 0.001, 10000, futility_rule=None)
     state = SequentialCertificate(rule)
     assert not state.add(80, 100)                                    # the first look, at 100
     with pytest.raises(RuntimeError, match="next look is at 200"):
@@ -128,7 +127,7 @@ def test_split_cp_refuses_an_off_schedule_look():
     assert not state.add(80, 100)                                    # the real next look still works
     with pytest.raises(RuntimeError, match="next look is at 300"):
         state.add(70, 90)                                            # a short (packed) batch neither
-    mixture = SequentialCertificate(SequentialRule((0.25, 0.5), 0.5, 0.001, 10000, futility=None, bound="mixture"))
+    mixture = SequentialCertificate(SequentialRule((0.25, 0.5), 0.5, 0.001, 10000, futility_rule=None, bound="mixture"))
     assert not mixture.add(100, 128)                                 # the mixture is valid at any count
 
 
@@ -144,33 +143,39 @@ def _stream(p, seed=0, classes=3):
     return count, calls, votes
 
 
+def certify_one(count, n0, rule):
+    """(prediction, radius, samples) of one configuration's sequential CERTIFY on count(first, num) -> [K]."""
+    c, = certify_sequential(lambda first, num: count(first, num)[None], n0, rule)
+    return c.prediction, c.radius, c.samples
+
+
 def test_stopping_rule_settles_each_case():
     rule = SequentialRule((0.25, 0.5, 0.75, 1.0), sigma=0.5, alpha=0.001, n_max=10000)
     # ~all votes agree: every radius certified after a few hundred samples
     count, calls, _ = _stream(0.9995)
-    pred, radius, used = certify_sequential(count, 100, rule)
+    pred, radius, used = certify_one(count, 100, rule)
     assert pred == 0 and radius >= 1.0 and used <= 100 + 1600
     assert calls[0] == (0, 100) and calls[1] == (100, 100)          # selection, then the looks
     # far below Phi(0.5) = 0.69: the first radius is out of reach at once
     count, calls, _ = _stream(0.45)
-    pred, radius, used = certify_sequential(count, 100, rule)
+    pred, radius, used = certify_one(count, 100, rule)
     assert pred == -1 and radius == 0.0 and used <= 100 + 400
     # between thresholds: radius 0.25 certified, 0.5 (Phi(1) = 0.84) out of reach
     count, _, _ = _stream(0.76)
-    pred, radius, used = certify_sequential(count, 100, rule)
+    pred, radius, used = certify_one(count, 100, rule)
     assert pred == 0 and 0.25 <= radius < 0.5 and used < 100 + 10000
     # exactly at a threshold: undecidable; without the futility stop it runs to n_max and reports
     # sigma * Phi^-1(max L); with it (the default) it stops early in the same bracket
     count, _, votes = _stream(norm.cdf(1.0))
-    no_futility = SequentialRule((0.25, 0.5, 0.75, 1.0), sigma=0.5, alpha=0.001, n_max=10000, futility=None)
-    pred, radius, used = certify_sequential(count, 100, no_futility)
+    no_futility = SequentialRule((0.25, 0.5, 0.75, 1.0), sigma=0.5, alpha=0.001, n_max=10000, futility_rule=None)
+    pred, radius, used = certify_one(count, 100, no_futility)
     assert used == 100 + 10000
     ends = np.cumsum(no_futility.chunks())                          # L is the running max over the looks
     s = np.array([int((votes[100:100 + e] == 0).sum()) for e in ends])
     running = lower_confidence_bounds(s, ends, no_futility.levels()).max()
     assert radius == pytest.approx(0.5 * norm.ppf(running))
     assert radius >= 0.5 * norm.ppf(lower_confidence_bound(int(s[-1]), 10000, 0.0005))
-    pred2, radius2, used2 = certify_sequential(_stream(norm.cdf(1.0))[0], 100, rule)
+    pred2, radius2, used2 = certify_one(_stream(norm.cdf(1.0))[0], 100, rule)
     assert pred2 == 0 and used2 < 100 + 10000 / 2 and 0.25 <= radius2 < 0.5 and radius2 <= radius
 
 
@@ -248,11 +253,12 @@ def test_pace_rule_loses_less_and_stops_hopeless_images_sooner_than_the_projecti
 
 def test_futility_option_parsing():
     from diffsmooth.engine.errors import UserError
-    assert parse_futility(None) == ("default", "pace") and parse_futility("off") == (None, "pace")
-    assert parse_futility("0.2") == (0.2, "pace") and parse_futility("pace:0.3") == (0.3, "pace")
-    assert parse_futility("projection:1.25") == (1.25, "projection") and parse_futility("projection") == ("default", "projection")
-    assert SequentialRule((0.5,), 0.5, 0.001, 1000, futility="default", futility_rule="projection").futility == 1.25
-    for bad in ("x", "-1", "bogus:1", "pace:", "pace:-2"):
+    assert parse_futility(None) == ("pace", None) and parse_futility("off") == (None, None)
+    assert parse_futility("0.2") == ("pace", 0.2) and parse_futility("pace:0.3") == ("pace", 0.3)
+    assert parse_futility("projection:1.25") == ("projection", 1.25) and parse_futility("projection") == ("projection", None)
+    assert SequentialRule((0.5,), 0.5, 0.001, 1000, futility_rule="projection").futility == 1.25
+    assert SequentialRule((0.5,), 0.5, 0.001, 1000, futility=0.3, futility_rule=None).futility is None
+    for bad in ("x", "-1", "bogus:1", "pace:", "pace:-2", "nan", "pace:inf"):
         with pytest.raises(UserError, match="futility"):
             parse_futility(bad)
     assert SequentialRule((0.5,), 0.5, 0.001, 1000).describe_futility() == f"pace:{default_pace_margin(1000):g}"
@@ -265,7 +271,7 @@ def test_simulation_rule_equals_engine_rule(bound):
     from diffsmooth.bench.sequential_sim import simulate_sequential
     radii, sigma, alpha, n_max = (0.25, 0.5, 0.75, 1.0), 0.5, 0.001, 10000
     p = np.array([0.3, 0.55, 0.69, 0.75, 0.84, 0.85, 0.9, 0.93, 0.975, 0.98, 0.995, 1.0] * 2)
-    for futility, futility_rule in (("default", "pace"), (1.25, "projection"), (None, "pace")):
+    for futility, futility_rule in ((None, "pace"), (1.25, "projection"), (None, None)):
         rule = SequentialRule(radii, sigma, alpha, n_max, futility=futility, bound=bound, futility_rule=futility_rule)
         chunks = rule.chunks()
         votes = np.random.default_rng(3).binomial(np.asarray(chunks)[None, :], p[:, None])
@@ -276,7 +282,7 @@ def test_simulation_rule_equals_engine_rule(bound):
             for j, size in enumerate(chunks):
                 if state.add(int(votes[i, j]), size):
                     break
-            _, radius = state.result(0)
+            _, radius = state.result(0, 0)
             assert state.samples == sim_used[i] and radius == pytest.approx(sim_radius[i]), (futility, p[i])
             stops.add(state.samples)
         assert len(stops) >= 5
@@ -299,12 +305,13 @@ def test_new_rule_reported_radius_is_valid(p):
 
 
 def test_many_configurations_stop_on_their_own():
+    """One job, several count rows (a sweep): each row stops at its own look, as its single run does."""
     rule = SequentialRule((0.25, 0.5), sigma=0.5, alpha=0.01, n_max=5000)
-    streams = {k: _stream(p, seed=k)[0] for k, p in enumerate((0.999, 0.75, 0.87))}
-    many = certify_sequential_many(lambda first, num: {k: c(first, num) for k, c in streams.items()}, 50, rule)
-    singles = {k: certify_sequential(_stream(p, seed=k)[0], 50, rule) for k, p in enumerate((0.999, 0.75, 0.87))}
-    assert many == singles
-    assert len({used for _, _, used in many.values()}) == 3          # three different stopping points
+    streams = [_stream(p, seed=k)[0] for k, p in enumerate((0.999, 0.75, 0.87))]
+    many = certify_sequential(lambda first, num: np.stack([c(first, num) for c in streams]), 50, rule)
+    singles = [certify_one(_stream(p, seed=k)[0], 50, rule) for k, p in enumerate((0.999, 0.75, 0.87))]
+    assert [(c.prediction, c.radius, c.samples) for c in many] == singles
+    assert len({c.samples for c in many}) == 3                       # three different stopping points
 
 
 def test_rule_validation():

@@ -218,8 +218,8 @@ class _DroppedBatch:
         counts = self.pipe.count_many(images, first, num, batch)
         x, index = images[-1][1], images[-1][0]
         last = self.pipe.all_scores(x, index, first + (num - 1) // batch * batch,
-                                    num - (num - 1) // batch * batch, batch).argmax(1)
-        counts[-1] = counts[-1] - np.bincount(last.numpy(), minlength=len(counts[-1]))
+                                    num - (num - 1) // batch * batch, batch)[:, 0].argmax(1)
+        counts[-1] = counts[-1] - np.bincount(last.numpy(), minlength=counts[-1].shape[-1])
         return counts
 
     def __getattr__(self, name):

@@ -2,6 +2,7 @@
 separate single-configuration run with the same seed."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,9 +11,10 @@ from cli_helpers import invoke_ok as invoke
 from click.testing import CliRunner
 
 from diffsmooth.cli import main
+from diffsmooth.engine.base_classifier.configurations import Configuration, configurations
+from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.runs.results import read_rows
-from diffsmooth.engine.runs.sweep import SweepEntry, plan_entries
 
 FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet", "--max", "3"]
 
@@ -62,9 +64,42 @@ def test_sweep_resume_and_settings_guard(tmp_path, tiny_models):
     assert bad.exit_code == 2 and "other settings" in bad.output
 
 
-def test_plan_entries_and_nested_fixed_noise():
-    entries = plan_entries(["diffsmooth", "dds"], lambda method, ls: ["a", "b"], [0.25, 0.5], [1, 5])
-    assert len(entries) == 2 * 2 * 2 + 2
-    assert SweepEntry("diffsmooth", "a", 0.25, 5).name == "diffsmooth__a__ls0.25__m5"
+def test_configurations_and_nested_fixed_noise():
+    configs = configurations(["diffsmooth", "dds"], 0.5, [0.25, 0.5], [1, 5], "fixed", lambda method, ls: ["a", "b"])
+    assert len(configs) == 2 * 2 * 2 + 2
+    assert Configuration(MethodConfig("diffsmooth", 0.5, 5, 0.25), "a").name == "diffsmooth__a__ls0.25__m5"
+    assert Configuration(MethodConfig("rs", 0.5), "a").name == "rs__a"
     # the reference's seed-42 draw is prefix-consistent for the shapes the sweep shares it on
     assert torch.equal(fixed_local_noise(21, (1, 32, 32))[:5], fixed_local_noise(5, (1, 32, 32)))
+
+
+STORED = Path(__file__).resolve().parents[2] / "data" / "sweep_rows"
+STORED_ARGS = ["--method", "rs", "--method", "dds", "--method", "diffsmooth", "--local-sigma", "0.25", "--local-sigma",
+               "0.5", "--m", "1", "--m", "3", "--sigma", "0.5", "--batch", "64", "--max", "20", "--skip", "2", "--quiet"]
+
+
+def _radius_rows(path):
+    """Rows without `time`, the radius compared as the number it prints (a format change keeps the value)."""
+    return [dict(r, radius=float(r["radius"])) if "radius" in r else r for r in rows_without_time(path)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,extra", [
+    ("fixed", ["--n0", "10", "--n", "100"]),
+    ("fresh_sequential", ["--local-noise", "fresh", "--n0", "10", "--sequential", "--radii", "0.25,0.5",
+                          "--n-max", "500"])])
+def test_sweep_rows_equal_rows_stored_before_the_one_voter(tmp_path, name, extra):
+    """Sweeps moved onto the one voter and scheduler: every configuration's rows equal those the engine
+    wrote before (tests/data/sweep_rows/README.md), and the old folder's index.json is what a run
+    writes today, so sweep folders written before keep resuming."""
+    out = tmp_path / name
+    invoke(["certify", *STORED_ARGS, *extra, "--out", out])
+    stored = STORED / name
+    files = sorted(p.name for p in stored.glob("*.tsv"))
+    assert files == sorted(p.name for p in out.glob("*.tsv")) and len(files) == 6
+    for f in files:
+        assert _radius_rows(out / f) == _radius_rows(stored / f), f
+    assert_rows_spread(stored / files[-1])
+    assert json.loads((out / "index.json").read_text()) == json.loads((stored / "index.json").read_text())
+    resumed = invoke(["certify", *STORED_ARGS, *extra, "--out", out])
+    assert "0 rows (10 already done)" in resumed.output

@@ -1,0 +1,207 @@
+"""Several configurations of the base classifier voting on the same samples (a sweep): each noisy
+sample is denoised once and scored by every configuration (method x classifier x sigma' x m at one
+sigma), as ONE score stage returning [B, E, K] (backends/base.py), so the one voter and scheduler
+run it on any backend.
+
+Why each configuration's votes equal its single run's: every configuration sees the same smoothing
+noise (keyed by seed, image and sample index), the same local noises (fixed: the seed-42 draw, whose
+first m rows equal the m-row draw where checked, else drawn separately; fresh: Philox prefixes of
+the largest m's draw) and the same classifier arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.base_classifier.local_smoothing import local_probabilities
+from diffsmooth.engine.base_classifier.methods import MethodConfig, probe
+from diffsmooth.engine.certify.noise import fixed_local_noise
+from diffsmooth.engine.errors import UserError, first_line
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One configuration of a sweep: the method and the classifier (by name) that votes for it."""
+
+    method: MethodConfig
+    classifier: str
+
+    @property
+    def name(self) -> str:
+        """The configuration's result-file stem, e.g. diffsmooth__resnet110__ls0.25__m5."""
+        base = f"{self.method.method}__{self.classifier}"
+        if self.method.method != "diffsmooth":
+            return base
+        return f"{base}__ls{self.method.local_sigma:g}__m{self.method.m}"
+
+
+def configurations(methods: Sequence[str], sigma: float, local_sigmas: Sequence[float], ms: Sequence[int],
+                   local_noise: str, classifiers_for) -> List[Configuration]:
+    """Every (method, classifier, sigma', m) asked for; `classifiers_for(method, sigma')` names the
+    classifiers a method uses at that local sigma (sigma' None for rs / dds)."""
+    found = []
+    for method in methods:
+        if method == "diffsmooth":
+            found += [Configuration(MethodConfig(method, sigma, int(m), float(ls), local_noise), clf)
+                      for ls in local_sigmas for clf in classifiers_for(method, float(ls)) for m in ms]
+        else:
+            found += [Configuration(MethodConfig(method, sigma, local_noise=local_noise), clf)
+                      for clf in classifiers_for(method, None)]
+    if len({c.name for c in found}) != len(found):
+        raise UserError("two sweep configurations would share a result file: give classifiers distinct file names")
+    return found
+
+
+def inputs_of(configs: Sequence[Configuration]) -> Tuple[str, ...]:
+    """Which samples the configurations read: the noisy ones (rs), the denoised ones (dds, diffsmooth)."""
+    methods = {c.method.method for c in configs}
+    return tuple(name for name, wanted in (("noisy", "rs" in methods), ("denoised", bool(methods - {"rs"})))
+                 if wanted)
+
+
+class ConfigurationHeads(nn.Module):
+    """(noisy and/or denoised samples [B,C,H,W], + fresh local noise [B,M,C,H,W]) -> scores [B, E, K].
+
+    Local smoothing of one classifier at one sigma' runs once on the largest m's noises; smaller m
+    average a prefix of its softmax outputs, so m in {1,3,5,11,21} costs one call at m = 21."""
+
+    def __init__(self, configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], image_shape,
+                 local_noise: str = "fixed", local_noise_seed: int = 42):
+        super().__init__()
+        self.configs = list(configs)
+        self.names = sorted({c.classifier for c in self.configs})
+        self.classifiers = nn.ModuleList(classifiers[name] for name in self.names)
+        self.inputs = inputs_of(self.configs)
+        self.local_noise = local_noise
+        self.image_shape = tuple(int(d) for d in image_shape)
+        ms = sorted({c.method.m for c in self.configs if c.method.method == "diffsmooth"})
+        self.largest_m = ms[-1] if ms else None
+        self.groups = self._noise_groups(ms, local_noise_seed)
+        for k, (_, _, noise) in enumerate(self.groups):
+            self.register_buffer(f"noise_{k}", noise, persistent=False)
+
+    @property
+    def takes_noise(self) -> bool:
+        return self.local_noise == "fresh" and self.largest_m is not None
+
+    def _noise_groups(self, ms: List[int], seed: int) -> List[Tuple[int, List[int], Optional[torch.Tensor]]]:
+        """(M, the m served by the first M local noises, the fixed noises or None when fresh)."""
+        if not ms:
+            return []
+        if self.local_noise == "fresh":                 # Philox: prefixes are exact by construction
+            return [(ms[-1], ms, None)]
+        full = fixed_local_noise(ms[-1], self.image_shape, seed)
+        shared = [m for m in ms if torch.equal(full[:m], fixed_local_noise(m, self.image_shape, seed))]
+        return [(ms[-1], shared, full)] + [(m, [m], fixed_local_noise(m, self.image_shape, seed))
+                                           for m in ms if m not in shared]
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        samples = dict(zip(self.inputs, inputs))
+        fresh = inputs[len(self.inputs)] if self.takes_noise else None
+        probabilities = {}
+        scores = []
+        for c in self.configs:
+            classifier = self.classifiers[self.names.index(c.classifier)]
+            if c.method.method == "rs":
+                score = classifier(samples["noisy"]).float()
+            elif c.method.method == "dds":
+                score = classifier(samples["denoised"]).float()
+            else:
+                k = next(k for k, (_, members, _) in enumerate(self.groups) if c.method.m in members)
+                big_m = self.groups[k][0]
+                key = (c.classifier, c.method.local_sigma, k)
+                if key not in probabilities:
+                    delta = fresh if fresh is not None else getattr(self, f"noise_{k}").unsqueeze(0)
+                    probabilities[key] = local_probabilities(classifier, samples["denoised"], delta, c.method.local_sigma)
+                p = probabilities[key]
+                score = p.mean(dim=1) if c.method.m == big_m else p[:, :c.method.m].contiguous().mean(dim=1)
+            scores.append(score)
+        return torch.stack(scores, dim=1)
+
+
+class StackedScores:
+    """Exported score stages, one per configuration (one graph or plan each), as one score stage
+    [B, E, K]; fresh local noise is passed as the prefix of the largest m's draw."""
+
+    def __init__(self, heads: Sequence[Tuple[object, int, Optional[int]]], inputs: Tuple[str, ...]):
+        self.heads = list(heads)            # (stage, position of its samples in `inputs`, m of fresh noise or None)
+        self.inputs = inputs
+        first = self.heads[0][0]
+        self.device, self.precision = first.device, first.precision
+        self.name = f"{len(self.heads)} configurations [{', '.join(s.name for s, _, _ in self.heads[:2])}" + \
+            (", ...]" if len(self.heads) > 2 else "]")
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        noise = inputs[len(self.inputs)] if len(inputs) > len(self.inputs) else None
+        scores = []
+        for stage, position, m in self.heads:
+            args = [inputs[position]] + ([noise[:, :m].contiguous()] if m is not None else [])
+            scores.append(stage(*args))
+        return torch.stack(scores, dim=1)
+
+
+def check_classes(classifiers: Dict[str, nn.Module], image_shape, device) -> None:
+    """The sweep's classifiers must take the images and score the same number of classes."""
+    counts = {}
+    for name, module in classifiers.items():
+        try:
+            with torch.no_grad():
+                out = module.to(device)(torch.full((1, *image_shape), 0.5, device=device))
+        except RuntimeError as exc:
+            raise UserError(f"classifier {name} cannot take images of shape {tuple(image_shape)}: {first_line(exc)}") from None
+        counts[name] = int(out.shape[-1])
+    if len(set(counts.values())) > 1:
+        raise UserError(f"the sweep's classifiers score different numbers of classes: {sorted(set(counts.values()))}")
+
+
+def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], denoiser, backend,
+                               image_shape, num_classes: Optional[int] = None,
+                               fused_attention: bool = False) -> BaseClassifierStages:
+    """The sweep's stages on a TorchBackend: the denoiser once, every configuration in one score stage."""
+    sigma = configs[0].method.sigma
+    local_noise = configs[0].method.local_noise
+    inputs = inputs_of(configs)
+    if "denoised" in inputs and denoiser is None:
+        raise UserError("the sweep's dds / diffsmooth configurations need `denoiser` CHECKPOINT")
+    check_classes({c.classifier: classifiers[c.classifier] for c in configs}, image_shape, torch.device("cpu"))
+    purify = backend.stage(denoiser.purifier(sigma, fused_attention), "denoiser") if "denoised" in inputs else None
+    heads = ConfigurationHeads(configs, classifiers, image_shape, local_noise,
+                               configs[0].method.local_noise_seed)
+    score = backend.stage(heads, f"{len(configs)} configurations")
+    local_shape = (heads.largest_m, *image_shape) if heads.takes_noise else None
+    return checked_stages(configs, purify, score, local_shape, inputs, image_shape, num_classes)
+
+
+def stacked_configuration_stages(configs: Sequence[Configuration], stages_of) -> BaseClassifierStages:
+    """The sweep's stages from exported ones: `stages_of(configuration)` gives each configuration's
+    single stages (graphs or plans); the denoiser of the first that has one serves all."""
+    inputs = inputs_of(configs)
+    singles = [stages_of(c) for c in configs]
+    purify = next((s.purify for s in singles if s.purify is not None), None)
+    fresh_ms = [c.method.m for c, s in zip(configs, singles) if s.local_noise_shape is not None]
+    heads = [(s.score, inputs.index("noisy" if c.method.method == "rs" else "denoised"),
+              c.method.m if s.local_noise_shape is not None else None) for c, s in zip(configs, singles)]
+    local_shape = None
+    if fresh_ms:
+        local_shape = (max(fresh_ms), *next(s.local_noise_shape[1:] for s in singles if s.local_noise_shape))
+    classes = {s.num_classes for s in singles}
+    if len(classes) != 1:
+        raise UserError(f"the sweep's classifier graphs score different numbers of classes: {sorted(classes)}")
+    return BaseClassifierStages("sweep", purify, StackedScores(heads, inputs), classes.pop(), local_shape,
+                                tuple(c.name for c in configs), inputs)
+
+
+def checked_stages(configs, purify, score, local_shape, inputs, image_shape, num_classes) -> BaseClassifierStages:
+    """Stages of the configurations, probed once with a blank image (classes counted and checked)."""
+    stages = BaseClassifierStages("sweep", purify, score, num_classes or 0, local_shape,
+                                  tuple(c.name for c in configs), inputs)
+    stages.num_classes = probe(stages, tuple(image_shape))
+    if num_classes is not None and num_classes > stages.num_classes:
+        raise UserError(f"the data has labels up to {num_classes - 1} but the classifiers score only "
+                        f"{stages.num_classes} classes")
+    return stages

@@ -1,0 +1,172 @@
+"""The Python API: smoothed classifiers built from modules, in the style of Cohen et al.'s `Smooth`
+and of diffusers' pipelines.
+
+    model = DiffSmooth(denoiser=..., classifier=..., sigma=0.5, local_sigma=0.25, m=5)
+    certificate = model.certify(x, n0=100, n=10_000, alpha=0.001, image_index=i)
+    model.certify_dataset(dataset, "results.tsv", n0=100, n=10_000, alpha=0.001)
+
+`RandomizedSmoothing` (Cohen et al.: no denoiser), `DenoisedSmoothing` (DDS: one-shot denoise, plain
+classifier) and `DiffSmooth` (denoise, then local smoothing over m noises of std sigma') run on the
+same engine as the command line: noise keyed by (seed, image index, sample index), continuous
+batching, and on a compiled or reduced-precision path the agreement check against eager fp32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.certify.cohen import Certificate, check_certify_parameters
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.certify.smooth import Smooth, require_image_index
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models import shipped
+from diffsmooth.engine.models.checkpoints import load_classifier
+from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager
+from diffsmooth.engine.runs.dataset_run import RunSummary, run_dataset
+from diffsmooth.engine.runs.fast_path import FastPath, default_batch
+from diffsmooth.engine.runs.results import check_or_record_settings
+
+
+class SmoothedClassifier:
+    """g(x) = the most probable vote of a base classifier under N(x, sigma^2 I), on the engine.
+
+    `device`, `precision` and `compile` choose the torch execution (compile defaults to on for CUDA;
+    a compiled or fp16/bf16 path is checked against eager fp32 on the first image it sees); `seed`
+    keys the noise; `batch` is the number of noisy samples per batch (default: the device's)."""
+
+    method = ""
+
+    def __init__(self, *, classifier: nn.Module, sigma: float, denoiser: Optional[DiffusionDenoiser] = None,
+                 local_sigma: float = 0.25, m: int = 5, local_noise: str = "fixed", device: str = "cpu",
+                 precision: str = "fp32", compile: Optional[bool] = None, seed: int = 0, batch: Optional[int] = None):
+        if not isinstance(classifier, nn.Module):
+            raise UserError("`classifier` must be a torch module (see diffsmooth.load_classifier)")
+        if self.method != "rs" and not isinstance(denoiser, DiffusionDenoiser):
+            raise UserError(f"{type(self).__name__} needs `denoiser` (see diffsmooth.load_denoiser)")
+        self.config = MethodConfig(self.method, float(sigma), int(m), float(local_sigma), local_noise)
+        self.classifier, self.denoiser = classifier.eval(), denoiser
+        self.device, self.precision, self.seed = device, precision, int(seed)
+        self.fast = FastPath.resolve(device, compile)
+        self.batch = batch
+        self._smooth: Dict[Tuple[int, ...], Smooth] = {}
+
+    @property
+    def sigma(self) -> float:
+        return self.config.sigma
+
+    def smooth_for(self, image_shape: Tuple[int, ...], first: Optional[Tuple[int, torch.Tensor]] = None) -> Smooth:
+        """The Smooth of one image shape, built (and, on a fast path, checked on `first`) once."""
+        shape = tuple(int(d) for d in image_shape)
+        if shape not in self._smooth:
+            pipeline = self._pipeline(shape, self.fast, self.precision)
+            if (self.fast.changes_arithmetic or self.precision != "fp32") and first is not None:
+                reference = self._pipeline(shape, FastPath(), "fp32")
+                check_against_eager(pipeline, reference, [first], self.batch_for(shape))
+            self._smooth[shape] = Smooth(pipeline)
+        return self._smooth[shape]
+
+    def _pipeline(self, shape: Tuple[int, ...], fast: FastPath, precision: str) -> MonteCarloPipeline:
+        backend = TorchBackend(self.device, precision, compile=fast.compile, cuda_graphs=fast.cuda_graphs)
+        stages = build_torch_stages(self.config, self.classifier, self.denoiser, backend, shape,
+                                    fused_attention=fast.fused_attention)
+        return build_pipeline(stages, self.sigma, self.seed, fast)
+
+    def batch_for(self, image_shape: Tuple[int, ...]) -> int:
+        return self.batch or default_batch(self.device, tuple(image_shape))
+
+    def certify(self, x: torch.Tensor, *, n0: int = 100, n: int = 10_000, alpha: float = 0.001,
+                image_index: Optional[int] = None) -> Certificate:
+        """CERTIFY x ([C,H,W] in [0,1]): the prediction and a radius valid with probability >= 1 - alpha
+        (prediction -1 and radius 0.0 when it abstains). `image_index` keys the noise: give each image
+        its own (its dataset index)."""
+        index = require_image_index(image_index)
+        check_certify_parameters(n0, n, alpha)
+        x = _image(x)
+        return self.smooth_for(x.shape, (index, x)).certify(x, n0, n, alpha, self.batch_for(x.shape), image_index=index)
+
+    def predict(self, x: torch.Tensor, *, n: int = 1000, alpha: float = 0.001, image_index: Optional[int] = None) -> int:
+        """PREDICT x: the class, or -1 (abstain); wrong with probability at most alpha otherwise."""
+        index = require_image_index(image_index)
+        x = _image(x)
+        return self.smooth_for(x.shape, (index, x)).predict(x, n, alpha, self.batch_for(x.shape), image_index=index)
+
+    def certify_dataset(self, dataset, out, *, n0: int = 100, n: int = 10_000, alpha: float = 0.001, skip: int = 1,
+                        max_index: Optional[int] = None, progress: bool = False) -> RunSummary:
+        """CERTIFY every `skip`-th image of a dataset (diffsmooth.load_dataset) below `max_index` into
+        the reference TSV `out` (idx label predict radius correct time), one row per finished image;
+        a rerun with the same settings resumes after the rows already there."""
+        check_certify_parameters(n0, n, alpha)
+        indices = dataset.indices_selected(skip, max_index)
+        if not indices:
+            raise UserError("no images selected (check `skip` / `max_index`)")
+        shape = tuple(dataset.image_shape)
+        settings = dict(self.config.as_dict(), api=type(self).__name__, mode="certify", n0=n0, n=n, alpha=alpha,
+                        seed=self.seed, batch=self.batch_for(shape), precision=self.precision,
+                        fast_path=self.fast.as_dict(), device_type=torch.device(self.device).type,
+                        dataset=getattr(dataset, "name", type(dataset).__name__))
+        check_or_record_settings(out, settings, record=False)
+        smooth = self.smooth_for(shape, (indices[0], dataset[indices[0]][0]))
+        check_or_record_settings(out, settings)
+        return run_dataset(smooth.pipeline, dataset, indices, [Path(out)], n0=n0, n=n, alpha=alpha,
+                           batch=self.batch_for(shape), progress=progress)
+
+
+class RandomizedSmoothing(SmoothedClassifier):
+    """Cohen et al. (2019): the classifier votes on x + sigma * eps directly."""
+
+    method = "rs"
+
+    def __init__(self, *, classifier: nn.Module, sigma: float, **execution):
+        super().__init__(classifier=classifier, sigma=sigma, **execution)
+
+
+class DenoisedSmoothing(SmoothedClassifier):
+    """DDS (Carlini et al. 2023): one-shot diffusion denoising, then the classifier votes."""
+
+    method = "dds"
+
+    def __init__(self, *, denoiser: DiffusionDenoiser, classifier: nn.Module, sigma: float, **execution):
+        super().__init__(classifier=classifier, sigma=sigma, denoiser=denoiser, **execution)
+
+
+class DiffSmooth(SmoothedClassifier):
+    """DiffSmooth (Zhang et al., USENIX Security 2023): one-shot denoising, then the mean softmax of a
+    smoothed classifier over m local noises of std sigma' votes."""
+
+    method = "diffsmooth"
+
+    def __init__(self, *, denoiser: DiffusionDenoiser, classifier: nn.Module, sigma: float, local_sigma: float = 0.25,
+                 m: int = 5, local_noise: str = "fixed", **execution):
+        super().__init__(classifier=classifier, sigma=sigma, denoiser=denoiser, local_sigma=local_sigma, m=m,
+                         local_noise=local_noise, **execution)
+
+
+def load_demo_denoiser() -> DiffusionDenoiser:
+    """The embedded demo UNet (Fashion-MNIST, 32x32) as a one-shot denoiser."""
+    shipped.require_demo_assets()
+    return load_denoiser(shipped.DEMO_UNET, shipped.DEMO_PRESET)
+
+
+def load_demo_classifier(noise_sigma: float) -> nn.Module:
+    """The embedded demo classifier trained with Gaussian noise of std `noise_sigma` (0, 0.25 or 0.5)."""
+    path = shipped.demo_classifier_path(noise_sigma)
+    if not path.exists():
+        have = ", ".join(f"{s:g}" for s in shipped.DEMO_TRAINING_SIGMAS)
+        raise UserError(f"no embedded demo classifier for noise level {noise_sigma:g}: the demo ships {have}")
+    return load_classifier(path, dataset=shipped.DEMO_STATS)
+
+
+def _image(x) -> torch.Tensor:
+    """One image [C,H,W] as fp32 (a clear error for a batch or a wrong rank)."""
+    if not isinstance(x, torch.Tensor):
+        raise UserError(f"x must be a torch tensor [C,H,W], got {type(x).__name__}")
+    if x.dim() != 3:
+        raise UserError(f"x must be one image [C,H,W], got shape {tuple(x.shape)}")
+    return x.detach().to(torch.float32).cpu()

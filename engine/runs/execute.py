@@ -1,0 +1,98 @@
+"""Run a resolved run (engine/runs/plan.py): build its voter, check a fast path against eager fp32,
+certify this process's images, and under torchrun merge every rank's file into `out`.
+
+Under torchrun the ranks pull images from a shared counter (engine/runs/sharding.py), so a rank's
+file holds whichever images it ran; a restart resumes from the union of every rank's file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.runs.assemble import (
+    build_pipeline,
+    build_stages,
+    build_sweep_stages,
+    check_against_eager,
+    load_models,
+    load_sweep_models,
+)
+from diffsmooth.engine.runs.dataset_run import RunSummary, run_dataset
+from diffsmooth.engine.runs.fast_path import FastPath
+from diffsmooth.engine.runs.plan import ResolvedRun
+from diffsmooth.engine.runs.results import merge_results, read_rows, shard_path
+from diffsmooth.engine.runs.sharding import finish, pull_from_store, wait_for_all
+
+
+def build_voter(run: ResolvedRun, log: Callable[[str], None]) -> MonteCarloPipeline:
+    """The run's voter: one configuration's stages or a sweep's, on the asked backend. A compiled or
+    reduced-precision torch path is first checked against the same stages in eager fp32 on the first
+    selected images (every configuration of a sweep included)."""
+    r = run.request
+    first = run.shards.take(run.indices) or list(run.indices)
+    check_images = [(i, run.dataset[i][0]) for i in first[:r.validate_images]]
+
+    def stages(fast: FastPath, precision: str, models=None):
+        common = dict(backend=r.backend, device=run.device, precision=precision, onnx_dir=r.onnx_dir, fast=fast,
+                      models=models, log=log, batch=run.batch)
+        if run.is_sweep:
+            return build_sweep_stages(run.configurations, run.classifier_paths, run.sources, run.image_shape,
+                                      run.dataset.num_classes, **common)
+        return build_stages(run.configurations[0].method, run.sources, run.image_shape, run.dataset.num_classes,
+                            **common)
+
+    check = r.backend == "torch" and (run.fast.changes_arithmetic or r.precision != "fp32") and r.validate_samples > 0
+    models = loaded_models(run) if check else None
+    voter = build_pipeline(stages(run.fast, r.precision, models), r.sigma, r.seed, run.fast, log)
+    if check:
+        reference = build_pipeline(stages(FastPath(), "fp32", models), r.sigma, r.seed, FastPath(), log)
+        check_against_eager(voter, reference, check_images, run.batch, r.validate_samples, r.expected_flip_rate, log)
+    return voter
+
+
+def loaded_models(run: ResolvedRun):
+    """The torch models of the run, loaded once for the run and its eager reference."""
+    if run.is_sweep:
+        return load_sweep_models(run.configurations, run.classifier_paths, run.sources)
+    return load_models(run.configurations[0].method, run.sources)
+
+
+def execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None]) -> RunSummary:
+    """Certify (or predict) this process's images; `log` takes the progress lines."""
+    r, plan = run.request, run.shards
+    run.check_resumable(record=True)
+    files = list(run.result_files().values())
+    indices, claim, skip = plan.take(run.indices), None, frozenset()
+    if plan.distributed:
+        indices, skip = list(run.indices), finished_in(rank_files(r.out, plan.num_shards) + [r.out])
+        claim = pull_from_store(Path(r.out).name)
+        wait_for_all(plan)              # every rank has read the files before any rank writes
+    summary = run_dataset(voter, run.dataset, indices, files, mode=r.mode, n0=r.n0, n=r.n, alpha=r.alpha,
+                          batch=run.batch, progress=not r.quiet, sequential=run.sequential, window=r.window,
+                          claim=claim, skip=skip)
+    log(summary.line())
+    wait_for_all(plan)
+    if plan.is_merger and not summary.interrupted:
+        shards = [f for f in rank_files(r.out, plan.num_shards) + [r.out] if _has_rows(f)]
+        count = merge_results(shards, r.out)
+        log(f"merged {count} rows from {plan.num_shards} ranks into {r.out}")
+    elif plan.num_shards > 1 and not plan.distributed:
+        log(f"shard {plan.shard}/{plan.num_shards} done; when all are, run "
+            f"`diffsmooth merge {r.out} {shard_path(r.out, '*', plan.num_shards)}`")
+    finish(plan)
+    return summary
+
+
+def rank_files(out, num_ranks: int) -> list:
+    """The result file of every rank (or shard) of a run writing `out`."""
+    return [shard_path(out, i, num_ranks) for i in range(num_ranks)]
+
+
+def finished_in(files) -> frozenset:
+    """Indices with a complete row in any of `files` (missing files hold none)."""
+    return frozenset(int(row["idx"]) for f in files if _has_rows(f) for row in read_rows(f))
+
+
+def _has_rows(path) -> bool:
+    return Path(path).is_file() and Path(path).stat().st_size > 0

@@ -1,0 +1,183 @@
+"""One planning step from what was asked (RunRequest) to a resolved run: the dataset and selected
+images, the configurations and their classifier checkpoints, the shard plan, this process's device,
+the batch, the fast path and the output paths. Every default is decided here (or in the one function
+it calls), and the settings a result file records are derived from the resolved run."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from diffsmooth.engine.base_classifier.configurations import Configuration, configurations
+from diffsmooth.engine.certify.sequential import SequentialRule
+from diffsmooth.engine.data import load_dataset
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models import shipped
+from diffsmooth.engine.runs.assemble import ModelSources
+from diffsmooth.engine.runs.fast_path import FastPath, default_batch
+from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.runs.results import check_or_record_settings, shard_path
+from diffsmooth.engine.runs.sharding import ShardPlan, plan_from, rank_device
+from diffsmooth.engine.runs.sources import resolve_sources
+
+# What determines the rows of a result file, in the order settings files have always listed them.
+RECORDED = ("method", "sigma", "local_sigma", "m", "local_noise", "n0", "n", "alpha", "seed",
+            "dataset", "data", "split", "denoiser", "preset", "unet_config", "classifier", "arch",
+            "normalization", "stats", "backend", "precision", "batch", "fast_path")
+SWEEP_INDEX = "index.json"
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A run with every choice made: what the engine builds and where it writes."""
+
+    request: RunRequest
+    dataset: object
+    indices: Tuple[int, ...]
+    configurations: Tuple[Configuration, ...]
+    classifier_paths: Dict[str, str]        # configuration classifier name -> checkpoint
+    sources: ModelSources
+    shards: ShardPlan
+    device: str
+    batch: int
+    fast: FastPath
+    out: Path                               # this process's result file, or the sweep's folder
+
+    @property
+    def is_sweep(self) -> bool:
+        return self.request.is_sweep
+
+    @property
+    def sequential(self) -> Optional[SequentialRule]:
+        return self.request.sequential
+
+    @property
+    def sigma(self) -> float:
+        return self.request.sigma
+
+    @property
+    def image_shape(self) -> Tuple[int, ...]:
+        return tuple(self.dataset.image_shape)
+
+    def result_files(self) -> Dict[Configuration, Path]:
+        """Where each configuration's rows go: the result file, or one file per configuration in the sweep folder."""
+        if not self.is_sweep:
+            return {self.configurations[0]: self.out}
+        return {c: self.out / f"{c.name}.tsv" for c in self.configurations}
+
+    def recorded(self) -> dict:
+        """What determines the rows of a result file (a resumed run must match it); the format of
+        every earlier release, so their result files and sweep folders keep resuming."""
+        r = self.request
+        settings = {k: getattr(r, k) for k in RECORDED if k not in ("batch", "fast_path")}
+        settings.update(batch=self.batch, fast_path=self.fast.as_dict())
+        if self.is_sweep:
+            settings.update(method=list(r.method), local_sigma=list(r.local_sigma), m=list(r.m),
+                            classifier=list(r.classifier))
+        else:
+            settings.update(method=r.method[0], local_sigma=r.local_sigma[0], m=r.m[0], classifier=r.classifier_path)
+        # Counts repeat exactly at a fixed batch size, precision and kernel choice; across batch sizes
+        # only on CPU fp32 (measured on CUDA: fp16 changed 10 of 30,000 votes): a resume must match all.
+        settings["device_type"] = str(r.device).split(":")[0]
+        settings["mode"] = r.mode
+        if r.mode == "predict":
+            settings.pop("n0")
+        rule = r.sequential
+        if rule is not None:
+            settings.pop("n")                       # n only sets n-max's default
+            settings.update(sequential=True, radii=list(rule.radii), n_max=rule.n_max, futility=rule.describe_futility(),
+                            look_growth=rule.growth, bound=rule.bound)
+        if not self.is_sweep and r.method[0] != "diffsmooth":
+            for k in ("local_sigma", "m", "local_noise"):
+                settings.pop(k)
+        return settings
+
+    def sweep_index(self) -> dict:
+        """The sweep folder's index.json: the recorded settings and each configuration's file."""
+        return {"settings": self.recorded(), "entries": [
+            {"method": c.method.method, "classifier": c.classifier,
+             "local_sigma": c.method.local_sigma if c.method.method == "diffsmooth" else None,
+             "m": c.method.m if c.method.method == "diffsmooth" else None, "file": f"{c.name}.tsv"}
+            for c in self.configurations]}
+
+    def check_resumable(self, record: bool) -> None:
+        """Refuse to append to results written with other settings; with `record`, write the settings
+        (a new result file's sidecar, or the sweep folder's index.json)."""
+        if not self.is_sweep:
+            check_or_record_settings(self.out, self.recorded(), record=record)
+            return
+        index = self.sweep_index()
+        path = self.out / SWEEP_INDEX
+        if path.exists() and json.loads(path.read_text()) != json.loads(json.dumps(index)):
+            raise UserError(f"{self.out} holds a sweep with other settings or configurations: use another `out`")
+        if record:
+            self.out.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(index, indent=1) + "\n")
+
+
+def set_threads(threads: Optional[int]) -> None:
+    """torch's CPU threads when asked (on a shared machine use fewer)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def open_dataset(request: RunRequest) -> Tuple[str, object, List[int]]:
+    """(dataset kind, dataset, selected indices): Cohen's --skip/--max convention."""
+    kind = request.dataset or ("embedded" if not request.data else None)
+    if kind is None:
+        raise UserError("`data` given without `dataset`: say which layout it is (cifar10, imagenet, npz, idx)")
+    dataset = load_dataset(kind, request.data, split=request.split)
+    return kind, dataset, dataset.indices_selected(request.skip, request.max_index)
+
+
+def classifier_names(request: RunRequest, sources: ModelSources) -> Tuple[Dict[str, str], object]:
+    """({name: checkpoint}, classifiers_for(method, sigma')): the given checkpoints by file stem, or the
+    demo classifier each method's noise level calls for."""
+    if request.classifier:
+        paths = {Path(p).stem: str(p) for p in request.classifier}
+        if len(paths) != len(request.classifier):
+            raise UserError("sweep classifiers need distinct file names (they name the result files)")
+        return paths, lambda method, local_sigma: list(paths)
+    paths: Dict[str, str] = {}
+
+    def classifiers_for(method, local_sigma):
+        if sources.preset != shipped.DEMO_PRESET:
+            raise UserError("give `classifier` CHECKPOINT")
+        path = shipped.demo_classifier_for(method, request.sigma, local_sigma if local_sigma is not None else 0.0)
+        paths[path.stem] = str(path)
+        return [path.stem]
+    return paths, classifiers_for
+
+
+def plan_run(request: RunRequest) -> ResolvedRun:
+    """Resolve a request; refuses (before any model loads) a result file or sweep folder written with
+    other settings."""
+    set_threads(request.threads)
+    kind, dataset, indices = open_dataset(request)
+    if not indices:
+        raise UserError("no images selected (check `skip` / `max`)")
+    sources = resolve_sources(denoiser=request.denoiser, classifier=request.classifier_path, preset=request.preset,
+                              unet_config=request.unet_config, schedule=request.schedule,
+                              diffusion_steps=request.diffusion_steps, arch=request.arch,
+                              normalization=request.normalization, stats=request.stats, dataset_kind=kind)
+    paths, classifiers_for = classifier_names(request, sources)
+    configs = configurations(request.method, request.sigma, request.local_sigma, request.m, request.local_noise,
+                             classifiers_for)
+    if request.is_sweep and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("a sweep runs in one process (not under torchrun)")
+    shards = plan_from(request.shard, request.device)
+    device = rank_device(shards, request.device)
+    fast = FastPath.resolve(device, request.compile, request.cuda_graphs, request.streams, request.fused_attention,
+                            request.fused_conv, backend=request.backend)
+    batch = request.batch or default_batch(device, tuple(dataset.image_shape))
+    out = Path(request.out)
+    if shards.num_shards > 1:
+        out = shard_path(request.out, shards.shard, shards.num_shards)
+    run = ResolvedRun(request, dataset, tuple(indices), tuple(configs), paths, sources, shards, device, batch, fast, out)
+    run.check_resumable(record=False)
+    return run

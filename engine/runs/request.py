@@ -1,0 +1,197 @@
+"""What a certify / predict run was asked to do (from the command line or Python): one frozen record,
+parsed and validated once at the boundary, so nothing downstream re-checks or re-parses an option.
+engine/runs/plan.py resolves it into a run (device, batch, fast path, shards, output paths)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.certify.sequential import BOUNDS, DEFAULT_BOUND, DEFAULT_FUTILITY_RULE, FUTILITY_RULES, SequentialRule
+from diffsmooth.engine.choices import BACKENDS
+from diffsmooth.engine.errors import UserError, check_alpha
+
+MODES = ("certify", "predict")
+
+
+def parse_radii(text: str) -> Tuple[float, ...]:
+    """'0.25,0.5,0.75,1.0' -> (0.25, 0.5, 0.75, 1.0): finite radii >= 0."""
+    try:
+        radii = tuple(float(r) for r in str(text).split(",") if r.strip())
+    except ValueError:
+        raise UserError(f"`radii` must be comma-separated numbers, got {text!r}") from None
+    if not radii:
+        raise UserError("`radii` must name at least one radius")
+    if not all(math.isfinite(r) and r >= 0 for r in radii):
+        raise UserError(f"`radii` must be finite numbers >= 0, got {text!r}")
+    return radii
+
+
+def parse_futility(text: Optional[str]) -> Tuple[Optional[str], Optional[float]]:
+    """`futility` -> (rule, margin). Not given -> the pace rule at its default margin (None); 'off' ->
+    no futility stop (rule None); 'M' or 'pace:M' -> the pace rule at margin M; 'projection:K' -> the
+    projection rule at K; 'pace' / 'projection' -> that rule at its default."""
+    if text is None:
+        return DEFAULT_FUTILITY_RULE, None
+    spec = str(text).strip().lower()
+    if spec in ("off", "none", "no"):
+        return None, None
+    if spec in FUTILITY_RULES:
+        return spec, None
+    rule, _, value = spec.rpartition(":")           # no colon: ("", "", spec), the default rule
+    rule = rule or DEFAULT_FUTILITY_RULE
+    usage = f"`futility` must be 'off', a margin >= 0, or RULE:MARGIN with RULE in {', '.join(FUTILITY_RULES)}"
+    try:
+        margin = float(value)
+    except ValueError:
+        raise UserError(f"{usage}, got {text!r}") from None
+    if rule not in FUTILITY_RULES or not (math.isfinite(margin) and margin >= 0):
+        raise UserError(f"{usage}, got {text!r}")
+    return rule, margin
+
+
+def parse_bound(text: Optional[str]) -> str:
+    """'split-cp' | 'mixture'; not given -> the default bound."""
+    if text is None:
+        return DEFAULT_BOUND
+    bound = str(text).strip().lower()
+    if bound not in BOUNDS:
+        raise UserError(f"`bound` must be one of {', '.join(BOUNDS)}, got {text!r}")
+    return bound
+
+
+def sequential_rule(radii: Optional[str], sigma: float, alpha: float, n_max: int,
+                    futility: Optional[str] = None, bound: Optional[str] = None) -> SequentialRule:
+    """The rule of a sequential run from its options (radii required)."""
+    if not radii:
+        raise UserError("`sequential` needs `radii`, e.g. 0.25,0.5,0.75,1.0")
+    rule, margin = parse_futility(futility)
+    return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max), margin,
+                          bound=parse_bound(bound), futility_rule=rule)
+
+
+def _positive(name: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"`{name}` must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Every option of `certify` / `predict`, as asked; the repeatable ones (a sweep) are tuples and
+    `sequential` is the parsed rule (None: fixed-n). Build it with `RunRequest.parse`."""
+
+    mode: str
+    out: str
+    # models
+    denoiser: Optional[str] = None
+    preset: Optional[str] = None
+    unet_config: Optional[str] = None
+    schedule: Optional[str] = None
+    diffusion_steps: Optional[int] = None
+    classifier: Tuple[str, ...] = ()
+    arch: Optional[str] = None
+    normalization: Optional[str] = None
+    stats: Optional[str] = None
+    # method
+    method: Tuple[str, ...] = ("diffsmooth",)
+    sigma: float = 0.5
+    local_sigma: Tuple[float, ...] = (0.25,)
+    m: Tuple[int, ...] = (5,)
+    local_noise: str = "fixed"
+    # data and Monte Carlo
+    dataset: Optional[str] = None
+    data: Optional[str] = None
+    split: str = "test"
+    n0: int = 100
+    n: int = 10000
+    alpha: float = 0.001
+    batch: Optional[int] = None
+    skip: int = 1
+    max_index: Optional[int] = None
+    seed: int = 0
+    # execution
+    backend: str = "torch"
+    onnx_dir: Optional[str] = None
+    device: str = "cpu"
+    precision: str = "fp32"
+    compile: Optional[bool] = None
+    cuda_graphs: Optional[bool] = None
+    streams: Optional[int] = None
+    fused_attention: Optional[bool] = None
+    fused_conv: bool = False
+    validate_samples: int = 500
+    validate_images: int = 4
+    expected_flip_rate: float = 1.3e-4
+    shard: Optional[str] = None
+    window: Optional[int] = None
+    threads: Optional[int] = None
+    quiet: bool = False
+    sequential: Optional[SequentialRule] = None
+
+    @classmethod
+    def parse(cls, mode: str, *, sequential: bool = False, radii: Optional[str] = None, n_max: Optional[int] = None,
+              futility: Optional[str] = None, bound: Optional[str] = None, **options) -> "RunRequest":
+        """From option values (click's keyword arguments, or a Python caller's): lists become tuples,
+        the sequential options become a SequentialRule, and everything is checked once."""
+        for key in ("classifier", "method", "local_sigma", "m"):
+            value = options.get(key)
+            if value is not None and not isinstance(value, (list, tuple)):
+                value = (value,)
+            options[key] = tuple(value) if value is not None else ()
+        for key, default in (("method", ("diffsmooth",)), ("local_sigma", (0.25,)), ("m", (5,))):
+            options[key] = options[key] or default
+        rule = None
+        if sequential:
+            if mode != "certify":
+                raise UserError("`sequential` belongs to certify")
+            rule = sequential_rule(radii, options.get("sigma", 0.5), options.get("alpha", 0.001),
+                                   n_max or options.get("n", 10000), futility, bound)
+        elif radii or n_max or futility or bound:
+            raise UserError("`radii`, `n_max`, `futility` and `bound` belong to `sequential`")
+        return cls(mode=mode, sequential=rule, **options)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise UserError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma) and self.sigma > 0):
+            raise UserError(f"sigma must be > 0 and finite, got {self.sigma!r}")
+        check_alpha(self.alpha)
+        for name in ("n0", "n", "skip"):
+            _positive(name, getattr(self, name))
+        for name in ("batch", "window", "threads", "max_index"):
+            _positive(name, getattr(self, name), allow_none=True)
+        if self.backend not in BACKENDS:
+            raise UserError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        for method in self.method:              # every method x sigma' x m combination is a valid configuration
+            for ls in self.local_sigma:
+                for m in self.m:
+                    MethodConfig(method, self.sigma, m, ls, self.local_noise)
+        if self.is_sweep:
+            if self.mode == "predict":
+                raise UserError("predict takes one configuration: give each of `method` / `classifier` / "
+                                "`local_sigma` / `m` once")
+            if self.shard:
+                raise UserError("a sweep runs in one process (no `shard`)")
+            if self.fused_conv:
+                raise UserError("`fused_conv` is for single configurations; sweeps run the classifiers unfolded")
+
+    def replace(self, **changes) -> "RunRequest":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def is_sweep(self) -> bool:
+        return any(len(v) > 1 for v in (self.method, self.local_sigma, self.m, self.classifier))
+
+    @property
+    def classifier_path(self) -> Optional[str]:
+        """The single run's classifier checkpoint (None: the demo classifier)."""
+        return self.classifier[0] if self.classifier else None
+
+    def method_config(self) -> MethodConfig:
+        """The single run's method."""
+        return MethodConfig(self.method[0], self.sigma, self.m[0], self.local_sigma[0], self.local_noise)
