@@ -19,6 +19,16 @@ import click
 import numpy as np
 import torch
 
+from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian
+from diffsmooth.engine.data import load_dataset
+from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_models
+from diffsmooth.engine.runs.fast_path import FastPath, production_arrays, reference_arrays
+from diffsmooth.engine.runs.vote_agreement import judge_agreement
+
+from .hardware import gpu_peak_memory, reset_gpu_peak_memory
+
 VARIANTS = (  # name, precision, FastPath fields (None: the device's default fast path, a "resolve" dict: its options)
     ("eager fp16", "fp16", {}),
     ("eager bf16", "bf16", {}),
@@ -28,7 +38,6 @@ VARIANTS = (  # name, precision, FastPath fields (None: the device's default fas
 
 
 def _fast_path(device: str, fields):
-    from diffsmooth.engine.runs.fast_path import FastPath
     if fields is None:
         return FastPath.resolve(device)
     if "resolve" in fields:
@@ -37,9 +46,6 @@ def _fast_path(device: str, fields):
 
 
 def _pipelines(device: str):
-    from diffsmooth.engine.base_classifier.methods import MethodConfig
-    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_models
-    from diffsmooth.engine.runs.fast_path import FastPath
     config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
     sources = ModelSources.demo()
     models = load_models(config, sources)
@@ -59,12 +65,6 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
         on_update: Optional[Callable[[dict], None]] = None) -> dict:
     """Every variant's production counts and per-sample scores against eager fp32 (TF32 off) on the
     same samples, judged like the run-time check; `on_update(doc)` after each variant and the checks."""
-    from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian
-    from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.runs.fast_path import production_arrays, reference_arrays
-    from diffsmooth.engine.runs.vote_agreement import judge_agreement
-
-    from .hardware import gpu_peak_memory, reset_gpu_peak_memory
     dataset = load_dataset("embedded")
     indices = [int(i * len(dataset) / images) for i in range(images)]
     check = [(i, dataset[i][0]) for i in indices]
@@ -95,7 +95,6 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
     x = dataset[indices[1]][0]
     first = fast.count(x, indices[1], 0, 3 * batch + 7, batch)
     again = fast.count(x, indices[1], 0, 3 * batch + 7, batch)
-    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     serial = MonteCarloPipeline(fast.stages, fast.sigma, fast.seed, static_batch=True, streams=1,
                                 compiled_noise=fast.compiled_noise)
     one_stream = serial.count(x, indices[1], 0, 3 * batch + 7, batch)

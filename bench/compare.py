@@ -1,10 +1,12 @@
-"""Published per-image certification times (FACTS §6) next to this run's extrapolated times.
+"""Published per-image certification times (docs/performance.md) next to this run's extrapolated times.
 The hardware differs (the paper used one RTX A6000 GPU), so a ratio compares machines as much
 as implementations; the implied throughput of the published runs is derived with our FLOP count."""
 
 from __future__ import annotations
 
 from typing import List
+
+from .timing import extrapolate_seconds
 
 HARDWARE_NOTE = ("Published times come from other hardware (DiffSmooth paper: one NVIDIA RTX A6000; "
                  "Cohen et al.: their logs' GPU; DDS: one A100). They are not measurements on this "
@@ -36,7 +38,6 @@ def published_for(dataset: str, method: str) -> List[tuple]:
 
 def compare_rows(run: dict, settings) -> dict:
     """Rows (published vs measured-and-extrapolated at the published n) for this run's method."""
-    from .timing import extrapolate_seconds
     dataset = SET_DATASET[settings.models]
     measured = run["measured"]
     flops = run["flops"]["total_per_sample"]

@@ -11,6 +11,8 @@ from typing import Dict, Tuple
 
 import torch
 from torch import nn
+from torch.func import functional_call
+from torch.utils.flop_counter import FlopCounterMode
 
 CONVENTION = ("FLOPs = 2 x multiply-accumulates of conv, linear, matmul and bmm ops "
               "(elementwise ops not counted); counted with torch FlopCounterMode on meta tensors")
@@ -22,8 +24,6 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
 
 def count_flops(module: nn.Module, *inputs: torch.Tensor) -> Tuple[int, Dict[str, int]]:
     """(total FLOPs, FLOPs per aten op) of module(*inputs), run on meta copies of every tensor."""
-    from torch.func import functional_call
-    from torch.utils.flop_counter import FlopCounterMode
     state = {k: _meta(v) for k, v in module.named_parameters()}
     state.update({k: _meta(v) for k, v in module.named_buffers() if v is not None})
     args = tuple(_meta(x) for x in inputs)

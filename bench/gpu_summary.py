@@ -11,6 +11,9 @@ import json
 import sys
 from pathlib import Path
 
+from diffsmooth.bench.agreement import table
+from diffsmooth.bench.kernel_profile import summary_lines
+
 TARGETS = {"cifar10": {"seconds": 8.0, "ratio": 15.0}, "imagenet": {"seconds": 50.0, "ratio": None}}
 
 
@@ -72,7 +75,6 @@ def summarize(out_dir) -> str:
     for line in runs:
         profile = line["run"].get("kernel_profile")
         if profile:
-            from diffsmooth.bench.kernel_profile import summary_lines
             conv = " (fused conv)" if (line["run"].get("fast_path") or {}).get("fused_conv") else ""
             lines += ["", f"{line['run']['models']}{conv}: " + summary_lines(profile)[0]]
     for line in _runs(out / "ablation.jsonl"):
@@ -87,7 +89,6 @@ def summarize(out_dir) -> str:
         lines += ["", "sequential vs fixed-n CERTIFY:", "", sequential.read_text().strip()]
     agreement = out / "agreement.json"
     if agreement.exists():
-        from diffsmooth.bench.agreement import table
         lines += ["", table(json.loads(agreement.read_text()))]
     steps = _steps(out)
     if steps:

@@ -115,7 +115,6 @@ def peak_flops(device, precision: str, peak_tflops: Optional[float] = None,
 
 def reset_gpu_peak_memory(device: str) -> None:
     """Start a new peak-memory window on a CUDA device (nothing elsewhere)."""
-    import torch
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(torch.device(device))
 
@@ -123,7 +122,6 @@ def reset_gpu_peak_memory(device: str) -> None:
 def gpu_peak_memory(device: str) -> dict:
     """Peak GPU memory since the last reset, GiB: torch.cuda.max_memory_allocated / max_memory_reserved
     (empty off CUDA)."""
-    import torch
     if torch.device(device).type != "cuda":
         return {}
     dev = torch.device(device)

@@ -14,12 +14,28 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
+from diffsmooth.engine.backends.tensorrt_backend import tensorrt_available
+from diffsmooth.engine.backends.torch_backend import TorchBackend, resolve_device
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages, score_module
+from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
+from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
+from diffsmooth.engine.certify.cohen import certify_from_counts
+from diffsmooth.engine.certify.jobs import Request
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.runs.fast_path import FastPath
+from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
 
+from ..export.trt_build import build_plans, current_target
+from .compare import compare_rows
 from .flops import CONVENTION, stage_flops
 from .hardware import gpu_peak_memory, machine_info, peak_flops, reset_gpu_peak_memory
+from .kernel_profile import profile_pipeline
 from .models import SET_SPECS, bench_images, build_model_set
+from .reference_equivalent import build_reference, official_cudnn_benchmark
+from .report import plot_sweep
 from .timing import STAGE_NAMES, StageClock, extrapolation_table, make_timed_pipeline, split_fractions, synchronize, timed_noise
 
 SCHEMA = "diffsmooth-bench/1"
@@ -97,7 +113,6 @@ class BenchSettings:
 
     def fast_path(self):
         """The torch backend's fast-path settings for this run."""
-        from diffsmooth.engine.runs.fast_path import FastPath
         return FastPath.resolve(self.device, self.compile, self.cuda_graphs, self.streams, self.fused_attention,
                                 self.fused_conv)
 
@@ -118,18 +133,15 @@ class BenchSettings:
 def _progress(iterable, settings: BenchSettings, **kw):
     if not settings.progress:
         return iterable
-    from tqdm import tqdm
     return tqdm(iterable, file=sys.stderr, dynamic_ncols=True, leave=False, **kw)
 
 
 def _method_config(settings: BenchSettings, m: Optional[int] = None):
-    from diffsmooth.engine.base_classifier.methods import MethodConfig
     return MethodConfig(settings.method, settings.sigma, m or settings.m, settings.local_sigma, settings.local_noise)
 
 
 def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = None) -> dict:
     """FLOPs per Monte Carlo sample of the denoiser stage and of the classifier stage (incl. m)."""
-    from diffsmooth.engine.base_classifier.methods import score_module
     config = _method_config(settings, m)
     shape = model_set.image_shape
     den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma), shape)
@@ -157,8 +169,6 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
     if precision != "fp32" and torch.device(settings.device).type != "cuda":
         raise _Skip(f"precision {precision} runs only on CUDA devices (device is {settings.device})")
     if backend == "torch":
-        from diffsmooth.engine.backends.torch_backend import TorchBackend
-        from diffsmooth.engine.base_classifier.methods import build_torch_stages
         fast = settings.fast_path()
         runner = TorchBackend(device=settings.device, precision=precision,
                               compile=fast.compile, cuda_graphs=fast.cuda_graphs)
@@ -168,8 +178,6 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
     if backend == "onnxruntime":
         try:
             import onnxruntime  # noqa: F401
-
-            from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
         except ImportError as exc:
             raise _Skip(f"onnxruntime backend not available ({exc})") from None
         if precision not in ("fp32", "fp16"):
@@ -187,6 +195,7 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
 
 def _export_graphs(config, precision, model_set, workdir) -> None:
     """The ONNX graphs of the model set for `precision` into workdir (for the exported backends)."""
+    # onnx_export imports onnx (optional): only the onnxruntime/tensorrt backends need it, so not at the top
     from ..export.onnx_export import export_models
     export_models(config, model_set.image_shape, workdir, denoiser=model_set.denoiser,
                   classifier=model_set.classifier, fp16=precision == "fp16",
@@ -196,15 +205,11 @@ def _export_graphs(config, precision, model_set, workdir) -> None:
 def _tensorrt_stages(config, precision, model_set, settings, workdir):
     """Export the graphs, build plans for settings.batch (not vote-validated: `build-engine` does
     that), load them; a _Skip when TensorRT or the GPU is missing. Never run on this project's machines."""
-    from diffsmooth.engine.backends.tensorrt_backend import tensorrt_available
     ok, why = tensorrt_available()
     if not ok:
         raise _Skip(why)
     if precision not in ("fp32", "fp16"):
         raise _Skip(f"tensorrt runs plans of the fp32 or fp16 graphs, not {precision}")
-    from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
-
-    from ..export.trt_build import build_plans, current_target
     try:
         _export_graphs(config, precision, model_set, workdir)
         build_plans(workdir, current_target(settings.device), batch=settings.batch, precisions=(precision,),
@@ -224,9 +229,9 @@ def engine_seconds_table(measured: dict, settings: BenchSettings, ns) -> Dict[st
 
 
 def _selection_and_estimation(n0: int, n: int):
-    """A job returning CERTIFY's two count vectors (samples 0..n0-1 and n0..n0+n-1)."""
-    from diffsmooth.engine.certify.core import Request
-    return (yield Request(0, n0), Request(n0, n))
+    """A job returning CERTIFY's two count vectors of the one configuration (samples 0..n0-1 and n0..n0+n-1)."""
+    selection, estimation = yield Request(0, n0), Request(n0, n)
+    return selection[0], estimation[0]
 
 
 def computed_samples(n0: int, n: int, batch: int, static: bool) -> int:
@@ -256,9 +261,6 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
     chunk by chunk in alternating order (ABBA), so both see the same machine load.
 
     Returns (engine measurement, reference measurement or None)."""
-    from diffsmooth.engine.certify.core import certify_from_counts
-    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-    from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
     device = stages.device
     clock = StageClock(device)
     static = bool(fast and fast.static_batch)
@@ -407,7 +409,6 @@ def run_sweep(model_set, images, settings: BenchSettings, precision: str = "fp32
     The grid is timed `repeats` times, alternately forwards and backwards, and each point keeps its
     fastest pass: machine-load drift then biases neither end of the grid.
     """
-    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     x = images[0][0]
     grid = [(m, b) for m in settings.sweep_ms for b in settings.sweep_batches]
     stages_for_m = {m: build_stages("torch", precision, model_set, settings, m=m) for m in settings.sweep_ms}
@@ -444,7 +445,6 @@ def sweep_table(sweep: dict) -> List[List[Optional[float]]]:
 
 def run_bench(settings: BenchSettings) -> dict:
     """Run the benchmark; returns {schema, timestamp, machine, settings, runs, skipped, sweep}."""
-    from .compare import compare_rows
     settings = settings.resolved()
     if settings.threads:
         torch.set_num_threads(settings.threads)
@@ -452,7 +452,6 @@ def run_bench(settings: BenchSettings) -> dict:
            "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine_info(settings.device), "settings": settings.as_dict(),
            "extrapolation": EXTRAPOLATION_NOTE, "runs": [], "skipped": [], "sweep": None}
-    from diffsmooth.engine.backends.torch_backend import resolve_device
     resolve_device(settings.device)
     model_set = build_model_set(settings.models, settings.method, settings.sigma, settings.local_sigma,
                                 settings.seed, settings.unet_overrides or None, settings.arch)
@@ -478,7 +477,6 @@ def run_bench(settings: BenchSettings) -> dict:
                                                settings.measure_cpu_peak)
                 baseline = None
                 if settings.reference:
-                    from .reference_equivalent import build_reference, official_cudnn_benchmark
                     baseline = build_reference(settings.method, model_set, settings.sigma, settings.m,
                                                settings.local_sigma, device=settings.device, seed=settings.seed,
                                                cudnn_benchmark=official_cudnn_benchmark(
@@ -512,7 +510,6 @@ def run_bench(settings: BenchSettings) -> dict:
                 if settings.compare:
                     run["compare"] = compare_rows(run, settings)
                 if settings.profile and backend == "torch":
-                    from .kernel_profile import profile_pipeline
                     fast = settings.fast_path()
                     run["kernel_profile"] = profile_pipeline(
                         stages, settings.sigma, images[0][0], settings.batch, settings.profile,
@@ -524,7 +521,6 @@ def run_bench(settings: BenchSettings) -> dict:
         doc["sweep"] = run_sweep(model_set, images, settings, settings.precisions[0] if cuda else "fp32")
         doc["sweep"]["table"] = sweep_table(doc["sweep"])
         if settings.plot:
-            from .report import plot_sweep
             doc["sweep"]["plot"] = plot_sweep(doc["sweep"], settings.plot, title=f"{settings.models} "
                                               f"{settings.method}, {doc['machine']['gpu'] or doc['machine']['cpu_model']}")
     doc["machine"]["load_average_end"] = machine_info(settings.device)["load_average"]

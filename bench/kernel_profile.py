@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Dict, List
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 
 # Substrings of kernel names, first match wins (cuDNN/cuBLAS/CUTLASS/flash/Triton naming).
 KINDS = (
@@ -60,9 +63,6 @@ def profile_pipeline(stages, sigma: float, x: torch.Tensor, batch: int, out_dir,
                      batches: int = 3, static_batch: bool = True, compiled_noise: bool = False,
                      top: int = 40) -> Dict:
     """Profile `batches` batches of one image through `stages`; writes the table and JSON, returns the JSON."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     inner = dataclasses.replace(stages, purify=_uncaptured(stages.purify) if stages.purify is not None else None,
                                 score=_uncaptured(stages.score))
     pipe = MonteCarloPipeline(inner, sigma, 0, static_batch=static_batch, compiled_noise=compiled_noise)

@@ -11,7 +11,14 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser, schedule_for
+from diffsmooth.engine.data import load_embedded
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models import shipped as demo_assets
+from diffsmooth.engine.models.checkpoints import load_classifier
+from diffsmooth.engine.models.resnet import NormalizedClassifier, NormalizeLayer, build_classifier_net, normalization_layer
+from diffsmooth.engine.models.timm_models import create_timm_net, is_timm_arch, timm_input_stats
+from diffsmooth.engine.models.unet import UNetModel, unet_config
 
 MODEL_SETS = ("demo", "cifar10", "imagenet")
 
@@ -64,7 +71,6 @@ def randomize_(module: nn.Module, seed: int = 0) -> nn.Module:
 
 def random_unet(preset: str, seed: int = 0, **overrides):
     """A preset UNet built on the meta device, materialised and randomised (skips the slow init)."""
-    from diffsmooth.engine.models.unet import UNetModel, unet_config
     with torch.device("meta"):
         unet = UNetModel(unet_config(preset, **overrides))
     unet = unet.to_empty(device="cpu")
@@ -90,12 +96,8 @@ def calibrate_batchnorm_(net: nn.Module, image_shape, seed: int = 0, batch: int 
 
 def random_classifier(arch: str, num_classes: int, image_shape, stats: str, seed: int = 0):
     """Sequential(normalisation, arch) with random weights and calibrated BatchNorm (timm: timm's init)."""
-    from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
-    from diffsmooth.engine.models.timm_models import is_timm_arch
     torch.manual_seed(seed)
     if is_timm_arch(arch):
-        from diffsmooth.engine.models.resnet import NormalizeLayer
-        from diffsmooth.engine.models.timm_models import create_timm_net, timm_input_stats
         kwargs = {} if tuple(image_shape[1:]) == (224, 224) else {"img_size": tuple(int(s) for s in image_shape[1:])}
         net = create_timm_net(arch, num_classes, int(image_shape[0]), kwargs)
         return NormalizedClassifier(NormalizeLayer(*timm_input_stats(arch, net)), net).eval()
@@ -106,7 +108,6 @@ def random_classifier(arch: str, num_classes: int, image_shape, stats: str, seed
 
 def _demo_checkpoints(method: str, sigma: float, local_sigma: float):
     """(unet path, classifier path) of the embedded demo models, or None when not trained yet."""
-    from diffsmooth.engine.models import shipped as demo_assets
     if not demo_assets.DEMO_UNET.exists():
         return None
     try:
@@ -122,7 +123,6 @@ def build_model_set(name: str, method: str = "diffsmooth", sigma: float = 0.5, l
 
     `unet_overrides`/`arch` shrink the models (the tests use tiny ones); random weights then.
     """
-    from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, schedule_for
     if name not in SET_SPECS:
         raise UserError(f"unknown model set {name!r}: choose one of {', '.join(MODEL_SETS)}")
     spec = SET_SPECS[name]
@@ -133,8 +133,6 @@ def build_model_set(name: str, method: str = "diffsmooth", sigma: float = 0.5, l
     needs_unet = method != "rs"
     found = _demo_checkpoints(method, sigma, local_sigma) if name == "demo" and not unet_overrides and not arch else None
     if found is not None:
-        from diffsmooth.engine.base_classifier.denoise import load_denoiser
-        from diffsmooth.engine.models.checkpoints import load_classifier
         denoiser = load_denoiser(found[0], "demo") if needs_unet else None
         classifier = load_classifier(found[1], dataset=spec["stats"])
         weights = "embedded demo"
@@ -162,7 +160,6 @@ def bench_images(name: str, count: int, image_shape, seed: int = 0):
     images otherwise (timing does not depend on the content)."""
     if name == "demo" and tuple(image_shape) == (1, 32, 32):
         try:
-            from diffsmooth.engine.data import load_embedded
             data = load_embedded()
             return [(data[i][0], int(data[i][1])) for i in range(min(count, len(data)))]
         except (UserError, OSError, KeyError):

@@ -19,6 +19,16 @@ from typing import Callable, Dict, List, Optional
 import click
 import torch
 
+from diffsmooth.bench.models import build_model_set
+from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.onnxruntime_backend import physical_cores
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.export.manifest import package_versions
+from diffsmooth.export.onnx_export import export_models
+
 DEFAULT_BATCH = {"demo": 64, "cifar10": 16, "imagenet": 2}
 DEFAULT_ITERS = {"demo": 5, "cifar10": 3, "imagenet": 2}
 
@@ -49,14 +59,6 @@ def bench_set(name: str, *, batch: int, iters: int, threads: int, method: str, s
               cache: Optional[dict] = None) -> List[Dict]:
     """Rows for one model set: denoiser, classifier and pipeline samples/s for both backends
     (models and graphs are kept in `cache` between thread counts)."""
-    from diffsmooth.bench.models import build_model_set
-    from diffsmooth.engine.backends.base import BaseClassifierStages
-    from diffsmooth.engine.backends.torch_backend import TorchBackend
-    from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
-    from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
-    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-    from diffsmooth.export.onnx_export import export_models
-
     config = MethodConfig(method, sigma, m, local_sigma, local_noise)
     cache = {} if cache is None else cache
     if name not in cache:
@@ -131,8 +133,6 @@ def markdown(rows: List[Dict]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of the table.")
 def main(sets, batch, iters, threads, method, sigma, m, local_sigma, local_noise, as_json):
     """torch eager vs ONNX Runtime (CPU) throughput, side by side."""
-    from diffsmooth.engine.backends.onnxruntime_backend import physical_cores
-    from diffsmooth.export.manifest import package_versions
     try:
         counts = [int(t) for t in threads.split(",")] if threads else [physical_cores()]
     except ValueError:

@@ -22,20 +22,32 @@ from pathlib import Path
 from typing import Dict, List
 
 import click
+import torch
+import torch.multiprocessing as mp
 
-from diffsmooth.engine.certify.core import Request, predict_job
+from diffsmooth.bench.models import build_model_set
+from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
+from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.certify.cohen import predict_job
+from diffsmooth.engine.certify.jobs import Request
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.scheduler import Scheduler, Work
-from diffsmooth.engine.certify.sequential import rule_from_options, sequential_job
+from diffsmooth.engine.certify.sequential import sequential_job
+from diffsmooth.engine.data import load_dataset
+from diffsmooth.engine.demo.run import spread_indices
+from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
+from diffsmooth.engine.runs.fast_path import FastPath
+from diffsmooth.engine.runs.request import sequential_rule
+from diffsmooth.engine.runs.results import read_rows
+from diffsmooth.engine.runs.sharding import pull_from_store
 
 RADII = "0.25,0.5,0.75,1.0"
 
 
 def demo_pipeline(compile: bool, device: str = "cpu"):
     """The embedded RS pipeline at sigma 0.5, static batches when compiled."""
-    from diffsmooth.engine.base_classifier.methods import MethodConfig
-    from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
-    from diffsmooth.engine.runs.fast_path import FastPath
     dataset = load_dataset("embedded")
     smooth = build_smooth(MethodConfig("rs", 0.5), ModelSources.demo(), tuple(dataset.image_shape),
                           dataset.num_classes, device=device, fast=FastPath.resolve(device, compile))
@@ -77,13 +89,6 @@ def compare(pipeline, dataset, indices, make_job, batch: int, alone: int, sample
 def rank_fixture(count: int):
     """(pipeline on CPU, images) whose sequential runs need from ~200 samples to n-max: blends of two
     template images, from near the midpoint (split votes) to near one template (votes agree)."""
-    import torch
-
-    from diffsmooth.engine.backends.base import BaseClassifierStages
-    from diffsmooth.engine.backends.torch_backend import TorchBackend
-    from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
-    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-
     templates = torch.rand((4, 3, 8, 8), generator=torch.Generator().manual_seed(11))
 
     class Templates(torch.nn.Module):
@@ -98,15 +103,12 @@ def rank_fixture(count: int):
 
 
 def _rank_main(rank: int, world: int, mode: str, store_path: str, images: int, n_max: int, batch: int, out: str):
-    import torch
     import torch.distributed as dist
-
-    from diffsmooth.engine.runs.sharding import pull_from_store
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     pipe, data = rank_fixture(images)
-    rule = rule_from_options(RADII, 0.5, 0.001, n_max)
+    rule = sequential_rule(RADII, 0.5, 0.001, n_max)
     todo = list(range(images))
     mine = pull_from_store("bench", store)(todo) if mode == "pulled" else todo[rank::world]
     works = (Work(i, data[i][0], sequential_job(100, rule)) for i in mine)
@@ -119,7 +121,6 @@ def _rank_main(rank: int, world: int, mode: str, store_path: str, images: int, n
 
 def rank_balance(world: int, mode: str, images: int, n_max: int, batch: int) -> dict:
     """The busiest rank's computed samples over the mean, for `world` gloo processes."""
-    import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank_main, args=(world, mode, os.path.join(tmp, "store"), images, n_max, batch, tmp),
                  nprocs=world, join=True)
@@ -146,20 +147,13 @@ def replay_job(n0: int, chunks, samples: int):
 def replay(rows_path: str, models: str, device: str, precision: str, images: int, batch: int, n_max: int) -> dict:
     """A packed sequential run on full-size models (random weights) whose images ask for what the
     recorded rows' images needed (`samples` column), against fixed-n at the same measured rate."""
-    import torch
-
-    from diffsmooth.bench.models import build_model_set
-    from diffsmooth.engine.base_classifier.methods import MethodConfig
-    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
-    from diffsmooth.engine.runs.fast_path import FastPath
-    from diffsmooth.engine.runs.results import read_rows
     demands = [int(r["samples"]) for r in read_rows(rows_path)][:images]
     model_set = build_model_set(models, method="diffsmooth")
     config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
     smooth = build_smooth(config, ModelSources(), model_set.image_shape, model_set.num_classes, device=device,
                           precision=precision, fast=FastPath.resolve(device),
                           models=(model_set.denoiser, model_set.classifier))
-    chunks = rule_from_options(RADII, 0.5, 0.001, n_max).chunks()
+    chunks = sequential_rule(RADII, 0.5, 0.001, n_max).chunks()
     x = torch.rand((len(demands), *model_set.image_shape), generator=torch.Generator().manual_seed(0))
     pipe = smooth.pipeline
     Scheduler(pipe, batch, 1).run([Work(0, x[0], replay_job(100, chunks, 100 + batch))], lambda d: None)   # warm-up
@@ -219,9 +213,6 @@ def markdown(report: dict) -> str:
 @click.option("--precision", default="fp16", show_default=True, help="With --replay-rows.")
 def main(images, batches, n_max, predict_n, ranks, rank_images, alone, parts, compile, threads, device, out, replay_rows,
          models, precision):
-    import torch
-
-    from diffsmooth.engine.demo.run import spread_indices
     torch.set_num_threads(threads)
     if replay_rows:
         result = replay(replay_rows, models, device, precision, images, int(batches.split(",")[0]), n_max)
@@ -232,7 +223,7 @@ def main(images, batches, n_max, predict_n, ranks, rank_images, alone, parts, co
         return
     dataset, pipe = demo_pipeline(compile, device)
     indices = spread_indices(len(dataset), images)
-    rule = rule_from_options(RADII, 0.5, 0.001, n_max)
+    rule = sequential_rule(RADII, 0.5, 0.001, n_max)
     report: Dict[str, List[dict]] = {"settings": dict(images=images, alone=alone, n_max=n_max, predict_n=predict_n,
                                                       compile=compile, threads=threads, device=device,
                                                       radii=RADII, method="rs", sigma=0.5)}

@@ -13,6 +13,7 @@ each of its calls and restores the engine's afterwards.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from typing import Optional
 
@@ -131,7 +132,6 @@ def build_reference(method: str, model_set, sigma: float, m: int, local_sigma: f
                     device="cpu", seed: Optional[int] = 0, cudnn_benchmark: bool = False) -> ReferenceEquivalent:
     """The baseline on copies of the engine run's torch modules (same weights; copies so the
     engine's channels_last conversion does not change the baseline's memory layout)."""
-    import copy
     if seed is not None:
         torch.manual_seed(seed)
     return ReferenceEquivalent(method, copy.deepcopy(model_set.classifier), model_set.num_classes, sigma,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+from .kernel_profile import summary_lines
+
 STAGE_LABELS = {"noise": "noise generation", "denoise": "denoise (UNet)", "classify": "classify (+local smoothing)",
                 "vote_count": "vote count (argmax, scatter-add, sync)", "statistics": "statistics (Clopper-Pearson)",
                 "io": "I/O (row write, fsync)"}
@@ -89,7 +91,6 @@ def render(doc: dict) -> str:
         rows.append(["total per measured image", seconds(total / meas["images"]), ""])
         out.append(_indent(table(["time split (per image, measured)", "seconds", "share"], rows)))
         if run.get("kernel_profile"):
-            from .kernel_profile import summary_lines
             out += [f"   {line}" for line in summary_lines(run["kernel_profile"])]
         ex = run["extrapolated"]
         ref = run.get("reference_equivalent")

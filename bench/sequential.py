@@ -20,10 +20,19 @@ import time
 from pathlib import Path
 
 import click
+import torch
 
-from diffsmooth.engine.certify.core import Request, certify_from_counts, top_class
-from diffsmooth.engine.certify.sequential import certify_sequential, rule_from_options
+from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.certify.cohen import certify_from_counts, top_class
+from diffsmooth.engine.certify.jobs import Request
+from diffsmooth.engine.certify.sequential import certify_sequential
+from diffsmooth.engine.data import load_dataset
+from diffsmooth.engine.demo.run import spread_indices
+from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.analyze import certified_accuracy, clopper_pearson
+from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
+from diffsmooth.engine.runs.fast_path import FastPath
+from diffsmooth.engine.runs.request import sequential_rule
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, ResultWriter, format_radius, format_time
 
 
@@ -57,12 +66,14 @@ def certify_both(pipeline, x, image_index: int, *, n0: int, n: int, alpha: float
         ranges.append((first, size))
         first += size
     # one job asks for every chunk at once: its samples are contiguous, so only the last batch is padded
-    counts = pipeline.run_one(x, image_index, _all_of(ranges), batch)
+    counts = [c[0] for c in pipeline.run_one(x, image_index, _all_of(ranges), batch)]    # one configuration
     recorded = dict(zip(ranges, counts))
     total = sum(counts[1:])
     fixed = certify_from_counts(recorded[(0, n0)].tolist(), total.tolist(), alpha, pipeline.sigma)
     c_a = top_class(recorded[(0, n0)].tolist())
-    return fixed, certify_sequential(replay_counter(recorded), n0, rule), int(total[c_a])
+    count = replay_counter(recorded)
+    sequential, = certify_sequential(lambda first, num: count(first, num)[None], n0, rule)
+    return tuple(fixed), (sequential.prediction, sequential.radius, sequential.samples), int(total[c_a])
 
 
 def _accuracy_rows(rows, radii):
@@ -101,13 +112,7 @@ def markdown(report: dict) -> str:
 def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, device: str, precision: str,
         method: str, sigma: float, m: int, local_sigma: float, seed: int, out, progress: bool = True,
         compile=None, futility=None) -> dict:
-    from diffsmooth.engine.base_classifier.methods import MethodConfig
-    from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.demo.run import spread_indices
-    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
-    from diffsmooth.engine.runs.fast_path import FastPath
-
-    rule = rule_from_options(radii, sigma, alpha, n, futility)
+    rule = sequential_rule(radii, sigma, alpha, n, futility)
     dataset = load_dataset("embedded")
     indices = spread_indices(len(dataset), images)
     smooth = build_smooth(MethodConfig(method, sigma, m=m, local_sigma=local_sigma), ModelSources.demo(),
@@ -203,9 +208,7 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
 @click.option("--quiet", is_flag=True)
 def main(threads, quiet, **kw):
     """Fixed-n vs --sequential CERTIFY on the demo images; prints the markdown table."""
-    from diffsmooth.engine.errors import UserError
     if threads:
-        import torch
         torch.set_num_threads(threads)
     try:
         report = run(progress=not quiet, **kw)

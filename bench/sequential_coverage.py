@@ -21,9 +21,10 @@ import click
 import numpy as np
 from scipy.stats import norm
 
-from diffsmooth.engine.certify.core import lower_confidence_bounds
+from diffsmooth.engine.certify.cohen import lower_confidence_bounds
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.runs.analyze import clopper_pearson
+from diffsmooth.engine.runs.request import parse_radii
 
 # lower(successes, trials, look index) -> lower bounds (arrays)
 LowerBound = Callable[[np.ndarray, float, int], np.ndarray]
@@ -102,7 +103,6 @@ def markdown(records: list, alpha: float) -> str:
 @click.option("--out", type=click.Path(), default=None, help="Directory for coverage.md and coverage.json.")
 def main(paths, n_maxes, alpha, sigma, radii, seed, out):
     """Prints the SIMULATED coverage table (markdown)."""
-    from diffsmooth.engine.certify.sequential import parse_radii
     start = time.perf_counter()
     records = run([int(n) for n in n_maxes.split(",")], paths, alpha, sigma, parse_radii(radii), seed)
     text = markdown(records, alpha)

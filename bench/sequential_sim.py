@@ -26,8 +26,9 @@ import click
 import numpy as np
 from scipy.stats import norm
 
-from diffsmooth.engine.certify.core import lower_confidence_bounds
+from diffsmooth.engine.certify.cohen import lower_confidence_bounds
 from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_lower, run_rule
+from diffsmooth.engine.runs.request import parse_radii
 from diffsmooth.engine.runs.results import format_radius
 
 
@@ -199,7 +200,6 @@ def standard_rules(n_max: int, radii: Sequence[float], sigma: float, alpha: floa
                    "(seeded), a population the defaults were not chosen on.")
 def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured, jitter):
     """Prints the SIMULATED samples / certified-accuracy table (markdown)."""
-    from diffsmooth.engine.certify.sequential import parse_radii
     radii = sorted(parse_radii(radii))
     images = jittered(load_images(rows, n, alpha, sigma, abstain_p), jitter)
     n_max = n_max or n

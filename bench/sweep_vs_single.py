@@ -17,9 +17,14 @@ import click
 import torch
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
+from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser, load_denoiser
+from diffsmooth.engine.base_classifier.methods import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-from diffsmooth.engine.runs.sweep import SweepPipeline, plan_entries
+from diffsmooth.engine.models import shipped as demo_assets
+from diffsmooth.engine.models.checkpoints import load_classifier
+from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
+from diffsmooth.engine.models.unet import PRESETS, UNetModel
 
 LOCAL_SIGMAS = (0.12, 0.25, 0.5, 1.0)
 MS = (1, 3, 5, 11, 21)
@@ -27,13 +32,7 @@ MS = (1, 3, 5, 11, 21)
 
 def _demo_models():
     """(denoiser, {name: classifier}, image shape, 'embedded'|'random')."""
-    from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
-    from diffsmooth.engine.models import shipped as demo_assets
-    from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
-    from diffsmooth.engine.models.unet import PRESETS, UNetModel
     if demo_assets.DEMO_UNET.exists() and demo_assets.demo_classifier_path(0.25).exists():
-        from diffsmooth.engine.base_classifier.denoise import load_denoiser
-        from diffsmooth.engine.models.checkpoints import load_classifier
         den = load_denoiser(demo_assets.DEMO_UNET, "demo")
         clfs = {f"s{s:.2f}": load_classifier(demo_assets.demo_classifier_path(s), dataset="fashion-mnist")
                 for s in (0.25, 0.5)}
@@ -55,18 +54,17 @@ def measure(n: int = 200, n0: int = 20, images: int = 2, batch: int = 100, sigma
     torch.set_num_threads(torch.get_num_threads())
     den, clfs, shape, weights = _demo_models()
     backend = TorchBackend("cpu")
-    entries = plan_entries(["dds", "diffsmooth"], lambda method, ls: list(clfs), LOCAL_SIGMAS, MS)
-    entries = [e for e in entries if not (e.method == "dds" and e.classifier != list(clfs)[0])]   # one DDS row
+    entries = configurations(["dds", "diffsmooth"], sigma, LOCAL_SIGMAS, MS, "fixed", lambda method, ls: list(clfs))
+    entries = [e for e in entries if not (e.method.method == "dds" and e.classifier != list(clfs)[0])]   # one DDS row
     purify = backend.stage(den.purifier(sigma), "denoiser")
-    sweep = SweepPipeline(entries, clfs, purify, backend, sigma, shape, 10)
+    sweep = MonteCarloPipeline(torch_configuration_stages(entries, clfs, den, backend, shape, 10), sigma)
     x = torch.rand(shape)
     sweep.count(x, 0, 0, batch, batch)                      # warm-up
     t_sweep = sum(_time(lambda: (sweep.count(x, i, 0, n0, batch), sweep.count(x, i, n0, n, batch)))
                   for i in range(images)) / images
     t_single = 0.0
     for e in entries:
-        config = MethodConfig(e.method, sigma, m=e.m or 1, local_sigma=e.local_sigma or 0.0)
-        pipe = MonteCarloPipeline(build_torch_stages(config, clfs[e.classifier], den, backend, shape, 10), sigma)
+        pipe = MonteCarloPipeline(build_torch_stages(e.method, clfs[e.classifier], den, backend, shape, 10), sigma)
         t_single += sum(_time(lambda: (pipe.count(x, i, 0, n0, batch), pipe.count(x, i, n0, n, batch)))
                         for i in range(images)) / images
     # per-sample costs of the demo models at this batch, for the cost model
@@ -77,14 +75,15 @@ def measure(n: int = 200, n0: int = 20, images: int = 2, batch: int = 100, sigma
     return {"weights": weights, "configurations": len(entries), "n0": n0, "n": n, "images": images, "batch": batch,
             "seconds_per_image_sweep": t_sweep, "seconds_per_image_one_by_one": t_single,
             "speedup": t_single / t_sweep, "demo_unet_s_per_sample": unet_s, "demo_clf_s_per_image": clf_s,
-            "entries": [e.name for e in entries]}
+            "entries": [e.name for e in entries], "configurations_used": entries}
 
 
 def cost_model(entries, unet_s: float, clf_s: float) -> tuple:
     """(one-by-one, sweep) seconds per Monte Carlo sample from per-sample model costs."""
-    single = sum(unet_s + (e.m or 1) * clf_s for e in entries)
-    groups = {(e.classifier, e.local_sigma) for e in entries if e.method == "diffsmooth"}
-    sweep = unet_s + len(groups) * max(MS) * clf_s + sum(clf_s for e in entries if e.method == "dds")
+    local = lambda e: e.method.method == "diffsmooth"                                     # noqa: E731
+    single = sum(unet_s + (e.method.m if local(e) else 1) * clf_s for e in entries)
+    groups = {(e.classifier, e.method.local_sigma) for e in entries if local(e)}
+    sweep = unet_s + len(groups) * max(MS) * clf_s + sum(clf_s for e in entries if e.method.method == "dds")
     return single, sweep
 
 
@@ -100,13 +99,8 @@ def cost_model(entries, unet_s: float, clf_s: float) -> tuple:
 def main(n, n0, images, batch, cifar_unet_img_s, cifar_clf_img_s, as_json):
     """Print sweep vs one-by-one time per image (measured on demo models, extrapolated to CIFAR-10)."""
     r = measure(n=n, n0=n0, images=images, batch=batch)
-    from diffsmooth.engine.runs.sweep import SweepEntry
-    entries = [SweepEntry(*e.split("__")[:2]) if e.startswith("dds") else
-               SweepEntry("diffsmooth", e.split("__")[1], float(e.split("__ls")[1].split("__")[0]), int(e.split("__m")[1]))
-               for e in r["entries"]]
+    entries = r.pop("configurations_used")
     if cifar_unet_img_s is None or cifar_clf_img_s is None:
-        from diffsmooth.engine.models.resnet import build_classifier_net
-        from diffsmooth.engine.models.unet import PRESETS, UNetModel
         torch.manual_seed(0)
         unet, clf = UNetModel(PRESETS["cifar10"]).eval(), build_classifier_net("cifar_resnet110", 10, 3).eval()
         x = torch.rand(8, 3, 32, 32)

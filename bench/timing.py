@@ -14,6 +14,10 @@ from typing import Dict, Iterable, Optional
 
 import torch
 
+from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.certify import monte_carlo as pipeline_module
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+
 STAGE_NAMES = ("noise", "denoise", "classify", "vote_count", "statistics", "io")
 
 
@@ -70,7 +74,6 @@ class TimedStage:
 
 def timed_stages(stages, clock: StageClock):
     """A copy of BaseClassifierStages whose purify/score are timed as denoise/classify."""
-    from diffsmooth.engine.backends.base import BaseClassifierStages
     return BaseClassifierStages(
         stages.method,
         TimedStage(stages.purify, clock, "denoise") if stages.purify is not None else None,
@@ -86,7 +89,6 @@ def timed_noise(clock: StageClock):
 
     Swaps the `gaussian_rows` the pipeline module calls for a timed wrapper and restores it after.
     """
-    from diffsmooth.engine.certify import monte_carlo as pipeline_module
     original = pipeline_module.gaussian_rows
 
     def gaussian_rows(*args, **kwargs):
@@ -103,8 +105,6 @@ def timed_noise(clock: StageClock):
 def make_timed_pipeline(stages, sigma: float, seed: int, clock: StageClock, **pipeline_options):
     """A MonteCarloPipeline over timed stages whose noisy samples (noise + add) are timed as `noise`
     (serial: the timers synchronise anyway; `pipeline_options` e.g. static_batch, compiled_noise)."""
-    from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-
     class TimedPipeline(MonteCarloPipeline):
         def noisy(self, x_rows, rows):
             with clock.section("noise"):

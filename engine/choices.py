@@ -6,7 +6,7 @@ the models; the modules that act on a name import it from here.
 
 from __future__ import annotations
 
-METHODS = ("rs", "dds", "diffsmooth")                    # base classifiers (FACTS: RS, DDS, DiffSmooth)
+METHODS = ("rs", "dds", "diffsmooth")                    # base classifiers: RS, DDS, DiffSmooth
 LOCAL_NOISE_MODES = ("fixed", "fresh")                   # DiffSmooth's local noises: drawn once, or per sample
 DATASET_KINDS = ("cifar10", "imagenet", "npz", "idx", "embedded")
 PRESETS = ("cifar10", "imagenet", "demo")                # UNet architecture + schedule of a checkpoint family

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 
+from diffsmooth.engine.backends.compile_cache import compile_cache_dir, compile_cache_source
 from diffsmooth.engine.machine import cpu_model, usable_cores
 
 NOT_INSTALLED = "not installed"
@@ -120,7 +121,6 @@ def _compiler(env_var: str, names) -> str | None:
 
 def _compile_readiness(torch_info: dict, triton: str) -> dict:
     """Whether torch.compile's inductor can build kernels, judged from its prerequisites (no compile)."""
-    from diffsmooth.engine.backends.compile_cache import compile_cache_dir, compile_cache_source
     cxx = _compiler("CXX", ("g++", "c++", "clang++"))
     cc = _compiler("CC", ("gcc", "cc", "clang"))
     cuda = None

@@ -17,7 +17,7 @@ from .graph_passes import _skeleton, infer_types
 # it adds 46 Casts to the demo UNet (170 vs 124) for no accuracy gain (same max error vs fp32).
 # `Resize` must be blocked too: converted, its `scales`
 # constant becomes fp16, which ONNX Runtime rejects (measured with onnxconverter-common 1.16.0,
-# shared/measurements/2026-11-26-onnx-libraries.md). The library's own default block list (ML ops,
+# docs/performance.md). The library's own default block list (ML ops,
 # TopK, Range, ...) is kept as well.
 FP32_OPS = ("InstanceNormalization", "GroupNormalization", "LayerNormalization", "BatchNormalization",
             "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceMax",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from importlib import metadata
 from pathlib import Path
 from typing import Dict, Iterable, Optional
 
@@ -24,7 +25,6 @@ def manifest_path(onnx_path) -> Path:
 
 def package_versions() -> Dict[str, Optional[str]]:
     """Versions of the packages that shaped the graph (None for one that is not installed)."""
-    from importlib import metadata
     out = {}
     for name in ("diffsmooth-engine", "torch", "onnx", "onnxruntime", "onnxruntime-gpu"):
         try:

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import onnx
 import torch
+from onnx.external_data_helper import load_external_data_for_model
 from torch import nn
 
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, OneShotPurifier
@@ -127,7 +128,6 @@ def save_graph(model: onnx.ModelProto, path, external_data_threshold: int = EXTE
         if external:
             # Saving as external data empties the in-memory initializers; refill them from the final
             # file so the same proto can still be converted (the fp16 variant is made from it next).
-            from onnx.external_data_helper import load_external_data_for_model
             load_external_data_for_model(model, str(path.parent))
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -14,16 +14,19 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
+from diffsmooth.engine.backends.tensorrt_backend import cuda_device, gpu_identity, import_tensorrt
 from diffsmooth.engine.backends.trt_plans import (
     DEFAULT_WORKSPACE_BYTES,
     cache_key,
     gpu_slug,
     plan_path_for,
     profile_for,
+    read_plan_manifest,
     reuse_decision,
     write_plan_manifest,
 )
@@ -70,7 +73,6 @@ def default_timing_cache(target: Target, cache_dir: Optional[str] = None) -> Pat
 
 def current_target(device) -> Target:
     """The Target of this machine's GPU `device` (UserError without TensorRT or CUDA)."""
-    from diffsmooth.engine.backends.tensorrt_backend import cuda_device, gpu_identity, import_tensorrt
     trt = import_tensorrt()
     name, cc = gpu_identity(cuda_device(device))
     return Target(str(trt.__version__), name, cc)
@@ -84,7 +86,6 @@ def polygraphy_build(onnx_path, profile: Dict[str, dict], *, workspace_bytes: in
     """Serialized plan for `onnx_path`: Polygraphy NetworkFromOnnxPath(strongly_typed) ->
     CreateConfig(profile, workspace, timing cache, detailed verbosity; TF32 off) ->
     EngineBytesFromNetwork, which merges the new timings back into the cache file."""
-    from diffsmooth.engine.backends.tensorrt_backend import import_tensorrt
     trt = import_tensorrt()
     try:
         from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
@@ -109,7 +110,6 @@ def polygraphy_build(onnx_path, profile: Dict[str, dict], *, workspace_bytes: in
 
 def polygraphy_load(plan_bytes: bytes):
     """ICudaEngine from plan bytes (Polygraphy EngineFromBytes); UserError when they do not load."""
-    from diffsmooth.engine.backends.tensorrt_backend import import_tensorrt
     import_tensorrt()
     from polygraphy.backend.trt import EngineFromBytes
     from polygraphy.exception import PolygraphyException
@@ -125,7 +125,6 @@ def polygraphy_load(plan_bytes: bytes):
 def inspector_json(engine, profile: Dict[str, dict]) -> dict:
     """Engine inspector JSON (detailed). Tensor formats of a dynamic-shape plan are only reported
     for concrete shapes, so an execution context is set to the profile's opt shapes first."""
-    from diffsmooth.engine.backends.tensorrt_backend import import_tensorrt
     trt = import_tensorrt()
     inspector = engine.create_engine_inspector()
     context = engine.create_execution_context()
@@ -156,7 +155,6 @@ def _atomic_write_json(path: Path, data) -> None:
 
 
 def _versions() -> Dict[str, Optional[str]]:
-    from importlib import metadata
     out = {}
     for name in ("diffsmooth-engine", "tensorrt", "polygraphy", "torch"):
         try:
@@ -189,7 +187,6 @@ def ensure_plan(onnx_path, graph_manifest: dict, target: Target, *, batch: int, 
         except Exception as exc:  # noqa: BLE001 - a bad plan is rebuilt, never a crash
             reuse, why = False, f"{plan.name} fails to deserialize ({first_line(exc)})"
     if reuse:
-        from diffsmooth.engine.backends.trt_plans import read_plan_manifest
         manifest, _ = read_plan_manifest(plan)
         echo(f"reusing {plan.name} (key matches)")
         return PlanResult(onnx_path, plan, graph_manifest.get("role"), precision, graph_manifest, manifest, False,

@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
+from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
+from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device
 from diffsmooth.engine.backends.trt_plans import read_plan_manifest, write_plan_manifest
+from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.onnx_stages import wanted_fields
 from diffsmooth.engine.errors import UserError
 
@@ -46,9 +49,7 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
     Raises ValidationFailed (non-zero exit) when any plan fails."""
     if samples < MIN_SAMPLES:
         raise UserError(f"plan validation needs >= {MIN_SAMPLES} noisy samples, got --samples {samples}")
-    from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
     if stage_fn is None:
-        from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device
         dev = cuda_device(device)
         stage_fn = lambda plan, name, precision: _OnHost(TrtStage(plan, name, dev, precision))  # noqa: E731
     reference_fn = reference_fn or (lambda path, name: OrtStage(path, name, "cpu", "fp32", threads=threads))
@@ -68,7 +69,6 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
                 used.add(den.plan_path)
         groups.append((config, shape, den, r))
     for d in (d for d in results if d.role == "denoiser" and d.plan_path not in used):
-        from diffsmooth.engine.base_classifier.methods import MethodConfig
         groups.append((MethodConfig("dds", float(d.graph_manifest["sigma"])), d.graph_manifest["image_shape"], d, None))
     failed = []
     for config, shape, den, cls in groups:

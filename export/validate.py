@@ -11,9 +11,17 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
+from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
+from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
+from diffsmooth.engine.backends.torch_backend import TorchStage
+from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
+from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
+from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.models.checkpoints import load_classifier, load_unet
 
 from .manifest import update_manifest
 
@@ -50,7 +58,6 @@ def validation_images(image_shape, count: int = DEFAULT_IMAGES, dataset: Optiona
                       data: Optional[str] = None, split: str = "test") -> Tuple[torch.Tensor, List[int], str]:
     """(images, indices, description): `count` images spread over a dataset (default: the embedded
     subset), adapted to `image_shape`."""
-    from diffsmooth.engine.data import load_dataset
     kind = dataset or "embedded"
     ds = load_dataset(kind, data if kind != "embedded" else None, split=split)
     total = len(ds)
@@ -199,12 +206,10 @@ def compare_unet(reference: torch.nn.Module, candidate: Stage, precision: str, i
 
 
 def _torch_stage(module, name):
-    from diffsmooth.engine.backends.torch_backend import TorchStage
     return TorchStage(module, name, torch.device("cpu"), "fp32")
 
 
 def _ort_stage(path, name, precision, threads=None):
-    from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
     return OrtStage(path, name, "cpu", precision, threads=threads)
 
 
@@ -273,7 +278,6 @@ class _Graph:
 
 
 def _check_source(manifest: dict, what: str) -> str:
-    from diffsmooth.engine.hashing import sha256_file
     src = manifest.get("source") or {}
     path = src.get("path")
     if not path:
@@ -288,9 +292,6 @@ def _check_source(manifest: dict, what: str) -> str:
 
 def load_denoiser_for(manifest: dict):
     """The torch denoiser a denoiser/unet manifest was exported from (checkpoint hash checked)."""
-    from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
-    from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
-    from diffsmooth.engine.models.checkpoints import load_unet
     path = _check_source(manifest, "UNet")
     cfg = dict(manifest.get("unet_config") or {})
     if not cfg:
@@ -303,7 +304,6 @@ def load_denoiser_for(manifest: dict):
 
 def load_classifier_for(manifest: dict):
     """The torch classifier a classifier manifest was exported from (checkpoint hash checked)."""
-    from diffsmooth.engine.models.checkpoints import load_classifier
     path = _check_source(manifest, "classifier")
     src = manifest["source"]
     return load_classifier(path, arch=src.get("arch"), dataset=src.get("stats") or "cifar10",
@@ -321,7 +321,6 @@ def config_from_manifest(manifest: dict) -> MethodConfig:
 def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dataset: Optional[str] = None,
                  data: Optional[str] = None, threads: Optional[int] = None) -> Dict[str, dict]:
     """Validate every graph in `onnx_dir` against the checkpoints named in its manifest."""
-    from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
     graphs = [_Graph(p, m.get("role"), m.get("precision"), m) for p, m in scan_manifests(onnx_dir)]
     for g in graphs:
         verify_hashes(g.path, g.manifest)

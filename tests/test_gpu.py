@@ -13,7 +13,7 @@ from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian, philox4x
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-# Per-sample vote flip rates against eager fp32 measured on an H200 (shared/measurements): fp16
+# Per-sample vote flip rates against eager fp32 measured on an H200 (bench/results/h200-2026-11-26/): fp16
 # 1.3e-4, bf16 1.7e-3 (7 mantissa bits); fp32 runs cuDNN's TF32 convolutions (torch's default,
 # 10 mantissa bits like fp16) against the check's TF32-off reference, so it gets fp16's rate.
 FLIP_RATE = {"fp32": 1.3e-4, "fp16": 1.3e-4, "bf16": 1.7e-3}

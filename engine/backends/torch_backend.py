@@ -14,6 +14,9 @@ from typing import Optional
 import torch
 from torch import nn
 
+from diffsmooth.engine.backends.compile_cache import use_compile_cache
+from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
+from diffsmooth.engine.backends.recompile_limit import is_recompile_limit_hit, reserve_compiled_stage
 from diffsmooth.engine.errors import UserError
 
 PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -64,7 +67,6 @@ class TorchStage:
         self.log = log or (lambda message: print(message, file=sys.stderr))
         self._uncompiled = module
         if compile:
-            from diffsmooth.engine.backends.recompile_limit import reserve_compiled_stage
             reserve_compiled_stage()
         # dynamic=False: the pipeline feeds one static batch shape, so one graph serves the run.
         self.module = torch.compile(module, dynamic=False) if compile else module
@@ -95,7 +97,6 @@ class TorchStage:
 
 
 def _recompile_limit_hit(exc: BaseException) -> bool:
-    from diffsmooth.engine.backends.recompile_limit import is_recompile_limit_hit
     return is_recompile_limit_hit(exc)
 
 
@@ -114,7 +115,6 @@ class TorchBackend:
         self.cuda_graphs = bool(cuda_graphs) and self.device.type == "cuda"
         self.log = log or (lambda message: print(message, file=sys.stderr))
         if compile:
-            from diffsmooth.engine.backends.compile_cache import use_compile_cache
             use_compile_cache()
         if self.device.type == "cuda" and (compile or channels_last):
             torch.backends.cudnn.benchmark = True      # one static shape: autotune its convolutions once
@@ -122,6 +122,5 @@ class TorchBackend:
     def stage(self, module: nn.Module, name: str):
         stage = TorchStage(module, name, self.device, self.precision, self.channels_last, self.compile, self.log)
         if self.cuda_graphs:
-            from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
             return CudaGraphStage(stage, log=self.log)
         return stage

@@ -1,7 +1,7 @@
 """The one-shot diffusion denoiser of DiffSmooth / DDS: x_rs in [0,1] -> purified image in [0,1].
 
 x_t = sqrt(abar*) (2 x_rs - 1);  x0 = clamp(sqrt(1/abar*) x_t - sqrt(1/abar* - 1) eps(x_t, t*), -1, 1);
-returned as (x0 + 1) / 2. eps = the UNet's first C output channels (FACTS §1-2).
+returned as (x0 + 1) / 2. eps = the UNet's first C output channels (docs/compatibility.md).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from torch import nn
 
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, OneShotCoefficients
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models.checkpoints import load_unet
 
 # The diffusion schedule each UNet preset was trained with.
 PRESET_SCHEDULES = {
@@ -95,6 +96,5 @@ def load_denoiser(path, preset: Optional[str] = "cifar10", *, schedule: Optional
     `preset` picks the architecture and schedule ('cifar10', 'imagenet', 'demo'); keyword
     arguments override UNet config fields, or give the whole config when preset is None.
     """
-    from diffsmooth.engine.models.checkpoints import load_unet
     unet = load_unet(path, preset, **config)
     return DiffusionDenoiser(unet, schedule_for(preset, schedule, diffusion_steps, rescale_timesteps))

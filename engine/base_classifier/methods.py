@@ -10,10 +10,12 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.torch_backend import PRECISIONS
 from diffsmooth.engine.base_classifier.local_smoothing import LOCAL_NOISE_MODES, LocalSmoothingHead, LogitsHead
 from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.choices import METHODS
 from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.models.folded_resnet import fold_classifier, probe_cudnn_fusion
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,6 @@ def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ..
     """The classifier with BatchNorm folded and conv + add + ReLU fused (engine/models/folded_resnet.py)
     in the backend's precision, on its device; the classifier itself when it is not a ResNet.
     probe_batch: images per classifier call in the run, the shape cuDNN's fusion is checked at."""
-    from diffsmooth.engine.backends.torch_backend import PRECISIONS
-    from diffsmooth.engine.models.folded_resnet import fold_classifier, probe_cudnn_fusion
     log = log or (lambda message: None)
     dtype = PRECISIONS[backend.precision] or torch.float32
     folded = fold_classifier(classifier.eval(), dtype)

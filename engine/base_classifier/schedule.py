@@ -33,7 +33,7 @@ def betas_for(schedule: str, num_steps: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class OneShotCoefficients:
-    """Everything the one-shot denoiser needs at one sigma (FACTS §1-2)."""
+    """Everything the one-shot denoiser needs at one sigma (docs/compatibility.md)."""
 
     sigma: float
     t: int                      # t*, index into the schedule

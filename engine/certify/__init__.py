@@ -1,1 +1,2 @@
-"""Certification: counter-based noise, Monte Carlo vote counting, and CERTIFY/PREDICT (core.py)."""
+"""Certification, bottom-up: the job protocol (jobs.py), CERTIFY/PREDICT (cohen.py), the sequential
+rule, the scheduler, the Monte Carlo voter, Smooth."""

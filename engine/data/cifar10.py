@@ -3,6 +3,7 @@ rebuild numpy arrays (a data pickle must never run code)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 
@@ -17,7 +18,6 @@ CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer",
 
 def _numpy_attr(*candidates: tuple[str, str]):
     """First importable (module, name) among candidates; avoids numpy's deprecated shims."""
-    import importlib
     for module, name in candidates:
         try:
             return getattr(importlib.import_module(module), name)

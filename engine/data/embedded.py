@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from importlib import resources
 
 from diffsmooth.engine.data.base import ArrayDataset
 from diffsmooth.engine.data.npz import arrays_to_dataset, read_npz
@@ -13,7 +14,6 @@ EMBEDDED_RESOURCE = "assets/fashion_mnist_test_subset.npz"
 
 def load_embedded(path: str | None = None, split: str = "test", *, pad_to=32) -> ArrayDataset:
     """The shipped 500-image Fashion-MNIST test subset (see engine/demo/assets/DATA.md); padded to 32x32."""
-    from importlib import resources
     if path is not None:
         raise UserError(f"path={path!r}: the embedded dataset ships with the package; "
                         "give no path (or use kind 'npz' for a file)")

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import torch
+from PIL import Image
 
 from diffsmooth.engine.data.base import ImageDataset
 from diffsmooth.engine.errors import UserError
@@ -55,7 +56,6 @@ class ImageFolderDataset(ImageDataset):
         return len(self.samples)
 
     def _load(self, i: int):
-        from PIL import Image
         path, label = self.samples[i]
         try:
             with Image.open(path) as im:
@@ -79,7 +79,6 @@ class ImageFolderDataset(ImageDataset):
 
 def resize_shorter(im, size: int):
     """Resize so the shorter side is `size` (long side int(size*long/short)), bilinear."""
-    from PIL import Image
     w, h = im.size
     short, long = (w, h) if w <= h else (h, w)
     if short == size:

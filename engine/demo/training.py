@@ -10,11 +10,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import platform
 import shlex
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -26,8 +28,11 @@ from tqdm.auto import tqdm
 
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
+from diffsmooth.engine.data import load_arrays, load_dataset
+from diffsmooth.engine.data.idx import find_idx
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.models.checkpoints import load_classifier, load_unet, save_cohen_checkpoint, save_unet_state
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel, unet_config
 
@@ -37,7 +42,7 @@ CLASSIFIER_SIGMAS = (0.0, 0.25, 0.5)
 DENOISE_EVAL_SIGMAS = (0.25, 0.5)
 EVAL_NOISE_SEED = 20230  # seed of every evaluation noise tensor (see seeded_noise)
 
-# Timesteps the one-shot denoiser is used at: t* for sigma 0.12 .. 1.0 is 573 .. 2809 (FACTS §1).
+# Timesteps the one-shot denoiser is used at: t* for sigma 0.12 .. 1.0 is 573 .. 2809 (docs/compatibility.md).
 # Training draws t uniformly from FOCUS_RANGE with probability FOCUS_PROB, else uniformly from
 # the whole schedule, so the small budget goes where inference happens while the model stays a
 # DDPM over all of [0, T).
@@ -321,7 +326,6 @@ QUICK_BUDGET = DemoBudget(unet_steps=3, unet_batch_size=16, classifier_steps=3,
 
 def _idx_hashes(data_dir: str) -> dict[str, str]:
     """sha256 of the four Fashion-MNIST IDX files (raw or .gz, whichever is present)."""
-    from diffsmooth.engine.data.idx import find_idx
     out = {}
     for prefix, kind in (("train", "images-idx3"), ("train", "labels-idx1"),
                          ("t10k", "images-idx3"), ("t10k", "labels-idx1")):
@@ -331,7 +335,6 @@ def _idx_hashes(data_dir: str) -> dict[str, str]:
 
 
 def _load_split(data_dir: str, split: str, limit: Optional[int]):
-    from diffsmooth.engine.data import load_arrays, load_dataset
     ds = load_dataset("idx", data_dir, split=split)
     idx = None if limit is None else list(range(min(limit, len(ds))))
     return load_arrays(ds, idx)
@@ -343,7 +346,6 @@ def classifier_file(noise_sigma: float) -> str:
 
 def _train_job(job: dict) -> tuple[str, dict]:
     """Train and save one demo model (runs in a worker process or inline); returns (file, manifest entry)."""
-    from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state
 
     _set_threads(job["threads"])
     budget, out = job["budget"], Path(job["out"])
@@ -391,8 +393,6 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
     classifier at sigma s `seed + 1 + i` (i = index of s in 0, 0.25, 0.5).
     Returns the manifest (also written as out_dir/MODELS.json).
     """
-    from diffsmooth.engine.data import load_arrays, load_dataset
-    from diffsmooth.engine.models.checkpoints import load_classifier, load_unet
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -411,8 +411,6 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
     if workers == 1:
         results = [_train_job(job) for job in jobs]
     else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             results = list(pool.map(_train_job, jobs))
     models: dict[str, dict] = dict(results)

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -29,7 +30,14 @@ from diffsmooth.engine.models.resnet import (
     build_classifier_net,
     normalization_layer,
 )
-from diffsmooth.engine.models.timm_models import is_timm_arch
+from diffsmooth.engine.models.timm_models import (
+    adapt_timm_state_dict,
+    create_timm_net,
+    is_timm_arch,
+    timm_classifier_key,
+    timm_first_conv_key,
+    timm_input_stats,
+)
 from diffsmooth.engine.models.unet import PRESETS, UNetConfig, UNetModel, unet_config
 
 __all__ = [
@@ -48,10 +56,6 @@ _SHOW = 3  # how many offending keys an error message lists per kind
 
 def _numpy_safe_globals() -> list:
     """numpy scalar/dtype constructors: data-only, found in some checkpoints' metadata (e.g. a best accuracy)."""
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover
-        return []
     out: list = [np.dtype]
     for mod_name in ("numpy._core.multiarray", "numpy.core.multiarray"):
         try:
@@ -312,13 +316,6 @@ def _known_archs() -> str:
 
 def _load_timm_classifier(state_dict, arch, dataset, normalization, num_classes, in_channels, model_kwargs):
     """A timm classifier behind its input normalisation: the model's own mean/std unless one is asked for."""
-    from diffsmooth.engine.models.timm_models import (
-        adapt_timm_state_dict,
-        create_timm_net,
-        timm_classifier_key,
-        timm_first_conv_key,
-        timm_input_stats,
-    )
     head = state_dict.get(f"{timm_classifier_key(arch)}.weight")
     if num_classes is None and isinstance(head, torch.Tensor) and head.dim() == 2:
         num_classes = int(head.shape[0])

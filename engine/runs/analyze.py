@@ -1,4 +1,4 @@
-"""Certified accuracy and ACR from result files (FACTS §4): accuracy at r counts rows with
+"""Certified accuracy and ACR from result files (the reference TSV, docs/compatibility.md): accuracy at r counts rows with
 correct == 1 and radius >= r over ALL rows (abstains count as wrong); ACR = mean radius*correct.
 Each accuracy comes with a 95% Clopper-Pearson interval over the images: a table of a few
 hundred images is itself a sample of the test set."""
@@ -6,10 +6,13 @@ hundred images is itself a sample of the test set."""
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
-from diffsmooth.engine.runs.results import read_rows
+from scipy.stats import binomtest
+
+from diffsmooth.engine.runs.results import parse_time, read_rows
 
 DEFAULT_RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 
@@ -35,7 +38,6 @@ def clopper_pearson(successes: int, total: int, level: float = 0.95) -> Tuple[fl
     """Two-sided exact (Clopper-Pearson) interval for a proportion (scipy's binomtest)."""
     if total == 0:
         return float("nan"), float("nan")
-    from scipy.stats import binomtest
     ci = binomtest(int(successes), int(total)).proportion_ci(confidence_level=level, method="exact")
     return float(ci.low), float(ci.high)
 
@@ -48,7 +50,6 @@ def average_certified_radius(rows) -> float:
 
 def summarize(path, radii: Sequence[float] = DEFAULT_RADII) -> Dict:
     """One file's certified accuracies, ACR, row count and mean time per image."""
-    from diffsmooth.engine.runs.results import parse_time
     rows = read_rows(path)
     times = [parse_time(r["time"]) for r in rows if "time" in r]
     return {
@@ -102,7 +103,6 @@ BAND_NOTE = "bands: 95% Clopper-Pearson over images"
 def curve_figure(paths, names=None, title: str = "certified accuracy"):
     """The certified-accuracy-vs-radius figure of the files (matplotlib, imported here only). The
     title is wrapped to the axes' width and the band note gets its own line, so it stays inside the PNG."""
-    import textwrap
 
     import matplotlib
     matplotlib.use("Agg")

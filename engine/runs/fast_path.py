@@ -14,7 +14,7 @@ import torch
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE, AgreementReport, judge_agreement
 
-# Batch defaults from the H200 measurements (shared/measurements/2026-11-26-h200.md): the compiled
+# Batch defaults from the H200 measurements (bench/results/h200-2026-11-26/): the compiled
 # CIFAR-10 UNet peaks at batch 2000 (classifier B x m = 10,000); the ImageNet UNet was measured at 32.
 CPU_BATCH = 1000
 CUDA_BATCH_SMALL_IMAGES = 2000      # up to 64 x 64 pixels

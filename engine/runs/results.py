@@ -1,9 +1,10 @@
-"""Result files in the reference TSV format (FACTS §4): one row per image, flushed and fsynced
+"""Result files in the reference TSV format (docs/compatibility.md): one row per image, flushed and fsynced
 per row, resumable: a rerun continues after the finished indices and repairs a torn last line."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Sequence
@@ -162,7 +163,6 @@ def check_or_record_settings(out_path, settings: dict, record: bool = True) -> N
     """Resuming must not mix runs: record the settings next to a new result file, and refuse
     to append to one whose recorded settings differ (names the first differing setting).
     record=False only checks (before models load, so a failed start records nothing)."""
-    import json
     path = settings_path(out_path)
     if path.exists():
         recorded = json.loads(path.read_text())

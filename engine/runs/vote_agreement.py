@@ -9,10 +9,11 @@ less than once in 1 / FALSE_REFUSAL runs; a wrong image, noise or batch moves fa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import List, Optional, Sequence
 
 import numpy as np
+from scipy.stats import binom
 
 FP16_FLIP_RATE = 1.3e-4      # per-sample vote flips, compiled fp16 vs eager fp32 (H200, 5 + 6 of 40,000)
 FALSE_REFUSAL = 1e-4         # a correct path at the design flip rate is refused less often than this
@@ -21,7 +22,6 @@ SCORE_TOLERANCE = 0.05       # max |score difference| / (1 + max |reference scor
 
 def flip_budget(samples: int, flip_rate: float = FP16_FLIP_RATE, false_refusal: float = FALSE_REFUSAL / 2) -> int:
     """The smallest F with P(Binomial(samples, flip_rate) > F) <= false_refusal."""
-    from scipy.stats import binom
     if samples <= 0:
         return 0
     budget = 0
@@ -70,7 +70,6 @@ class AgreementReport:
                 f"{self.compared}, max |score difference| {self.max_abs_diff:.3g}; budget {self.budget} flips each")
 
     def as_dict(self) -> dict:
-        from dataclasses import asdict
         d = asdict(self)
         d.update(ok=self.ok, agree=self.agree, fraction=self.fraction)
         return d

@@ -87,7 +87,7 @@ def test_flops_bmm_counted():
 
 @pytest.mark.slow
 def test_flops_full_size_models_match_facts():
-    """FACTS §5 counts 2 x MAC: 16.8 GFLOP (CIFAR-10 UNet), 0.506 GFLOP (cifar_resnet110)."""
+    """The reference counts 2 x MAC: 16.8 GFLOP (CIFAR-10 UNet), 0.506 GFLOP (cifar_resnet110)."""
     from diffsmooth.bench.flops import stage_flops
     from diffsmooth.engine.models.resnet import build_classifier_net
     from diffsmooth.engine.models.unet import PRESETS, UNetModel

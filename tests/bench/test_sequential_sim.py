@@ -48,8 +48,8 @@ def test_sim_table_from_a_tsv(tmp_path):
 def test_sim_computes_no_bound_of_its_own():
     """One implementation: the simulator takes its bounds and its rule from engine/certify."""
     import diffsmooth.bench.sequential_sim as sim
-    from diffsmooth.engine.certify import core, sequential
-    assert sim.lower_confidence_bounds is core.lower_confidence_bounds and sim.run_rule is sequential.run_rule
+    from diffsmooth.engine.certify import cohen, sequential
+    assert sim.lower_confidence_bounds is cohen.lower_confidence_bounds and sim.run_rule is sequential.run_rule
     assert not hasattr(sim, "beta") and not hasattr(sim, "confidence_bounds")
 
 

@@ -1,4 +1,4 @@
-"""t* and the one-shot coefficients reproduce FACTS §1 for both presets and all four sigmas."""
+"""t* and the one-shot coefficients reproduce the reference's values for both presets and all four sigmas."""
 
 import pytest
 
@@ -6,7 +6,7 @@ from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, betas_for
 from diffsmooth.engine.errors import UserError
 
-FACTS_TABLE = [
+REFERENCE_TABLE = [
     # preset, sigma, t*, model timestep, sqrt(abar*), sqrt(1/abar*), sqrt(1/abar* - 1)
     ("cifar10", 0.12, 573, 143.25, 0.9723362365, 1.0284508202, 0.2402313253),
     ("cifar10", 0.25, 1158, 289.5, 0.8943423212, 1.1181400861, 0.5002371959),
@@ -19,7 +19,7 @@ FACTS_TABLE = [
 ]
 
 
-@pytest.mark.parametrize("preset,sigma,t,model_t,a,ra,rm1", FACTS_TABLE)
+@pytest.mark.parametrize("preset,sigma,t,model_t,a,ra,rm1", REFERENCE_TABLE)
 def test_facts_table(preset, sigma, t, model_t, a, ra, rm1):
     c = PRESET_SCHEDULES[preset].coefficients(sigma)
     assert c.t == t

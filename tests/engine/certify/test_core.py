@@ -1,4 +1,4 @@
-"""Certification math against FACTS §3 spot values and its defining properties."""
+"""Certification math against the reference's spot values (docs/compatibility.md) and its defining properties."""
 
 import random
 

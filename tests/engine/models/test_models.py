@@ -33,7 +33,7 @@ from diffsmooth.engine.models.unet import (
     unet_config,
 )
 
-KEYS = Path(__file__).resolve().parents[2] / "data" / "keys"   # facts of the checkpoint formats (FACTS.md)
+KEYS = Path(__file__).resolve().parents[2] / "data" / "keys"   # every key and shape of the official checkpoints
 
 
 def _reference_entries(name: str) -> list:
