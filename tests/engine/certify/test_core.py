@@ -82,3 +82,31 @@ def test_bad_arguments():
         lower_confidence_bound(1, 4, 1.5)
     with pytest.raises(UserError, match="alpha must be in"):
         predict_from_counts([3, 1], 0.0)
+
+
+def test_certify_and_predict_jobs_ask_for_exactly_the_papers_samples():
+    """CERTIFY selects on samples 0..n0-1 and estimates on n0..n0+n-1 (disjoint, nothing skipped);
+    PREDICT counts 0..n-1; one job answers every configuration row on its own counts."""
+    import numpy as np
+
+    from diffsmooth.engine.certify.cohen import certify_job, predict_job
+    from diffsmooth.engine.certify.jobs import drive
+    rng = np.random.default_rng(0)
+    votes = np.stack([rng.choice(3, 5000, p=[0.05, 0.9, 0.05]), rng.choice(3, 5000, p=[0.75, 0.15, 0.1])])
+    asked = []
+
+    def count(first, num):
+        asked.append((first, num))
+        return np.stack([np.bincount(v[first:first + num], minlength=3) for v in votes])
+
+    results = drive(certify_job(30, 400, 0.001, 0.5), count)
+    assert asked == [(0, 30), (30, 400)]
+    for row, certificate in zip(votes, results):
+        expected = certify_from_counts(np.bincount(row[:30], minlength=3), np.bincount(row[30:430], minlength=3),
+                                       0.001, 0.5)
+        assert certificate == expected and certificate.samples == 430
+    assert [c.prediction for c in results] == [1, 0] and results[0].radius > results[1].radius > 0
+    asked.clear()
+    assert drive(predict_job(200, 0.001), count) == [1, predict_from_counts(np.bincount(votes[1][:200], minlength=3),
+                                                                           0.001)]
+    assert asked == [(0, 200)]
