@@ -24,8 +24,7 @@ from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_models
-from diffsmooth.engine.runs.fast_path import FastPath, production_arrays, reference_arrays
-from diffsmooth.engine.runs.vote_agreement import judge_agreement
+from diffsmooth.engine.runs.fast_path import FastPath, judge_each_configuration, production_arrays, reference_arrays
 
 from .hardware import gpu_peak_memory, reset_gpu_peak_memory
 
@@ -81,7 +80,7 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
         reset_gpu_peak_memory(device)
         start = time.perf_counter()
         counts, scores = production_arrays(pipe, check, samples, batch)
-        report = judge_agreement(counts, scores, reference_scores, indices, FLIP_RATES[precision])
+        report = judge_each_configuration(counts, scores, reference_scores, indices, FLIP_RATES[precision])
         doc["rows"].append({"variant": name, "pipeline": pipe.describe(), "samples": report.compared,
                             "agree": report.agree, "agreement": report.fraction, "differ": report.flips,
                             "flip_rate": report.flips / report.compared, "count_moved": sum(report.count_moved),

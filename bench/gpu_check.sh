@@ -48,7 +48,7 @@ run_step() {
 stop() { echo "gpu_check: $1 failed, stopping (see $OUT/$2)"; exit 1; }
 
 setup() {
-    run_step install ${INSTALL_LIMIT:-25} install.log \
+    run_step install ${INSTALL_LIMIT:-15} install.log \
         $PY -m pip install --no-deps --no-build-isolation -e . || stop install install.log
     run_step import ${IMPORT_LIMIT:-15} import.log $PY -c "
 import torch, diffsmooth.engine.runs.assemble, diffsmooth.bench.harness
@@ -65,17 +65,17 @@ part_speed() {
     run_step cifar10 ${CIFAR_LIMIT:-110} bench_cifar10.txt \
         $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 --n 100000 --m 5 \
         --measure-n ${CIFAR_MEASURE_N:-10000} --quiet --results "$OUT/bench.jsonl" --profile "$OUT/profile"
-    run_step cifar10-fused-conv ${FUSED_CONV_LIMIT:-90} bench_cifar10_fused_conv.txt \
+    run_step cifar10-fused-conv ${FUSED_CONV_LIMIT:-60} bench_cifar10_fused_conv.txt \
         $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 --n 100000 --m 5 \
         --measure-n ${CIFAR_MEASURE_N:-10000} --quiet --results "$OUT/bench.jsonl" --fused-conv --no-reference \
         --profile "$OUT/profile-fused-conv"
-    run_step imagenet ${IMAGENET_LIMIT:-135} bench_imagenet.txt \
+    run_step imagenet ${IMAGENET_LIMIT:-150} bench_imagenet.txt \
         $PY -m diffsmooth.cli bench --models imagenet --device cuda --precision fp16 --n 10000 --m 5 \
         --measure-n ${IMAGENET_MEASURE_N:-640} --quiet --results "$OUT/bench.jsonl"
     run_step agreement ${AGREEMENT_LIMIT:-95} agreement.txt \
         $PY -m diffsmooth.bench.agreement --device cuda --images 12 --samples 2000 --out "$OUT/agreement.json"
-    run_step gpu-tests ${TESTS_LIMIT:-60} gpu_tests.log \
-        $PY -m pytest -q -p no:cacheprovider -m gpu tests/
+    run_step gpu-tests ${TESTS_LIMIT:-85} gpu_tests.log \
+        $PY -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/
 }
 
 part_sequential() {

@@ -87,6 +87,10 @@ class BatchRows:
     size: int
     segments: List[Tuple["_Slot", Optional["_Pending"], int, int]]   # (slot, request or None: look-ahead, first, rows)
 
+    def tensors(self) -> List[torch.Tensor]:
+        """The device tensors of the batch's keys (handed from the producer lane to the consumer lane)."""
+        return [self.slot, self.image, self.sample, self.count_row]
+
     def part(self, lo: int, hi: int) -> "BatchRows":
         """Rows lo..hi-1 (for chunked classifier calls)."""
         return BatchRows(self.slot[lo:hi], self.image[lo:hi], self.sample[lo:hi], self.count_row[lo:hi],
@@ -160,11 +164,15 @@ class Scheduler:
     # -- memory for the window ---------------------------------------------------------------
 
     def _allocate(self, image: torch.Tensor) -> None:
+        """The window's images live on the producer lane, the count rows on the consumer lane (each
+        tensor is made and used on one lane; what crosses is handed off, see `run`)."""
         cap = self.window or default_window(self.batch, image.numel())
         self.window = cap
-        self._x = torch.zeros((cap, *image.shape), dtype=torch.float32, device=self.device)
+        with self.voter.lanes.producer():
+            self._x = torch.zeros((cap, *image.shape), dtype=torch.float32, device=self.device)
         self._free_slots = list(range(cap - 1, -1, -1))
-        self._grow_rows(2 * cap + 1)
+        with self.voter.lanes.consumer():
+            self._grow_rows(2 * cap + 1)
 
     def _grow_rows(self, rows: int) -> None:
         e, k = self.voter.num_configs, self.voter.num_classes
@@ -304,7 +312,7 @@ class Scheduler:
         if self.device.type == "cuda":
             device_block = host.pin_memory().to(self.device, non_blocking=True)
         else:
-            device_block = host.to(self.device)
+            device_block = host.to(self.device, copy=True)     # an op on every device: lane checks see it
         return BatchRows(device_block[0], device_block[1], device_block[2], device_block[3], size, segments)
 
     def _produce(self, rows: BatchRows):
@@ -355,18 +363,18 @@ class Scheduler:
         lanes.begin()
         try:
             while True:
-                rows = self._plan(active, admit)
-                if rows is not None:
-                    with lanes.producer():
+                with lanes.producer():          # the batch's keys are copied on the lane that reads them first
+                    rows = self._plan(active, admit)
+                    if rows is not None:
                         h = self._produce(rows)
-                        in_flight.append((rows, h, lanes.handoff(_tensors(h))))
+                        in_flight.append((rows, h, lanes.handoff(_tensors(h) + rows.tensors())))
                 if not in_flight:
                     break
                 if rows is not None and len(in_flight) < depth:
                     continue
                 rows, h, token = in_flight.popleft()
                 with lanes.consumer():
-                    lanes.accept(token, _tensors(h))
+                    lanes.accept(token, _tensors(h) + rows.tensors())
                     votes, finite = self._count(h, rows)
                     mark = self._complete(rows, votes, finite, active, on_finish, mark)
         finally:

@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from diffsmooth.engine.demo import shipped as demo_assets
+
 TINY_UNET = {"image_size": 8, "model_channels": 32, "num_res_blocks": 1, "channel_mult": (1, 2),
              "attention_resolutions": (4,), "dropout": 0.0}
 
@@ -317,3 +319,15 @@ def test_gpu_summary_reads_every_part_of_the_gpu_check(tmp_path):
     assert "| cifar10 | 0 | 97 | 110 |" in text and "| imagenet | timed out | 135 | 135 |" in text
     assert "demo: kernel profile" in text and "convolution" in text
     assert "ablation, demo without fused attention:" in text and "5,050,000" in text
+
+
+@pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
+def test_agreement_bench_judges_every_variant_and_checks_the_fast_path(monkeypatch):
+    """The GPU check's agreement step end to end on the CPU (fp32 in place of the GPU precisions)."""
+    from diffsmooth.bench import agreement
+    monkeypatch.setattr(agreement, "VARIANTS", (("compiled fp16 (fast path)", "fp32", None),))
+    doc = agreement.run("cpu", images=2, samples=24, batch=8)
+    row, = doc["rows"]
+    assert row["verdict"] == "ok" and row["samples"] == 48 and row["differ"] == 0
+    assert doc["checks"]["repeat_identical"] and doc["checks"]["two_streams_equal_one"]
+    assert "fast path: repeated run identical True" in agreement.table(doc)

@@ -1,10 +1,15 @@
 """Continuous batching: packed batches give exactly the counts of a serial oracle, for every job kind,
-batch size, window and static/dynamic batches; padding only at the end; time shares; stop; pulled work."""
+batch size, window and static/dynamic batches; padding only at the end; time shares; stop; pulled work;
+every tensor made and used on one lane, or handed across."""
+
+import contextlib
 
 import numpy as np
 import pytest
 import torch
 from stage_fixtures import make_pipeline
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
@@ -111,6 +116,96 @@ def test_two_batches_in_flight_give_the_oracle_rows(rs_stages, oracle, batch, wi
     got, stats = packed_results(pipe, batch, window)
     assert got == oracle
     assert stats.max_window >= 2
+
+
+class AuditedLanes(SerialLanes):
+    """Two lanes on the CPU that remember, per storage, which lane wrote it last and which storages
+    were handed to the consumer: what two CUDA streams need to be race-free, checked op by op."""
+
+    overlapping = True
+
+    def __init__(self):
+        self.current, self.running = None, False
+        self.owner, self.handed, self.violations = {}, set(), []
+
+    def begin(self):
+        self.running = True
+
+    def end(self):
+        self.running = False
+
+    @contextlib.contextmanager
+    def _lane(self, name):
+        before, self.current = self.current, name
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def producer(self):
+        return self._lane("producer")
+
+    def consumer(self):
+        return self._lane("consumer")
+
+    def handoff(self, tensors):
+        return [t.untyped_storage().data_ptr() for t in tensors]
+
+    def accept(self, token, tensors):
+        """Handed across: marked ready on the producer (handoff) and recorded for the consumer (here)."""
+        self.handed.update(set(token) & {t.untyped_storage().data_ptr() for t in tensors})
+
+
+class LaneAudit(TorchDispatchMode):
+    """Every op between begin() and end() runs on a lane; a storage written on one lane is read on
+    the other only after it was handed across (on CUDA: an event wait and record_stream)."""
+
+    def __init__(self, lanes: AuditedLanes):
+        super().__init__()
+        self.lanes = lanes
+        self.alive = []         # every output kept: no storage address is reused while audited
+
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        lanes = self.lanes
+        if not lanes.running:
+            return out
+        lane = lanes.current
+        if lane is None:
+            lanes.violations.append(f"{func} ran outside both lanes")
+            return out
+        reads = [] if func is torch.ops.aten.lift_fresh.default else tree_flatten((args, kwargs))[0]   # from host
+        for t in reads:
+            if isinstance(t, torch.Tensor):
+                ptr = t.untyped_storage().data_ptr()
+                writer = lanes.owner.get(ptr)
+                if writer not in (None, lane) and not (lane == "consumer" and ptr in lanes.handed):
+                    lanes.violations.append(f"{func} on the {lane} lane read a tensor the {writer} lane wrote")
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.alive.append(t)
+                ptr = t.untyped_storage().data_ptr()
+                lanes.owner[ptr] = lane
+                if lane == "producer":
+                    lanes.handed.discard(ptr)
+        return out
+
+
+@pytest.mark.parametrize("stages_name", ["rs_stages", "tiny_stages"])
+def test_every_op_of_a_two_lane_run_stays_on_its_lane_or_is_handed_across(stages_name, request):
+    """The scheduler's own ops (window, count rows, batch keys, votes) included: a batch's keys copied
+    on the default stream raced the producer stream on a GPU and spoiled the votes."""
+    stages = request.getfixturevalue(stages_name)
+    pipe = pipeline(stages, static_batch=True) if stages_name == "rs_stages" else make_pipeline(stages, static_batch=True)
+    pipe.lanes = lanes = AuditedLanes()
+    works = [Work(index, x, make()) for (index, x), make in zip(images()[:5], jobs()[:5])]
+    results = []
+    with LaneAudit(lanes):
+        Scheduler(pipe, 48, None).run(works, lambda done: results.append(done.result))
+    assert len(results) == 5
+    assert not lanes.violations, lanes.violations[:5]
+    assert {"producer", "consumer"} <= set(lanes.owner.values())
 
 
 def test_kept_look_ahead_longer_than_a_batch_is_counted_whole(rs_stages):

@@ -85,12 +85,12 @@ class RecordingLanes(SerialLanes):
     def _enter(self, lane):
         lanes = self
 
-        class Ctx:
+        class Ctx:                      # lanes nest (count rows grown on the consumer while planning)
             def __enter__(self):
-                lanes.lane = lane
+                self.before, lanes.lane = lanes.lane, lane
 
             def __exit__(self, *exc):
-                lanes.lane = None
+                lanes.lane = self.before
         return Ctx()
 
     def producer(self):
