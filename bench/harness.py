@@ -5,6 +5,7 @@ on the same models. Returns one JSON-ready document (see `run_bench`)."""
 from __future__ import annotations
 
 import datetime
+import math
 import sys
 import tempfile
 import time
@@ -24,6 +25,7 @@ from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
 from diffsmooth.engine.certify.cohen import certify_from_counts
 from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.choices import MAX_SEED
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
@@ -95,8 +97,10 @@ class BenchSettings:
             raise UserError(f"unknown model set {self.models!r}: choose one of {', '.join(SET_SPECS)}")
         spec = SET_SPECS[self.models]
         cuda = str(self.device).startswith("cuda")
-        s = replace(self, n=self.n or spec["n"], batch=self.batch or spec["batch_cuda" if cuda else "batch"],
-                    measure_n=self.measure_n or spec["measure_n_cuda" if cuda else "measure_n"])
+        def given(value, default):              # 0 is refused below, not taken for "not given"
+            return default if value is None else value
+        s = replace(self, n=given(self.n, spec["n"]), batch=given(self.batch, spec["batch_cuda" if cuda else "batch"]),
+                    measure_n=given(self.measure_n, spec["measure_n_cuda" if cuda else "measure_n"]))
         batches, ms = SWEEP_DEFAULTS[self.models]
         s = replace(s, sweep_batches=tuple(self.sweep_batches or batches),
                     sweep_ms=tuple(self.sweep_ms or (ms if self.method == "diffsmooth" else (s.m,))))
@@ -109,6 +113,10 @@ class BenchSettings:
             raise UserError(f"--sweep-n must be >= 1, got {s.sweep_n}")
         if any(b < 1 for b in s.sweep_batches) or any(m < 1 for m in s.sweep_ms):
             raise UserError("sweep batch sizes and m values must be >= 1")
+        if not (math.isfinite(s.sigma) and s.sigma > 0 and math.isfinite(s.local_sigma) and s.local_sigma >= 0):
+            raise UserError(f"--sigma must be finite and > 0, --local-sigma finite and >= 0; got {s.sigma}, {s.local_sigma}")
+        if not 0 <= s.seed <= MAX_SEED:
+            raise UserError(f"--seed must be in 0..{MAX_SEED}, got {s.seed}")
         return s
 
     def fast_path(self):

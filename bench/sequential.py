@@ -33,7 +33,7 @@ from diffsmooth.engine.runs.analyze import certified_accuracy, clopper_pearson
 from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.request import sequential_rule
-from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, ResultWriter, format_radius, format_time
+from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, SEQUENTIAL_EXTRA, ResultWriter, format_radius, format_time
 
 
 class _Stopped(Exception):
@@ -59,7 +59,7 @@ def _all_of(ranges):
 
 
 def certify_both(pipeline, x, image_index: int, *, n0: int, n: int, alpha: float, batch: int, rule):
-    """((fixed prediction, radius), (sequential prediction, radius, samples), votes for cA out of n)
+    """((fixed prediction, radius), (sequential prediction, radius, samples, top votes), votes for cA out of n)
     from one pass."""
     ranges, first = [(0, n0)], n0
     for size in rule.chunks():
@@ -73,7 +73,8 @@ def certify_both(pipeline, x, image_index: int, *, n0: int, n: int, alpha: float
     c_a = top_class(recorded[(0, n0)].tolist())
     count = replay_counter(recorded)
     sequential, = certify_sequential(lambda first, num: count(first, num)[None], n0, rule)
-    return tuple(fixed), (sequential.prediction, sequential.radius, sequential.samples), int(total[c_a])
+    return tuple(fixed), (sequential.prediction, sequential.radius, sequential.samples, sequential.top_votes), \
+        int(total[c_a])
 
 
 def _accuracy_rows(rows, radii):
@@ -123,7 +124,7 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
     for name in ("fixed.tsv", "sequential.tsv"):
         (out / name).unlink(missing_ok=True)
     fixed_w = ResultWriter(out / "fixed.tsv")
-    seq_w = ResultWriter(out / "sequential.tsv", CERTIFY_COLUMNS + ("samples",))
+    seq_w = ResultWriter(out / "sequential.tsv", CERTIFY_COLUMNS + SEQUENTIAL_EXTRA)
     fixed_rows, seq_rows, seq_samples, votes_for_ca = [], [], 0, []
     start = time.perf_counter()
     stopped = None
@@ -132,13 +133,13 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
         for done, i in enumerate(indices, 1):
             x, label = dataset[i]
             t0 = time.perf_counter()
-            (f_pred, f_rad), (s_pred, s_rad, used), n_a = certify_both(smooth.pipeline, x, i, n0=n0, n=n, alpha=alpha,
+            (f_pred, f_rad), (s_pred, s_rad, used, top_votes), n_a = certify_both(smooth.pipeline, x, i, n0=n0, n=n, alpha=alpha,
                                                                   batch=batch, rule=rule)
             elapsed = format_time(time.perf_counter() - t0)
             frow = dict(idx=i, label=int(label), predict=f_pred, radius=format_radius(f_rad),
                         correct=int(f_pred == int(label)), time=elapsed)
             srow = dict(frow, predict=s_pred, radius=format_radius(s_rad), correct=int(s_pred == int(label)),
-                        samples=used)
+                        samples=used, top_votes=top_votes)
             fixed_w.write(**frow)
             seq_w.write(**srow)
             fixed_rows.append(frow)

@@ -17,3 +17,13 @@ BACKENDS = ("torch", "onnxruntime", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "bf16")                    # torch backend
 GRAPH_PRECISIONS = ("fp32", "fp16")                      # exported ONNX graphs and TensorRT plans
 SEQUENTIAL_BOUNDS = ("split-cp", "mixture")              # lower bounds of a sequential run (certify/sequential.py)
+
+# The ranges a number a user gives must lie in (checked once where options enter: the command line's option
+# types, RunRequest, the table spec), each set by what the engine can do, not by taste.
+MAX_SEED = 2 ** 63 - 1              # seeds key 64-bit noise streams; seed + k offsets (train-demo) stay in range
+MAX_SAMPLES = 2 ** 32               # Monte Carlo samples of one image: Philox's 32-bit sample counter (certify/noise.py)
+MAX_BATCH = 2 ** 20                 # samples per forward batch: buffers of this size are allocated up front
+MAX_WINDOW = 2 ** 20                # images in flight
+MAX_THREADS = 1024                  # torch / worker threads (more would only be spawned, never used)
+MAX_LOCAL_NOISES = 1024             # DiffSmooth's m: m classifier calls per sample, an m x C x H x W noise tensor
+MAX_DIFFUSION_STEPS = 100_000       # a schedule's steps (the papers' checkpoints use 1000 or 4000)

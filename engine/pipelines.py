@@ -31,7 +31,8 @@ from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager
 from diffsmooth.engine.runs.dataset_run import RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch
-from diffsmooth.engine.runs.results import check_or_record_settings
+from diffsmooth.engine.runs.locks import hold_lock
+from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings
 
 
 class SmoothedClassifier:
@@ -111,11 +112,13 @@ class SmoothedClassifier:
                         seed=self.seed, batch=self.batch_for(shape), precision=self.precision,
                         fast_path=self.fast.as_dict(), device_type=torch.device(self.device).type,
                         dataset=getattr(dataset, "name", type(dataset).__name__))
-        check_or_record_settings(out, settings, record=False)
-        smooth = self.smooth_for(shape, (indices[0], dataset[indices[0]][0]))
-        check_or_record_settings(out, settings)
-        return run_dataset(smooth.pipeline, dataset, indices, [Path(out)], n0=n0, n=n, alpha=alpha,
-                           batch=self.batch_for(shape), progress=progress)
+        settings[RADIUS_FORMAT_KEY] = RADIUS_FORMAT
+        with hold_lock(out):                    # one writer per result file (engine/runs/locks.py)
+            check_or_record_settings(out, settings, record=False)
+            smooth = self.smooth_for(shape, (indices[0], dataset[indices[0]][0]))
+            check_or_record_settings(out, settings)
+            return run_dataset(smooth.pipeline, dataset, indices, [Path(out)], n0=n0, n=n, alpha=alpha,
+                               batch=self.batch_for(shape), progress=progress)
 
 
 class RandomizedSmoothing(SmoothedClassifier):
@@ -155,12 +158,9 @@ def load_demo_denoiser() -> DiffusionDenoiser:
 
 
 def load_demo_classifier(noise_sigma: float) -> nn.Module:
-    """The embedded demo classifier trained with Gaussian noise of std `noise_sigma` (0, 0.25 or 0.5)."""
-    path = shipped.demo_classifier_path(noise_sigma)
-    if not path.exists():
-        have = ", ".join(f"{s:g}" for s in shipped.DEMO_TRAINING_SIGMAS)
-        raise UserError(f"no embedded demo classifier for noise level {noise_sigma:g}: the demo ships {have}")
-    return load_classifier(path, dataset=shipped.DEMO_STATS)
+    """The embedded demo classifier trained with Gaussian noise of std `noise_sigma`, one of
+    `diffsmooth.engine.models.shipped.DEMO_TRAINING_SIGMAS`."""
+    return load_classifier(shipped.demo_classifier_at(noise_sigma), dataset=shipped.DEMO_STATS)
 
 
 def _image(x) -> torch.Tensor:

@@ -48,12 +48,13 @@ def test_api_certificate_matches_the_command_line_row(tmp_path):
                                   "--batch", "64", "--skip", "100", "--quiet", "--out", str(out)])
     assert r.exit_code == 0, r.output
     from diffsmooth import DenoisedSmoothing
+    from diffsmooth.engine.runs.results import format_radius
     model = DenoisedSmoothing(denoiser=load_demo_denoiser(), classifier=load_demo_classifier(0.0), sigma=0.5, batch=64)
     data = load_dataset("embedded")
     for line in out.read_text().splitlines()[1:]:
         idx, label, predict, radius = line.split("\t")[:4]
         c = model.certify(data[int(idx)][0], n0=20, n=200, alpha=0.001, image_index=int(idx))
-        assert (c.prediction, "{:.3}".format(c.radius)) == (int(predict), radius)
+        assert (c.prediction, format_radius(c.radius)) == (int(predict), radius)
     assert isinstance(DiffSmooth, type)
 
 

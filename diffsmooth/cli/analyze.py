@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.analyze import (
     best_per_radius,
     markdown_table,
@@ -14,6 +13,7 @@ from diffsmooth.engine.runs.analyze import (
     summarize,
     to_json,
 )
+from diffsmooth.engine.runs.request import parse_radii
 
 
 def expand_result_files(files):
@@ -33,10 +33,7 @@ def expand_result_files(files):
 @click.option("--plot", type=click.Path(), help="Write a certified-accuracy curve PNG here.")
 def analyze(files, radii, as_json, plot):
     """Certified accuracy at radii and ACR for result TSVs (either time format)."""
-    try:
-        radii = [float(r) for r in radii.split(",") if r.strip()]
-    except ValueError:
-        raise UserError(f"--radii must be comma-separated numbers, got {radii!r}") from None
+    radii = list(parse_radii(radii))         # finite, >= 0, each once
     paths = expand_result_files(files)
     summaries = [summarize(p, radii) for p in paths]
     if as_json:

@@ -12,17 +12,26 @@ import click
 from diffsmooth.bench.harness import BenchSettings, json_lines, run_bench, to_jsonable
 from diffsmooth.bench.models import MODEL_SETS
 from diffsmooth.bench.report import render
+from diffsmooth.cli.options import BATCH, LOCAL_NOISES, LOCAL_SIGMA, SAMPLES, SEED, SIGMA, THREADS, Count, Number
 from diffsmooth.engine.choices import BACKENDS, LOCAL_NOISE_MODES, METHODS, PRECISIONS
 
 
 def _csv(kind=str):
+    """A comma-separated list; `kind` a converter or a click type (each item checked as that option's value);
+    every item once."""
     def parse(ctx, param, value):
         if value is None:
             return ()
+        texts = [v.strip() for v in str(value).split(",") if v.strip()]
         try:
-            items = tuple(kind(v.strip()) for v in str(value).split(",") if v.strip())
+            if isinstance(kind, click.ParamType):
+                items = tuple(kind.convert(v, param, ctx) for v in texts)
+            else:
+                items = tuple(kind(v) for v in texts)
         except ValueError:
             raise click.BadParameter(f"expected a comma-separated list, got {value!r}") from None
+        if len(set(items)) != len(items):
+            raise click.BadParameter(f"names a value twice: {value!r}")
         return items
     return parse
 
@@ -42,16 +51,16 @@ def _check_choices(values, allowed, name):
 @click.option("--arch", default=None,
               help="Classifier architecture instead of the set's (e.g. beit_large_patch16_224, timm:<name>; random weights).")
 @click.option("--method", type=click.Choice(METHODS), default="diffsmooth", show_default=True)
-@click.option("--sigma", type=float, default=0.5, show_default=True, help="Smoothing noise std.")
-@click.option("--n0", type=int, default=100, show_default=True, help="Selection samples per image.")
-@click.option("--n", type=int, default=None, help="Estimation samples to extrapolate to [default: 100000; "
-                                                   "imagenet 10000].")
-@click.option("--m", "m", type=int, default=5, show_default=True, help="Local noises (diffsmooth).")
-@click.option("--local-sigma", type=float, default=0.25, show_default=True)
+@click.option("--sigma", type=SIGMA, default=0.5, show_default=True, help="Smoothing noise std.")
+@click.option("--n0", type=SAMPLES, default=100, show_default=True, help="Selection samples per image.")
+@click.option("--n", type=SAMPLES, default=None, help="Estimation samples to extrapolate to [default: 100000; "
+                                                       "imagenet 10000].")
+@click.option("--m", "m", type=LOCAL_NOISES, default=5, show_default=True, help="Local noises (diffsmooth).")
+@click.option("--local-sigma", type=LOCAL_SIGMA, default=0.25, show_default=True)
 @click.option("--local-noise", type=click.Choice(LOCAL_NOISE_MODES), default="fixed", show_default=True)
-@click.option("--batch", type=int, default=None,
+@click.option("--batch", type=BATCH, default=None,
               help="Engine batch [default: CPU demo/cifar10 50, imagenet 4; CUDA 2000/2000/32].")
-@click.option("--measure-n", type=int, default=None,
+@click.option("--measure-n", type=SAMPLES, default=None,
               help="Samples actually run per image (n0 uses min(n0, this)) [default: demo 1000, cifar10 100, imagenet 4; "
                    "CUDA 20000/20000/640].")
 @click.option("--backend", "backends", default="torch", show_default=True, callback=_csv(),
@@ -69,19 +78,19 @@ def _check_choices(values, allowed, name):
               help="The UNet's attention through scaled_dot_product_attention [default: on with --compile on CUDA].")
 @click.option("--fused-conv", is_flag=True,
               help="ResNet classifiers with BatchNorm folded and cuDNN-fused conv + add + ReLU (torch backend).")
-@click.option("--images", type=int, default=1, show_default=True, help="Images certified per measurement.")
+@click.option("--images", type=Count(1, 4096), default=1, show_default=True, help="Images certified per measurement.")
 @click.option("--no-reference", is_flag=True, help="Skip the reference-equivalent baseline.")
-@click.option("--reference-batch", type=int, default=50, show_default=True, help="Batch of the baseline (official: 50).")
+@click.option("--reference-batch", type=BATCH, default=50, show_default=True, help="Batch of the baseline (official: 50).")
 @click.option("--compare", is_flag=True, help="Show the published per-image times (other hardware) next to ours.")
-@click.option("--peak-tflops", type=float, default=None,
+@click.option("--peak-tflops", type=Number(0, 1e9, low_open=True, label="the peak"), default=None,
               help="Peak TFLOP/s for the fraction-of-peak column [default: built-in GPU table; measured sgemm on CPU].")
 @click.option("--sweep", is_flag=True, help="Also time a batch x m grid (table, and PNG with --plot).")
-@click.option("--sweep-batches", default=None, callback=_csv(int), help="Comma list of batch sizes.")
-@click.option("--sweep-m", "sweep_ms", default=None, callback=_csv(int), help="Comma list of m values.")
-@click.option("--sweep-n", type=int, default=None, help="Samples per sweep point, at least one batch [default: --measure-n].")
+@click.option("--sweep-batches", default=None, callback=_csv(BATCH), help="Comma list of batch sizes.")
+@click.option("--sweep-m", "sweep_ms", default=None, callback=_csv(LOCAL_NOISES), help="Comma list of m values.")
+@click.option("--sweep-n", type=SAMPLES, default=None, help="Samples per sweep point, at least one batch [default: --measure-n].")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="PNG for the sweep.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--threads", type=int, default=None, help="torch intra-op threads [default: torch's choice].")
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--threads", type=THREADS, default=None, help="torch intra-op threads [default: torch's choice].")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout instead of the tables.")
 @click.option("--results", type=click.Path(dir_okay=False), default=None,
               help="Append one JSON line per run (machine, versions, settings, timings) to this file.")

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.options import GRAPH_PRECISIONS, validation_options
+from diffsmooth.cli.options import BATCH, GRAPH_PRECISIONS, Number, validation_options
 from diffsmooth.export import plan_check
 
 
 @click.command("build-engine")
 @click.option("--onnx-dir", required=True, type=click.Path(), help="Folder written by `diffsmooth export`.")
-@click.option("--batch", type=int, default=1000, show_default=True,
+@click.option("--batch", type=BATCH, default=1000, show_default=True,
               help="The run's batch: the profile's opt (and max) batch; min is 1.")
-@click.option("--max-batch", type=int, default=None, help="Largest batch the plans take [default: --batch].")
+@click.option("--max-batch", type=BATCH, default=None, help="Largest batch the plans take [default: --batch].")
 @click.option("--precision", "precisions", type=click.Choice(GRAPH_PRECISIONS), multiple=True,
               help="Build only the graphs of this precision (repeatable) [default: all in --onnx-dir].")
 @click.option("--device", default="cuda", show_default=True, help="The GPU to build for (plans are GPU-specific).")
-@click.option("--workspace-gb", type=float, default=4.0, show_default=True, help="Builder workspace limit.")
+@click.option("--workspace-gb", type=Number(0, 1 << 20, low_open=True, label="the workspace"), default=4.0,
+              show_default=True, help="Builder workspace limit.")
 @click.option("--timing-cache", type=click.Path(dir_okay=False), default=None,
               help="Timing cache file [default: one per GPU model in ~/.cache/diffsmooth/tensorrt].")
 @click.option("--rebuild", is_flag=True, help="Rebuild even when a cached plan matches.")
@@ -25,6 +26,8 @@ from diffsmooth.export import plan_check
 def build_engine(onnx_dir, batch, max_batch, precisions, device, workspace_gb, timing_cache, rebuild, no_validate,
                  samples, dataset, data, seed):
     """Build (or reuse cached) TensorRT plans of the graphs in --onnx-dir, inspect and validate them."""
+    if max_batch is not None and max_batch < batch:
+        raise click.BadParameter(f"must be >= --batch ({batch}), got {max_batch}", param_hint="--max-batch")
     target = plan_check.trt_target(device)
     plan_check.build_and_validate(onnx_dir, target, echo=click.echo, err=lambda line: click.echo(line, err=True),
                                   batch=batch, max_batch=max_batch, precisions=precisions or None,

@@ -20,7 +20,12 @@ def _log(line: str) -> None:
 
 
 def _run(request: RunRequest) -> None:
-    run = plan_run(request)                 # option and resume errors before any model is loaded
+    run = plan_run(request)                 # option, lock and resume errors before any model is loaded
+    with run.hold_locks():                  # held from planning on: a second run on `out` stops at once
+        _certify(run)
+
+
+def _certify(run) -> None:
     voter = build_voter(run, _log)
     r = run.request
     if run.is_sweep:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.options import method_options, model_options, validation_options
+from diffsmooth.cli.options import BATCH, method_options, model_options, validation_options
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.assemble import (
@@ -45,14 +45,16 @@ def _err(line):
 @click.option("--no-validate", is_flag=True, help="Skip the torch-vs-ONNX Runtime validation.")
 @validation_options
 @click.option("--trt", is_flag=True, help="Also build TensorRT plans of the written graphs (needs TensorRT + GPU).")
-@click.option("--trt-batch", type=int, default=1000, show_default=True,
+@click.option("--trt-batch", type=BATCH, default=1000, show_default=True,
               help="Batch the plans are optimised for (profile: 1..--trt-max-batch).")
-@click.option("--trt-max-batch", type=int, default=None, help="Largest batch the plans take [default: --trt-batch].")
+@click.option("--trt-max-batch", type=BATCH, default=None, help="Largest batch the plans take [default: --trt-batch].")
 @click.option("--device", default="cuda", show_default=True, help="GPU for --trt.")
 def export(denoiser, preset, unet_config, schedule, diffusion_steps, classifier, arch, normalization, stats,
            method, sigma, m, local_sigma, local_noise, image_shape, out, fp16, also_unet, no_validate,
            samples, dataset, data, seed, trt, trt_batch, trt_max_batch, device):
     """Export the denoiser (at --sigma) and the classifier head to ONNX, validated against torch."""
+    if trt_max_batch is not None and trt_max_batch < trt_batch:
+        raise click.BadParameter(f"must be >= --trt-batch ({trt_batch}), got {trt_max_batch}", param_hint="--trt-max-batch")
     config = MethodConfig(method, sigma, m, local_sigma, local_noise)
     sources = resolve_sources(denoiser=denoiser, classifier=classifier, preset=preset, unet_config=unet_config,
                               schedule=schedule, diffusion_steps=diffusion_steps, arch=arch,

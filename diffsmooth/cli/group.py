@@ -1,11 +1,14 @@
 """The top-level `diffsmooth` group: a table of commands imported only when used, and one-line errors.
 
-Every user-fixable problem (UserError) prints one line `error: ...` and exits with code 2; so does
-a command whose module cannot be imported (a missing optional package), instead of vanishing.
+Every user-fixable problem (UserError) prints one line `error: ...` and exits with code 2; so do
+click's own usage errors (a value that is not a number, out of range, a missing or unknown option),
+running out of memory or disk, and a command whose module cannot be imported (a missing optional
+package), instead of vanishing.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import re
 from typing import NamedTuple
@@ -13,7 +16,9 @@ from typing import NamedTuple
 import click
 from click.utils import make_default_short_help
 
-from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.errors import Terminated, UserError, first_line
+
+TERMINATED_EXIT = 143                           # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 
 
 class Command(NamedTuple):
@@ -44,6 +49,8 @@ COMMANDS = {
                        "TSV rows idx label predict correct time."),
     "purify": Command("diffsmooth.cli.purify", "purify", "PNG grid: clean / noisy / one-shot denoised / "
                       "locally smoothed images (the paper's figure)."),
+    "table": Command("diffsmooth.cli.table", "table", "The paper's table in one command: which sigma settles "
+                     "which radius, the cost first, table.md/tex, curves.png."),
     "train-demo": Command("diffsmooth.cli.train_demo", "train_demo", "Train the embedded demo denoiser and "
                           "classifiers on Fashion-MNIST (CPU, fixed seeds)."),
     "validate": Command("diffsmooth.cli.validate", "validate", "Re-run torch vs ONNX Runtime on every graph "
@@ -58,6 +65,23 @@ class CLIError(click.ClickException):
 
     def show(self, file=None):
         click.echo(f"error: {self.message}", err=True)
+
+
+# `diffsmooth` alone prints the help (click >= 8.2 raises this UsageError for it): not an error line
+_HELP_ON_NO_ARGS = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def usage_line(exc: click.UsageError) -> str:
+    """click's usage error as one line: its message and where to read the command's options."""
+    message = " ".join(exc.format_message().split())
+    where = exc.ctx.command_path if exc.ctx is not None else None
+    return f"{message} (see `{where} --help`)" if where else message
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """torch's allocators raise RuntimeError (CPU) or OutOfMemoryError (CUDA) when memory runs out."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or "not enough memory" in text or "out of memory" in text
 
 
 def _unavailable(name: str, entry: Command, exc: ImportError) -> click.Command:
@@ -102,14 +126,40 @@ class LazyGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:         # `diffsmooth --bogus`: one line too
+            if isinstance(exc, _HELP_ON_NO_ARGS):
+                raise
+            raise CLIError(usage_line(exc)) from None
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:         # bad, missing or unknown options of a command
+            if isinstance(exc, _HELP_ON_NO_ARGS):
+                raise
+            raise CLIError(usage_line(exc)) from None
+        except Terminated as exc:               # SIGTERM: one line (rows kept, rerun to resume), exit 143
+            click.echo(" ".join(str(exc).split()), err=True)
+            raise SystemExit(TERMINATED_EXIT) from None
         except UserError as exc:
             command = self.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None
-            raise CLIError(as_flags(str(exc), command)) from None
+            raise CLIError(as_flags(" ".join(str(exc).split()), command)) from None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             raise CLIError(f"{exc.strerror}: {exc.filename}") from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            where = f" writing {exc.filename}" if exc.filename else ""
+            raise CLIError(f"no space left on the device{where} ({exc.strerror or exc}): free space and run the "
+                           f"same command again (result files keep their finished rows and resume)") from None
+        except (MemoryError, RuntimeError) as exc:
+            if not _out_of_memory(exc):
+                raise
+            raise CLIError(f"out of memory ({first_line(exc, 160)}): lower --batch / --window or the image "
+                           f"count, or use a larger machine") from None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

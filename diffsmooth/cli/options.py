@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from diffsmooth.engine.choices import (
@@ -10,6 +12,13 @@ from diffsmooth.engine.choices import (
     DATASET_KINDS,
     GRAPH_PRECISIONS,
     LOCAL_NOISE_MODES,
+    MAX_BATCH,
+    MAX_DIFFUSION_STEPS,
+    MAX_LOCAL_NOISES,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_THREADS,
+    MAX_WINDOW,
     METHODS,
     NORMALIZATIONS,
     PRECISIONS,
@@ -19,8 +28,78 @@ from diffsmooth.engine.choices import (
     STATS,
 )
 
-__all__ = ["GRAPH_PRECISIONS", "dataset_option", "group", "method_options", "model_options", "positive",
-           "precision_option", "run_options", "sequential_options", "validation_options"]
+__all__ = ["ALPHA", "BATCH", "DIFFUSION_STEPS", "GRAPH_PRECISIONS", "LOCAL_NOISES", "LOCAL_SIGMA", "SAMPLES", "SEED",
+           "SIGMA", "THREADS", "Count", "Number", "dataset_option", "distinct", "group", "method_options",
+           "model_options", "precision_option", "run_options", "sequential_options",
+           "validation_options"]
+
+
+class Number(click.ParamType):
+    """A finite float (`float()` also takes 'nan' and 'inf') within [low, high] (open ends: low_open /
+    high_open); `label` names it in the message ('sigma must be > 0, got -1.0')."""
+
+    name = "number"
+
+    def __init__(self, low=None, high=None, low_open=False, high_open=False, label=None):
+        self.low, self.high, self.low_open, self.high_open, self.label = low, high, low_open, high_open, label
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        label = self.label or (param.name.replace("_", " ") if param is not None else "the value")
+        if not math.isfinite(number):
+            self.fail(f"{label} must be a finite number, got {value!r}", param, ctx)
+        below = self.low is not None and (number <= self.low if self.low_open else number < self.low)
+        above = self.high is not None and (number >= self.high if self.high_open else number > self.high)
+        if below or above:
+            if self.low is not None and self.high is not None:
+                where = f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            elif self.low is not None:
+                where = f"{'>' if self.low_open else '>='} {self.low:g}"
+            else:
+                where = f"{'<' if self.high_open else '<='} {self.high:g}"
+            self.fail(f"{label} must be {where}, got {number!r}", param, ctx)
+        return number + 0.0                     # -0.0 -> 0.0: one spelling in recorded settings
+
+
+class Count(click.ParamType):
+    """An integer in [low, high]; `why` says where the upper bound comes from."""
+
+    name = "integer"
+
+    def __init__(self, low=1, high=None, why=None, label=None):
+        self.low, self.high, self.why, self.label = low, high, why, label
+
+    def convert(self, value, param, ctx):
+        number = click.INT.convert(value, param, ctx)
+        label = f"{self.label} " if self.label else ""
+        if self.low is not None and number < self.low:
+            self.fail(f"{label}must be >= {self.low}, got {number}", param, ctx)
+        if self.high is not None and number > self.high:
+            self.fail(f"{label}must be <= {self.high:,}{f' ({self.why})' if self.why else ''}, got {number}", param, ctx)
+        return number
+
+
+SIGMA = Number(0, low_open=True, label="sigma")
+LOCAL_SIGMA = Number(0, label="local sigma")
+ALPHA = Number(0, 1, low_open=True, high_open=True, label="alpha")
+SEED = Count(0, MAX_SEED, "seeds are 64-bit noise keys")
+SAMPLES = Count(1, MAX_SAMPLES, "Monte Carlo sample indices are 32-bit")
+BATCH = Count(1, MAX_BATCH, "buffers of the batch size are allocated up front")
+THREADS = Count(1, MAX_THREADS)
+LOCAL_NOISES = Count(1, MAX_LOCAL_NOISES, "m classifier calls per sample", label="m (local noises)")
+DIFFUSION_STEPS = Count(1, MAX_DIFFUSION_STEPS)
+
+
+def distinct(ctx, param, values):
+    """A click callback refusing a repeatable option given the same value twice (`--m 5 --m 5`)."""
+    if values is None:
+        return values
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise click.BadParameter(f"{value!r} is given twice; name each value once")
+        seen.add(value)
+    return values
 
 
 def group(*options):
@@ -30,15 +109,6 @@ def group(*options):
             f = option(f)
         return f
     return apply
-
-
-def positive(name):
-    """A click callback refusing values below 1."""
-    def check(ctx, param, value):
-        if value is not None and value < 1:
-            raise click.BadParameter(f"must be >= 1, got {value}")
-        return value
-    return check
 
 
 def dataset_option(help_text="Dataset layout [default: embedded demo subset]."):
@@ -57,8 +127,8 @@ def model_options(sweep: bool = True):
                      help="UNet architecture + schedule [default: cifar10, or demo for the embedded models]."),
         click.option("--unet-config", default=None, help="JSON of UNet config fields overriding the preset."),
         click.option("--schedule", type=click.Choice(SCHEDULES), help="Override the preset's schedule."),
-        click.option("--diffusion-steps", type=int, help="Override the preset's number of diffusion steps."),
-        click.option("--classifier", type=click.Path(), multiple=sweep,
+        click.option("--diffusion-steps", type=DIFFUSION_STEPS, help="Override the preset's number of diffusion steps."),
+        click.option("--classifier", type=click.Path(), multiple=sweep, callback=distinct if sweep else None,
                      help="Classifier checkpoint (Cohen/SmoothAdv dict or state dict)"
                           + ("; repeat for a sweep." if sweep else ".")),
         click.option("--arch", help="Classifier architecture when the checkpoint does not say."),
@@ -76,11 +146,13 @@ def method_options(sweep: bool = True):
     again = "; repeat for a sweep." if sweep else "."
     return group(
         click.option("--method", type=click.Choice(METHODS), default=["diffsmooth"] if sweep else "diffsmooth",
-                     show_default=True, **repeat, help="Repeat for a sweep." if sweep else None),
-        click.option("--sigma", type=float, default=0.5, show_default=True, help="Smoothing noise std (input in [0,1])."),
-        click.option("--local-sigma", type=float, default=[0.25] if sweep else 0.25, show_default=True, **repeat,
-                     help="sigma' of the local noises" + again),
-        click.option("--m", "--num-local", "m", type=int, default=[5] if sweep else 5, show_default=True, **repeat,
+                     show_default=True, callback=distinct if sweep else None, **repeat,
+                     help="Repeat for a sweep." if sweep else None),
+        click.option("--sigma", type=SIGMA, default=0.5, show_default=True, help="Smoothing noise std (input in [0,1])."),
+        click.option("--local-sigma", type=LOCAL_SIGMA, default=[0.25] if sweep else 0.25, show_default=True,
+                     callback=distinct if sweep else None, **repeat, help="sigma' of the local noises" + again),
+        click.option("--m", "--num-local", "m", type=LOCAL_NOISES, default=[5] if sweep else 5, show_default=True,
+                     callback=distinct if sweep else None, **repeat,
                      help="Number of local noises" + ("; repeat for a sweep (nested: m=21 serves 1,3,5,11)."
                                                       if sweep else ".")),
         click.option("--local-noise", type=click.Choice(LOCAL_NOISE_MODES), default="fixed", show_default=True,
@@ -96,18 +168,18 @@ def run_options(f):
         dataset_option(),
         click.option("--data", type=click.Path(), help="Dataset directory or file."),
         click.option("--split", default="test", show_default=True),
-        click.option("--n0", type=int, default=100, show_default=True, callback=positive("n0")),
-        click.option("--n", "--num-samples", "n", type=int, default=10000, show_default=True, callback=positive("n"),
+        click.option("--n0", type=SAMPLES, default=100, show_default=True),
+        click.option("--n", "--num-samples", "n", type=SAMPLES, default=10000, show_default=True,
                      help="Monte Carlo samples for estimation (--num-samples: the same, for torchrun)."),
-        click.option("--alpha", type=float, default=0.001, show_default=True),
-        click.option("--batch", type=int, default=None, callback=positive("batch"),
+        click.option("--alpha", type=ALPHA, default=0.001, show_default=True),
+        click.option("--batch", type=BATCH, default=None,
                      help="Noisy samples per Monte Carlo batch [default: 1000 on CPU; on CUDA 2000 for images "
                           "up to 64x64, else 32]. Counts do not depend on it on CPU fp32 (docs/performance.md)."),
-        click.option("--skip", type=int, default=1, show_default=True, callback=positive("skip"),
+        click.option("--skip", type=Count(1), default=1, show_default=True,
                      help="Use every skip-th image."),
-        click.option("--max", "--max-index", "max_index", type=int, default=None,
+        click.option("--max", "--max-index", "max_index", type=Count(1), default=None,
                      help="Stop before this dataset index (--max-index: the same, for torchrun)."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Noise seed (per image, per sample)."),
+        click.option("--seed", type=SEED, default=0, show_default=True, help="Noise seed (per image, per sample)."),
         click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True),
         click.option("--onnx-dir", type=click.Path(),
                      help="Exported graphs for --backend onnxruntime (and their built plans for tensorrt)."),
@@ -125,12 +197,12 @@ def run_options(f):
         click.option("--fused-conv/--no-fused-conv", "fused_conv", default=False,
                      help="ResNet classifiers with BatchNorm folded into the convolutions and conv + add + ReLU "
                           "as one cuDNN call on CUDA [default: off; see docs/status.md]."),
-        click.option("--validate-samples", type=click.IntRange(0), default=500, show_default=True,
+        click.option("--validate-samples", type=Count(0, MAX_SAMPLES), default=500, show_default=True,
                      help="Samples per image on which a compiled / fp16 / bf16 path's production counts are "
                           "checked against eager fp32 (TF32 off) once per run (0: skip)."),
         click.option("--validate-images", type=click.IntRange(1), default=4, show_default=True,
                      help="How many of the first selected images that check uses."),
-        click.option("--expected-flip-rate", type=click.FloatRange(0, 1, min_open=True), default=1.3e-4,
+        click.option("--expected-flip-rate", type=Number(0, 1, low_open=True, label="the flip rate"), default=1.3e-4,
                      show_default=True,
                      help="Per-sample vote flip rate a correct fast path shows (fp16 1.3e-4, bf16 1.7e-3 measured); "
                           "the check refuses a run that exceeds it with 1-in-10,000 odds."),
@@ -139,10 +211,10 @@ def run_options(f):
                      help="Certify only a static shard I of K of the selected images (e.g. Slurm arrays); "
                           "merge with `diffsmooth merge`. Under torchrun ranks pull images from a shared "
                           "counter instead, which balances uneven images (sequential runs) better."),
-        click.option("--window", type=click.IntRange(1), default=None,
+        click.option("--window", type=Count(1, MAX_WINDOW), default=None,
                      help="Most images in flight, packed into shared batches [default: from the batch; "
                           "1: one image at a time]. Rows do not depend on it."),
-        click.option("--threads", type=int, default=None, callback=positive("threads"),
+        click.option("--threads", type=THREADS, default=None,
                      help="CPU threads for torch (default: torch's choice; on a shared machine use fewer)."),
         click.option("--quiet", is_flag=True, help="No progress bar."),
     )(f)
@@ -155,7 +227,7 @@ def sequential_options(f):
                      help="Stop each image once every --radii answer is settled (anytime-valid bound); "
                           "adds a `samples` column."),
         click.option("--radii", default=None, help="With --sequential: the radii to settle, e.g. 0.25,0.5,0.75,1.0."),
-        click.option("--n-max", type=int, default=None, callback=positive("n-max"),
+        click.option("--n-max", type=SAMPLES, default=None,
                      help="With --sequential: most estimation samples per image [default: --n]."),
         click.option("--futility", default=None, metavar="M|off|RULE:M",
                      help="With --sequential: stop an image once its votes trail the pace needed to certify "
@@ -173,9 +245,9 @@ def sequential_options(f):
 def validation_options(f):
     """--samples/--dataset/--data/--seed: the noisy real samples whose votes a validation compares."""
     return group(
-        click.option("--samples", type=int, default=1000, show_default=True,
+        click.option("--samples", type=SAMPLES, default=1000, show_default=True,
                      help="Noisy samples for vote agreement (>= 1000 for TensorRT plans)."),
         dataset_option("Validation images [default: embedded subset]."),
         click.option("--data", type=click.Path(), help="Dataset directory or file for --dataset."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Noise seed for validation."),
+        click.option("--seed", type=SEED, default=0, show_default=True, help="Noise seed for validation."),
     )(f)

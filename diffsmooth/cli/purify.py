@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.options import dataset_option, model_options, positive
+from diffsmooth.cli.options import LOCAL_SIGMA, SEED, SIGMA, Count, dataset_option, model_options
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.demo.run import purify_grid
 from diffsmooth.engine.errors import UserError
@@ -15,11 +15,12 @@ from diffsmooth.engine.runs.sources import resolve_sources
 @model_options()
 @dataset_option()
 @click.option("--data", type=click.Path())
-@click.option("--sigma", type=float, default=0.5, show_default=True)
-@click.option("--local-sigma", type=float, default=0.25, show_default=True)
-@click.option("--m", "m", type=int, default=2, show_default=True, help="Locally-noised rows to show.")
-@click.option("--images", type=int, default=8, show_default=True, callback=positive("images"))
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--sigma", type=SIGMA, default=0.5, show_default=True)
+@click.option("--local-sigma", type=LOCAL_SIGMA, default=0.25, show_default=True)
+@click.option("--m", "m", type=Count(0, 64, "one row of the grid each"), default=2, show_default=True,
+              help="Locally-noised rows to show.")
+@click.option("--images", type=Count(1, 4096, "one column of the grid each"), default=8, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--out", type=click.Path(), default="purified.png", show_default=True)
 def purify(dataset, data, sigma, local_sigma, m, images, seed, out, classifier, **model):
     """PNG grid: clean / noisy / one-shot denoised / locally smoothed images (the paper's figure)."""

@@ -9,18 +9,17 @@ from pathlib import Path
 
 import click
 
+from diffsmooth.cli.options import BATCH, THREADS, Count, Number
+from diffsmooth.engine.choices import MAX_THREADS
 from diffsmooth.engine.demo.training import DEFAULT_DATA_DIR, QUICK_BUDGET, DemoBudget
 from diffsmooth.engine.demo.training import train_demo as run
-from diffsmooth.engine.models.shipped import ASSETS
+from diffsmooth.engine.models.shipped import ASSETS, DEMO_TRAINING_SIGMAS, demo_sigmas_text
+
+_NOISY = demo_sigmas_text(s for s in DEMO_TRAINING_SIGMAS if s > 0)
 
 
-def _at_least(lo):
-    """A click callback refusing values below `lo`."""
-    def check(ctx, param, value):
-        if value is not None and value < lo:
-            raise click.BadParameter(f"must be >= {lo}, got {value}")
-        return value
-    return check
+STEPS = Count(1, 2 ** 31 - 1)
+EPOCHS = Number(0.001, 1e6)
 
 
 @click.command("train-demo")
@@ -28,27 +27,31 @@ def _at_least(lo):
               help="Folder with the Fashion-MNIST IDX files (train-* and t10k-*).")
 @click.option("--out", default=str(ASSETS), show_default=True, type=click.Path(),
               help="Where to write demo_unet.pt, demo_classifier_s*.pt and MODELS.json.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Base seed of all training runs.")
-@click.option("--unet-steps", type=int, callback=_at_least(1), help="Denoiser optimisation steps [default: 300].")
-@click.option("--unet-batch-size", type=int, callback=_at_least(1), help="Denoiser batch size [default: 128].")
-@click.option("--classifier-epochs", type=float, callback=_at_least(0.001),
-              help="Epochs of each noisy (sigma 0.25, 0.5) classifier [default: 1].")
-@click.option("--clean-classifier-epochs", type=float, callback=_at_least(0.001),
+@click.option("--seed", default=0, show_default=True, type=Count(0, 2 ** 32 - 1), help="Base seed of all training runs.")
+@click.option("--unet-steps", type=STEPS, help="Denoiser optimisation steps [default: 300].")
+@click.option("--unet-batch-size", type=BATCH, help="Denoiser batch size [default: 128].")
+@click.option("--classifier-epochs", type=EPOCHS,
+              help=f"Epochs of each noisy (sigma {_NOISY}) classifier [default: 1].")
+@click.option("--clean-classifier-epochs", type=EPOCHS,
               help="Epochs of the clean (sigma 0) classifier [default: 2].")
-@click.option("--classifier-steps", type=int, callback=_at_least(1),
+@click.option("--classifier-steps", type=STEPS,
               help="Steps per classifier (overrides both epoch options).")
-@click.option("--classifier-batch-size", type=int, callback=_at_least(1), help="Classifier batch size [default: 128].")
-@click.option("--train-limit", type=int, callback=_at_least(1), help="Train on only the first N images.")
-@click.option("--test-limit", type=int, callback=_at_least(1), help="Evaluate on only the first N test images.")
-@click.option("--workers", type=int, callback=_at_least(1),
+@click.option("--classifier-batch-size", type=BATCH, help="Classifier batch size [default: 128].")
+@click.option("--train-limit", type=Count(1), help="Train on only the first N images.")
+@click.option("--test-limit", type=Count(1), help="Evaluate on only the first N test images.")
+@click.option("--workers", type=Count(1, MAX_THREADS),
               help="Processes training models in parallel [default: usable cores, at most 2].")
-@click.option("--threads", type=int, callback=_at_least(1),
-              help="Torch threads per worker [default: cores // workers].")
+@click.option("--threads", type=THREADS, help="Torch threads per worker [default: cores // workers].")
 @click.option("--quick", is_flag=True, help="Tiny budget for smoke tests (a few steps on 256 images).")
+@click.option("--only-missing", is_flag=True,
+              help="Train only the models absent from --out (classifiers at sigma "
+                   f"{demo_sigmas_text()} and the UNet); the present files stay unchanged and must be "
+                   "those its MODELS.json records (same seed, budget and data); the new entries are merged "
+                   "into it.")
 @click.option("--no-progress", is_flag=True, help="Hide the tqdm progress bars.")
 def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs,
                clean_classifier_epochs, classifier_steps, classifier_batch_size, train_limit, test_limit, workers, threads,
-               quick, no_progress):
+               quick, only_missing, no_progress):
     """Train the embedded demo denoiser and classifiers on Fashion-MNIST (CPU, fixed seeds)."""
     budget = QUICK_BUDGET if quick else DemoBudget()
     overrides = dict(unet_steps=unet_steps, unet_batch_size=unet_batch_size,
@@ -61,7 +64,7 @@ def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs,
         overrides["classifier_steps"] = None       # explicit epochs beat the quick budget's steps
     budget = dataclasses.replace(budget, **overrides)
     manifest = run(out, data, seed=seed, budget=budget, workers=workers, threads=threads,
-                   command=_command_line(), progress=not no_progress)
+                   command=_command_line(), progress=not no_progress, only_missing=only_missing)
     for name, entry in manifest["models"].items():
         click.echo(f"{name}: {entry['file_bytes']} bytes, {entry['training']['wall_time_s']} s")
     click.echo(f"wrote {Path(out) / 'MODELS.json'}")

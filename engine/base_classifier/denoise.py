@@ -83,7 +83,7 @@ def schedule_for(preset: Optional[str], schedule: Optional[str] = None,
         raise UserError("a UNet without a preset needs schedule= ('linear'|'cosine') and diffusion_steps=")
     return DiffusionSchedule(
         schedule or base.name,
-        int(diffusion_steps or base.num_steps),
+        int(diffusion_steps if diffusion_steps is not None else base.num_steps),     # 0 is refused, not the preset's
         bool(base.rescale_timesteps if rescale_timesteps is None and base else rescale_timesteps),
     )
 

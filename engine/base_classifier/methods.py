@@ -3,6 +3,8 @@ classifier), `diffsmooth` (one-shot denoise + local smoothing over m noises of s
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Optional, Tuple
 
@@ -32,13 +34,14 @@ class MethodConfig:
     def __post_init__(self):
         if self.method not in METHODS:
             raise UserError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
-        if not self.sigma > 0:
-            raise UserError(f"sigma must be > 0, got {self.sigma}")
+        if not (isinstance(self.sigma, numbers.Real) and math.isfinite(self.sigma) and self.sigma > 0):
+            raise UserError(f"sigma must be > 0 and finite, got {self.sigma}")
         if self.method == "diffsmooth":
-            if self.m < 1:
+            if isinstance(self.m, bool) or not isinstance(self.m, numbers.Integral) or self.m < 1:
                 raise UserError(f"m (local noises) must be >= 1, got {self.m}")
-            if self.local_sigma < 0:
-                raise UserError(f"local sigma must be >= 0, got {self.local_sigma}")
+            if not (isinstance(self.local_sigma, numbers.Real) and math.isfinite(self.local_sigma)
+                    and self.local_sigma >= 0):
+                raise UserError(f"local sigma must be >= 0 and finite, got {self.local_sigma}")
             if self.local_noise not in LOCAL_NOISE_MODES:
                 raise UserError(f"local noise must be one of {', '.join(LOCAL_NOISE_MODES)}, got {self.local_noise!r}")
 

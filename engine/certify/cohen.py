@@ -40,6 +40,7 @@ class Certificate:
     prediction: int
     radius: float
     samples: int
+    top_votes: Optional[int] = None     # estimation votes for the selected class (nA), where known
 
     def __iter__(self):
         return iter((self.prediction, self.radius))
@@ -99,8 +100,8 @@ def certify_from_counts(selection: Sequence[int], estimation: Sequence[int],
     radius = certified_radius(int(estimation[c_a]), n, alpha, sigma)
     samples = int(sum(int(c) for c in selection)) + n
     if radius is None:
-        return Certificate(ABSTAIN, 0.0, samples)
-    return Certificate(c_a, radius, samples)
+        return Certificate(ABSTAIN, 0.0, samples, int(estimation[c_a]))
+    return Certificate(c_a, radius, samples, int(estimation[c_a]))
 
 
 def predict_from_counts(counts: Sequence[int], alpha: float) -> int:

@@ -376,10 +376,11 @@ class SequentialCertificate:
         return self.done
 
     def result(self, c_a: int, n0: int) -> Certificate:
-        """cA with radius sigma * Phi^-1(L), or ABSTAIN when L <= 1/2; samples = n0 + those used."""
+        """cA with radius sigma * Phi^-1(L), or ABSTAIN when L <= 1/2; samples = n0 + those used;
+        top_votes = cA's votes among the estimation samples (what a simulator needs to replay the image)."""
         if self.lower <= 0.5:
-            return Certificate(ABSTAIN, 0.0, n0 + self.samples)
-        return Certificate(int(c_a), float(self.rule.sigma * norm.ppf(self.lower)), n0 + self.samples)
+            return Certificate(ABSTAIN, 0.0, n0 + self.samples, self.successes)
+        return Certificate(int(c_a), float(self.rule.sigma * norm.ppf(self.lower)), n0 + self.samples, self.successes)
 
 
 def sequential_job(n0: int, rule: SequentialRule) -> Generator:

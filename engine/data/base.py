@@ -92,6 +92,10 @@ class ImageDataset:
                             f"({len(self)} images): lower skip or raise max")
         return chosen
 
+    def verify(self, indices: Sequence[int]) -> None:
+        """UserError naming the first of `indices` whose image cannot be read. Images held in memory were
+        checked when loaded; datasets decoding files lazily check each one here, before a run starts."""
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(name={self.name!r}, n={len(self)}, "
                 f"num_classes={self.num_classes}, image_shape={self.image_shape})")

@@ -14,6 +14,9 @@ from diffsmooth.engine.errors import UserError
 
 # torchvision's ImageFolder extensions (case-insensitive), so file order and indices match it.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# PIL modes with 8 bits per channel (or fewer): convert("RGB") keeps their values; 16-bit and float modes
+# (I;16, I, F) would be clipped to 255.
+EIGHT_BIT_MODES = ("1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV")
 
 
 class ImageFolderDataset(ImageDataset):
@@ -55,11 +58,23 @@ class ImageFolderDataset(ImageDataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def verify(self, indices) -> None:
+        """Decode every selected image once (truncated or non-image files, sizes that differ), so a
+        damaged file is refused before the run writes a row, not after hours of other images."""
+        for i in indices:
+            self._load(int(i))
+
     def _load(self, i: int):
         path, label = self.samples[i]
         try:
             with Image.open(path) as im:
+                mode = im.mode
+                if mode not in EIGHT_BIT_MODES:
+                    raise UserError(f"{path}: a {mode} image (16-bit or float pixels), which would be clipped to "
+                                    f"8 bits per channel; convert the folder's images to 8-bit RGB or greyscale")
                 im = im.convert("RGB")
+        except UserError:
+            raise
         except Exception as e:
             raise UserError(f"{path}: cannot read image ({e})") from None
         if self.resize is not None:

@@ -16,9 +16,10 @@ from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, fixed_local_noise,
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize
-from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_denoiser_from
+from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, classifier_path_for, load_denoiser_from
 from diffsmooth.engine.runs.dataset_run import run_dataset
-from diffsmooth.engine.runs.results import check_or_record_settings, settings_path
+from diffsmooth.engine.runs.locks import hold_lock
+from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings, settings_path
 
 
 def spread_indices(total: int, count: int) -> List[int]:
@@ -34,22 +35,27 @@ def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: f
              fast=None, sources: Optional[ModelSources] = None, dataset=None, progress: bool = True) -> Dict:
     """Certify the same images with each method; TSVs, a markdown table and a PNG into out_dir."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     dataset = dataset or load_dataset("embedded")
     indices = spread_indices(len(dataset), images)
     configs = {method: MethodConfig(method, sigma, m=m, local_sigma=local_sigma) for method in methods}
     settings = {method: dict(config.as_dict(), mode="demo", n0=n0, n=n, alpha=alpha, seed=seed, images=indices,
-                             models="embedded" if sources is None else repr(sources))
+                             models="embedded" if sources is None else repr(sources),
+                             **{RADIUS_FORMAT_KEY: RADIUS_FORMAT})
                 for method, config in configs.items()}
     _refuse_other_runs(out, settings)
+    for config in configs.values():             # a missing demo classifier is refused before anything is written
+        classifier_path_for(config, sources or ModelSources.demo())
+    out.mkdir(parents=True, exist_ok=True)
     paths, seconds = [], {}
     for method, config in configs.items():
         smooth = build_smooth(config, sources or ModelSources.demo(), tuple(dataset.image_shape),
                               dataset.num_classes, device=device, precision=precision, seed=seed, fast=fast)
         path = out / f"{method}.tsv"
-        check_or_record_settings(path, settings[method])
-        start = time.perf_counter()
-        run_dataset(smooth.pipeline, dataset, indices, [path], n0=n0, n=n, alpha=alpha, batch=batch, progress=progress)
+        with hold_lock(path):                   # one writer per result file (engine/runs/locks.py)
+            check_or_record_settings(path, settings[method])
+            start = time.perf_counter()
+            run_dataset(smooth.pipeline, dataset, indices, [path], n0=n0, n=n, alpha=alpha, batch=batch,
+                        progress=progress)
         seconds[method] = time.perf_counter() - start
         paths.append(path)
     radii = [r for r in DEFAULT_RADII]

@@ -8,7 +8,11 @@ from diffsmooth.engine.models.shipped import (  # noqa: F401
     DEMO_STATS,
     DEMO_TRAINING_SIGMAS,
     DEMO_UNET,
+    demo_classifier_at,
     demo_classifier_for,
+    demo_classifier_name,
     demo_classifier_path,
+    demo_sigmas_text,
+    demo_training_sigma,
     require_demo_assets,
 )

@@ -34,11 +34,14 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.checkpoints import load_classifier, load_unet, save_cohen_checkpoint, save_unet_state
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
+from diffsmooth.engine.models.shipped import DEMO_TRAINING_SIGMAS, demo_classifier_name, demo_sigmas_text
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel, unet_config
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 CLASSIFIER_ARCH = "cifar_resnet20"
-CLASSIFIER_SIGMAS = (0.0, 0.25, 0.5)
+CLASSIFIER_SIGMAS = DEMO_TRAINING_SIGMAS   # the one list (models/shipped.py); append-only: seeds follow the index
+# Noise levels of the denoiser's recorded metrics (one-shot MSE, one-sample DDS accuracy): the UNet's own
+# evaluation grid, not the classifiers' list, so adding a classifier leaves the UNet's entry as it is.
 DENOISE_EVAL_SIGMAS = (0.25, 0.5)
 EVAL_NOISE_SEED = 20230  # seed of every evaluation noise tensor (see seeded_noise)
 
@@ -341,7 +344,7 @@ def _load_split(data_dir: str, split: str, limit: Optional[int]):
 
 
 def classifier_file(noise_sigma: float) -> str:
-    return f"demo_classifier_s{noise_sigma:.2f}.pt"
+    return demo_classifier_name(noise_sigma)
 
 
 def _train_job(job: dict) -> tuple[str, dict]:
@@ -381,16 +384,70 @@ def _train_job(job: dict) -> tuple[str, dict]:
                       final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
 
 
+def _jobs(seed: int) -> list[dict]:
+    """The demo's training jobs in manifest order: the UNet (seed `seed`), then the classifier at each
+    sigma of CLASSIFIER_SIGMAS (seed `seed + 1 + its index`: the list is append-only)."""
+    return [dict(name="demo_unet.pt", kind="denoiser", seed=seed)] + [
+        dict(name=classifier_file(s), kind="classifier", sigma=s, seed=seed + 1 + i)
+        for i, s in enumerate(CLASSIFIER_SIGMAS)]
+
+
+def _description() -> str:
+    return ("Embedded demo models of diffsmooth-engine: a 1-channel diffusion UNet (preset "
+            "'demo', cosine schedule T=4000, rescaled timesteps) and cifar_resnet20 classifiers "
+            f"trained with Gaussian augmentation at sigma {demo_sigmas_text(CLASSIFIER_SIGMAS)}, on Fashion-MNIST "
+            "(60k train images, 28x28 zero-padded to 32x32, [0,1]).")
+
+
+def _kept_manifest(out: Path, present: list[str], jobs: list[dict], seed: int, budget: DemoBudget,
+                   hashes: dict[str, str]) -> dict:
+    """The MODELS.json recording the models already in `out` (--only-missing), checked to match this run:
+    same seed, budget and data, and every present file the one its entry records (sha256)."""
+    path = out / "MODELS.json"
+    if not path.exists():
+        raise UserError(f"--only-missing: {out} holds {', '.join(present)} but no MODELS.json recording them; "
+                        f"remove them or run without --only-missing")
+    old = json.loads(path.read_text())
+    if old.get("seed") != seed:
+        raise UserError(f"--only-missing: {path} was made with --seed {old.get('seed')}, not {seed}")
+    want = json.loads(json.dumps(dataclasses.asdict(budget)))
+    if old.get("budget") != want:
+        diff = ", ".join(f"{k} {old.get('budget', {}).get(k)!r} (recorded) != {v!r}" for k, v in want.items()
+                         if old.get("budget", {}).get(k) != v)
+        raise UserError(f"--only-missing: the budget differs from the one {path} records ({diff}); "
+                        f"give the recorded options")
+    if old.get("data", {}).get("sha256") != hashes:
+        raise UserError(f"--only-missing: the data files' sha256 differ from those {path} records "
+                        f"({old.get('data', {}).get('sha256')} != {hashes})")
+    seeds = {job["name"]: job["seed"] for job in jobs}
+    for name in present:
+        entry = old.get("models", {}).get(name)
+        if entry is None:
+            raise UserError(f"--only-missing: {out / name} is not recorded in {path}")
+        if entry.get("sha256") != sha256_file(out / name):
+            raise UserError(f"--only-missing: {out / name} is not the file {path} records (sha256 differs)")
+        if old.get("seeds", {}).get(name) != seeds[name]:
+            raise UserError(f"--only-missing: {path} records seed {old.get('seeds', {}).get(name)} for {name}, "
+                            f"the seed scheme gives {seeds[name]} (DEMO_TRAINING_SIGMAS may only be appended to)")
+    return old
+
+
 def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
                budget: DemoBudget = DemoBudget(), workers: Optional[int] = None,
                threads: Optional[int] = None, command: Optional[str] = None, progress: bool = True,
+               only_missing: bool = False,
                log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
-    """Train the demo UNet and the three classifiers, write them and MODELS.json into out_dir.
+    """Train the demo UNet and the classifiers at DEMO_TRAINING_SIGMAS, write them and MODELS.json into out_dir.
 
-    The four trainings are independent jobs run by `workers` processes (default: one per core,
+    The trainings are independent jobs run by `workers` processes (default: one per core,
     at most 2) with `threads` torch threads each (default: cores // workers); each job is seeded
     and single-process, so its result does not depend on the scheduling. Seeds: UNet `seed`,
-    classifier at sigma s `seed + 1 + i` (i = index of s in 0, 0.25, 0.5).
+    classifier at sigma s `seed + 1 + i` (i = index of s in DEMO_TRAINING_SIGMAS).
+
+    only_missing: train only the models whose files are absent from out_dir; the present ones are
+    neither retrained nor rewritten (they must be the files out_dir/MODELS.json records, made with the
+    same seed, budget and data), and the new models' entries are merged into that MODELS.json, with the
+    run recorded under `only_missing_runs`. Nothing missing: nothing is written.
     Returns the manifest (also written as out_dir/MODELS.json).
     """
 
@@ -401,17 +458,26 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
     threads = int(threads or max(1, cores // workers))
     t_all = time.perf_counter()
     log(f"train-demo: data {data_dir}, out {out}, seed {seed}, {workers} worker(s) x {threads} "
-        f"thread(s), {budget}")
+        f"thread(s), {budget}" + (", only missing models" if only_missing else ""))
     hashes = _idx_hashes(data_dir)
-    jobs = [dict(kind="denoiser", seed=seed)] + [dict(kind="classifier", sigma=s, seed=seed + 1 + i)
-                                                 for i, s in enumerate(CLASSIFIER_SIGMAS)]
+    jobs = _jobs(seed)
+    old: Optional[dict] = None
+    if only_missing:
+        present = [job["name"] for job in jobs if (out / job["name"]).exists()]
+        if present:
+            old = _kept_manifest(out, present, jobs, seed, budget, hashes)
+            log(f"keeping {', '.join(present)} (unchanged)")
+        jobs = [job for job in jobs if job["name"] not in present]
+        if not jobs:
+            log(f"nothing missing in {out}: nothing trained, nothing written")
+            return old
     for job in jobs:
         job.update(threads=threads, budget=budget, out=str(out), data_dir=str(data_dir),
                    progress=progress)
-    if workers == 1:
+    if workers == 1 or len(jobs) == 1:
         results = [_train_job(job) for job in jobs]
     else:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")) as pool:
             results = list(pool.map(_train_job, jobs))
     models: dict[str, dict] = dict(results)
     for name, entry in models.items():
@@ -426,77 +492,116 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
     schedule = PRESET_SCHEDULES["demo"]
     unet_path = out / "demo_unet.pt"
 
-    # -- evaluation, with the models read back through the project's loaders
+    # -- evaluation of the models trained now, read back through the project's loaders
     log("evaluating ...")
     t_eval = time.perf_counter()
-    classifiers = {s: load_classifier(out / classifier_file(s), dataset="fashion-mnist")
-                   for s in CLASSIFIER_SIGMAS}
-    for s, clf in classifiers.items():
+    for s in CLASSIFIER_SIGMAS:
+        if classifier_file(s) not in models:
+            continue
+        clf = load_classifier(out / classifier_file(s), dataset="fashion-mnist")
         models[classifier_file(s)]["metrics"] = dict(
             test_clean_accuracy=classifier_accuracy(clf, x_test, y_test),
             test_noisy_accuracy=classifier_accuracy(clf, x_test, y_test, s) if s > 0 else None,
             embedded_clean_accuracy=classifier_accuracy(clf, x_sub, y_sub),
             embedded_noisy_accuracy=classifier_accuracy(clf, x_sub, y_sub, s) if s > 0 else None)
         log(f"classifier s{s:.2f}: {models[classifier_file(s)]['metrics']}")
-    denoiser = DiffusionDenoiser(load_unet(unet_path, "demo"), schedule)
-    dmetrics = {}
-    for s in DENOISE_EVAL_SIGMAS:
-        noisy, den = one_shot_denoise(denoiser, x_sub, s)
-        t_noisy, t_den = one_shot_denoise(denoiser, x_test, s)
-        dmetrics[f"{s:.2f}"] = dict(
-            t_star=schedule.timestep(s), model_timestep=schedule.coefficients(s).model_timestep,
-            embedded_denoised_mse=mse(den, x_sub), embedded_noisy_mse=mse(noisy, x_sub),
-            embedded_dds_accuracy_s0_00=classifier_accuracy(classifiers[0.0], den, y_sub),
-            embedded_noisy_accuracy_s0_00=classifier_accuracy(classifiers[0.0], noisy, y_sub),
-            test_denoised_mse=mse(t_den, x_test), test_noisy_mse=mse(t_noisy, x_test),
-            test_dds_accuracy_s0_00=classifier_accuracy(classifiers[0.0], t_den, y_test))
-        log(f"denoiser sigma {s}: {dmetrics[f'{s:.2f}']}")
-    models["demo_unet.pt"]["metrics"] = dmetrics
+    if "demo_unet.pt" in models:
+        clean = load_classifier(out / classifier_file(0.0), dataset="fashion-mnist")
+        denoiser = DiffusionDenoiser(load_unet(unet_path, "demo"), schedule)
+        dmetrics = {}
+        for s in DENOISE_EVAL_SIGMAS:
+            noisy, den = one_shot_denoise(denoiser, x_sub, s)
+            t_noisy, t_den = one_shot_denoise(denoiser, x_test, s)
+            dmetrics[f"{s:.2f}"] = dict(
+                t_star=schedule.timestep(s), model_timestep=schedule.coefficients(s).model_timestep,
+                embedded_denoised_mse=mse(den, x_sub), embedded_noisy_mse=mse(noisy, x_sub),
+                embedded_dds_accuracy_s0_00=classifier_accuracy(clean, den, y_sub),
+                embedded_noisy_accuracy_s0_00=classifier_accuracy(clean, noisy, y_sub),
+                test_denoised_mse=mse(t_den, x_test), test_noisy_mse=mse(t_noisy, x_test),
+                test_dds_accuracy_s0_00=classifier_accuracy(clean, t_den, y_test))
+            log(f"denoiser sigma {s}: {dmetrics[f'{s:.2f}']}")
+        models["demo_unet.pt"]["metrics"] = dmetrics
     eval_wall = time.perf_counter() - t_eval
 
     for name in models:
         models[name]["file_bytes"] = (out / name).stat().st_size
         models[name]["sha256"] = sha256_file(out / name)
-    manifest = dict(
-        description=("Embedded demo models of diffsmooth-engine: a 1-channel diffusion UNet (preset "
-                     "'demo', cosine schedule T=4000, rescaled timesteps) and cifar_resnet20 classifiers "
-                     "trained with Gaussian augmentation at sigma 0, 0.25, 0.5, on Fashion-MNIST "
-                     "(60k train images, 28x28 zero-padded to 32x32, [0,1])."),
-        command=command or shlex.join([sys.executable] + sys.argv),
-        equivalent_command=_equivalent_command(data_dir, out, seed, budget, workers, threads),
-        seed=seed,
-        seeds={"demo_unet.pt": seed, **{classifier_file(s): seed + 1 + i
-                                        for i, s in enumerate(CLASSIFIER_SIGMAS)}},
-        budget=dataclasses.asdict(budget),
-        data=dict(directory=str(data_dir), sha256=hashes, train_images=n_train,
-                  test_images=int(x_test.shape[0]),
-                  preprocessing="uint8/255, zero-pad 28x28 -> 32x32 (load_dataset('idx', dir, split))",
-                  embedded_subset="load_dataset('embedded'): 500 test images, first 50 per class"),
-        evaluation=dict(
-            noise=("noisy = images + sigma * torch.randn(images.shape, generator="
-                   f"torch.Generator().manual_seed({EVAL_NOISE_SEED})) on the whole [N,1,32,32] "
-                   "set at once, no clamping (training.seeded_noise); the same seed for every sigma"),
-            noise_seed=EVAL_NOISE_SEED,
-            accuracy="top-1 of the checkpoint loaded with load_classifier(path, dataset='fashion-mnist')",
-            denoise=("DiffusionDenoiser(load_unet(path, 'demo'), PRESET_SCHEDULES['demo']).denoise(noisy, "
-                     "sigma); MSE = mean over all pixels of (denoised - clean)^2 in [0,1] units"),
-            dds_accuracy="s0.00 classifier on the one-shot-denoised images (one sample of DDS)",
-            wall_time_s=round(eval_wall, 1)),
-        software=dict(python=platform.python_version(), torch=torch.__version__,
-                      numpy=np.__version__, workers=workers, threads_per_worker=threads,
-                      machine=platform.machine()),
-        total_wall_time_s=round(time.perf_counter() - t_all, 1),
-        models=models)
-    with open(out / "MODELS.json", "w") as f:
+    software = dict(python=platform.python_version(), torch=torch.__version__,
+                    numpy=np.__version__, workers=workers, threads_per_worker=threads,
+                    machine=platform.machine())
+    if old is None:
+        equivalent = _equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=only_missing)
+        manifest = dict(
+            description=_description(),
+            command=command or equivalent,
+            equivalent_command=equivalent,
+            seed=seed,
+            seeds={job["name"]: job["seed"] for job in _jobs(seed)},
+            budget=dataclasses.asdict(budget),
+            data=dict(directory=str(data_dir), sha256=hashes, train_images=n_train,
+                      test_images=int(x_test.shape[0]),
+                      preprocessing="uint8/255, zero-pad 28x28 -> 32x32 (load_dataset('idx', dir, split))",
+                      embedded_subset="load_dataset('embedded'): 500 test images, first 50 per class"),
+            evaluation=dict(
+                noise=("noisy = images + sigma * torch.randn(images.shape, generator="
+                       f"torch.Generator().manual_seed({EVAL_NOISE_SEED})) on the whole [N,1,32,32] "
+                       "set at once, no clamping (training.seeded_noise); the same seed for every sigma"),
+                noise_seed=EVAL_NOISE_SEED,
+                accuracy="top-1 of the checkpoint loaded with load_classifier(path, dataset='fashion-mnist')",
+                denoise=("DiffusionDenoiser(load_unet(path, 'demo'), PRESET_SCHEDULES['demo']).denoise(noisy, "
+                         "sigma); MSE = mean over all pixels of (denoised - clean)^2 in [0,1] units"),
+                dds_accuracy="s0.00 classifier on the one-shot-denoised images (one sample of DDS)",
+                wall_time_s=round(eval_wall, 1)),
+            software=software,
+            total_wall_time_s=round(time.perf_counter() - t_all, 1),
+            models=models)
+    else:
+        manifest = _merged_manifest(old, models, out, data_dir, seed, budget, dict(
+            command=command or _equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=True),
+            equivalent_command=_equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=True),
+            models=list(models), software=software, evaluation_wall_time_s=round(eval_wall, 1),
+            total_wall_time_s=round(time.perf_counter() - t_all, 1)))
+    tmp = out / "MODELS.json.tmp"
+    with open(tmp, "w") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
-    log(f"wrote {out / 'MODELS.json'} ({manifest['total_wall_time_s']:.0f} s in all)")
+    os.replace(tmp, out / "MODELS.json")
+    log(f"wrote {out / 'MODELS.json'} ({time.perf_counter() - t_all:.0f} s in all)")
     return manifest
 
 
-def _equivalent_command(data_dir, out, seed: int, budget: DemoBudget, workers: int, threads: int) -> str:
+def _merged_manifest(old: dict, new_models: dict[str, dict], out: Path, data_dir, seed: int,
+                     budget: DemoBudget, run: dict) -> dict:
+    """`old` with `new_models` merged in (manifest order: the UNet, then the classifiers by sigma) and `run`
+    appended to `only_missing_runs`. The kept models' entries stay as they are; the description lists the
+    sigmas now shipped, and `command` / `equivalent_command` become the full command that trains every
+    model listed from scratch (same seeds and budget, the original run's workers and threads)."""
+    manifest = dict(old)
+    software = old.get("software", {})
+    full = _equivalent_command(data_dir, out, seed, budget, software.get("workers", run["software"]["workers"]),
+                               software.get("threads_per_worker", run["software"]["threads_per_worker"]))
+    order = [job["name"] for job in _jobs(seed)]
+    models = {name: new_models.get(name, old["models"].get(name)) for name in order
+              if name in new_models or name in old["models"]}
+    models.update({k: v for k, v in old["models"].items() if k not in models})
+    manifest.update(
+        description=_description(), command=full, equivalent_command=full,
+        command_note=("command / equivalent_command train every model listed here from scratch (same seeds, "
+                      "budget and data); only_missing_runs lists the `train-demo --only-missing` runs that "
+                      "added models to the files of an earlier run (its command, software and wall times)"),
+        seeds={name: job_seed for name, job_seed in
+               ((job["name"], job["seed"]) for job in _jobs(seed)) if name in models},
+        only_missing_runs=[*old.get("only_missing_runs", []), run])
+    manifest.pop("models")
+    manifest["models"] = models        # the models stay the last, longest field
+    return manifest
+
+
+def _equivalent_command(data_dir, out, seed: int, budget: DemoBudget, workers: int, threads: int,
+                        only_missing: bool = False) -> str:
     """The `diffsmooth train-demo` command line that reproduces this run."""
-    args = ["diffsmooth", "train-demo", "--data", str(data_dir), "--out", str(out), "--seed", str(seed),
+    args = ["diffsmooth", "train-demo", *(["--only-missing"] if only_missing else []),
+            "--data", str(data_dir), "--out", str(out), "--seed", str(seed),
             "--unet-steps", str(budget.unet_steps), "--unet-batch-size", str(budget.unet_batch_size),
             "--classifier-epochs", f"{budget.classifier_epochs:g}",
             "--clean-classifier-epochs", f"{budget.clean_classifier_epochs:g}",

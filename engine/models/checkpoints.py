@@ -166,6 +166,19 @@ def extract_state_dict(obj) -> tuple[OrderedDict, str | None]:
     return OrderedDict(sd), arch
 
 
+def refuse_non_finite(state_dict: Mapping[str, torch.Tensor], path) -> None:
+    """A NaN or inf weight turns every vote into noise (or one constant class): refuse the file before
+    any vote is counted, naming the first such parameter."""
+    for name, value in state_dict.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            finite = torch.isfinite(value)
+            if not bool(finite.all()):
+                bad = int((~finite).sum())
+                raise UserError(f"checkpoint {path} holds {bad} NaN/inf value(s) in parameter '{name}' "
+                                f"{_fmt_shape(value.shape)}: the model is broken (a diverged training run?); "
+                                f"use another checkpoint")
+
+
 def _describe(value) -> str:
     """A parameter's shape, or the type of a non-tensor entry."""
     return _fmt_shape(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
@@ -247,6 +260,7 @@ def load_unet(path, preset: str | None = "cifar10", **config_overrides) -> UNetM
     """Load an official (or project-trained) UNet state dict into the preset's architecture, in eval mode."""
     config = unet_config(preset, **config_overrides)
     state_dict, _ = extract_state_dict(read_checkpoint(path))
+    refuse_non_finite(state_dict, path)
     with torch.device("meta"):  # skip random initialisation: every tensor comes from the checkpoint
         model = UNetModel(config)
     try:
@@ -277,6 +291,7 @@ def load_classifier(
         raise UserError(f"unknown normalization {normalization!r}; choose one of {', '.join(NORMALIZATION_MODES)}")
     checkpoint = read_checkpoint(path)
     state_dict, ckpt_arch = extract_state_dict(checkpoint)
+    refuse_non_finite(state_dict, path)
     arch = arch or ckpt_arch
     if arch is None:
         raise UserError(f"checkpoint {path} does not record its architecture; pass arch= one of {_known_archs()}")

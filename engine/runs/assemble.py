@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
@@ -64,9 +65,15 @@ def parse_unet_config(text: Optional[str]) -> dict:
     """--unet-config: a JSON object of UNet config fields ({} when not given)."""
     if not text:
         return {}
+    def refuse(constant):
+        raise ValueError(f"{constant} is not a finite number")
+
+    def finite(number: str) -> float:
+        value = float(number)
+        return value if math.isfinite(value) else refuse(number)
     try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
+        config = json.loads(text, parse_constant=refuse, parse_float=finite)
+    except ValueError as exc:                   # JSONDecodeError is a ValueError
         raise UserError(f"`unet_config` is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise UserError("`unet_config` must be a JSON object of UNet config fields")

@@ -59,7 +59,13 @@ def loaded_models(run: ResolvedRun):
 
 
 def execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None]) -> RunSummary:
-    """Certify (or predict) this process's images; `log` takes the progress lines."""
+    """Certify (or predict) this process's images; `log` takes the progress lines. Holds the run's
+    locks (one writer per result file or sweep folder) from before its settings are recorded."""
+    with run.hold_locks():
+        return _execute(run, voter, log)
+
+
+def _execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None]) -> RunSummary:
     r, plan = run.request, run.shards
     run.check_resumable(record=True)
     files = list(run.result_files().values())
@@ -90,8 +96,9 @@ def rank_files(out, num_ranks: int) -> list:
 
 
 def finished_in(files) -> frozenset:
-    """Indices with a complete row in any of `files` (missing files hold none)."""
-    return frozenset(int(row["idx"]) for f in files if _has_rows(f) for row in read_rows(f))
+    """Indices with a complete row in any of `files` (missing files hold none). A torn last line is
+    left out (its rank cuts it when it opens its file); any other damage is refused."""
+    return frozenset(int(row["idx"]) for f in files if _has_rows(f) for row in read_rows(f, torn_tail="ignore"))
 
 
 def _has_rows(path) -> bool:

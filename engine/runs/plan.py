@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -20,8 +21,17 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch
+from diffsmooth.engine.runs.locks import check_unlocked, hold_lock
 from diffsmooth.engine.runs.request import RunRequest
-from diffsmooth.engine.runs.results import check_or_record_settings, shard_path
+from diffsmooth.engine.runs.results import (
+    RADIUS_FORMAT,
+    RADIUS_FORMAT_KEY,
+    check_or_record_settings,
+    read_json,
+    read_result,
+    refuse_other_radius_format,
+    shard_path,
+)
 from diffsmooth.engine.runs.sharding import ShardPlan, plan_from, rank_device
 from diffsmooth.engine.runs.sources import resolve_sources
 
@@ -70,9 +80,42 @@ class ResolvedRun:
             return {self.configurations[0]: self.out}
         return {c: self.out / f"{c.name}.tsv" for c in self.configurations}
 
+    def lock_targets(self) -> List[Tuple[Path, str, bool]]:
+        """(target, what, is a folder) for each lock this process holds while it runs
+        (engine/runs/locks.py): its result file (a shard's or rank's own), the sweep folder (covering
+        index.json and every configuration's file), and for torchrun's merging rank the merged file."""
+        if self.is_sweep:
+            return [(self.out, "sweep folder", True)]
+        targets = [(self.out, "result file", False)]
+        if self.shards.is_merger:
+            targets.append((Path(self.request.out), "result file", False))
+        return targets
+
+    @contextmanager
+    def hold_locks(self) -> Iterator[None]:
+        """Hold this run's locks (re-entrant: the command line holds them from planning on, `execute` again)."""
+        with ExitStack() as stack:
+            for target, what, folder in self.lock_targets():
+                stack.enter_context(hold_lock(target, what, folder))
+            yield
+
+    def check_result_files(self) -> None:
+        """Refuse (before any model loads) to resume a damaged result file: every line is checked
+        (results.read_result, naming file:line); only a torn last line is left to the writer to cut."""
+        for path in self.result_files().values():
+            if path.is_file() and path.stat().st_size > 0:
+                read_result(path, torn_tail="ignore")
+
+    def check_unlocked(self) -> None:
+        """Refuse (before any model loads) when another run writes this run's files; holds nothing."""
+        for target, what, folder in self.lock_targets():
+            check_unlocked(target, what, folder)
+
     def recorded(self) -> dict:
         """What determines the rows of a result file (a resumed run must match it); the format of
-        every earlier release, so their result files and sweep folders keep resuming."""
+        every earlier release, so their result files and sweep folders keep resuming, plus the radius
+        format of certify rows (`radius_format`, rounded down): files written before it (radii
+        rounded to nearest) are refused instead (results.refuse_other_radius_format)."""
         r = self.request
         settings = {k: getattr(r, k) for k in RECORDED if k not in ("batch", "fast_path")}
         settings.update(batch=self.batch, fast_path=self.fast.as_dict())
@@ -87,6 +130,8 @@ class ResolvedRun:
         settings["mode"] = r.mode
         if r.mode == "predict":
             settings.pop("n0")
+        else:
+            settings[RADIUS_FORMAT_KEY] = RADIUS_FORMAT     # how the rows print the radius (format_radius)
         rule = r.sequential
         if rule is not None:
             settings.pop("n")                       # n only sets n-max's default
@@ -113,11 +158,13 @@ class ResolvedRun:
             return
         index = self.sweep_index()
         path = self.out / SWEEP_INDEX
-        if path.exists() and json.loads(path.read_text()) != json.loads(json.dumps(index)):
+        if path.exists():
+            refuse_other_radius_format(read_json(path, "sweep index").get("settings", {}), index["settings"], self.out)
+        if path.exists() and read_json(path, "sweep index") != json.loads(json.dumps(index)):
             raise UserError(f"{self.out} holds a sweep with other settings or configurations: use another `out`")
         if record:
             self.out.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(index, indent=1) + "\n")
+            path.write_text(json.dumps(index, indent=1, allow_nan=False) + "\n")
 
 
 def set_threads(threads: Optional[int]) -> None:
@@ -132,7 +179,9 @@ def open_dataset(request: RunRequest) -> Tuple[str, object, List[int]]:
     if kind is None:
         raise UserError("`data` given without `dataset`: say which layout it is (cifar10, imagenet, npz, idx)")
     dataset = load_dataset(kind, request.data, split=request.split)
-    return kind, dataset, dataset.indices_selected(request.skip, request.max_index)
+    indices = dataset.indices_selected(request.skip, request.max_index)
+    dataset.verify(indices)                 # a damaged image is refused before any row is written
+    return kind, dataset, indices
 
 
 def classifier_names(request: RunRequest, sources: ModelSources) -> Tuple[Dict[str, str], object]:
@@ -155,8 +204,9 @@ def classifier_names(request: RunRequest, sources: ModelSources) -> Tuple[Dict[s
 
 
 def plan_run(request: RunRequest) -> ResolvedRun:
-    """Resolve a request; refuses (before any model loads) a result file or sweep folder written with
-    other settings."""
+    """Resolve a request; refuses (before any model loads) a result file or sweep folder that another
+    run is writing (its lock is held: checked, not taken; `ResolvedRun.hold_locks` takes it) or that
+    was written with other settings."""
     set_threads(request.threads)
     kind, dataset, indices = open_dataset(request)
     if not indices:
@@ -179,5 +229,7 @@ def plan_run(request: RunRequest) -> ResolvedRun:
     if shards.num_shards > 1:
         out = shard_path(request.out, shards.shard, shards.num_shards)
     run = ResolvedRun(request, dataset, tuple(indices), tuple(configs), paths, sources, shards, device, batch, fast, out)
+    run.check_unlocked()
     run.check_resumable(record=False)
+    run.check_result_files()
     return run

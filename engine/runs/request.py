@@ -11,7 +11,18 @@ from typing import Optional, Tuple
 
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.sequential import BOUNDS, DEFAULT_BOUND, DEFAULT_FUTILITY_RULE, FUTILITY_RULES, SequentialRule
-from diffsmooth.engine.choices import BACKENDS
+from diffsmooth.engine.choices import (
+    BACKENDS,
+    LOCAL_NOISE_MODES,
+    MAX_BATCH,
+    MAX_DIFFUSION_STEPS,
+    MAX_LOCAL_NOISES,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_THREADS,
+    MAX_WINDOW,
+    PRECISIONS,
+)
 from diffsmooth.engine.errors import UserError, check_alpha
 
 MODES = ("certify", "predict")
@@ -27,7 +38,9 @@ def parse_radii(text: str) -> Tuple[float, ...]:
         raise UserError("`radii` must name at least one radius")
     if not all(math.isfinite(r) and r >= 0 for r in radii):
         raise UserError(f"`radii` must be finite numbers >= 0, got {text!r}")
-    return radii
+    if len(set(radii)) != len(radii):
+        raise UserError(f"`radii` names a radius twice, got {text!r}")
+    return tuple(r + 0.0 for r in radii)            # -0.0 -> 0.0
 
 
 def parse_futility(text: Optional[str]) -> Tuple[Optional[str], Optional[float]]:
@@ -73,11 +86,33 @@ def sequential_rule(radii: Optional[str], sigma: float, alpha: float, n_max: int
                           bound=parse_bound(bound), futility_rule=rule)
 
 
-def _positive(name: str, value, allow_none: bool = False) -> None:
+def _positive(name: str, value, allow_none: bool = False, high: Optional[int] = None, low: int = 1) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"`{name}` must be an integer >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise UserError(f"`{name}` must be an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise UserError(f"`{name}` must be <= {high:,}, got {value!r}")
+
+
+def _finite(name: str, value, low: float, low_open: bool = False, high: Optional[float] = None) -> None:
+    """UserError unless value is a finite number (not a bool) > / >= low (and <= high)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        bound = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high is not None else "")
+        raise UserError(f"`{name}` must be a finite number {bound}, got {value!r}")
+
+
+def _distinct(name: str, values: tuple) -> None:
+    if len(set(values)) != len(values):
+        raise UserError(f"`{name}` names a value twice: {list(values)}")
+
+
+# Options holding a name or a path: a string, or None where not given.
+_TEXT = ("out", "denoiser", "preset", "unet_config", "schedule", "arch", "normalization", "stats", "dataset",
+         "data", "split", "onnx_dir", "device", "shard")
+_FLAGS = ("compile", "cuda_graphs", "fused_attention")       # None: the device's default
 
 
 @dataclass(frozen=True)
@@ -158,15 +193,52 @@ class RunRequest:
     def __post_init__(self):
         if self.mode not in MODES:
             raise UserError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma) and self.sigma > 0):
+        if isinstance(self.sigma, bool) or not (isinstance(self.sigma, (int, float)) and math.isfinite(self.sigma)
+                                                and self.sigma > 0):
             raise UserError(f"sigma must be > 0 and finite, got {self.sigma!r}")
         check_alpha(self.alpha)
+        for name in _TEXT:
+            value = getattr(self, name)
+            if not (isinstance(value, str) or (value is None and name != "out")):
+                raise UserError(f"`{name}` must be a {'path' if name in ('out', 'data', 'onnx_dir') else 'name'}, "
+                                f"got {value!r}")
+        if not self.out:
+            raise UserError("`out` must name a result file")
         for name in ("n0", "n", "skip"):
             _positive(name, getattr(self, name))
-        for name in ("batch", "window", "threads", "max_index"):
-            _positive(name, getattr(self, name), allow_none=True)
+        for name, high in (("batch", MAX_BATCH), ("window", MAX_WINDOW), ("threads", MAX_THREADS), ("max_index", None),
+                           ("diffusion_steps", MAX_DIFFUSION_STEPS), ("validate_images", None)):
+            _positive(name, getattr(self, name), allow_none=name != "validate_images", high=high)
+        _positive("seed", self.seed, low=0, high=MAX_SEED)
+        _positive("validate_samples", self.validate_samples, low=0, high=MAX_SAMPLES)
+        _finite("expected_flip_rate", self.expected_flip_rate, 0.0, low_open=True, high=1.0)
+        samples = self.n if self.mode == "predict" else self.n0 + (self.n if self.sequential is None
+                                                                   else self.sequential.n_max)
+        if samples > MAX_SAMPLES:
+            raise UserError(f"{'`n`' if self.mode == 'predict' else '`n0` + `n`'} must be <= {MAX_SAMPLES:,} samples "
+                            f"per image (Monte Carlo sample indices are 32-bit), got {samples:,}")
+        for name in _FLAGS:
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
+        for name in ("fused_conv", "quiet"):
+            if not isinstance(getattr(self, name), bool):
+                raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
+        if self.streams is not None and (type(self.streams) is not int or self.streams not in (1, 2)):
+            raise UserError(f"`streams` must be 1 or 2, got {self.streams!r}")
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if self.precision not in PRECISIONS:
+            raise UserError(f"`precision` must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.local_noise not in LOCAL_NOISE_MODES:
+            raise UserError(f"`local_noise` must be one of {', '.join(LOCAL_NOISE_MODES)}, got {self.local_noise!r}")
+        for ls in self.local_sigma:
+            _finite("local_sigma", ls, 0.0)
+        for m in self.m:
+            _positive("m", m, high=MAX_LOCAL_NOISES)
+        if not all(isinstance(c, str) and c for c in self.classifier):
+            raise UserError(f"`classifier` must name checkpoint files, got {list(self.classifier)!r}")
+        for name in ("method", "local_sigma", "m", "classifier"):
+            _distinct(name, getattr(self, name))
         for method in self.method:              # every method x sigma' x m combination is a valid configuration
             for ls in self.local_sigma:
                 for m in self.m:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import MISSING, fields
+
+from diffsmooth.engine.choices import MAX_DIFFUSION_STEPS
+from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
+from diffsmooth.engine.models.unet import UNetConfig
+from diffsmooth.engine.models.unet import unet_config as build_unet_config
 from diffsmooth.engine.runs.assemble import ModelSources, parse_unet_config
 
 # The dataset each preset's checkpoints were trained on, as a normalisation table name.
@@ -42,11 +48,32 @@ def resolve_sources(*, denoiser: str | None = None, classifier: str | None = Non
             preset = shipped.DEMO_PRESET
         elif denoiser and not config:
             preset = "cifar10"
+    if diffusion_steps is not None and (isinstance(diffusion_steps, bool) or not isinstance(diffusion_steps, int)
+                                        or not 1 <= diffusion_steps <= MAX_DIFFUSION_STEPS):
+        raise UserError(f"`diffusion_steps` must be an integer in 1..{MAX_DIFFUSION_STEPS:,}, got {diffusion_steps!r}")
+    if config and (denoiser or demo):           # the UNet's fields, checked before any model loads
+        check_unet_config(preset, config)
     given = {"preset": preset, "unet_config": config, "schedule": schedule, "diffusion_steps": diffusion_steps,
              "arch": arch, "normalization": normalization, "stats": stats or default_stats(preset, dataset_kind)}
     if demo:
         return ModelSources.demo(**{k: v for k, v in given.items() if v not in (None, {})})
     return ModelSources(denoiser=denoiser, classifier=classifier, **given)
+
+
+def check_unet_config(preset: str | None, config: dict) -> None:
+    """UserError for an unknown UNet field or a value the UNet cannot take. Without a preset a config
+    missing required fields is left to the denoiser's loading, which names them."""
+    known = {f.name: f for f in fields(UNetConfig)}
+    unknown = sorted(set(config) - set(known))
+    if unknown:
+        raise UserError(f"`unet_config`: unknown UNet config key(s) {', '.join(unknown)}; valid keys: {', '.join(known)}")
+    required = [name for name, f in known.items() if f.default is MISSING and f.default_factory is MISSING]
+    if preset is None and any(name not in config for name in required):
+        return
+    try:
+        build_unet_config(preset, **config)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"`unet_config`: {exc}") from None
 
 
 def default_image_shape(preset: str | None, stats: str | None) -> tuple[int, int, int]:

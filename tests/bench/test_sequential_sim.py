@@ -46,11 +46,14 @@ def test_sim_table_from_a_tsv(tmp_path):
 
 
 def test_sim_computes_no_bound_of_its_own():
-    """One implementation: the simulator takes its bounds and its rule from engine/certify."""
-    import diffsmooth.bench.sequential_sim as sim
+    """One implementation: the simulator's core lives in the engine (the table command predicts with
+    it) and takes its bounds and its rule from engine/certify; the bench only prints tables."""
+    import diffsmooth.bench.sequential_sim as bench_sim
+    import diffsmooth.engine.runs.simulation as sim
     from diffsmooth.engine.certify import cohen, sequential
     assert sim.lower_confidence_bounds is cohen.lower_confidence_bounds and sim.run_rule is sequential.run_rule
     assert not hasattr(sim, "beta") and not hasattr(sim, "confidence_bounds")
+    assert bench_sim.simulate is sim.simulate and not hasattr(bench_sim, "lower_confidence_bounds")
 
 
 def test_rules_and_fixed_n_share_one_path_per_image():

@@ -19,6 +19,7 @@ from diffsmooth.engine.certify.sequential import (
     confidence_bounds,
     default_pace_margin,
     futility_bounds,
+    look_decision,
     look_schedule,
     needed_votes,
     pace_futile,
@@ -363,9 +364,14 @@ def test_cli_sequential_rows_resume_and_guard(tmp_path, spread_models):
     whole, part = tmp_path / "whole.tsv", tmp_path / "part.tsv"
     invoke_ok([*_args(spread_models, *SEQ, "--batch", "300"), "--out", whole])
     rows = read_rows(whole)
-    assert list(rows[0]) == ["idx", "label", "predict", "radius", "correct", "time", "samples"]
+    assert list(rows[0]) == ["idx", "label", "predict", "radius", "correct", "time", "samples", "top_votes"]
     used = [int(r["samples"]) for r in rows]
     assert all(20 + 100 <= u <= 20 + 1500 for u in used)
+    # top_votes: cA's estimation votes at the stopping look; with `samples` they rebuild the bound
+    for r in rows:
+        assert 0 <= int(r["top_votes"]) <= int(r["samples"]) - 20
+        if int(r["predict"]) != -1:
+            assert int(r["top_votes"]) > (int(r["samples"]) - 20) / 2
     assert len(set(used)) >= 2 and min(used) < 20 + 1500            # early stops, at different looks
     assert len({r["predict"] for r in rows}) >= 2                    # votes spread over classes
     # a sequential row is never certified beyond what fixed-n CERTIFY on a superset of its samples allows
@@ -451,3 +457,60 @@ def test_split_cp_coverage_at_the_looks_and_a_naive_rule_fails():
     _coverage_holds(split_cp_lower(rule), rule.chunks(), rule.alpha)
     with pytest.raises(AssertionError):
         _coverage_holds(naive_cp_lower(rule.alpha), rule.chunks(), rule.alpha)
+
+
+def _drive(rule, votes_per_chunk):
+    """Feed a SequentialCertificate chunk by chunk; the (lower, upper) it holds after each look."""
+    state, held = SequentialCertificate(rule), []
+    for votes, size in zip(votes_per_chunk, rule.chunks()):
+        state.add(int(votes), size)
+        held.append((state.lower, state.upper))
+        if state.done:
+            break
+    return held
+
+
+def test_the_bounds_are_the_running_max_and_min_over_the_looks():
+    """A planted path: votes at 0.8 (the lower bound climbs), then a run at 0.7 (this look's lower
+    bound falls) and at 0.8 again (this look's upper bound rises). The rule must keep the best bounds
+    seen so far: Cohen's guarantee holds for the max over looks of split CP's lower bounds, and
+    the certificate would shrink (or the stop come late) with the current look's bounds."""
+    schedule = SequentialRule((0.5,), sigma=0.5, alpha=0.001, n_max=4000, futility_rule=None)
+    chunks = np.array(schedule.chunks())
+    k = len(chunks)
+    rates = np.where(np.arange(k) < k // 3, 0.8, np.where(np.arange(k) < 2 * k // 3, 0.7, 0.8))
+    votes = np.round(chunks * rates).astype(int)
+    s, t = np.cumsum(votes), np.cumsum(chunks)
+    lows = lower_confidence_bounds(s, t, schedule.levels())
+    highs = upper_confidence_bounds(s, t, schedule.levels())
+    assert lows.max() < highs.min()                              # a threshold between: neither side ever settles
+    threshold = (lows.max() + highs.min()) / 2
+    rule = SequentialRule((0.5 * norm.ppf(threshold),), sigma=0.5, alpha=0.001, n_max=4000, futility_rule=None)
+    assert rule.chunks() == schedule.chunks()
+    held = _drive(rule, votes)
+    assert len(held) == k                                        # no stop before n_max
+    np.testing.assert_allclose([h[0] for h in held], np.maximum.accumulate(lows))
+    np.testing.assert_allclose([h[1] for h in held], np.minimum.accumulate(highs))
+    falls = np.flatnonzero(np.diff(lows) < 0) + 1
+    rises = np.flatnonzero(np.diff(highs) > 0) + 1
+    assert len(falls) and len(rises)                             # the path really does both
+    assert all(held[j][0] > lows[j] for j in falls)              # kept above this look's bound
+    assert all(held[j][1] < highs[j] for j in rises)
+    lower, used = run_rule(rule, votes[None, :])                 # the simulator's vectorised rule agrees
+    assert used[0] == rule.n_max and lower[0] == pytest.approx(np.maximum.accumulate(lows)[-1])
+
+
+def test_each_look_uses_its_own_level():
+    """Look k of K spends alpha / (2(K - 1)) (alpha / 2 at the last): each look's bound equals an
+    independent Beta quantile at that level, not a neighbour's or the last one's."""
+    from scipy.stats import beta
+    rule = SequentialRule((0.5,), sigma=0.5, alpha=0.001, n_max=5000, futility_rule=None)
+    looks = rule.looks()
+    big_k = len(looks)
+    for k, t in enumerate(looks):
+        level = 0.001 / (2 * (big_k - 1)) if k < big_k - 1 else 0.0005
+        s = int(0.7 * t)
+        lower, upper, _ = look_decision(rule, np.array([float(s)]), np.array([float(t)]), k,
+                                        np.array([0.0]), np.array([1.0]))
+        assert lower[0] == pytest.approx(beta.ppf(level, s, t - s + 1), rel=1e-12)
+        assert upper[0] == pytest.approx(beta.ppf(1 - level, s + 1, t - s), rel=1e-12)

@@ -2,6 +2,8 @@
 separate single-configuration run with the same seed."""
 
 import json
+import shutil
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from diffsmooth.cli import main
 from diffsmooth.engine.base_classifier.configurations import Configuration, configurations
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.noise import fixed_local_noise
-from diffsmooth.engine.runs.results import read_rows
+from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, read_rows
 
 FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet", "--max", "3"]
 
@@ -78,9 +80,17 @@ STORED_ARGS = ["--method", "rs", "--method", "dds", "--method", "diffsmooth", "-
                "0.5", "--m", "1", "--m", "3", "--sigma", "0.5", "--batch", "64", "--max", "20", "--skip", "2", "--quiet"]
 
 
-def _radius_rows(path):
-    """Rows without `time`, the radius compared as the number it prints (a format change keeps the value)."""
-    return [dict(r, radius=float(r["radius"])) if "radius" in r else r for r in rows_without_time(path)]
+def _assert_rows_equal_but_rounded_down(new_path, stored_path):
+    """Rows without `time` equal the stored ones in the stored columns (columns added since are not in
+    them), except that the stored rows print the radius rounded to nearest and new rows round it down:
+    each new radius (a number) is the stored one or one unit in its 3rd significant digit lower."""
+    stored = rows_without_time(stored_path)
+    new = [{k: r[k] for k in stored[0]} for r in rows_without_time(new_path)]
+    assert [{k: v for k, v in r.items() if k != "radius"} for r in new] == \
+        [{k: v for k, v in r.items() if k != "radius"} for r in stored]
+    for a, b in zip(new, stored):
+        got, was = Decimal(a["radius"]), Decimal(b["radius"])
+        assert got == was or 0 < got < was and was - got <= Decimal(1).scaleb(got.adjusted() - 2), (a, b)
 
 
 @pytest.mark.slow
@@ -90,16 +100,21 @@ def _radius_rows(path):
                           "--n-max", "500"])])
 def test_sweep_rows_equal_rows_stored_before_the_one_voter(tmp_path, name, extra):
     """Sweeps moved onto the one voter and scheduler: every configuration's rows equal those the engine
-    wrote before (tests/data/sweep_rows/README.md), and the old folder's index.json is what a run
-    writes today, so sweep folders written before keep resuming."""
+    wrote before (tests/data/sweep_rows/README.md) apart from the radius now being rounded down, and
+    the old folder's index.json is what a run writes today plus `radius_format`; the old folder itself
+    (radii rounded to nearest) is refused instead of resumed."""
     out = tmp_path / name
     invoke(["certify", *STORED_ARGS, *extra, "--out", out])
     stored = STORED / name
     files = sorted(p.name for p in stored.glob("*.tsv"))
     assert files == sorted(p.name for p in out.glob("*.tsv")) and len(files) == 6
     for f in files:
-        assert _radius_rows(out / f) == _radius_rows(stored / f), f
+        _assert_rows_equal_but_rounded_down(out / f, stored / f)
     assert_rows_spread(stored / files[-1])
-    assert json.loads((out / "index.json").read_text()) == json.loads((stored / "index.json").read_text())
+    index, old_index = json.loads((out / "index.json").read_text()), json.loads((stored / "index.json").read_text())
+    assert index["settings"].pop(RADIUS_FORMAT_KEY) == RADIUS_FORMAT and index == old_index
     resumed = invoke(["certify", *STORED_ARGS, *extra, "--out", out])
     assert "0 rows (10 already done)" in resumed.output
+    old = shutil.copytree(stored, tmp_path / f"{name}_old")
+    refused = CliRunner().invoke(main, ["certify", *STORED_ARGS, *extra, "--out", str(old)])
+    assert refused.exit_code == 2 and "rounded to nearest" in refused.output, refused.output

@@ -1,0 +1,73 @@
+"""`diffsmooth table`: the paper's certified-accuracy table in one command (engine/table/)."""
+
+from __future__ import annotations
+
+import click
+
+from diffsmooth.cli.options import BATCH, SAMPLES, THREADS, Count, Number
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, command_line
+from diffsmooth.engine.table.planning import DEFAULT_MARGIN, PLANS
+from diffsmooth.engine.table.spec import DEMO_IMAGES, DEMO_N_MAX, demo_spec, load_spec
+
+DEFAULT_PILOT = 25
+DEMO_PILOT = 4
+
+
+def _log(line: str) -> None:
+    click.echo(line, err=True)
+
+
+@click.command()
+@click.argument("spec", required=False, type=click.Path(dir_okay=False))
+@click.option("--demo", is_flag=True,
+              help=f"The embedded demo table instead of SPEC: Fashion-MNIST demo models, sigma 0.25 / 0.5 / 1.0, radii "
+                   f"0 to 2.0, {DEMO_IMAGES} images, n-max {DEMO_N_MAX}, pilot {DEMO_PILOT} (estimated about ten "
+                   f"minutes on 2 idle CPU cores with every line).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The table's folder (runs/, plan.json, cost.json, table.md, table.tex, curves.png, summary.json).")
+@click.option("--plan", "plan", type=click.Choice(PLANS), default="auto", show_default=True,
+              help="auto: a pilot assigns each radius to the sigmas that can win it; all: every sigma settles every "
+                   "radius (sequential); fixed: fixed-n CERTIFY at n = n-max (the paper's way).")
+@click.option("--pilot", type=Count(1), default=None,
+              help=f"Pilot images for --plan auto, an even stride through the selection [default: {DEFAULT_PILOT}; "
+                   f"demo: {DEMO_PILOT}].")
+@click.option("--margin", type=Number(0, 1, label="the margin"), default=DEFAULT_MARGIN, show_default=True,
+              help="auto: a sigma also settles a radius where its pilot count is within max(1 image, MARGIN x pilot) "
+                   "of the best sigma's.")
+@click.option("--rows", default="rs,dds,diffsmooth", show_default=True, help="--demo: the lines of the demo table.")
+@click.option("--images", type=Count(1, 500, "the demo ships 500"), default=None,
+              help="--demo: images (an even stride over the 500).")
+@click.option("--n-max", type=SAMPLES, default=None, help="--demo: n-max (sequential) or n (fixed).")
+@click.option("--device", default="cpu", show_default=True, help="--demo: the device (a SPEC names its own).")
+@click.option("--threads", type=THREADS, default=None, help="--demo: CPU threads for torch.")
+@click.option("--batch", type=BATCH, default=None, help="--demo: samples per forward batch.")
+@click.option("--compile/--no-compile", "compile_", default=None,
+              help="--demo: the compiled static-batch fast path [default: on for CUDA].")
+@click.option("--dry-run", is_flag=True, help="Print the plan and its cost estimate (after the pilot) and stop.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def table(spec, demo, out, plan, pilot, margin, rows, images, n_max, device, threads, batch, compile_, dry_run, quiet):
+    """The paper's table in one command: which sigma settles which radius, the cost first, table.md/tex, curves.png.
+
+    Certified accuracy per radius, best over sigma, for every line of SPEC (a TOML file; see
+    docs/table.md) or of the demo. Every run is an ordinary resumable result file under OUT/runs: a
+    table stopped at any point (Ctrl-C, SIGTERM) continues when the same command runs again."""
+    if demo == (spec is not None):
+        raise UserError("give SPEC or --demo (one of them)")
+    if demo:
+        table_spec = demo_spec(tuple(r.strip() for r in rows.split(",") if r.strip()), images, n_max, device, threads,
+                               batch, compile_)
+        pilot = DEMO_PILOT if pilot is None else pilot
+    else:
+        if (images, n_max, threads, batch, compile_) != (None,) * 5 or rows != "rs,dds,diffsmooth" or device != "cpu":
+            raise UserError("`rows`, `images`, `n_max`, `device`, `threads`, `batch` and `compile` belong to `demo`; "
+                            "a SPEC names them")
+        table_spec = load_spec(spec)
+        pilot = DEFAULT_PILOT if pilot is None else pilot
+    builder = TableBuilder(table_spec, out, plan=plan, pilot=pilot, margin=margin, log=_log, command=command_line(),
+                           progress=not quiet)
+    try:
+        builder.build(dry_run=dry_run)
+    except TableInterrupted as stop:
+        _log(f"table: {stop}; finished rows are kept: run the same command again to continue")
+        raise SystemExit(130) from None

@@ -1,0 +1,359 @@
+"""`diffsmooth table`: every run of a table, in order, into one folder; the plan fixed before the main
+phase; the cost said before it is spent; the outputs written from the rows.
+
+DIR/table.json   the spec, plan mode, pilot size and margin (a rerun with others is refused)
+DIR/plan.json    the plan (auto: written after the pilot, before the main phase draws a sample)
+DIR/cost.json    predicted samples and seconds of the main phase; measured ones as runs finish
+DIR/runs/        one ordinary resumable result file per run (a folder per run for sweeps)
+DIR/table.md, table.tex, curves.png, summary.json
+DIR/.lock        held while a `diffsmooth table` runs on DIR: a second one on the same folder is refused
+
+Every run is an ordinary result file, so a table killed at any point and rerun with the same command
+continues (finished images are skipped) and gives the same table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from diffsmooth.engine.errors import Terminated, UserError
+from diffsmooth.engine.runs.execute import build_voter, execute
+from diffsmooth.engine.runs.locks import hold_lock
+from diffsmooth.engine.runs.plan import plan_run
+from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.runs.results import read_rows
+from diffsmooth.engine.table.cost import RunCost, predict_run
+from diffsmooth.engine.table.planning import TablePlan, pilot_indices, plan_from_pilot, plan_without_pilot
+from diffsmooth.engine.table.report import (
+    LineRows,
+    caption,
+    certified,
+    latex,
+    line_acr,
+    line_cells,
+    markdown,
+    plot,
+    write_summary,
+)
+from diffsmooth.engine.table.spec import LineSpec, TableSpec
+
+
+class TableInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the table (finished rows are kept; rerun the command to continue)."""
+
+
+@dataclass
+class Phase:
+    """One run of the table: a line at a sigma, on some images, settling some radii (None: fixed-n)."""
+
+    line: LineSpec
+    sigma: float
+    indices: Sequence[int]
+    radii: Optional[Sequence[float]]
+    path: Path
+    kind: str                               # "pilot" or "main"
+
+
+@dataclass
+class PhaseResult:
+    rows: Dict[str, List[dict]]             # configuration name -> rows (every image of the phase)
+    seconds: float                          # measured compute seconds this invocation (0 when already done)
+    samples: int                            # samples drawn, from the rows (a sweep's pass: its slowest configuration)
+
+
+@contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM (what a scheduler sends before it kills) between runs does what the first Ctrl-C does;
+    within a run, run_dataset's own handler stops the run at once and the table stops with it."""
+    def forward(signum, frame):
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler):
+            handler(signal.SIGINT, frame)
+    try:
+        previous = signal.signal(signal.SIGTERM, forward)
+    except ValueError:                      # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class TableBuilder:
+    """Runs a TableSpec's phases into `out`; `log` takes one line at a time."""
+
+    def __init__(self, spec: TableSpec, out, plan: str = "auto", pilot: int = 25, margin: float = 0.05,
+                 log: Callable[[str], None] = print, command: str = "", progress: bool = True):
+        self.spec, self.out, self.mode, self.pilot_size, self.margin = spec, Path(out), plan, pilot, margin
+        self.log, self.command, self.progress = log, command, progress
+        self.voters: Dict[tuple, object] = {}
+        self.started = time.perf_counter()
+
+    # -- the folder ----------------------------------------------------------------------------
+
+    def claim_folder(self) -> None:
+        """Record what this folder holds; refuse a folder holding another table."""
+        identity = {"spec_fingerprint": self.spec.fingerprint(), "plan": self.mode,
+                    "pilot": self.pilot_size if self.mode == "auto" else None,
+                    "margin": self.margin if self.mode == "auto" else None, "spec": self.spec.as_dict()}
+        path = self.out / "table.json"
+        if path.exists():
+            try:
+                held = json.loads(path.read_text())
+            except ValueError:
+                raise UserError(f"{path} is damaged (not JSON); use another --out") from None
+            if {k: held.get(k) for k in identity} != json.loads(json.dumps(identity)):
+                changed = [name for k, name in (("spec_fingerprint", "spec"), ("plan", "plan"), ("pilot", "pilot size"),
+                                                ("margin", "margin")) if held.get(k) != identity[k]]
+                raise UserError(f"{self.out} holds a table with another {' / '.join(changed) or 'spec'}: "
+                                f"rerun with the same spec and options, or use another --out")
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(identity, indent=1, allow_nan=False) + "\n")
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def request(self, phase: Phase) -> RunRequest:
+        options = self.spec.request_options(phase.line, phase.sigma)
+        options["quiet"] = not self.progress
+        if phase.radii is None:
+            return RunRequest.parse("certify", out=str(phase.path), **options)
+        return RunRequest.parse("certify", sequential=True, radii=",".join(f"{r:g}" for r in phase.radii),
+                                n_max=self.spec.n_max, out=str(phase.path), **options)
+
+    def selection(self) -> List[int]:
+        """The spec's image selection (dataset, skip, max)."""
+        line = self.spec.lines[0]
+        run = plan_run(self.request(Phase(line, self.spec.sigmas[0], (), None, self.out / "runs" / "probe.tsv", "")))
+        return list(run.indices)
+
+    def run_phase(self, phase: Phase) -> PhaseResult:
+        run = plan_run(self.request(phase))
+        run = dataclasses.replace(run, indices=tuple(phase.indices))
+        files = {c.name: path for c, path in run.result_files().items()}
+        seconds = 0.0
+        if not all(self._done(path) >= set(phase.indices) for path in files.values()):
+            key = (phase.line.name, phase.sigma)
+            if key not in self.voters:
+                self.voters = {key: build_voter(run, self.log)}      # one line-sigma's models at a time
+            start = time.perf_counter()
+            try:
+                summary = execute(run, self.voters[key], self.log)
+            except Terminated:                  # SIGTERM inside a run (engine/runs/dataset_run.py): the whole table stops
+                raise TableInterrupted(f"stopped by SIGTERM during {phase.line.name} sigma {phase.sigma:g} "
+                                       f"({phase.kind})") from None
+            seconds = time.perf_counter() - start
+            if summary.interrupted:
+                raise TableInterrupted(f"stopped during {phase.line.name} sigma {phase.sigma:g} ({phase.kind})")
+        rows = {name: sorted(read_rows(path, torn_tail="ignore"), key=lambda r: int(r["idx"]))
+                for name, path in files.items()}
+        return PhaseResult(rows, seconds, self._samples(rows, phase))
+
+    @staticmethod
+    def _done(path: Path) -> set:
+        return {int(r["idx"]) for r in read_rows(path, torn_tail="ignore")} if path.is_file() and path.stat().st_size \
+            else set()
+
+    def _samples(self, rows: Dict[str, List[dict]], phase: Phase) -> int:
+        if phase.radii is None:
+            return len(phase.indices) * (self.spec.n0 + self.spec.n_max)
+        per_image: Dict[int, int] = {}
+        for config_rows in rows.values():
+            for r in config_rows:
+                per_image[int(r["idx"])] = max(per_image.get(int(r["idx"]), 0), int(r["samples"]))
+        return sum(per_image.values())
+
+    def phase_path(self, line: LineSpec, sigma: float, kind: str) -> Path:
+        suffix = "" if kind == "main" else f"_{kind}"
+        name = f"{line.slug}_s{sigma:g}{suffix}"
+        sweep = any(len(v.get(sigma, ())) > 1 for v in (line.classifier, line.local_sigma, line.m))
+        return self.out / "runs" / (name if sweep else f"{name}.tsv")
+
+    # -- the table -------------------------------------------------------------------------------
+
+    def build(self, dry_run: bool = False) -> Optional[dict]:
+        """Run the table; holds the folder's lock (DIR/.lock) throughout, so a second `diffsmooth table`
+        on the same folder stops at once. The runs inside take their own files' locks as usual."""
+        with hold_lock(self.out, "table folder", folder=True):
+            return self._build(dry_run)
+
+    def _build(self, dry_run: bool) -> Optional[dict]:
+        spec = self.spec
+        indices = self.selection()              # the data and options refused before the folder is claimed
+        self.claim_folder()
+        (self.out / "runs").mkdir(exist_ok=True)
+        with sigterm_as_interrupt():
+            pilot_results: Dict[tuple, PhaseResult] = {}
+            if self.mode == "auto":
+                pilot = pilot_indices(indices, self.pilot_size)
+                self.log(f"table: pilot of {len(pilot)} of {len(indices)} images settles every radius for every sigma")
+                for line in spec.lines:
+                    for sigma in spec.sigmas:
+                        pilot_results[(line.name, sigma)] = self._step(Phase(
+                            line, sigma, pilot, spec.radii, self.phase_path(line, sigma, "pilot"), "pilot"))
+                plan = self._plan_from(indices, pilot, pilot_results)
+            else:
+                plan = plan_without_pilot(self.mode, indices, spec.sigmas, spec.radii)
+                self._fix_plan(plan)
+            for text in plan.lines():
+                self.log(text)
+            costs = self._predict(plan, pilot_results)
+            if dry_run:
+                return None
+            main_results: Dict[tuple, PhaseResult] = {}
+            for line in spec.lines:
+                for sigma in spec.sigmas:
+                    radii = plan.radii_for(sigma)
+                    if not radii or not plan.main:
+                        continue
+                    main_results[(line.name, sigma)] = self._step(Phase(
+                        line, sigma, plan.main, None if self.mode == "fixed" else radii,
+                        self.phase_path(line, sigma, "main"), "main"), costs)
+        return self._report(plan, indices, pilot_results, main_results, costs)
+
+    def _step(self, phase: Phase, costs: Optional[dict] = None) -> PhaseResult:
+        elapsed = time.perf_counter() - self.started
+        eta = ""
+        if costs is not None:
+            left = _total(c["seconds"] for key, c in costs["runs"].items() if key not in costs.get("measured", {}))
+            eta = f"; ETA {left / 60:.1f} min (predicted)" if left is not None else ""
+        self.log(f"table: {phase.line.name}, sigma {phase.sigma:g}, {phase.kind} ({len(phase.indices)} images); "
+                 f"{elapsed / 60:.1f} min so far{eta}")
+        result = self.run_phase(phase)
+        if costs is not None and phase.kind == "main":
+            key = f"{phase.line.name} | sigma {phase.sigma:g}"
+            measured = costs.setdefault("measured", {}).setdefault(key, {"seconds": 0.0, "samples": 0})
+            measured["seconds"] += result.seconds
+            measured["samples"] = result.samples
+            (self.out / "cost.json").write_text(json.dumps(costs, indent=1, allow_nan=False) + "\n")
+        return result
+
+    def _fix_plan(self, plan: TablePlan) -> None:
+        """plan.json: written once; a rerun reads it back (same rows give the same plan)."""
+        path = self.out / "plan.json"
+        if path.exists():
+            held = TablePlan.read(path)
+            if held != plan:
+                raise UserError(f"{path} holds another plan than these rows give; use another --out")
+            return
+        plan.write(path)
+
+    def _plan_from(self, indices, pilot, results: Dict[tuple, PhaseResult]) -> TablePlan:
+        counts_by_line = {}
+        for line in self.spec.lines:
+            counts_by_line[line.name] = {
+                sigma: {r: max(certified(rows, r) for rows in results[(line.name, sigma)].rows.values())
+                        for r in self.spec.radii}
+                for sigma in self.spec.sigmas}
+        plan = plan_from_pilot(indices, pilot, counts_by_line, self.margin)
+        self._fix_plan(plan)
+        return plan
+
+    def _predict(self, plan: TablePlan, pilot_results: Dict[tuple, PhaseResult]) -> dict:
+        """Predicted samples and seconds of the main phase, printed and written to cost.json."""
+        spec, path = self.spec, self.out / "cost.json"
+        held = json.loads(path.read_text(), parse_constant=lambda name: None) if path.exists() else None
+        if held is not None and held.get("plan") == plan.mode:
+            return held                             # predicted before this folder's main phase began
+        runs: Dict[str, dict] = {}
+        for line in spec.lines:
+            for sigma in spec.sigmas:
+                key = f"{line.name} | sigma {sigma:g}"
+                radii = plan.radii_for(sigma)
+                pilot = pilot_results.get((line.name, sigma))
+                if self.mode == "fixed":
+                    samples = len(plan.main) * (spec.n0 + spec.n_max)
+                    runs[key] = asdict_cost(RunCost(line.name, sigma, len(plan.main), samples, float("nan")))
+                elif pilot is None or not pilot.seconds:
+                    runs[key] = asdict_cost(RunCost(line.name, sigma, len(plan.main), float("nan"), float("nan")))
+                else:
+                    rate = pilot.samples / pilot.seconds
+                    runs[key] = asdict_cost(predict_run(line.name, sigma, list(pilot.rows.values()), radii,
+                                                        len(plan.main), spec.n0, spec.alpha, spec.n_max, rate))
+        total = {key: _total(c[key] for c in runs.values()) for key in ("samples", "seconds")}
+        pilot_samples = sum(r.samples for r in pilot_results.values())
+        costs = {"plan": plan.mode, "runs": runs, "predicted": total, "pilot_samples": pilot_samples,
+                 "pilot_seconds": sum(r.seconds for r in pilot_results.values())}
+        path.write_text(json.dumps(costs, indent=1, allow_nan=False) + "\n")
+        seconds, samples = total["seconds"], total["samples"]
+        if samples is None:
+            self.log("table: no cost prediction without a pilot (--plan all); summary.json will have the measured cost")
+        else:
+            when = f", {seconds / 60:.1f} min on this machine" if seconds is not None else " (no rate measured yet)"
+            self.log(f"table: main phase predicted {samples:,.0f} samples{when} (pilot: {pilot_samples:,} samples)")
+        return costs
+
+    def _report(self, plan: TablePlan, indices, pilot_results, main_results, costs) -> dict:
+        spec = self.spec
+        images = len(indices)
+        rows_by_line: Dict[str, LineRows] = {}
+        for line in spec.lines:
+            per: LineRows = {}
+            for sigma in spec.sigmas:
+                combined: Dict[str, List[dict]] = {}
+                for results in (pilot_results, main_results):
+                    found = results.get((line.name, sigma))
+                    if found is not None:
+                        for config, rows in found.rows.items():
+                            combined.setdefault(config, []).extend(rows)
+                if combined:
+                    per[sigma] = combined
+            rows_by_line[line.name] = per
+
+        def settles(sigma: float, r: float) -> bool:
+            return r in plan.radii_for(sigma)
+        table = {name: line_cells(per, spec.radii, images, settles) for name, per in rows_by_line.items()}
+        acr = {name: line_acr(per) if self.mode == "fixed" else None for name, per in rows_by_line.items()}
+        text = caption(spec.title, images, spec.sigmas, spec.alpha, self.mode, spec.n_max)
+        (self.out / "table.md").write_text(markdown(table, acr, spec.radii, text))
+        (self.out / "table.tex").write_text(latex(table, acr, spec.radii, text))
+        plot(self.out / "curves.png", spec.title, rows_by_line, table, spec.radii, images, settles)
+        pilot_samples = sum(r.samples for r in pilot_results.values())
+        main_samples = sum(r.samples for r in main_results.values())
+        runs = len(spec.lines) * len(spec.sigmas)
+        measured = costs.get("measured", {})
+        extra = {"plan": dataclasses.asdict(plan),
+                 "samples": {"total": pilot_samples + main_samples, "pilot": pilot_samples, "main": main_samples,
+                             "fixed_n": images * (spec.n0 + spec.n_max) * runs},
+                 "seconds": {"predicted": costs["predicted"]["seconds"],
+                             "measured": sum(m["seconds"] for m in measured.values()) if measured else None,
+                             "pilot": costs.get("pilot_seconds")},
+                 "images": images, "version": _version(), "command": self.command, "seed": spec.seed,
+                 "device": spec.run.get("device", "cpu"), "host": socket.gethostname(), "spec": spec.as_dict()}
+        write_summary(self.out / "summary.json", table, acr, extra)
+        self.log(f"table: wrote {self.out / 'table.md'}, table.tex, curves.png, summary.json "
+                 f"({extra['samples']['total']:,} samples; fixed-n would draw {extra['samples']['fixed_n']:,})")
+        return extra
+
+
+def asdict_cost(cost: RunCost) -> dict:
+    """A run's cost for cost.json: strict JSON, an unknown number is null."""
+    return {k: (None if isinstance(v, float) and v != v else v) for k, v in dataclasses.asdict(cost).items()}
+
+
+def _total(values) -> Optional[float]:
+    """The sum, or None when any part is unknown."""
+    values = list(values)
+    return None if any(v is None for v in values) else float(sum(values))
+
+
+def _version() -> str:
+    try:
+        return version("diffsmooth-engine")
+    except PackageNotFoundError:        # a source checkout on sys.path, not installed
+        return "unknown"
+
+
+def command_line() -> str:
+    return " ".join(sys.argv)

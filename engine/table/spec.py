@@ -1,0 +1,293 @@
+"""What a table asks for: a TOML spec (standard library `tomllib`) or the embedded demo, checked once.
+
+    title = "Fashion-MNIST demo"
+    sigmas = [0.25, 0.5, 1.0]
+    radii = [0.0, 0.25, 0.5, 0.75, 1.0]          # radius 0 is always added
+    n0 = 100
+    n_max = 10000
+    alpha = 0.001
+    seed = 0
+    [data]   dataset, data, split, skip, max      (as `certify`)
+    [models] denoiser, preset, unet_config, schedule, diffusion_steps, arch, normalization, stats
+    [run]    device, precision, batch, compile, cuda_graphs, streams, fused_attention, backend, onnx_dir,
+             threads, window
+    [[line]] name, method (rs | dds | diffsmooth), classifier, local_sigma, m, local_noise
+
+A line's classifier / local_sigma / m is one value, a list (a one-pass sweep; the cell takes the best
+configuration), or a table keyed by sigma ("0.25" = ...). No classifier: the demo classifier for the
+method's noise level.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from diffsmooth.engine.choices import MAX_SAMPLES, MAX_SEED
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models.shipped import DEMO_TRAINING_SIGMAS
+from diffsmooth.engine.runs.request import RunRequest
+
+METHODS = ("rs", "dds", "diffsmooth")
+TOP_KEYS = {"title", "sigmas", "radii", "n0", "n_max", "alpha", "seed", "data", "models", "run", "line"}
+DATA_KEYS = {"dataset", "data", "split", "skip", "max"}
+MODEL_KEYS = {"denoiser", "preset", "unet_config", "schedule", "diffusion_steps", "arch", "normalization", "stats"}
+RUN_KEYS = {"device", "precision", "batch", "compile", "cuda_graphs", "streams", "fused_attention", "backend",
+            "onnx_dir", "threads", "window"}
+LINE_KEYS = {"name", "method", "classifier", "local_sigma", "m", "local_noise"}
+
+DEMO_SIGMAS = tuple(s for s in DEMO_TRAINING_SIGMAS if s > 0)
+DEMO_RADII = tuple(r / 4 for r in range(9))                          # 0, 0.25, ..., 2.0
+DEMO_LINES = {"rs": "RS (Cohen et al.)", "dds": "DDS (denoise, m=1)", "diffsmooth": "DiffSmooth"}
+
+
+@dataclass(frozen=True)
+class LineSpec:
+    """One line of the table: a method and, per sigma, its configurations (several: a sweep)."""
+
+    name: str
+    method: str
+    classifier: Dict[float, Tuple[str, ...]]
+    local_sigma: Dict[float, Tuple[float, ...]]
+    m: Dict[float, Tuple[int, ...]]
+    local_noise: str = "fixed"
+
+    @property
+    def slug(self) -> str:
+        """The line's name as a file name."""
+        text = "".join(c if c.isalnum() else "-" for c in self.name.lower()).strip("-")
+        return "-".join(part for part in text.split("-") if part) or self.method
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """Every setting of a table; `fingerprint` identifies it (a table folder holds one spec)."""
+
+    title: str
+    sigmas: Tuple[float, ...]
+    radii: Tuple[float, ...]
+    lines: Tuple[LineSpec, ...]
+    n0: int = 100
+    n_max: int = 10000
+    alpha: float = 0.001
+    seed: int = 0
+    data: Dict[str, object] = field(default_factory=dict)
+    models: Dict[str, object] = field(default_factory=dict)
+    run: Dict[str, object] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["lines"] = [dict(asdict(line), classifier={f"{k:g}": list(v) for k, v in line.classifier.items()},
+                           local_sigma={f"{k:g}": list(v) for k, v in line.local_sigma.items()},
+                           m={f"{k:g}": list(v) for k, v in line.m.items()}) for line in self.lines]
+        return d
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def request_options(self, line: LineSpec, sigma: float) -> dict:
+        """`RunRequest.parse` keyword arguments of the line's run at `sigma` (sequential options aside)."""
+        data = dict(self.data)
+        options = dict(method=(line.method,), sigma=sigma, classifier=line.classifier.get(sigma, ()),
+                       local_sigma=line.local_sigma.get(sigma, (sigma / 2,)), m=line.m.get(sigma, (5,)),
+                       local_noise=line.local_noise, n0=self.n0, n=self.n_max, alpha=self.alpha, seed=self.seed,
+                       dataset=data.get("dataset"), data=data.get("data"), split=data.get("split", "test"),
+                       skip=data.get("skip", 1), max_index=data.get("max"), quiet=True)
+        options.update(self.models)
+        options.update(self.run)
+        return options
+
+
+def _number(where: str, value, kind=float, low: Optional[float] = None, strict: bool = False,
+            high: Optional[int] = None):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise UserError(f"{where} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    if not math.isfinite(value) or (low is not None and (value <= low if strict else value < low)):
+        bound = f"> {low:g}" if strict else f">= {low:g}"
+        raise UserError(f"{where} must be finite and {bound}, got {value!r}")
+    if high is not None and value > high:
+        raise UserError(f"{where} must be <= {high:,}, got {value!r}")
+    return kind(value) + (0.0 if kind is float else 0)        # -0.0 -> 0.0
+
+
+def _unknown(where: str, table: dict, allowed: set) -> None:
+    extra = sorted(set(table) - allowed)
+    if extra:
+        raise UserError(f"{where}: unknown key{'s' if len(extra) > 1 else ''} {', '.join(extra)} "
+                        f"(known: {', '.join(sorted(allowed))})")
+
+
+def _per_sigma(where: str, value, sigmas: Tuple[float, ...], convert) -> Dict[float, tuple]:
+    """One value / a list (for every sigma) or a table keyed by sigma -> {sigma: tuple}."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        if not value:
+            raise UserError(f"{where}: a table keyed by sigma must name at least one sigma, e.g. \"0.25\" = ...")
+        out = {}
+        for key, item in value.items():
+            try:
+                sigma = float(key)
+            except ValueError:
+                raise UserError(f"{where}: keys are sigmas such as \"0.25\", got {key!r}") from None
+            if sigma not in sigmas:
+                raise UserError(f"{where}: sigma {key} is not in `sigmas` {list(sigmas)}")
+            out[sigma] = _values(f"{where}.\"{key}\"", item, convert)
+        return out
+    values = _values(where, value, convert)
+    return {s: values for s in sigmas}
+
+
+def _values(where: str, value, convert) -> tuple:
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise UserError(f"{where} must not be empty")
+    out = tuple(convert(f"{where}", v) for v in items)
+    if len(set(out)) != len(out):
+        raise UserError(f"{where} lists a value twice: {list(out)}")
+    return out
+
+
+def _path(where: str, value) -> str:
+    if not isinstance(value, str) or not value:
+        raise UserError(f"{where} must be a checkpoint path, got {value!r}")
+    return value
+
+
+def _sorted_unique(where: str, values, low: float, strict: bool) -> Tuple[float, ...]:
+    if not isinstance(values, list) or not values:
+        raise UserError(f"{where} must be a non-empty list of numbers, got {values!r}")
+    numbers = [_number(f"{where}", v, float, low, strict) for v in values]
+    if len(set(numbers)) != len(numbers):
+        raise UserError(f"{where} lists a value twice: {values}")
+    return tuple(sorted(numbers))
+
+
+def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
+    """A TableSpec from a parsed TOML document; one UserError line for the first problem."""
+    if not isinstance(doc, dict):
+        raise UserError(f"{where}: not a table")
+    _unknown(where, doc, TOP_KEYS)
+    sigmas = _sorted_unique(f"{where}: sigmas", doc.get("sigmas", [0.25, 0.5, 1.0]), 0.0, strict=True)
+    radii = tuple(sorted({0.0, *_sorted_unique(f"{where}: radii", doc.get("radii", list(DEMO_RADII)), 0.0, False)}))
+    sections = {}
+    for name, allowed in (("data", DATA_KEYS), ("models", MODEL_KEYS), ("run", RUN_KEYS)):
+        table = doc.get(name, {})
+        if not isinstance(table, dict):
+            raise UserError(f"{where}: [{name}] must be a table")
+        _unknown(f"{where}: [{name}]", table, allowed)
+        sections[name] = dict(table)
+    for key in ("skip", "max"):
+        if key in sections["data"]:
+            _number(f"{where}: data.{key}", sections["data"][key], int, 1)
+    raw_lines = doc.get("line")
+    if not isinstance(raw_lines, list) or not raw_lines:
+        raise UserError(f"{where}: needs at least one [[line]] (name, method, ...)")
+    lines, names = [], set()
+    for k, raw in enumerate(raw_lines, 1):
+        at = f"{where}: line {k}"
+        if not isinstance(raw, dict):
+            raise UserError(f"{at} must be a table")
+        _unknown(at, raw, LINE_KEYS)
+        method = raw.get("method")
+        if method not in METHODS:
+            raise UserError(f"{at}: method must be one of {', '.join(METHODS)}, got {method!r}")
+        name = raw.get("name", DEMO_LINES[method])
+        if not isinstance(name, str) or not name.strip() or name in names:
+            raise UserError(f"{at}: name must be a new non-empty string, got {name!r}")
+        names.add(name)
+        if method != "diffsmooth" and ({"local_sigma", "m"} & set(raw)):
+            raise UserError(f"{at}: local_sigma and m belong to diffsmooth lines")
+        lines.append(LineSpec(
+            name, method, _per_sigma(f"{at}.classifier", raw.get("classifier"), sigmas, _path),
+            _per_sigma(f"{at}.local_sigma", raw.get("local_sigma"), sigmas,
+                       lambda w, v: _number(w, v, float, 0.0, strict=True)),
+            _per_sigma(f"{at}.m", raw.get("m"), sigmas, lambda w, v: _number(w, v, int, 1)),
+            str(raw.get("local_noise", "fixed"))))
+    title = doc.get("title", "certified accuracy")
+    if not isinstance(title, str):
+        raise UserError(f"{where}: title must be a string, got {title!r}")
+    spec = TableSpec(title, sigmas, radii, tuple(lines), n0=_number(f"{where}: n0", doc.get("n0", 100), int, 1, high=MAX_SAMPLES),
+                     n_max=_number(f"{where}: n_max", doc.get("n_max", 10000), int, 1, high=MAX_SAMPLES),
+                     alpha=_number(f"{where}: alpha", doc.get("alpha", 0.001), float, 0.0, strict=True),
+                     seed=_number(f"{where}: seed", doc.get("seed", 0), int, 0, high=MAX_SEED), **sections)
+    if not spec.alpha < 1:
+        raise UserError(f"{where}: alpha must be in (0, 1), got {spec.alpha}")
+    check_requests(spec, where)
+    return spec
+
+
+def check_requests(spec: TableSpec, where: str = "spec") -> None:
+    """Every run of the table as a certify request (RunRequest.parse checks each option), so a bad
+    [data] / [models] / [run] value is refused before the table's folder is touched."""
+    for line in spec.lines:
+        for sigma in spec.sigmas:
+            try:
+                RunRequest.parse("certify", out="table-check.tsv", **spec.request_options(line, sigma))
+            except UserError as exc:
+                raise UserError(f"{where}: line {line.name!r} at sigma {sigma:g}: {exc}") from None
+            except TypeError as exc:            # a value of a type no option takes
+                raise UserError(f"{where}: line {line.name!r} at sigma {sigma:g}: {exc}") from None
+
+
+def load_spec(path) -> TableSpec:
+    """Read and check a TOML spec file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"no such spec file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read spec file {path}: {exc}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path}: not valid TOML ({exc})") from None
+    spec = parse_spec(doc, str(path))
+    if not spec.alpha < 1:
+        raise UserError(f"{path}: alpha must be in (0, 1), got {spec.alpha}")
+    return spec
+
+
+DEMO_IMAGES = 16
+DEMO_N_MAX = 500
+DEMO_N0 = 100
+
+
+def demo_local_sigma(sigma: float) -> float:
+    """DiffSmooth's sigma' in the demo: the largest shipped classifier level at or below sigma / 2
+    (sigma' <= sigma, as in the paper), else the smallest shipped one."""
+    levels = [s for s in DEMO_TRAINING_SIGMAS if s > 0]
+    below = [s for s in levels if s <= sigma / 2 + 1e-12]
+    return max(below) if below else min(levels)
+
+
+def demo_spec(rows=("rs", "dds", "diffsmooth"), images: Optional[int] = None, n_max: Optional[int] = None,
+              device: str = "cpu", threads: Optional[int] = None, batch: Optional[int] = None,
+              compile: Optional[bool] = None) -> TableSpec:
+    """The embedded demo table: Fashion-MNIST demo models, three sigmas, radii 0 to 2.0; DiffSmooth
+    with m = 1 and sigma' from `demo_local_sigma` keeps the default size near ten minutes on 2 CPU cores."""
+    images = DEMO_IMAGES if images is None else images
+    lines = []
+    for method in rows:
+        if method not in METHODS:
+            raise UserError(f"--rows: unknown line {method!r} (rs, dds, diffsmooth)")
+        local = {s: (demo_local_sigma(s),) for s in DEMO_SIGMAS} if method == "diffsmooth" else {}
+        lines.append(LineSpec(DEMO_LINES[method], method, {}, local, {s: (1,) for s in DEMO_SIGMAS} if local else {}))
+    if len(set(rows)) != len(rows) or not rows:
+        raise UserError(f"--rows: name each of rs, dds, diffsmooth at most once, got {','.join(rows)}")
+    skip = max(1, 500 // images)
+    run = {"device": device}
+    for key, value in (("threads", threads), ("batch", batch), ("compile", compile)):
+        if value is not None:
+            run[key] = value
+    spec = TableSpec("Fashion-MNIST demo", DEMO_SIGMAS, DEMO_RADII, tuple(lines), n0=DEMO_N0,
+                     n_max=DEMO_N_MAX if n_max is None else n_max, alpha=0.001, seed=0,
+                     data={"dataset": "embedded", "skip": skip, "max": skip * images}, run=run)
+    check_requests(spec, "--demo")
+    return spec
