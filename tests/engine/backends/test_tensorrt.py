@@ -431,7 +431,7 @@ def test_cli_build_engine_options_are_checked(tmp_path, monkeypatch):
     monkeypatch.setattr(plan_check, "trt_target", lambda device: H100)
     _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx")
     r = _run(["build-engine", "--onnx-dir", tmp_path, "--batch", "100", "--max-batch", "10"])
-    assert r.exit_code == 2 and "batch <= max batch" in r.output
+    assert r.exit_code == 2 and "--max-batch: must be >= --batch (100), got 10" in r.output
     r = _run(["build-engine", "--onnx-dir", tmp_path, "--samples", "999"])
     assert r.exit_code == 2 and "--samples >= 1000" in r.output
     r = _run(["build-engine", "--onnx-dir", tmp_path, "--workspace-gb", "0"])
