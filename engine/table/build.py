@@ -71,23 +71,32 @@ class PhaseResult:
     samples: int                            # samples drawn, from the rows (a sweep's pass: its slowest configuration)
 
 
+class StopRequest:
+    """Set by Ctrl-C or SIGTERM that arrives between two runs (inside a run, run_dataset's own
+    handlers stop the run and the table stops with it)."""
+
+    def __init__(self):
+        self.signal: Optional[str] = None
+
+
 @contextmanager
-def sigterm_as_interrupt():
-    """SIGTERM (what a scheduler sends before it kills) between runs does what the first Ctrl-C does;
-    within a run, run_dataset's own handler stops the run at once and the table stops with it."""
-    def forward(signum, frame):
-        handler = signal.getsignal(signal.SIGINT)
-        if callable(handler):
-            handler(signal.SIGINT, frame)
+def stop_between_runs():
+    """Ctrl-C and SIGTERM (what a scheduler sends before it kills) set a flag that the table checks
+    before each run; run_dataset installs its own handlers for the length of a run and restores these."""
+    stop = StopRequest()
+
+    def note(signum, frame):
+        stop.signal = signal.Signals(signum).name
     try:
-        previous = signal.signal(signal.SIGTERM, forward)
+        previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:                      # not the main thread
-        yield
+        yield stop
         return
     try:
-        yield
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class TableBuilder:
@@ -98,6 +107,7 @@ class TableBuilder:
         self.spec, self.out, self.mode, self.pilot_size, self.margin = spec, Path(out), plan, pilot, margin
         self.log, self.command, self.progress = log, command, progress
         self.voters: Dict[tuple, object] = {}
+        self.stop = StopRequest()
         self.started = time.perf_counter()
 
     # -- the folder ----------------------------------------------------------------------------
@@ -193,7 +203,7 @@ class TableBuilder:
         indices = self.selection()              # the data and options refused before the folder is claimed
         self.claim_folder()
         (self.out / "runs").mkdir(exist_ok=True)
-        with sigterm_as_interrupt():
+        with stop_between_runs() as self.stop:
             pilot_results: Dict[tuple, PhaseResult] = {}
             if self.mode == "auto":
                 pilot = pilot_indices(indices, self.pilot_size)
@@ -223,6 +233,9 @@ class TableBuilder:
         return self._report(plan, indices, pilot_results, main_results, costs)
 
     def _step(self, phase: Phase, costs: Optional[dict] = None) -> PhaseResult:
+        if self.stop.signal:
+            raise TableInterrupted(f"stopped by {self.stop.signal} before {phase.line.name} sigma {phase.sigma:g} "
+                                   f"({phase.kind})")
         elapsed = time.perf_counter() - self.started
         eta = ""
         if costs is not None:

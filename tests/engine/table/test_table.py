@@ -236,3 +236,18 @@ def test_sigterm_stops_the_whole_table_and_the_rerun_finishes_it(tmp_path):
     assert not (runs / "rs_s0.25.tsv").exists() and not (tmp_path / "t" / "table.md").exists()   # stopped in the pilot
     invoke_ok(args[3:])
     assert (tmp_path / "t" / "table.md").is_file()
+
+
+def test_a_signal_between_two_runs_stops_the_table_before_the_next_one(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM that lands between runs (no run_dataset handler installed) is noted and the
+    next run never starts; the table exits like an interrupted run."""
+    from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted, stop_between_runs
+    spec = parse_spec({"sigmas": [0.5], "line": [{"method": "rs"}]})
+    builder = TableBuilder(spec, tmp_path / "t", log=lambda line: None)
+    monkeypatch.setattr(builder, "run_phase", lambda phase: pytest.fail("a run started after the signal"))
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with stop_between_runs() as builder.stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(TableInterrupted, match="SIGTERM"):
+            builder._step(Phase(spec.lines[0], 0.5, [0], (0.0,), tmp_path / "x.tsv", "pilot"))
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before     # handlers restored
