@@ -26,6 +26,7 @@ from diffsmooth.engine.certify.cohen import lower_confidence_bounds
 from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_lower
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import chunk_votes, image_from_row, shared_paths, simulate_sequential
+from diffsmooth.engine.table.build import phase_path
 from diffsmooth.engine.table.spec import LineSpec
 
 
@@ -37,10 +38,11 @@ def _cells(summary: dict) -> Dict[str, List[float]]:
     return {row["name"]: [100 * c["certified_accuracy"] for c in row["cells"]] for row in summary["rows"]}
 
 
-def _main_rows(folder: Path, line_slug: str, sigma: float) -> List[dict]:
+def _main_rows(folder: Path, line: LineSpec, sigma: float) -> List[dict]:
+    """The line's rows at `sigma`, pilot and main phase together (single-configuration lines)."""
     rows = []
-    for name in (f"{line_slug}_s{sigma:g}_pilot.tsv", f"{line_slug}_s{sigma:g}.tsv"):
-        path = folder / "runs" / name
+    for kind in ("pilot", "main"):
+        path = phase_path(folder, line, sigma, kind)
         if path.is_file():
             rows += read_rows(path)
     return sorted(rows, key=lambda r: int(r["idx"]))
@@ -100,7 +102,7 @@ def study(auto: Path, all_: Path, fixed: Optional[Path], seeds: int, n_max_sim: 
     assigned = {float(s): r for s, r in plan["radii"].items()}
     line = s_all["rows"][0]["name"]
     first = spec["lines"][0]
-    slug = LineSpec(first["name"], first["method"], {}, {}, {}).slug
+    line_spec = LineSpec(first["name"], first["method"], {}, {}, {})
     out = {"line": line, "radii": radii, "sigmas": sigmas, "n0": n0, "n_max": n_max, "images": s_all["images"]}
     # MEASURED
     out["measured"] = {
@@ -112,7 +114,7 @@ def study(auto: Path, all_: Path, fixed: Optional[Path], seeds: int, n_max_sim: 
         subset = set(json.loads((fixed / "plan.json").read_text())["main"])
         all_on_subset = {}
         for sigma in sigmas:
-            rows = [r for r in _main_rows(all_, slug, sigma) if int(r["idx"]) in subset]
+            rows = [r for r in _main_rows(all_, line_spec, sigma) if int(r["idx"]) in subset]
             all_on_subset[sigma] = rows
         cells_all_subset = []
         for r in radii:
@@ -127,7 +129,7 @@ def study(auto: Path, all_: Path, fixed: Optional[Path], seeds: int, n_max_sim: 
     pilot = set(plan["pilot"])
     idx = None
     for sigma in sigmas:
-        rows = _main_rows(all_, slug, sigma)
+        rows = _main_rows(all_, line_spec, sigma)
         images = [image_from_row(r, n_max, n0, alpha, sigma, 0.45) for r in rows]
         rates[sigma] = np.array([im.p for im in images])
         correct[sigma] = np.array([im.correct for im in images])

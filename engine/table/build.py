@@ -99,6 +99,14 @@ def stop_between_runs():
             signal.signal(s, handler)
 
 
+def phase_path(out: Path, line: LineSpec, sigma: float, kind: str) -> Path:
+    """Where a table folder keeps one run: DIR/runs/LINE_sSIGMA[_pilot].tsv (a folder for a sweep)."""
+    suffix = "" if kind == "main" else f"_{kind}"
+    name = f"{line.slug}_s{sigma:g}{suffix}"
+    sweep = any(len(v.get(sigma, ())) > 1 for v in (line.classifier, line.local_sigma, line.m))
+    return Path(out) / "runs" / (name if sweep else f"{name}.tsv")
+
+
 class TableBuilder:
     """Runs a TableSpec's phases into `out`; `log` takes one line at a time."""
 
@@ -185,10 +193,7 @@ class TableBuilder:
         return sum(per_image.values())
 
     def phase_path(self, line: LineSpec, sigma: float, kind: str) -> Path:
-        suffix = "" if kind == "main" else f"_{kind}"
-        name = f"{line.slug}_s{sigma:g}{suffix}"
-        sweep = any(len(v.get(sigma, ())) > 1 for v in (line.classifier, line.local_sigma, line.m))
-        return self.out / "runs" / (name if sweep else f"{name}.tsv")
+        return phase_path(self.out, line, sigma, kind)
 
     # -- the table -------------------------------------------------------------------------------
 
