@@ -27,6 +27,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_low
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import chunk_votes, image_from_row, shared_paths, simulate_sequential
 from diffsmooth.engine.table.build import phase_path
+from diffsmooth.engine.table.planning import assign_radii
 from diffsmooth.engine.table.spec import LineSpec
 
 
@@ -49,42 +50,61 @@ def _main_rows(folder: Path, line: LineSpec, sigma: float) -> List[dict]:
 
 
 def simulate_table(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float],
-                   assigned: Dict[float, Sequence[float]], pilot_mask: np.ndarray, n_max: int, n0: int, alpha: float,
-                   seeds: int, seed: int = 0) -> dict:
-    """{plan: {'cells': [%], 'samples': mean total}} for fixed-n, all and auto on paired paths."""
+                   assigned: Optional[Dict[float, Sequence[float]]], pilot_mask: np.ndarray, n_max: int, n0: int,
+                   alpha: float, seeds: int, margin: float = 0.05, seed: int = 0) -> dict:
+    """{plan: {'cells': [%], 'samples': mean total}} for fixed-n, all and auto on paired paths.
+    `assigned` None: each seed plans auto as the table would, from its own simulated pilot rows
+    (assign_radii on the pilot images' certified counts); the plans chosen are counted."""
     rng = np.random.default_rng(seed)
     per_plan = {plan: {"acc": [], "samples": []} for plan in ("fixed", "all", "auto")}
+    plans_chosen: Dict[str, int] = {}
+    sigmas = sorted(rates)
     for _ in range(seeds):
         acc = {plan: {} for plan in per_plan}
         samples = {plan: 0.0 for plan in per_plan}
-        for sigma, p in rates.items():
+        paths, all_runs = {}, {}
+        for sigma in sigmas:
+            p = rates[sigma]
             rule_all = SequentialRule(tuple(radii), sigma, alpha, n_max)
-            radii_auto = tuple(assigned.get(sigma, ()))
-            rule_auto = SequentialRule(radii_auto, sigma, alpha, n_max) if radii_auto else None
-            rules = [rule_all] + ([rule_auto] if rule_auto else [])
-            cuts, segments = shared_paths(p, rules, n_max, rng)
+            cuts, segments = shared_paths(p, [rule_all], n_max, rng)     # every rule at n_max looks at the same counts
+            paths[sigma] = (cuts, segments)
             fixed_radius = radius_from_lower(lower_confidence_bounds(segments.sum(axis=1), n_max, alpha), sigma)
-            all_radius, all_used = simulate_sequential(p, rule_all, None, votes=chunk_votes(cuts, segments, rule_all))
-            if rule_auto:
-                auto_radius, auto_used = simulate_sequential(p, rule_auto, None, votes=chunk_votes(cuts, segments, rule_auto))
-                auto_radius = np.where(pilot_mask, all_radius, auto_radius)
-                auto_used = np.where(pilot_mask, all_used, auto_used)
-            else:
-                auto_radius, auto_used = np.where(pilot_mask, all_radius, 0.0), np.where(pilot_mask, all_used, 0)
+            all_runs[sigma] = simulate_sequential(p, rule_all, None, votes=chunk_votes(cuts, segments, rule_all))
             samples["fixed"] += len(p) * (n0 + n_max)
-            samples["all"] += float(all_used.sum()) + len(p) * n0
-            samples["auto"] += float(auto_used.sum()) + (len(p) * n0 if rule_auto else int(pilot_mask.sum()) * n0)
-            for plan, radius in (("fixed", fixed_radius), ("all", all_radius), ("auto", auto_radius)):
+            samples["all"] += float(all_runs[sigma][1].sum()) + len(p) * n0
+            for plan, radius in (("fixed", fixed_radius), ("all", all_runs[sigma][0])):
                 for r in radii:
-                    if plan == "auto" and r not in radii_auto:
-                        continue
-                    value = 100 * float(np.mean(correct[sigma] & (radius >= r)))
-                    acc[plan][r] = max(acc[plan].get(r, 0.0), value)
+                    acc[plan][r] = max(acc[plan].get(r, 0.0), 100 * float(np.mean(correct[sigma] & (radius >= r))))
+        plan_radii = assigned
+        if plan_radii is None:
+            counts = {sigma: {r: int(np.sum(correct[sigma][pilot_mask] & (all_runs[sigma][0][pilot_mask] >= r)))
+                              for r in radii} for sigma in sigmas}
+            plan_radii = assign_radii(counts, int(pilot_mask.sum()), margin)
+            label = "; ".join(f"{s:g}: {','.join(f'{r:g}' for r in plan_radii[s]) or '-'}" for s in sigmas)
+            plans_chosen[label] = plans_chosen.get(label, 0) + 1
+        for sigma in sigmas:
+            p = rates[sigma]
+            all_radius, all_used = all_runs[sigma]
+            radii_auto = tuple(plan_radii.get(sigma, ()))
+            if radii_auto:
+                rule_auto = SequentialRule(radii_auto, sigma, alpha, n_max)
+                auto_radius, auto_used = simulate_sequential(p, rule_auto, None, votes=chunk_votes(*paths[sigma], rule_auto))
+                auto_radius = np.where(pilot_mask, all_radius, auto_radius)      # the pilot settled every radius
+                auto_used = np.where(pilot_mask, all_used, auto_used)
+                samples["auto"] += float(auto_used.sum()) + len(p) * n0
+            else:
+                auto_radius = np.where(pilot_mask, all_radius, 0.0)
+                samples["auto"] += float(all_used[pilot_mask].sum()) + int(pilot_mask.sum()) * n0
+            for r in radii_auto:
+                acc["auto"][r] = max(acc["auto"].get(r, 0.0), 100 * float(np.mean(correct[sigma] & (auto_radius >= r))))
         for plan in per_plan:
             per_plan[plan]["acc"].append([acc[plan].get(r, 0.0) for r in radii])
             per_plan[plan]["samples"].append(samples[plan])
-    return {plan: {"cells": list(np.mean(v["acc"], axis=0)), "samples": float(np.mean(v["samples"]))}
-            for plan, v in per_plan.items()}
+    out = {plan: {"cells": list(np.mean(v["acc"], axis=0)), "samples": float(np.mean(v["samples"]))}
+           for plan, v in per_plan.items()}
+    if plans_chosen:
+        out["auto"]["plans_chosen"] = dict(sorted(plans_chosen.items(), key=lambda kv: -kv[1]))
+    return out
 
 
 def differences(a: Sequence[float], b: Sequence[float]) -> dict:
@@ -93,23 +113,26 @@ def differences(a: Sequence[float], b: Sequence[float]) -> dict:
     return {"mean": float(d.mean()), "worst": float(d[worst]), "worst_index": worst, "max_abs": float(np.abs(d).max())}
 
 
-def study(auto: Path, all_: Path, fixed: Optional[Path], seeds: int, n_max_sim: Optional[int]) -> dict:
-    s_auto, s_all = _summary(auto), _summary(all_)
-    spec = s_all["spec"]
+def study(auto: Path, all_: Optional[Path], fixed: Optional[Path], seeds: int, n_max_sim: Optional[int]) -> dict:
+    s_auto = _summary(auto)
+    s_all = _summary(all_) if all_ else None
+    spec = s_auto["spec"]
     radii, sigmas = spec["radii"], spec["sigmas"]
     n0, n_max, alpha = spec["n0"], spec["n_max"], spec["alpha"]
     plan = json.loads((auto / "plan.json").read_text())
     assigned = {float(s): r for s, r in plan["radii"].items()}
-    line = s_all["rows"][0]["name"]
+    line = s_auto["rows"][0]["name"]
     first = spec["lines"][0]
     line_spec = LineSpec(first["name"], first["method"], {}, {}, {})
-    out = {"line": line, "radii": radii, "sigmas": sigmas, "n0": n0, "n_max": n_max, "images": s_all["images"]}
+    out = {"line": line, "radii": radii, "sigmas": sigmas, "n0": n0, "n_max": n_max, "images": s_auto["images"],
+           "margin": plan["margin"], "rates_from": "all" if s_all else "auto"}
     # MEASURED
-    out["measured"] = {
-        "auto": {"cells": _cells(s_auto)[line], "samples": s_auto["samples"], "seconds": s_auto["seconds"]},
-        "all": {"cells": _cells(s_all)[line], "samples": s_all["samples"], "seconds": s_all["seconds"]},
-        "auto_minus_all": differences(_cells(s_auto)[line], _cells(s_all)[line])}
-    if fixed is not None:
+    out["measured"] = {"auto": {"cells": _cells(s_auto)[line], "samples": s_auto["samples"],
+                                "seconds": s_auto["seconds"], "runs": _run_seconds(auto)}}
+    if s_all:
+        out["measured"]["all"] = {"cells": _cells(s_all)[line], "samples": s_all["samples"], "seconds": s_all["seconds"]}
+        out["measured"]["auto_minus_all"] = differences(_cells(s_auto)[line], _cells(s_all)[line])
+    if fixed is not None and all_:
         s_fixed = _summary(fixed)
         subset = set(json.loads((fixed / "plan.json").read_text())["main"])
         all_on_subset = {}
@@ -129,14 +152,19 @@ def study(auto: Path, all_: Path, fixed: Optional[Path], seeds: int, n_max_sim: 
     pilot = set(plan["pilot"])
     idx = None
     for sigma in sigmas:
-        rows = _main_rows(all_, line_spec, sigma)
+        rows = _main_rows(all_ or auto, line_spec, sigma)
         images = [image_from_row(r, n_max, n0, alpha, sigma, 0.45) for r in rows]
+        if idx is not None and [im.idx for im in images] != idx:
+            raise click.ClickException(f"sigma {sigma:g} has rows for other images than the first sigma (a sigma "
+                                       "without a main run has no rates for the main images): pass --all")
         rates[sigma] = np.array([im.p for im in images])
         correct[sigma] = np.array([im.correct for im in images])
         idx = [im.idx for im in images]
     pilot_mask = np.array([i in pilot for i in idx])
     for n in [n_max] + ([n_max_sim] if n_max_sim else []):
-        sim = simulate_table(rates, correct, radii, assigned, pilot_mask, n, n0, alpha, seeds)
+        # at the measured n-max the plan the table fixed; at another n-max, planned per seed as the table would
+        sim = simulate_table(rates, correct, radii, assigned if n == n_max else None, pilot_mask, n, n0, alpha,
+                             seeds, margin=plan["margin"])
         out[f"simulated_n{n}"] = {
             **sim, "fewer_auto_vs_fixed": sim["fixed"]["samples"] / sim["auto"]["samples"],
             "fewer_all_vs_fixed": sim["fixed"]["samples"] / sim["all"]["samples"],
@@ -146,6 +174,39 @@ def study(auto: Path, all_: Path, fixed: Optional[Path], seeds: int, n_max_sim: 
     return out
 
 
+def _run_seconds(folder: Path) -> dict:
+    """Per main run: predicted and measured seconds and samples (cost.json)."""
+    costs = json.loads((folder / "cost.json").read_text())
+    measured = costs.get("measured", {})
+    return {key: {"predicted_seconds": c["seconds"], "predicted_samples": c["samples"],
+                  "measured_seconds": measured.get(key, {}).get("seconds"),
+                  "measured_samples": measured.get(key, {}).get("samples")}
+            for key, c in costs["runs"].items()}
+
+
+def estimate_line(doc: dict, seconds_per_image: float, at_n: int, images: int, warmup_s: float, builds: int,
+                  overhead: float) -> dict:
+    """ESTIMATED: a full line of `images` images at n-max `at_n` on a GPU from the simulated samples
+    per image (auto and fixed-n at `at_n`), a measured fixed-n rate (seconds per image at n = at_n),
+    the measured sequential packing overhead per sample, and one compile warm-up per model build."""
+    sim = doc[f"simulated_n{at_n}"]
+    per_sample = seconds_per_image / (doc["n0"] + at_n)
+    simulated_images = doc["images"] * 1.0
+    out = {"images": images, "at_n": at_n, "seconds_per_image_fixed": seconds_per_image, "warmup_s": warmup_s,
+           "builds": builds, "sequential_overhead": overhead}
+    for plan in ("fixed", "all", "auto"):
+        samples = sim[plan]["samples"] / simulated_images * images
+        rate = per_sample * (1.0 if plan == "fixed" else overhead)
+        warmups = builds if plan == "auto" else len(doc["sigmas"])
+        out[plan] = {"samples": samples, "seconds": samples * rate + warmups * warmup_s}
+    return out
+
+
+def _row(label: str, samples, cells) -> str:
+    samples = f"{samples:,.0f}" if isinstance(samples, (int, float)) else samples
+    return f"| {label} | {samples} | " + " | ".join(f"{v:.1f}" for v in cells) + " |"
+
+
 def markdown(doc: dict) -> str:
     r = doc["radii"]
     head = "| | samples | " + " | ".join(f"r={x:g}" for x in r) + " |\n|" + "---|" * (len(r) + 2)
@@ -153,46 +214,86 @@ def markdown(doc: dict) -> str:
     lines = [f"## MEASURED: {doc['line']}, {doc['images']} images, sigma {doc['sigmas']}, n0 {doc['n0']}, "
              f"n-max {doc['n_max']:,}", "", head]
     for plan in ("auto", "all"):
-        lines.append(f"| {plan} | {m[plan]['samples']['total']:,} | " + " | ".join(f"{v:.1f}" for v in m[plan]["cells"]) + " |")
-    d = m["auto_minus_all"]
-    lines += ["", f"auto - all (points): mean {d['mean']:+.2f}, largest |difference| {d['max_abs']:.1f} "
-              f"(at r={r[d['worst_index']]:g}).",
-              f"auto: pilot {m['auto']['samples']['pilot']:,} of {m['auto']['samples']['total']:,} samples "
-              f"({100 * m['auto']['samples']['pilot'] / m['auto']['samples']['total']:.1f}%); main phase predicted "
-              f"{m['auto']['seconds']['predicted']:.0f} s, measured {m['auto']['seconds']['measured']:.0f} s."]
+        if plan in m:
+            lines.append(_row(plan, m[plan]["samples"]["total"], m[plan]["cells"]))
+    a = m["auto"]
+    if "auto_minus_all" in m:
+        d = m["auto_minus_all"]
+        lines += ["", f"auto - all (points): mean {d['mean']:+.2f}, largest |difference| {d['max_abs']:.1f} "
+                  f"(at r={r[d['worst_index']]:g})."]
+    lines += ["", f"auto: pilot {a['samples']['pilot']:,} of {a['samples']['total']:,} samples "
+              f"({100 * a['samples']['pilot'] / a['samples']['total']:.1f}%)."]
+    predicted, measured = a["seconds"]["predicted"], a["seconds"]["measured"]
+    if predicted and measured:
+        lines += [f"Main phase: predicted {predicted:,.0f} s, measured {measured:,.0f} s of compute "
+                  f"(measured / predicted {measured / predicted:.2f}). Per run:", "",
+                  "| run | predicted samples | measured samples | predicted s | measured s | measured / predicted s |",
+                  "|---|---|---|---|---|---|"]
+        for key, run in a["runs"].items():
+            ms = run["measured_seconds"]
+            lines.append(f"| {key} | {run['predicted_samples']:,.0f} | {run['measured_samples'] or 0:,} | "
+                         f"{run['predicted_seconds']:,.0f} | {ms or 0:,.0f} | "
+                         f"{ms / run['predicted_seconds'] if ms and run['predicted_seconds'] else float('nan'):.2f} |")
     if "fixed_subset" in m:
         f = m["fixed_subset"]
         lines += ["", f"Fixed-n (MEASURED) on {f['images']} of the images per sigma, against the all table's rows on the "
-                  "same images:", "", head,
-                  f"| fixed-n | {f['samples']['total']:,} | " + " | ".join(f"{v:.1f}" for v in f["cells"]) + " |",
-                  "| all, same images | - | " + " | ".join(f"{v:.1f}" for v in f["all_cells_same_images"]) + " |",
+                  "same images:", "", head, _row("fixed-n", f["samples"]["total"], f["cells"]),
+                  _row("all, same images", "-", f["all_cells_same_images"]),
                   "", f"all - fixed-n (points): mean {f['all_minus_fixed']['mean']:+.2f}, worst "
                   f"{f['all_minus_fixed']['worst']:+.1f}."]
     for key in [k for k in doc if k.startswith("simulated_n")]:
         s = doc[key]
         n = int(key[len("simulated_n"):])
-        lines += ["", f"## SIMULATED on paired paths, n-max {n:,} (rates from the all table's rows)", "", head]
+        how = "the plan the table fixed" if n == doc["n_max"] else "planned per seed from its simulated pilot"
+        lines += ["", f"## SIMULATED on paired paths, n-max {n:,} (rates from the {doc['rates_from']} table's rows; "
+                  f"auto: {how})", "", head]
         for plan in ("fixed", "all", "auto"):
-            lines.append(f"| {plan} | {s[plan]['samples']:,.0f} | " + " | ".join(f"{v:.1f}" for v in s[plan]["cells"]) + " |")
+            lines.append(_row(plan, s[plan]["samples"], s[plan]["cells"]))
         lines += ["", f"fewer samples than fixed-n: auto {s['fewer_auto_vs_fixed']:.1f}x, all {s['fewer_all_vs_fixed']:.1f}x; "
                   f"auto - fixed (points): mean {s['auto_minus_fixed']['mean']:+.2f}, "
                   f"worst {s['auto_minus_fixed']['worst']:+.1f} "
                   f"(r={r[s['auto_minus_fixed']['worst_index']]:g}); all - fixed: mean {s['all_minus_fixed']['mean']:+.2f}, "
                   f"worst {s['all_minus_fixed']['worst']:+.1f}; auto - all: mean {s['auto_minus_all']['mean']:+.2f}, "
                   f"worst {s['auto_minus_all']['worst']:+.1f}."]
+        if "plans_chosen" in s["auto"]:
+            lines += ["", "Plans the simulated pilots chose (sigma: radii; seeds): " +
+                      "; ".join(f"[{k}] x{v}" for k, v in s["auto"]["plans_chosen"].items())]
+    if "estimate" in doc:
+        e = doc["estimate"]
+        lines += ["", f"## ESTIMATED: one line of {e['images']} images, 3 sigmas, n-max {e['at_n']:,}, on a GPU", "",
+                  f"From the simulated samples per image above, {e['seconds_per_image_fixed']} s per image fixed-n at "
+                  f"n = {e['at_n']:,} (measured), the sequential path's {e['sequential_overhead']:.2f}x time per sample "
+                  f"(measured, packed replay) and {e['warmup_s']:.0f} s of compile warm-up per model build (measured; "
+                  f"auto builds {e['builds']}, fixed-n and all {len(doc['sigmas'])}):", "",
+                  "| plan | samples | seconds | minutes |", "|---|---|---|---|"]
+        for plan in ("fixed", "all", "auto"):
+            lines.append(f"| {plan} | {e[plan]['samples']:,.0f} | {e[plan]['seconds']:,.0f} | {e[plan]['seconds'] / 60:.1f} |")
     return "\n".join(lines) + "\n"
 
 
 @click.command()
 @click.option("--auto", "auto", type=click.Path(exists=True, file_okay=False), required=True)
-@click.option("--all", "all_", type=click.Path(exists=True, file_okay=False), required=True)
+@click.option("--all", "all_", type=click.Path(exists=True, file_okay=False), default=None,
+              help="The same table with --plan all (rates for the simulation come from it when given).")
 @click.option("--fixed", type=click.Path(exists=True, file_okay=False), default=None)
 @click.option("--seeds", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--n-max-sim", type=click.IntRange(1), default=None, help="Also simulate at this n-max.")
+@click.option("--estimate", nargs=2, type=(float, click.IntRange(1)), default=None,
+              help="SECONDS IMAGES: estimate a line of IMAGES images at --n-max-sim from a measured fixed-n rate "
+                   "(seconds per image at n = --n-max-sim).")
+@click.option("--warmup-s", type=click.FloatRange(0), default=60.0, show_default=True,
+              help="--estimate: compile warm-up per model build (H100, CIFAR-10, measured).")
+@click.option("--overhead", type=click.FloatRange(0), default=1.12, show_default=True,
+              help="--estimate: the sequential path's time per sample over fixed-n's (H100 packed replay, measured).")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Write study.md and study.json here.")
-def main(auto, all_, fixed, seeds, n_max_sim, out):
+def main(auto, all_, fixed, seeds, n_max_sim, estimate, warmup_s, overhead, out):
     """Prints the study as markdown."""
-    doc = study(Path(auto), Path(all_), Path(fixed) if fixed else None, seeds, n_max_sim)
+    doc = study(Path(auto), Path(all_) if all_ else None, Path(fixed) if fixed else None, seeds, n_max_sim)
+    if estimate:
+        if not n_max_sim:
+            raise click.UsageError("--estimate needs --n-max-sim (the n-max of the estimated line)")
+        builds = 2 * len(doc["sigmas"]) - 1     # pilot and main per sigma; the main phase keeps the last pilot's models
+        doc["estimate"] = estimate_line(doc, estimate[0], n_max_sim, estimate[1], warmup_s, builds, overhead)
     text = markdown(doc)
     click.echo(text)
     if out:

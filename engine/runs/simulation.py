@@ -1,9 +1,10 @@
 """The sequential-rule simulator's core: replay images from their rows as Binomial vote paths (no model).
 
 An image's vote rate p for its selected class comes from its row: a sequential row carries the
-selected class's estimation votes (`top_votes`) and the samples drawn, so p = top_votes /
-(samples - n0); a fixed-n row only prints a radius, so the nA whose radius prints the same is found
-(`recover_votes`). Paths of i.i.d. votes with that p then run through fixed-n CERTIFY and through
+selected class's estimation votes (`top_votes`) and the samples drawn, so p is Jeffreys' estimate
+(top_votes + 1/2) / (samples - n0 + 1), never exactly 1: an image that stopped early with every vote
+for its class would otherwise replay as certain at any n-max. A fixed-n row only prints a radius,
+so the nA whose radius prints the same is found (`recover_votes`). Paths of i.i.d. votes with that p then run through fixed-n CERTIFY and through
 sequential rules (the engine's vectorised `run_rule`), all on the SAME paths, so differences are
 paired. A model of a measurement, not a measurement: it assumes the selection picks the same class
 and that votes are i.i.d. given p. bench/sequential_sim.py prints tables from it; the table command
@@ -45,12 +46,12 @@ class Image:
 
 
 def image_from_row(row: dict, n: int, n0: int, alpha: float, sigma: float, abstain_p: float) -> Image:
-    """An image's vote rate from its row: from `top_votes` and `samples` in a sequential row, else
+    """An image's vote rate from its row: Jeffreys' estimate from `top_votes` and `samples` in a sequential row, else
     recovered from a fixed-n row's printed radius at its n; an abstained fixed-n row gets abstain_p."""
     correct = int(row["correct"]) == 1
     if row.get("top_votes") not in (None, ""):
         drawn = int(row["samples"]) - n0
-        p = int(row["top_votes"]) / drawn if drawn > 0 else abstain_p
+        p = (int(row["top_votes"]) + 0.5) / (drawn + 1) if drawn > 0 else abstain_p
         return Image(p, correct, int(row["idx"]))
     n_a = recover_votes(float(row["radius"]), n, alpha, sigma)
     p = abstain_p if n_a is None or int(row["predict"]) < 0 else n_a / n

@@ -3,7 +3,7 @@ phase; the cost said before it is spent; the outputs written from the rows.
 
 DIR/table.json   the spec, plan mode, pilot size and margin (a rerun with others is refused)
 DIR/plan.json    the plan (auto: written after the pilot, before the main phase draws a sample)
-DIR/cost.json    predicted samples and seconds of the main phase; measured ones as runs finish
+DIR/cost.json    predicted samples and seconds of the main phase; measured ones as runs finish or stop
 DIR/runs/        one ordinary resumable result file per run (a folder per run for sweeps)
 DIR/table.md, table.tex, curves.png, summary.json
 DIR/.lock        held while a `diffsmooth table` runs on DIR: a second one on the same folder is refused
@@ -50,6 +50,10 @@ from diffsmooth.engine.table.spec import LineSpec, TableSpec
 
 class TableInterrupted(Exception):
     """Ctrl-C or SIGTERM stopped the table (finished rows are kept; rerun the command to continue)."""
+
+    def __init__(self, message: str, seconds: float = 0.0):
+        super().__init__(message)
+        self.seconds = seconds                  # compute seconds the interrupted run had spent
 
 
 @dataclass
@@ -170,10 +174,10 @@ class TableBuilder:
                 summary = execute(run, self.voters[key], self.log)
             except Terminated:                  # SIGTERM inside a run (engine/runs/dataset_run.py): the whole table stops
                 raise TableInterrupted(f"stopped by SIGTERM during {phase.line.name} sigma {phase.sigma:g} "
-                                       f"({phase.kind})") from None
+                                       f"({phase.kind})", time.perf_counter() - start) from None
             seconds = time.perf_counter() - start
             if summary.interrupted:
-                raise TableInterrupted(f"stopped during {phase.line.name} sigma {phase.sigma:g} ({phase.kind})")
+                raise TableInterrupted(f"stopped during {phase.line.name} sigma {phase.sigma:g} ({phase.kind})", seconds)
         rows = {name: sorted(read_rows(path, torn_tail="ignore"), key=lambda r: int(r["idx"]))
                 for name, path in files.items()}
         return PhaseResult(rows, seconds, self._samples(rows, phase))
@@ -227,14 +231,14 @@ class TableBuilder:
             if dry_run:
                 return None
             main_results: Dict[tuple, PhaseResult] = {}
-            for line in spec.lines:
-                for sigma in spec.sigmas:
-                    radii = plan.radii_for(sigma)
-                    if not radii or not plan.main:
-                        continue
-                    main_results[(line.name, sigma)] = self._step(Phase(
-                        line, sigma, plan.main, None if self.mode == "fixed" else radii,
-                        self.phase_path(line, sigma, "main"), "main"), costs)
+            # the main phase runs in reverse, so its first run keeps the last pilot run's models (one compile less)
+            for line, sigma in reversed([(line, sigma) for line in spec.lines for sigma in spec.sigmas]):
+                radii = plan.radii_for(sigma)
+                if not radii or not plan.main:
+                    continue
+                main_results[(line.name, sigma)] = self._step(Phase(
+                    line, sigma, plan.main, None if self.mode == "fixed" else radii,
+                    self.phase_path(line, sigma, "main"), "main"), costs)
         return self._report(plan, indices, pilot_results, main_results, costs)
 
     def _step(self, phase: Phase, costs: Optional[dict] = None) -> PhaseResult:
@@ -244,18 +248,30 @@ class TableBuilder:
         elapsed = time.perf_counter() - self.started
         eta = ""
         if costs is not None:
-            left = _total(c["seconds"] for key, c in costs["runs"].items() if key not in costs.get("measured", {}))
+            done = {key for key, m in costs.get("measured", {}).items() if m["samples"]}      # finished runs
+            left = _total(c["seconds"] for key, c in costs["runs"].items() if key not in done)
             eta = f"; ETA {left / 60:.1f} min (predicted)" if left is not None else ""
         self.log(f"table: {phase.line.name}, sigma {phase.sigma:g}, {phase.kind} ({len(phase.indices)} images); "
                  f"{elapsed / 60:.1f} min so far{eta}")
-        result = self.run_phase(phase)
-        if costs is not None and phase.kind == "main":
-            key = f"{phase.line.name} | sigma {phase.sigma:g}"
-            measured = costs.setdefault("measured", {}).setdefault(key, {"seconds": 0.0, "samples": 0})
-            measured["seconds"] += result.seconds
-            measured["samples"] = result.samples
-            (self.out / "cost.json").write_text(json.dumps(costs, indent=1, allow_nan=False) + "\n")
+        try:
+            result = self.run_phase(phase)
+        except TableInterrupted as stop:        # the seconds spent so far still count when the table resumes
+            self._measured(costs, phase, stop.seconds, None)
+            raise
+        self._measured(costs, phase, result.seconds, result.samples)
         return result
+
+    def _measured(self, costs: Optional[dict], phase: Phase, seconds: float, samples: Optional[int]) -> None:
+        """Adds a main run's compute seconds (each invocation's, interrupted ones too) to cost.json; its
+        samples once it has finished. A SIGKILLed invocation's seconds are lost (nothing runs to save them)."""
+        if costs is None or phase.kind != "main" or not seconds and samples is None:
+            return
+        key = f"{phase.line.name} | sigma {phase.sigma:g}"
+        measured = costs.setdefault("measured", {}).setdefault(key, {"seconds": 0.0, "samples": 0})
+        measured["seconds"] += seconds
+        if samples is not None:
+            measured["samples"] = samples
+        (self.out / "cost.json").write_text(json.dumps(costs, indent=1, allow_nan=False) + "\n")
 
     def _fix_plan(self, plan: TablePlan) -> None:
         """plan.json: written once; a rerun reads it back (same rows give the same plan)."""

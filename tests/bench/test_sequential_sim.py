@@ -1,6 +1,7 @@
 """bench/sequential_sim.py: vote rates recovered from printed radii, and the simulated table."""
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from diffsmooth.bench.sequential_sim import main, recover_votes
@@ -73,3 +74,17 @@ def test_rules_and_fixed_n_share_one_path_per_image():
         assert np.all(votes <= np.asarray(rule.chunks())[None, :])
         # the first look's votes are the same prefix of the path for both rules
     assert np.array_equal(chunk_votes(cuts, segments, rules[0])[:, 0], chunk_votes(cuts, segments, rules[1])[:, 0])
+
+
+def test_a_sequential_rows_rate_is_jeffreys_estimate_never_certain():
+    """An image that stopped early with every vote for its class must not replay as p = 1 (certain at
+    any n-max, which would overstate what a larger n-max saves); half its votes replay near 1/2."""
+    from diffsmooth.engine.runs.simulation import image_from_row
+
+    row = {"idx": 3, "label": 1, "predict": 1, "radius": "0.5", "correct": 1, "samples": 600, "top_votes": 500}
+    image = image_from_row(row, n=10_000, n0=100, alpha=0.001, sigma=0.5, abstain_p=0.45)
+    assert image.p == pytest.approx(500.5 / 501) and image.p < 1 and image.idx == 3 and image.correct
+    half = image_from_row({**row, "top_votes": 250}, n=10_000, n0=100, alpha=0.001, sigma=0.5, abstain_p=0.45)
+    assert half.p == pytest.approx(0.5)
+    # no estimation sample drawn (stopped at n0): the abstain rate stands in
+    assert image_from_row({**row, "samples": 100, "top_votes": 0}, 10_000, 100, 0.001, 0.5, 0.45).p == 0.45

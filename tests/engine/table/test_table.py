@@ -131,7 +131,9 @@ def test_predicted_run_reads_the_pilot_rows_vote_counts():
             for i in range(4)]
     cost = predict_run("RS", 0.5, [rows], (0.25,), main_images=10, n0=120, alpha=0.001, n_max=1000,
                        samples_per_second=100.0)
-    assert cost.samples == pytest.approx(10 * expected_samples(np.ones((1, 4)), SequentialRule((0.25,), 0.5, 0.001, 1000), 120))
+    jeffreys = (1000 + 0.5) / (1000 + 1)          # every vote for the class: a rate below 1 (engine/runs/simulation.py)
+    assert cost.samples == pytest.approx(
+        10 * expected_samples(np.full((1, 4), jeffreys), SequentialRule((0.25,), 0.5, 0.001, 1000), 120))
     assert cost.seconds == pytest.approx(cost.samples / 100.0)
     assert predict_run("RS", 0.5, [rows], (), 10, 120, 0.001, 1000, 100.0).samples == 0
 
@@ -161,10 +163,17 @@ def _table(tmp_path, *extra, spec=SPEC, name="spec.toml"):
 
 @needs_demo
 @pytest.mark.slow
-def test_table_writes_its_outputs_resumes_to_the_same_table_and_refuses_another_spec(tmp_path):
+def test_table_writes_its_outputs_resumes_to_the_same_table_and_refuses_another_spec(tmp_path, monkeypatch):
+    from diffsmooth.engine.table import build as table_build
+    builds = []
+    real_build = table_build.build_voter
+    monkeypatch.setattr(table_build, "build_voter", lambda run, log: builds.append(run.sigma) or real_build(run, log))
     args = _table(tmp_path)[3:]
     first = invoke_ok(args)
     out = tmp_path / "t"
+    # the main phase runs in reverse: its first run (sigma 0.5, when planned) keeps the last pilot's models
+    mains = [s for s in (0.5, 0.25) if (out / "runs" / f"rs_s{s:g}.tsv").is_file()]
+    assert builds == [0.25, 0.5] + (mains[1:] if mains[:1] == [0.5] else mains), builds
     for name in ("table.md", "table.tex", "curves.png", "summary.json", "plan.json", "cost.json"):
         assert (out / name).is_file(), name
     summary = json.loads((out / "summary.json").read_text())
@@ -251,3 +260,29 @@ def test_a_signal_between_two_runs_stops_the_table_before_the_next_one(tmp_path,
         with pytest.raises(TableInterrupted, match="SIGTERM"):
             builder._step(Phase(spec.lines[0], 0.5, [0], (0.0,), tmp_path / "x.tsv", "pilot"))
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before     # handlers restored
+
+
+def test_an_interrupted_main_runs_seconds_count_when_the_table_resumes(tmp_path, monkeypatch):
+    """cost.json's measured seconds add up every invocation of a main run, the interrupted ones too,
+    so predicted vs measured compares like with like after a resume; samples come when it finishes,
+    and only a finished run leaves the ETA."""
+    from diffsmooth.engine.table.build import Phase, PhaseResult, TableBuilder, TableInterrupted, stop_between_runs
+    spec = parse_spec({"sigmas": [0.5], "line": [{"method": "rs"}]})
+    out = tmp_path / "t"
+    out.mkdir()
+    builder = TableBuilder(spec, out, log=lambda line: None)
+    phase = Phase(spec.lines[0], 0.5, [0, 1], (0.0,), tmp_path / "x.tsv", "main")
+    key = f"{spec.lines[0].name} | sigma 0.5"
+    costs = {"runs": {key: {"seconds": 30.0}}, "predicted": {"samples": 1, "seconds": 30.0}}
+
+    def stopped(phase):
+        raise TableInterrupted("stopped", 12.5)
+
+    with stop_between_runs() as builder.stop:
+        monkeypatch.setattr(builder, "run_phase", stopped)
+        with pytest.raises(TableInterrupted):
+            builder._step(phase, costs)
+        assert json.loads((out / "cost.json").read_text())["measured"][key] == {"seconds": 12.5, "samples": 0}
+        monkeypatch.setattr(builder, "run_phase", lambda phase: PhaseResult({}, 20.0, 4000))
+        builder._step(phase, costs)
+    assert json.loads((out / "cost.json").read_text())["measured"][key] == {"seconds": 32.5, "samples": 4000}
