@@ -4,11 +4,11 @@ An image's vote rate p for its selected class comes from its row: a sequential r
 selected class's estimation votes (`top_votes`) and the samples drawn, so p is Jeffreys' estimate
 (top_votes + 1/2) / (samples - n0 + 1), never exactly 1: an image that stopped early with every vote
 for its class would otherwise replay as certain at any n-max. A fixed-n row only prints a radius,
-so the nA whose radius prints the same is found (`recover_votes`). Paths of i.i.d. votes with that p then run through fixed-n CERTIFY and through
-sequential rules (the engine's vectorised `run_rule`), all on the SAME paths, so differences are
-paired. A model of a measurement, not a measurement: it assumes the selection picks the same class
-and that votes are i.i.d. given p. bench/sequential_sim.py prints tables from it; the table command
-predicts its cost with it.
+so the nA whose radius prints the same is found (`recover_votes`). Paths of i.i.d. votes with that
+p then run through fixed-n CERTIFY and through sequential rules (the engine's vectorised
+`run_rule`), all on the SAME paths, so differences are paired. A model of a measurement, not a
+measurement: it assumes the selection picks the same class and that votes are i.i.d. given p.
+bench/sequential_sim.py prints tables from it; the table command predicts its cost with it.
 """
 
 from __future__ import annotations
