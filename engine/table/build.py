@@ -73,6 +73,20 @@ class PhaseResult:
     rows: Dict[str, List[dict]]             # configuration name -> rows (every image of the phase)
     seconds: float                          # measured compute seconds this invocation (0 when already done)
     samples: int                            # samples drawn, from the rows (a sweep's pass: its slowest configuration)
+    probe_rate: Optional[float] = None      # pilot: samples per second of full batches (probe_rate)
+
+
+PROBE_BATCHES = 2
+
+
+def probe_rate(voter, image, index: int, batch: int, batches: int = PROBE_BATCHES) -> float:
+    """Samples per second of this machine's pipeline on full batches: one untimed batch, then
+    `batches` timed. The main phase packs hundreds of images into full batches; a pilot of a few
+    images leaves a static (compiled) batch mostly padding, so its own rate would predict too slow."""
+    voter.count(image, index, 0, batch, batch)
+    start = time.perf_counter()
+    voter.count(image, index, batch, batches * batch, batch)
+    return batches * batch / max(time.perf_counter() - start, 1e-9)
 
 
 class StopRequest:
@@ -180,7 +194,14 @@ class TableBuilder:
                 raise TableInterrupted(f"stopped during {phase.line.name} sigma {phase.sigma:g} ({phase.kind})", seconds)
         rows = {name: sorted(read_rows(path, torn_tail="ignore"), key=lambda r: int(r["idx"]))
                 for name, path in files.items()}
-        return PhaseResult(rows, seconds, self._samples(rows, phase))
+        rate = None
+        if phase.kind == "pilot" and not (self.out / "cost.json").exists():     # the prediction still to make
+            key = (phase.line.name, phase.sigma)
+            if key not in self.voters:
+                self.voters = {key: build_voter(run, self.log)}
+            index = phase.indices[0]
+            rate = probe_rate(self.voters[key], run.dataset[index][0], index, run.batch)
+        return PhaseResult(rows, seconds, self._samples(rows, phase), rate)
 
     @staticmethod
     def _done(path: Path) -> set:
@@ -309,12 +330,14 @@ class TableBuilder:
                 if self.mode == "fixed":
                     samples = len(plan.main) * (spec.n0 + spec.n_max)
                     runs[key] = asdict_cost(RunCost(line.name, sigma, len(plan.main), samples, float("nan")))
-                elif pilot is None or not pilot.seconds:
+                elif pilot is None or not (pilot.probe_rate or pilot.seconds):
                     runs[key] = asdict_cost(RunCost(line.name, sigma, len(plan.main), float("nan"), float("nan")))
                 else:
-                    rate = pilot.samples / pilot.seconds
+                    rate = pilot.probe_rate or pilot.samples / pilot.seconds
                     runs[key] = asdict_cost(predict_run(line.name, sigma, list(pilot.rows.values()), radii,
                                                         len(plan.main), spec.n0, spec.alpha, spec.n_max, rate))
+                    runs[key].update(samples_per_second=rate, rate_from="probe" if pilot.probe_rate else "pilot",
+                                     pilot_samples_per_second=pilot.samples / pilot.seconds if pilot.seconds else None)
         total = {key: _total(c[key] for c in runs.values()) for key in ("samples", "seconds")}
         pilot_samples = sum(r.samples for r in pilot_results.values())
         costs = {"plan": plan.mode, "runs": runs, "predicted": total, "pilot_samples": pilot_samples,

@@ -1,5 +1,6 @@
 """The cost of a table before it is spent: samples from the pilot's rows through the sequential
-simulator (engine/runs/simulation.py), seconds from the pilot's measured rate on this machine."""
+simulator (engine/runs/simulation.py), seconds at the rate a timing probe of full batches measured on
+this machine (engine/table/build.py: probe_rate)."""
 
 from __future__ import annotations
 

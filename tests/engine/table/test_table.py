@@ -188,6 +188,8 @@ def test_table_writes_its_outputs_resumes_to_the_same_table_and_refuses_another_
     assert {int(r["idx"]) for r in pilot_rows} == set(plan["pilot"])
     assert all(int(r["top_votes"]) <= int(r["samples"]) - 20 for r in pilot_rows)
     assert "main phase predicted" in first.output
+    costs = json.loads((out / "cost.json").read_text())
+    assert {run["rate_from"] for run in costs["runs"].values() if "rate_from" in run} == {"probe"}
     table = (out / "table.md").read_text()
     # a killed main run (its last rows lost) and a rerun: the same table; a finished table draws nothing
     main_file = out / "runs" / "rs_s0.5.tsv"
@@ -286,3 +288,22 @@ def test_an_interrupted_main_runs_seconds_count_when_the_table_resumes(tmp_path,
         monkeypatch.setattr(builder, "run_phase", lambda phase: PhaseResult({}, 20.0, 4000))
         builder._step(phase, costs)
     assert json.loads((out / "cost.json").read_text())["measured"][key] == {"seconds": 32.5, "samples": 4000}
+
+
+def test_the_timing_probe_times_full_batches_after_an_untimed_one(monkeypatch):
+    """The predicted seconds use full batches' rate: one untimed batch, then PROBE_BATCHES timed ones
+    at the run's batch size, on a pilot image (its own index, so its noise stream)."""
+    from diffsmooth.engine.table import build as table_build
+
+    clock = [0.0]
+    calls = []
+
+    class Voter:
+        def count(self, image, index, first_sample, num, batch):
+            calls.append((index, first_sample, num, batch))
+            clock[0] += num * 0.002             # 500 samples per second
+
+    monkeypatch.setattr(table_build.time, "perf_counter", lambda: clock[0])
+    rate = table_build.probe_rate(Voter(), image=None, index=7, batch=100)
+    assert rate == pytest.approx(500.0)
+    assert calls == [(7, 0, 100, 100), (7, 100, 100 * table_build.PROBE_BATCHES, 100)]
