@@ -201,6 +201,8 @@ class TableBuilder:
                 self.voters = {key: build_voter(run, self.log)}
             index = phase.indices[0]
             rate = probe_rate(self.voters[key], run.dataset[index][0], index, run.batch)
+            self.log(f"table: timing probe, {phase.line.name} sigma {phase.sigma:g}: {rate:,.0f} samples/s "
+                     f"at batch {run.batch}")
         return PhaseResult(rows, seconds, self._samples(rows, phase), rate)
 
     @staticmethod
