@@ -16,6 +16,7 @@ radius), all on the SAME paths (paired). At --n-max-sim the same rates are extra
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -27,7 +28,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_low
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import chunk_votes, image_from_row, shared_paths, simulate_sequential
 from diffsmooth.engine.table.build import phase_path
-from diffsmooth.engine.table.planning import assign_radii
+from diffsmooth.engine.table.planning import DEFAULT_REACH, assign_radii
 from diffsmooth.engine.table.spec import LineSpec
 
 
@@ -51,7 +52,7 @@ def _main_rows(folder: Path, line: LineSpec, sigma: float) -> List[dict]:
 
 def simulate_table(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float],
                    assigned: Optional[Dict[float, Sequence[float]]], pilot_mask: np.ndarray, n_max: int, n0: int,
-                   alpha: float, seeds: int, margin: float = 0.05, seed: int = 0) -> dict:
+                   alpha: float, seeds: int, margin: float = 0.05, reach: float = DEFAULT_REACH, seed: int = 0) -> dict:
     """{plan: {'cells': [%], 'samples': mean total}} for fixed-n, all and auto on paired paths.
     `assigned` None: each seed plans auto as the table would, from its own simulated pilot rows
     (assign_radii on the pilot images' certified counts); the plans chosen are counted."""
@@ -79,7 +80,7 @@ def simulate_table(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarr
         if plan_radii is None:
             counts = {sigma: {r: int(np.sum(correct[sigma][pilot_mask] & (all_runs[sigma][0][pilot_mask] >= r)))
                               for r in radii} for sigma in sigmas}
-            plan_radii = assign_radii(counts, int(pilot_mask.sum()), margin)
+            plan_radii = assign_radii(counts, int(pilot_mask.sum()), margin, reach)
             label = "; ".join(f"{s:g}: {','.join(f'{r:g}' for r in plan_radii[s]) or '-'}" for s in sigmas)
             plans_chosen[label] = plans_chosen.get(label, 0) + 1
         for sigma in sigmas:
@@ -113,7 +114,10 @@ def differences(a: Sequence[float], b: Sequence[float]) -> dict:
     return {"mean": float(d.mean()), "worst": float(d[worst]), "worst_index": worst, "max_abs": float(np.abs(d).max())}
 
 
-def study(auto: Path, all_: Optional[Path], fixed: Optional[Path], seeds: int, n_max_sim: Optional[int]) -> dict:
+def study(auto: Path, all_: Optional[Path], fixed: Optional[Path], seeds: int, n_max_sim: Optional[int],
+          reach: Optional[float] = None) -> dict:
+    """`reach`: the cap the simulated plans at --n-max-sim use (None: the measured plan's; uncapped
+    for a plan written before the cap existed)."""
     s_auto = _summary(auto)
     s_all = _summary(all_) if all_ else None
     spec = s_auto["spec"]
@@ -125,7 +129,8 @@ def study(auto: Path, all_: Optional[Path], fixed: Optional[Path], seeds: int, n
     first = spec["lines"][0]
     line_spec = LineSpec(first["name"], first["method"], {}, {}, {})
     out = {"line": line, "radii": radii, "sigmas": sigmas, "n0": n0, "n_max": n_max, "images": s_auto["images"],
-           "margin": plan["margin"], "rates_from": "all" if s_all else "auto"}
+           "margin": plan["margin"], "rates_from": "all" if s_all else "auto",
+           "reach": reach if reach is not None else plan.get("reach", math.inf)}
     # MEASURED
     out["measured"] = {"auto": {"cells": _cells(s_auto)[line], "samples": s_auto["samples"],
                                 "seconds": s_auto["seconds"], "runs": _run_seconds(auto)}}
@@ -164,7 +169,7 @@ def study(auto: Path, all_: Optional[Path], fixed: Optional[Path], seeds: int, n
     for n in [n_max] + ([n_max_sim] if n_max_sim else []):
         # at the measured n-max the plan the table fixed; at another n-max, planned per seed as the table would
         sim = simulate_table(rates, correct, radii, assigned if n == n_max else None, pilot_mask, n, n0, alpha,
-                             seeds, margin=plan["margin"])
+                             seeds, margin=plan["margin"], reach=out["reach"])
         out[f"simulated_n{n}"] = {
             **sim, "fewer_auto_vs_fixed": sim["fixed"]["samples"] / sim["auto"]["samples"],
             "fewer_all_vs_fixed": sim["fixed"]["samples"] / sim["all"]["samples"],
@@ -244,7 +249,8 @@ def markdown(doc: dict) -> str:
     for key in [k for k in doc if k.startswith("simulated_n")]:
         s = doc[key]
         n = int(key[len("simulated_n"):])
-        how = "the plan the table fixed" if n == doc["n_max"] else "planned per seed from its simulated pilot"
+        how = ("the plan the table fixed" if n == doc["n_max"] else
+               f"planned per seed from its simulated pilot, reach {doc['reach']:g}")
         lines += ["", f"## SIMULATED on paired paths, n-max {n:,} (rates from the {doc['rates_from']} table's rows; "
                   f"auto: {how})", "", head]
         for plan in ("fixed", "all", "auto"):
@@ -285,10 +291,12 @@ def markdown(doc: dict) -> str:
               help="--estimate: compile warm-up per model build (H100, CIFAR-10, measured).")
 @click.option("--overhead", type=click.FloatRange(0), default=1.12, show_default=True,
               help="--estimate: the sequential path's time per sample over fixed-n's (H100 packed replay, measured).")
+@click.option("--reach", type=click.FloatRange(0, min_open=True), default=None,
+              help="The reach cap of the plans simulated at --n-max-sim [default: the measured plan's].")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Write study.md and study.json here.")
-def main(auto, all_, fixed, seeds, n_max_sim, estimate, warmup_s, overhead, out):
+def main(auto, all_, fixed, seeds, n_max_sim, estimate, warmup_s, overhead, reach, out):
     """Prints the study as markdown."""
-    doc = study(Path(auto), Path(all_) if all_ else None, Path(fixed) if fixed else None, seeds, n_max_sim)
+    doc = study(Path(auto), Path(all_) if all_ else None, Path(fixed) if fixed else None, seeds, n_max_sim, reach)
     if estimate:
         if not n_max_sim:
             raise click.UsageError("--estimate needs --n-max-sim (the n-max of the estimated line)")

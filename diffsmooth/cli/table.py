@@ -7,7 +7,7 @@ import click
 from diffsmooth.cli.options import BATCH, SAMPLES, THREADS, Count, Number
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, command_line
-from diffsmooth.engine.table.planning import DEFAULT_MARGIN, PLANS
+from diffsmooth.engine.table.planning import DEFAULT_MARGIN, DEFAULT_REACH, PLANS
 from diffsmooth.engine.table.spec import DEMO_IMAGES, DEMO_N_MAX, demo_spec, load_spec
 
 DEFAULT_PILOT = 25
@@ -35,6 +35,10 @@ def _log(line: str) -> None:
 @click.option("--margin", type=Number(0, 1, label="the margin"), default=DEFAULT_MARGIN, show_default=True,
               help="auto: a sigma also settles a radius where its pilot count is within max(1 image, MARGIN x pilot) "
                    "of the best sigma's.")
+@click.option("--reach", type=Number(0, None, low_open=True, label="the reach"), default=DEFAULT_REACH,
+              show_default=True,
+              help="auto: a sigma other than the pilot's best settles a radius r only where r <= REACH x sigma (further "
+                   "out, a larger sigma reaches r for a fraction of the samples); 100 lifts the cap.")
 @click.option("--rows", default="rs,dds,diffsmooth", show_default=True, help="--demo: the lines of the demo table.")
 @click.option("--images", type=Count(1, 500, "the demo ships 500"), default=None,
               help="--demo: images (an even stride over the 500).")
@@ -46,7 +50,7 @@ def _log(line: str) -> None:
               help="--demo: the compiled static-batch fast path [default: on for CUDA].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and its cost estimate (after the pilot) and stop.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def table(spec, demo, out, plan, pilot, margin, rows, images, n_max, device, threads, batch, compile_, dry_run, quiet):
+def table(spec, demo, out, plan, pilot, margin, reach, rows, images, n_max, device, threads, batch, compile_, dry_run, quiet):
     """The paper's table in one command: which sigma settles which radius, the cost first, table.md/tex, curves.png.
 
     Certified accuracy per radius, best over sigma, for every line of SPEC (a TOML file; see
@@ -64,8 +68,8 @@ def table(spec, demo, out, plan, pilot, margin, rows, images, n_max, device, thr
                             "a SPEC names them")
         table_spec = load_spec(spec)
         pilot = DEFAULT_PILOT if pilot is None else pilot
-    builder = TableBuilder(table_spec, out, plan=plan, pilot=pilot, margin=margin, log=_log, command=command_line(),
-                           progress=not quiet)
+    builder = TableBuilder(table_spec, out, plan=plan, pilot=pilot, margin=margin, reach=reach, log=_log,
+                           command=command_line(), progress=not quiet)
     try:
         builder.build(dry_run=dry_run)
     except TableInterrupted as stop:

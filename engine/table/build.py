@@ -1,7 +1,7 @@
 """`diffsmooth table`: every run of a table, in order, into one folder; the plan fixed before the main
 phase; the cost said before it is spent; the outputs written from the rows.
 
-DIR/table.json   the spec, plan mode, pilot size and margin (a rerun with others is refused)
+DIR/table.json   the spec, plan mode, pilot size, margin and reach (a rerun with others is refused)
 DIR/plan.json    the plan (auto: written after the pilot, before the main phase draws a sample)
 DIR/cost.json    predicted samples and seconds of the main phase; measured ones as runs finish or stop
 DIR/runs/        one ordinary resumable result file per run (a folder per run for sweeps)
@@ -33,7 +33,14 @@ from diffsmooth.engine.runs.plan import plan_run
 from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table.cost import RunCost, predict_run
-from diffsmooth.engine.table.planning import TablePlan, pilot_indices, plan_from_pilot, plan_without_pilot
+from diffsmooth.engine.table.planning import (
+    DEFAULT_MARGIN,
+    DEFAULT_REACH,
+    TablePlan,
+    pilot_indices,
+    plan_from_pilot,
+    plan_without_pilot,
+)
 from diffsmooth.engine.table.report import (
     LineRows,
     caption,
@@ -128,9 +135,11 @@ def phase_path(out: Path, line: LineSpec, sigma: float, kind: str) -> Path:
 class TableBuilder:
     """Runs a TableSpec's phases into `out`; `log` takes one line at a time."""
 
-    def __init__(self, spec: TableSpec, out, plan: str = "auto", pilot: int = 25, margin: float = 0.05,
-                 log: Callable[[str], None] = print, command: str = "", progress: bool = True):
+    def __init__(self, spec: TableSpec, out, plan: str = "auto", pilot: int = 25, margin: float = DEFAULT_MARGIN,
+                 log: Callable[[str], None] = print, command: str = "", progress: bool = True,
+                 reach: float = DEFAULT_REACH):
         self.spec, self.out, self.mode, self.pilot_size, self.margin = spec, Path(out), plan, pilot, margin
+        self.reach = reach
         self.log, self.command, self.progress = log, command, progress
         self.voters: Dict[tuple, object] = {}
         self.stop = StopRequest()
@@ -142,7 +151,8 @@ class TableBuilder:
         """Record what this folder holds; refuse a folder holding another table."""
         identity = {"spec_fingerprint": self.spec.fingerprint(), "plan": self.mode,
                     "pilot": self.pilot_size if self.mode == "auto" else None,
-                    "margin": self.margin if self.mode == "auto" else None, "spec": self.spec.as_dict()}
+                    "margin": self.margin if self.mode == "auto" else None,
+                    "reach": self.reach if self.mode == "auto" else None, "spec": self.spec.as_dict()}
         path = self.out / "table.json"
         if path.exists():
             try:
@@ -151,7 +161,7 @@ class TableBuilder:
                 raise UserError(f"{path} is damaged (not JSON); use another --out") from None
             if {k: held.get(k) for k in identity} != json.loads(json.dumps(identity)):
                 changed = [name for k, name in (("spec_fingerprint", "spec"), ("plan", "plan"), ("pilot", "pilot size"),
-                                                ("margin", "margin")) if held.get(k) != identity[k]]
+                                                ("margin", "margin"), ("reach", "reach")) if held.get(k) != identity[k]]
                 raise UserError(f"{self.out} holds a table with another {' / '.join(changed) or 'spec'}: "
                                 f"rerun with the same spec and options, or use another --out")
             return
@@ -313,7 +323,7 @@ class TableBuilder:
                 sigma: {r: max(certified(rows, r) for rows in results[(line.name, sigma)].rows.values())
                         for r in self.spec.radii}
                 for sigma in self.spec.sigmas}
-        plan = plan_from_pilot(indices, pilot, counts_by_line, self.margin)
+        plan = plan_from_pilot(indices, pilot, counts_by_line, self.margin, self.reach)
         self._fix_plan(plan)
         return plan
 

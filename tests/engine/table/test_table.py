@@ -58,14 +58,32 @@ def test_each_radius_goes_to_its_best_sigma_its_better_neighbour_and_those_withi
     counts = {0.25: {0.0: 40, 0.5: 30, 1.0: 2, 1.5: 0},
               0.5: {0.0: 35, 0.5: 33, 1.0: 20, 1.5: 4},
               1.0: {0.0: 25, 0.5: 22, 1.0: 21, 1.5: 12}}
-    got = assign_radii(counts, pilot=50, margin=0.05)            # slack: 3 images
+    uncapped = float("inf")                                      # the reach cap: its own test below
+    got = assign_radii(counts, pilot=50, margin=0.05, reach=uncapped)            # slack: 3 images
     assert got[0.25] == [0.0, 0.5]                               # best at 0 and 0.5
     assert got[0.5] == [0.0, 0.5, 1.0, 1.5]                      # neighbour of every best
     assert got[1.0] == [1.0, 1.5]                                # best at 1.0 (21 > 20) and 1.5
-    tie = assign_radii({0.25: {2.0: 0}, 0.5: {2.0: 0}, 1.0: {2.0: 0}}, pilot=50, margin=0.0)
+    tie = assign_radii({0.25: {2.0: 0}, 0.5: {2.0: 0}, 1.0: {2.0: 0}}, pilot=50, margin=0.0, reach=uncapped)
     assert tie == {0.25: [], 0.5: [2.0], 1.0: [2.0]}             # nobody certifies: the larger sigmas try
-    wide = assign_radii(counts, pilot=50, margin=0.5)
+    wide = assign_radii(counts, pilot=50, margin=0.5, reach=uncapped)
     assert all(len(r) == 4 for r in wide.values())              # a wide margin: every sigma settles every radius
+
+
+def test_a_sigma_other_than_the_best_joins_a_radius_only_within_its_reach():
+    """Past r = reach x sigma a sigma that is not the pilot's best neither joins as the neighbour nor
+    within the slack (its samples grow like 1 / (1 - Phi(r / sigma))); the best always settles r."""
+    counts = {0.25: {0.0: 40, 0.75: 26, 1.5: 0},
+              0.5: {0.0: 35, 0.75: 27, 1.5: 9},
+              1.0: {0.0: 25, 0.75: 26, 1.5: 10}}
+    got = assign_radii(counts, pilot=50, margin=0.05, reach=2.5)
+    assert got[0.25] == [0.0]                    # 0.75 = 3 x 0.25: within the slack of 27, but out of reach
+    assert got[0.5] == [0.0, 0.75]               # 1.5 = 3 x 0.5: the best's neighbour and within the slack, out of reach
+    assert got[1.0] == [0.75, 1.5]
+    assert assign_radii(counts, pilot=50, margin=0.05, reach=3.0)[0.25] == [0.0, 0.75]      # 3 x 0.25 is in reach of 3
+    alone = assign_radii({0.25: {1.0: 5}, 0.5: {1.0: 1}}, pilot=50, margin=0.05, reach=2.0)
+    assert alone == {0.25: [1.0], 0.5: [1.0]}    # the best settles r however far (4 x 0.25); the neighbour in reach
+    far = assign_radii({0.25: {2.0: 5}, 0.5: {2.0: 1}}, pilot=50, margin=0.05, reach=2.0)
+    assert far == {0.25: [2.0], 0.5: []}
 
 
 # -- the spec ------------------------------------------------------------------------------------
@@ -205,7 +223,7 @@ def test_table_writes_its_outputs_resumes_to_the_same_table_and_refuses_another_
     result = CliRunner().invoke(main, changed)
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "another spec" in result.output
     result = CliRunner().invoke(main, args + ["--plan", "all"])
-    assert result.exit_code == 2 and "another plan / pilot size / margin:" in result.output
+    assert result.exit_code == 2 and "another plan / pilot size / margin / reach:" in result.output
     assert (out / "table.md").read_text() == table
 
 
