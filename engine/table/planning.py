@@ -9,12 +9,12 @@ which reaches further), to its better neighbour in the sigma list, and to every 
 slack: max(1 image, `margin` x P) certificates below the best (no slack where no pilot image is
 certified: the two largest candidates try). A sigma other than the best joins only within its reach,
 r <= `reach` x sigma: settling r needs pA >= Phi(r / sigma), so the samples an image needs grow like
-1 / (1 - Phi(r / sigma)) (about 300 at r / sigma = 2, 1,100 at 2.5, 5,000 at 3, 30,000 at 3.5 for an
-image with every vote, at alpha = 0.001), and past 2.5 a larger sigma reaches the same radius for a
-fraction of that. Simulated on the RS demo's rows at n-max 100,000, the cap takes the plan from 8.6x
-to 25x fewer samples than fixed-n with the same cells (bench/results/table_demo_rs_500x10000).
-Each certificate keeps Cohen's guarantee at alpha whatever the plan: the plan only chooses which
-radii a sequential run stops for.
+1 / (1 - Phi(r / sigma)) (an image with every vote stops the sequential rule, alpha 0.001 and n-max
+100,000, after 600 samples at r / sigma = 2, 2,000 at 2.5, 10,300 at 3, 52,400 at 3.5), and past 2.5
+a larger sigma reaches the same radius for a fraction of that. Simulated on the RS demo's rows at
+n-max 100,000, the cap takes the plan from 8.6x to 25x fewer samples than fixed-n with the same
+cells (bench/results/table_demo_rs_500x10000). Each certificate keeps Cohen's guarantee at alpha
+whatever the plan: the plan only chooses which radii a sequential run stops for.
 """
 
 from __future__ import annotations

@@ -128,8 +128,8 @@ CASES = {
         "--test-limit": i(1), "--workers": i(1, 1024), "--threads": i(1, 1024)}),
     "env": (["env"], {"--compile-timeout": f(0, 7 * 86400, low_open=True)}),
     "table": (["table", "--demo", "--out", f"{OUT}/table"], {
-        "--pilot": i(1), "--margin": f(0, 1), "--reach": f(0, low_open=True), "--images": i(1, 500), "--n-max": i(1, MAX_SAMPLES - 100),
-        "--threads": i(1, 1024), "--batch": i(1, MAX_BATCH), "--rows": rows}),
+        "--pilot": i(1), "--margin": f(0, 1), "--reach": f(0, low_open=True), "--images": i(1, 500),
+        "--n-max": i(1, MAX_SAMPLES - 100), "--threads": i(1, 1024), "--batch": i(1, MAX_BATCH), "--rows": rows}),
 }
 OPTIONS = [(command, option) for command, (_, rules) in CASES.items() for option, rule in rules.items() if rule]
 
