@@ -28,6 +28,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_low
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import chunk_votes, image_from_row, shared_paths, simulate_sequential
 from diffsmooth.engine.table.build import phase_path
+from diffsmooth.engine.table.cost import predict_run
 from diffsmooth.engine.table.planning import DEFAULT_REACH, assign_radii
 from diffsmooth.engine.table.spec import LineSpec
 
@@ -133,7 +134,7 @@ def study(auto: Path, all_: Optional[Path], fixed: Optional[Path], seeds: int, n
            "reach": reach if reach is not None else plan.get("reach", math.inf)}
     # MEASURED
     out["measured"] = {"auto": {"cells": _cells(s_auto)[line], "samples": s_auto["samples"],
-                                "seconds": s_auto["seconds"], "runs": _run_seconds(auto)}}
+                                "seconds": s_auto["seconds"], "runs": _run_seconds(auto, line_spec)}}
     if s_all:
         out["measured"]["all"] = {"cells": _cells(s_all)[line], "samples": s_all["samples"], "seconds": s_all["seconds"]}
         out["measured"]["auto_minus_all"] = differences(_cells(s_auto)[line], _cells(s_all)[line])
@@ -179,14 +180,25 @@ def study(auto: Path, all_: Optional[Path], fixed: Optional[Path], seeds: int, n
     return out
 
 
-def _run_seconds(folder: Path) -> dict:
-    """Per main run: predicted and measured seconds and samples (cost.json)."""
+def _run_seconds(folder: Path, line: LineSpec) -> dict:
+    """Per main run: predicted and measured seconds and samples (cost.json), and the prediction this
+    version makes from the same pilot rows and timing-probe rate (it is deterministic), to compare
+    after a change of the predictor."""
     costs = json.loads((folder / "cost.json").read_text())
+    plan = json.loads((folder / "plan.json").read_text())
+    spec = _summary(folder)["spec"]
     measured = costs.get("measured", {})
-    return {key: {"predicted_seconds": c["seconds"], "predicted_samples": c["samples"],
-                  "measured_seconds": measured.get(key, {}).get("seconds"),
-                  "measured_samples": measured.get(key, {}).get("samples")}
-            for key, c in costs["runs"].items()}
+    out = {}
+    for key, c in costs["runs"].items():
+        out[key] = {"predicted_seconds": c["seconds"], "predicted_samples": c["samples"],
+                    "measured_seconds": measured.get(key, {}).get("seconds"),
+                    "measured_samples": measured.get(key, {}).get("samples")}
+        if c.get("samples_per_second"):
+            rows = sorted(read_rows(phase_path(folder, line, c["sigma"], "pilot")), key=lambda r: int(r["idx"]))
+            again = predict_run(c["line"], c["sigma"], [rows], plan["radii"][f"{c['sigma']:g}"], c["images"],
+                                spec["n0"], spec["alpha"], spec["n_max"], c["samples_per_second"])
+            out[key].update(repredicted_samples=again.samples, repredicted_seconds=again.seconds)
+    return out
 
 
 def estimate_line(doc: dict, seconds_per_image: float, at_n: int, images: int, warmup_s: float, builds: int,
@@ -236,9 +248,14 @@ def markdown(doc: dict) -> str:
                   "|---|---|---|---|---|---|"]
         for key, run in a["runs"].items():
             ms = run["measured_seconds"]
-            lines.append(f"| {key} | {run['predicted_samples']:,.0f} | {run['measured_samples'] or 0:,} | "
+            lines.append(f"| {key.replace(' | ', ', ')} | {run['predicted_samples']:,.0f} | {run['measured_samples'] or 0:,} | "
                          f"{run['predicted_seconds']:,.0f} | {ms or 0:,.0f} | "
                          f"{ms / run['predicted_seconds'] if ms and run['predicted_seconds'] else float('nan'):.2f} |")
+        again = [run for run in a["runs"].values() if "repredicted_seconds" in run]
+        if again and len(again) == len(a["runs"]):
+            samples, seconds = (sum(run[k] for run in again) for k in ("repredicted_samples", "repredicted_seconds"))
+            lines += ["", f"This version's predictor on the same pilot rows and probe rates (deterministic): "
+                      f"{samples:,.0f} samples, {seconds:,.0f} s (measured / predicted {measured / seconds:.2f})."]
     if "fixed_subset" in m:
         f = m["fixed_subset"]
         lines += ["", f"Fixed-n (MEASURED) on {f['images']} of the images per sigma, against the all table's rows on the "

@@ -36,6 +36,8 @@ def test_study_compares_the_plans_measured_and_on_paired_simulated_paths(tmp_pat
     measured = doc["measured"]
     auto_summary = json.loads((tmp_path / "auto" / "summary.json").read_text())
     assert measured["auto"]["cells"] == [100 * c["certified_accuracy"] for c in auto_summary["rows"][0]["cells"]]
+    runs = measured["auto"]["runs"]                 # this version re-predicts from the pilot rows: the same as printed
+    assert runs and all(r["repredicted_samples"] == pytest.approx(r["predicted_samples"]) for r in runs.values())
     assert measured["fixed_subset"]["images"] == 7 and len(measured["fixed_subset"]["all_cells_same_images"]) == 3
     for n in (200, 2000):
         sim = doc[f"simulated_n{n}"]

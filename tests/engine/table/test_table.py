@@ -18,7 +18,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.results import read_rows
-from diffsmooth.engine.table.cost import expected_samples, predict_run
+from diffsmooth.engine.table.cost import expected_samples, posterior_rates, predict_run
 from diffsmooth.engine.table.planning import assign_radii, pilot_indices
 from diffsmooth.engine.table.report import line_cells, markdown
 from diffsmooth.engine.table.spec import demo_spec, parse_spec
@@ -144,14 +144,27 @@ def test_expected_samples_of_sure_images_is_the_look_that_settles_the_largest_ra
     assert 100 + int(used[0]) < near <= 100 + 2000
 
 
+def test_rates_are_drawn_from_each_images_posterior_never_certain():
+    """A pilot row's rate is uncertain; the prediction draws it from Beta(top + 1/2, drawn - top + 1/2):
+    mean (top + 1/2) / (drawn + 1), below 1 even with every vote, spread like the row's evidence."""
+    rng = np.random.default_rng(0)
+    top, drawn = np.array([[500, 250, 0]]), np.array([[500, 500, 0]])
+    draws = np.stack([posterior_rates(top, drawn, rng) for _ in range(4000)])
+    assert draws[:, 0, 0].max() < 1 and draws[:, 0, 0].mean() == pytest.approx(500.5 / 501, abs=2e-4)
+    assert draws[:, 0, 1].mean() == pytest.approx(0.5, abs=0.003) and 0.015 < draws[:, 0, 1].std() < 0.03
+    assert np.all(draws[:, 0, 2] == 0.45)                             # nothing drawn: the abstain rate
+
+
 def test_predicted_run_reads_the_pilot_rows_vote_counts():
     rows = [{"idx": i, "label": 0, "predict": 0, "radius": "0.5", "correct": 1, "samples": 1120, "top_votes": 1000}
             for i in range(4)]
     cost = predict_run("RS", 0.5, [rows], (0.25,), main_images=10, n0=120, alpha=0.001, n_max=1000,
                        samples_per_second=100.0)
-    jeffreys = (1000 + 0.5) / (1000 + 1)          # every vote for the class: a rate below 1 (engine/runs/simulation.py)
-    assert cost.samples == pytest.approx(
-        10 * expected_samples(np.full((1, 4), jeffreys), SequentialRule((0.25,), 0.5, 0.001, 1000), 120))
+    top, drawn = np.full((1, 4), 1000), np.full((1, 4), 1000)      # 1,120 samples less n0 = 120
+    assert cost.samples == pytest.approx(10 * expected_samples(lambda rng: posterior_rates(top, drawn, rng),
+                                                               SequentialRule((0.25,), 0.5, 0.001, 1000), 120))
+    weaker = [dict(r, top_votes=700) for r in rows]
+    assert predict_run("RS", 0.5, [weaker], (0.25,), 10, 120, 0.001, 1000, 100.0).samples > cost.samples
     assert cost.seconds == pytest.approx(cost.samples / 100.0)
     assert predict_run("RS", 0.5, [rows], (), 10, 120, 0.001, 1000, 100.0).samples == 0
 
