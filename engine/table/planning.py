@@ -7,14 +7,14 @@ radius goes to the sigma runs that can still win it, and the other images settle
 radii. A radius goes to the sigma with the most pilot certificates there (ties: the larger sigma,
 which reaches further), to its better neighbour in the sigma list, and to every sigma within the
 slack: max(1 image, `margin` x P) certificates below the best (no slack where no pilot image is
-certified: the two largest candidates try). A sigma other than the best joins only within its reach,
-r <= `reach` x sigma: settling r needs pA >= Phi(r / sigma), so the samples an image needs grow like
+certified: the two largest candidates try). The neighbour joins only within its reach, r <= `reach`
+x sigma: settling r needs pA >= Phi(r / sigma), so the samples an image needs grow like
 1 / (1 - Phi(r / sigma)) (an image with every vote stops the sequential rule, alpha 0.001 and n-max
-100,000, after 600 samples at r / sigma = 2, 2,000 at 2.5, 10,300 at 3, 52,400 at 3.5), and past 2.5
-a larger sigma reaches the same radius for a fraction of that. Simulated on the RS demo's rows at
-n-max 100,000, the cap takes the plan from 8.6x to 25x fewer samples than fixed-n with the same
-cells (bench/results/table_demo_rs_500x10000). Each certificate keeps Cohen's guarantee at alpha
-whatever the plan: the plan only chooses which radii a sequential run stops for.
+100,000, after 600 samples at r / sigma = 2, 2,000 at 2.5, 10,300 at 3, 52,400 at 3.5), for a cell
+the pilot says it loses. A sigma within the slack joins however far: capping those too saved more
+samples on the RS demo but cost the DiffSmooth demo 4 points in one cell at n-max 100,000
+(simulated; bench/results/table_demo_diffsmooth_100x10000). Each certificate keeps Cohen's
+guarantee at alpha whatever the plan: the plan only chooses which radii a sequential run stops for.
 """
 
 from __future__ import annotations
@@ -49,9 +49,8 @@ def assign_radii(counts: Dict[float, Dict[float, int]], pilot: int, margin: floa
     for r in radii:
         by = [counts[s].get(r, 0) for s in sigmas]
         best = max(range(len(sigmas)), key=lambda k: (by[k], sigmas[k]))
-        within = [k for k in range(len(sigmas)) if r <= reach * sigmas[k]]       # the others join only within reach
-        chosen = {best} | ({k for k in within if by[k] >= by[best] - slack} if by[best] else set())
-        neighbours = [k for k in (best - 1, best + 1) if k in within]
+        chosen = {best} | ({k for k in range(len(sigmas)) if by[k] >= by[best] - slack} if by[best] else set())
+        neighbours = [k for k in (best - 1, best + 1) if 0 <= k < len(sigmas) and r <= reach * sigmas[k]]
         if neighbours:
             chosen.add(max(neighbours, key=lambda k: (by[k], sigmas[k])))
         for k in chosen:
@@ -69,7 +68,7 @@ class TablePlan:
     radii: Dict[str, List[float]]               # sigma (as text) -> radii its main runs settle
     margin: float
     pilot_counts: Dict[str, Dict[str, Dict[str, int]]]     # line -> sigma -> radius -> certified pilot images
-    reach: float = DEFAULT_REACH                           # others than the best settle r <= reach x sigma
+    reach: float = DEFAULT_REACH                           # the best's neighbour settles r <= reach x sigma
 
     def radii_for(self, sigma: float) -> List[float]:
         return self.radii[f"{sigma:g}"]

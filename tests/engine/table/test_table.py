@@ -69,21 +69,22 @@ def test_each_radius_goes_to_its_best_sigma_its_better_neighbour_and_those_withi
     assert all(len(r) == 4 for r in wide.values())              # a wide margin: every sigma settles every radius
 
 
-def test_a_sigma_other_than_the_best_joins_a_radius_only_within_its_reach():
-    """Past r = reach x sigma a sigma that is not the pilot's best neither joins as the neighbour nor
-    within the slack (its samples grow like 1 / (1 - Phi(r / sigma))); the best always settles r."""
+def test_the_bests_neighbour_joins_a_radius_only_within_its_reach_a_close_second_always():
+    """Past r = reach x sigma the best's neighbour does not join (its samples grow like
+    1 / (1 - Phi(r / sigma)) for a cell the pilot says it loses); a sigma within the slack of the
+    best joins however far (it may win the cell); the best always settles r."""
     counts = {0.25: {0.0: 40, 0.75: 26, 1.5: 0},
-              0.5: {0.0: 35, 0.75: 27, 1.5: 9},
-              1.0: {0.0: 25, 0.75: 26, 1.5: 10}}
-    got = assign_radii(counts, pilot=50, margin=0.05, reach=2.5)
-    assert got[0.25] == [0.0]                    # 0.75 = 3 x 0.25: within the slack of 27, but out of reach
-    assert got[0.5] == [0.0, 0.75]               # 1.5 = 3 x 0.5: the best's neighbour and within the slack, out of reach
-    assert got[1.0] == [0.75, 1.5]
-    assert assign_radii(counts, pilot=50, margin=0.05, reach=3.0)[0.25] == [0.0, 0.75]      # 3 x 0.25 is in reach of 3
-    alone = assign_radii({0.25: {1.0: 5}, 0.5: {1.0: 1}}, pilot=50, margin=0.05, reach=2.0)
-    assert alone == {0.25: [1.0], 0.5: [1.0]}    # the best settles r however far (4 x 0.25); the neighbour in reach
+              0.5: {0.0: 35, 0.75: 27, 1.5: 4},
+              1.0: {0.0: 25, 0.75: 20, 1.5: 10}}
+    got = assign_radii(counts, pilot=50, margin=0.05, reach=2.5)     # slack: 3 images
+    assert got[0.25] == [0.0, 0.75]              # 0.75 = 3 x 0.25, out of reach, but within the slack of 27
+    assert got[0.5] == [0.0, 0.75]               # 1.5 = 3 x 0.5: the best's neighbour, 6 behind, out of reach
+    assert got[1.0] == [0.75, 1.5]               # 0.75: the best's only neighbour in reach (0.25 is not: 3 x 0.25)
+    assert assign_radii(counts, pilot=50, margin=0.05, reach=3.0)[0.5] == [0.0, 0.75, 1.5]   # in reach of 3
+    close = {**counts, 0.5: {0.0: 35, 0.75: 27, 1.5: 8}}
+    assert assign_radii(close, pilot=50, margin=0.05, reach=2.5)[0.5] == [0.0, 0.75, 1.5]    # within the slack
     far = assign_radii({0.25: {2.0: 5}, 0.5: {2.0: 1}}, pilot=50, margin=0.05, reach=2.0)
-    assert far == {0.25: [2.0], 0.5: []}
+    assert far == {0.25: [2.0], 0.5: []}         # the best settles r however far (8 x 0.25)
 
 
 # -- the spec ------------------------------------------------------------------------------------
