@@ -87,9 +87,8 @@ PROBE_BATCHES = 2
 
 
 def probe_rate(voter, image, index: int, batch: int, batches: int = PROBE_BATCHES) -> float:
-    """Samples per second of this machine's pipeline on full batches: one untimed batch, then
-    `batches` timed. The main phase packs hundreds of images into full batches; a pilot of a few
-    images leaves a static (compiled) batch mostly padding, so its own rate would predict too slow."""
+    """Samples per second of this machine's pipeline on full batches, as the main phase runs them:
+    one untimed batch, then `batches` timed, right before the prediction (so at the load of then)."""
     voter.count(image, index, 0, batch, batch)
     start = time.perf_counter()
     voter.count(image, index, batch, batches * batch, batch)
@@ -190,12 +189,10 @@ class TableBuilder:
         files = {c.name: path for c, path in run.result_files().items()}
         seconds = 0.0
         if not all(self._done(path) >= set(phase.indices) for path in files.values()):
-            key = (phase.line.name, phase.sigma)
-            if key not in self.voters:
-                self.voters = {key: build_voter(run, self.log)}      # one line-sigma's models at a time
+            voter = self._voter(phase, run)
             start = time.perf_counter()
             try:
-                summary = execute(run, self.voters[key], self.log)
+                summary = execute(run, voter, self.log)
             except Terminated:                  # SIGTERM inside a run (engine/runs/dataset_run.py): the whole table stops
                 raise TableInterrupted(f"stopped by SIGTERM during {phase.line.name} sigma {phase.sigma:g} "
                                        f"({phase.kind})", time.perf_counter() - start) from None
@@ -206,14 +203,18 @@ class TableBuilder:
                 for name, path in files.items()}
         rate = None
         if phase.kind == "pilot" and not (self.out / "cost.json").exists():     # the prediction still to make
-            key = (phase.line.name, phase.sigma)
-            if key not in self.voters:
-                self.voters = {key: build_voter(run, self.log)}
             index = phase.indices[0]
-            rate = probe_rate(self.voters[key], run.dataset[index][0], index, run.batch)
+            rate = probe_rate(self._voter(phase, run), run.dataset[index][0], index, run.batch)
             self.log(f"table: timing probe, {phase.line.name} sigma {phase.sigma:g}: {rate:,.0f} samples/s "
                      f"at batch {run.batch}")
         return PhaseResult(rows, seconds, self._samples(rows, phase), rate)
+
+    def _voter(self, phase: Phase, run):
+        """The line-sigma's voter, built once; one line-sigma's models are held at a time."""
+        key = (phase.line.name, phase.sigma)
+        if key not in self.voters:
+            self.voters = {key: build_voter(run, self.log)}
+        return self.voters[key]
 
     @staticmethod
     def _done(path: Path) -> set:
