@@ -4,26 +4,12 @@ import json
 
 import pytest
 from cli_helpers import invoke_ok
+from table_fixtures import small_table_spec
 
 from diffsmooth.bench.table_study import estimate_line, study
 from diffsmooth.engine.demo import shipped as demo_assets
 
-SPEC = """
-sigmas = [0.25, 0.5]
-radii = [0.25, 0.5]
-n0 = 20
-n_max = 200
-[data]
-dataset = "embedded"
-skip = 83
-max = 500
-[run]
-threads = 1
-batch = 100
-[[line]]
-name = "RS"
-method = "rs"
-"""
+SPEC = small_table_spec((0.25, 0.5))
 
 
 @pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")

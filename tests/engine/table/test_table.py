@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from cli_helpers import invoke_ok
 from click.testing import CliRunner
+from table_fixtures import small_table_spec
 
 from diffsmooth.cli import main
 from diffsmooth.engine.certify.sequential import SequentialRule
@@ -25,23 +26,7 @@ from diffsmooth.engine.table.spec import demo_spec, parse_spec
 
 needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
 
-SPEC = """
-title = "test table"
-sigmas = [0.25, 0.5]
-radii = [0.25, 0.5, 0.75]
-n0 = 20
-n_max = 200
-[data]
-dataset = "embedded"
-skip = 83
-max = 500
-[run]
-threads = 1
-batch = 100
-[[line]]
-name = "RS"
-method = "rs"
-"""
+SPEC = small_table_spec()
 
 
 # -- the plan ------------------------------------------------------------------------------------
