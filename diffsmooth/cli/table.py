@@ -8,6 +8,7 @@ from diffsmooth.cli.options import BATCH, SAMPLES, THREADS, Count, Number
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, command_line
 from diffsmooth.engine.table.planning import DEFAULT_MARGIN, DEFAULT_REACH, PLANS
+from diffsmooth.engine.table.race import DEFAULT_TOLERANCE
 from diffsmooth.engine.table.spec import DEMO_IMAGES, DEMO_N_MAX, demo_spec, load_spec
 
 DEFAULT_PILOT = 25
@@ -26,12 +27,15 @@ def _log(line: str) -> None:
                    f"minutes on 2 idle CPU cores with every line).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="The table's folder (runs/, plan.json, cost.json, table.md, table.tex, curves.png, summary.json).")
-@click.option("--plan", "plan", type=click.Choice(PLANS), default="auto", show_default=True,
-              help="auto: a pilot assigns each radius to the sigmas that can win it; all: every sigma settles every "
-                   "radius (sequential); fixed: fixed-n CERTIFY at n = n-max (the paper's way).")
+@click.option("--plan", "plan", type=click.Choice(PLANS), default="race", show_default=True,
+              help="race: the sigmas race for each radius until every cell is within --tolerance of all's; auto: a "
+                   "pilot assigns each radius to the sigmas that can win it; all: every sigma settles every radius "
+                   "(sequential); fixed: fixed-n CERTIFY at n = n-max (the paper's way).")
+@click.option("--tolerance", type=Number(0, 100, label="the tolerance"), default=DEFAULT_TOLERANCE, show_default=True,
+              help="race: the most, in points, a cell may be below --plan all's (a deterministic bound; 0: all's cells).")
 @click.option("--pilot", type=Count(1), default=None,
-              help=f"Pilot images for --plan auto, an even stride through the selection [default: {DEFAULT_PILOT}; "
-                   f"demo: {DEMO_PILOT}].")
+              help=f"Pilot images (race: for the cost prediction; auto: for the plan), an even stride through the "
+                   f"selection [default: {DEFAULT_PILOT}; demo: {DEMO_PILOT}].")
 @click.option("--margin", type=Number(0, 1, label="the margin"), default=DEFAULT_MARGIN, show_default=True,
               help="auto: a sigma also settles a radius where its pilot count is within max(1 image, MARGIN x pilot) "
                    "of the best sigma's.")
@@ -50,7 +54,8 @@ def _log(line: str) -> None:
               help="--demo: the compiled static-batch fast path [default: on for CUDA].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and its cost estimate (after the pilot) and stop.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def table(spec, demo, out, plan, pilot, margin, reach, rows, images, n_max, device, threads, batch, compile_, dry_run, quiet):
+def table(spec, demo, out, plan, tolerance, pilot, margin, reach, rows, images, n_max, device, threads, batch, compile_,
+          dry_run, quiet):
     """The paper's table in one command: which sigma settles which radius, the cost first, table.md/tex, curves.png.
 
     Certified accuracy per radius, best over sigma, for every line of SPEC (a TOML file; see
@@ -68,7 +73,7 @@ def table(spec, demo, out, plan, pilot, margin, reach, rows, images, n_max, devi
                             "a SPEC names them")
         table_spec = load_spec(spec)
         pilot = DEFAULT_PILOT if pilot is None else pilot
-    builder = TableBuilder(table_spec, out, plan=plan, pilot=pilot, margin=margin, reach=reach, log=_log,
+    builder = TableBuilder(table_spec, out, plan=plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance, log=_log,
                            command=command_line(), progress=not quiet)
     try:
         builder.build(dry_run=dry_run)

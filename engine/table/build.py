@@ -1,8 +1,9 @@
 """`diffsmooth table`: every run of a table, in order, into one folder; the plan fixed before the main
 phase; the cost said before it is spent; the outputs written from the rows.
 
-DIR/table.json   the spec, plan mode, pilot size, margin and reach (a rerun with others is refused)
+DIR/table.json   the spec, plan mode, pilot size, margin, reach and tolerance (a rerun with others is refused)
 DIR/plan.json    the plan (auto: written after the pilot, before the main phase draws a sample)
+DIR/race.json    race: the extensions so far and each cell's bound (engine/table/race_build.py)
 DIR/cost.json    predicted samples and seconds of the main phase; measured ones as runs finish or stop
 DIR/runs/        one ordinary resumable result file per run (a folder per run for sweeps)
 DIR/table.md, table.tex, curves.png, summary.json
@@ -32,7 +33,7 @@ from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.plan import plan_run
 from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.runs.results import read_rows
-from diffsmooth.engine.table.cost import RunCost, predict_run
+from diffsmooth.engine.table.cost import RunCost, predict_race, predict_run
 from diffsmooth.engine.table.planning import (
     DEFAULT_MARGIN,
     DEFAULT_REACH,
@@ -41,6 +42,8 @@ from diffsmooth.engine.table.planning import (
     plan_from_pilot,
     plan_without_pilot,
 )
+from diffsmooth.engine.table.race import DEFAULT_TOLERANCE, CellBound, initial_radii
+from diffsmooth.engine.table.race_build import LineRace, run_race
 from diffsmooth.engine.table.report import (
     LineRows,
     caption,
@@ -136,9 +139,9 @@ class TableBuilder:
 
     def __init__(self, spec: TableSpec, out, plan: str = "auto", pilot: int = 25, margin: float = DEFAULT_MARGIN,
                  log: Callable[[str], None] = print, command: str = "", progress: bool = True,
-                 reach: float = DEFAULT_REACH):
+                 reach: float = DEFAULT_REACH, tolerance: float = DEFAULT_TOLERANCE):
         self.spec, self.out, self.mode, self.pilot_size, self.margin = spec, Path(out), plan, pilot, margin
-        self.reach = reach
+        self.reach, self.tolerance = reach, tolerance
         self.log, self.command, self.progress = log, command, progress
         self.voters: Dict[tuple, object] = {}
         self.stop = StopRequest()
@@ -149,9 +152,11 @@ class TableBuilder:
     def claim_folder(self) -> None:
         """Record what this folder holds; refuse a folder holding another table."""
         identity = {"spec_fingerprint": self.spec.fingerprint(), "plan": self.mode,
-                    "pilot": self.pilot_size if self.mode == "auto" else None,
+                    "pilot": self.pilot_size if self.mode in ("auto", "race") else None,
                     "margin": self.margin if self.mode == "auto" else None,
                     "reach": self.reach if self.mode == "auto" else None, "spec": self.spec.as_dict()}
+        if self.mode == "race":
+            identity["tolerance"] = self.tolerance
         path = self.out / "table.json"
         if path.exists():
             try:
@@ -160,7 +165,8 @@ class TableBuilder:
                 raise UserError(f"{path} is damaged (not JSON); use another --out") from None
             if {k: held.get(k) for k in identity} != json.loads(json.dumps(identity)):
                 changed = [name for k, name in (("spec_fingerprint", "spec"), ("plan", "plan"), ("pilot", "pilot size"),
-                                                ("margin", "margin"), ("reach", "reach")) if held.get(k) != identity[k]]
+                                                ("margin", "margin"), ("reach", "reach"), ("tolerance", "tolerance"))
+                           if held.get(k) != identity.get(k)]
                 raise UserError(f"{self.out} holds a table with another {' / '.join(changed) or 'spec'}: "
                                 f"rerun with the same spec and options, or use another --out")
             return
@@ -222,12 +228,15 @@ class TableBuilder:
             else set()
 
     def _samples(self, rows: Dict[str, List[dict]], phase: Phase) -> int:
+        """Samples the phase's images drew (a file may hold other phases' images too)."""
         if phase.radii is None:
             return len(phase.indices) * (self.spec.n0 + self.spec.n_max)
+        mine = set(phase.indices)
         per_image: Dict[int, int] = {}
         for config_rows in rows.values():
             for r in config_rows:
-                per_image[int(r["idx"])] = max(per_image.get(int(r["idx"]), 0), int(r["samples"]))
+                if int(r["idx"]) in mine:
+                    per_image[int(r["idx"])] = max(per_image.get(int(r["idx"]), 0), int(r["samples"]))
         return sum(per_image.values())
 
     def phase_path(self, line: LineSpec, sigma: float, kind: str) -> Path:
@@ -247,6 +256,8 @@ class TableBuilder:
         self.claim_folder()
         (self.out / "runs").mkdir(exist_ok=True)
         with stop_between_runs() as self.stop:
+            if self.mode == "race":
+                return self._build_race(indices, dry_run)
             pilot_results: Dict[tuple, PhaseResult] = {}
             if self.mode == "auto":
                 pilot = pilot_indices(indices, self.pilot_size)
@@ -282,9 +293,9 @@ class TableBuilder:
         elapsed = time.perf_counter() - self.started
         eta = ""
         if costs is not None:
-            done = {key for key, m in costs.get("measured", {}).items() if m["samples"]}      # finished runs
-            left = _total(c["seconds"] for key, c in costs["runs"].items() if key not in done)
-            eta = f"; ETA {left / 60:.1f} min (predicted)" if left is not None else ""
+            predicted = _total(c["seconds"] for c in costs["runs"].values())
+            spent = sum(m["seconds"] for m in costs.get("measured", {}).values())
+            eta = f"; ETA {max(predicted - spent, 0.0) / 60:.1f} min (predicted)" if predicted is not None else ""
         self.log(f"table: {phase.line.name}, sigma {phase.sigma:g}, {phase.kind} ({len(phase.indices)} images); "
                  f"{elapsed / 60:.1f} min so far{eta}")
         try:
@@ -296,15 +307,18 @@ class TableBuilder:
         return result
 
     def _measured(self, costs: Optional[dict], phase: Phase, seconds: float, samples: Optional[int]) -> None:
-        """Adds a main run's compute seconds (each invocation's, interrupted ones too) to cost.json; its
-        samples once it has finished. A SIGKILLed invocation's seconds are lost (nothing runs to save them)."""
-        if costs is None or phase.kind != "main" or not seconds and samples is None:
+        """Adds a run's compute seconds after the pilot (each invocation's, interrupted ones too) to cost.json;
+        its samples once it has finished (a line-sigma's phases add up). A SIGKILLed invocation's seconds
+        are lost (nothing runs to save them)."""
+        if costs is None or phase.kind == "pilot" or not seconds and samples is None:
             return
         key = f"{phase.line.name} | sigma {phase.sigma:g}"
         measured = costs.setdefault("measured", {}).setdefault(key, {"seconds": 0.0, "samples": 0})
         measured["seconds"] += seconds
         if samples is not None:
-            measured["samples"] = samples
+            phases = measured.setdefault("phases", {})
+            phases[f"{phase.kind} {min(phase.indices, default=-1)} x{len(phase.indices)}"] = samples
+            measured["samples"] = sum(phases.values())
         (self.out / "cost.json").write_text(json.dumps(costs, indent=1, allow_nan=False) + "\n")
 
     def _fix_plan(self, plan: TablePlan) -> None:
@@ -365,12 +379,10 @@ class TableBuilder:
         return costs
 
     def _report(self, plan: TablePlan, indices, pilot_results, main_results, costs) -> dict:
-        spec = self.spec
-        images = len(indices)
         rows_by_line: Dict[str, LineRows] = {}
-        for line in spec.lines:
+        for line in self.spec.lines:
             per: LineRows = {}
-            for sigma in spec.sigmas:
+            for sigma in self.spec.sigmas:
                 combined: Dict[str, List[dict]] = {}
                 for results in (pilot_results, main_results):
                     found = results.get((line.name, sigma))
@@ -380,17 +392,25 @@ class TableBuilder:
                 if combined:
                     per[sigma] = combined
             rows_by_line[line.name] = per
-
-        def settles(sigma: float, r: float) -> bool:
-            return r in plan.radii_for(sigma)
-        table = {name: line_cells(per, spec.radii, images, settles) for name, per in rows_by_line.items()}
-        acr = {name: line_acr(per) if self.mode == "fixed" else None for name, per in rows_by_line.items()}
-        text = caption(spec.title, images, spec.sigmas, spec.alpha, self.mode, spec.n_max)
-        (self.out / "table.md").write_text(markdown(table, acr, spec.radii, text))
-        (self.out / "table.tex").write_text(latex(table, acr, spec.radii, text))
-        plot(self.out / "curves.png", spec.title, rows_by_line, table, spec.radii, images, settles)
         pilot_samples = sum(r.samples for r in pilot_results.values())
         main_samples = sum(r.samples for r in main_results.values())
+        return self._write_outputs(plan, len(indices), rows_by_line, lambda sigma, r: r in plan.radii_for(sigma),
+                                   pilot_samples, main_samples, costs)
+
+    def _write_outputs(self, plan: TablePlan, images: int, rows_by_line: Dict[str, LineRows], settles,
+                       pilot_samples: int, main_samples: int, costs: dict,
+                       bounds: Optional[Dict[str, List[CellBound]]] = None) -> dict:
+        """table.md, table.tex, curves.png and summary.json from every line's rows; `settles(sigma, r)`:
+        the runs whose rows count at r; `bounds` (race): the most each cell can be below `all`'s."""
+        spec = self.spec
+        table = {name: line_cells(per, spec.radii, images, settles) for name, per in rows_by_line.items()}
+        acr = {name: line_acr(per) if self.mode == "fixed" else None for name, per in rows_by_line.items()}
+        gaps = None if bounds is None else {name: [100.0 * b.undecided_gap / images for b in line_bounds]
+                                            for name, line_bounds in bounds.items()}
+        text = caption(spec.title, images, spec.sigmas, spec.alpha, self.mode, spec.n_max)
+        (self.out / "table.md").write_text(markdown(table, acr, spec.radii, text, gaps))
+        (self.out / "table.tex").write_text(latex(table, acr, spec.radii, text))
+        plot(self.out / "curves.png", spec.title, rows_by_line, table, spec.radii, images, settles)
         runs = len(spec.lines) * len(spec.sigmas)
         measured = costs.get("measured", {})
         extra = {"plan": dataclasses.asdict(plan),
@@ -401,10 +421,82 @@ class TableBuilder:
                              "pilot": costs.get("pilot_seconds")},
                  "images": images, "version": _version(), "command": self.command, "seed": spec.seed,
                  "device": spec.run.get("device", "cpu"), "host": socket.gethostname(), "spec": spec.as_dict()}
-        write_summary(self.out / "summary.json", table, acr, extra)
+        write_summary(self.out / "summary.json", table, acr, extra, gaps)
         self.log(f"table: wrote {self.out / 'table.md'}, table.tex, curves.png, summary.json "
                  f"({extra['samples']['total']:,} samples; fixed-n would draw {extra['samples']['fixed_n']:,})")
         return extra
+
+    # -- the race plan ---------------------------------------------------------------------------
+
+    def _build_race(self, indices: Sequence[int], dry_run: bool) -> Optional[dict]:
+        """The race (engine/table/race.py): a pilot of each sigma's first run (for the prediction), the
+        first runs on every image, then each line's extensions until its cells are within the tolerance."""
+        spec = self.spec
+        pilot = pilot_indices(indices, self.pilot_size)
+        first = {sigma: initial_radii(spec.radii, sigma) for sigma in spec.sigmas}
+        plan = TablePlan("race", tuple(pilot), tuple(indices), {f"{s:g}": list(first[s]) for s in spec.sigmas}, 0.0,
+                         {}, 0.0, self.tolerance)
+        self._fix_plan(plan)
+        for text in plan.lines():
+            self.log(text)
+        pilot_results = {}
+        for line in spec.lines:
+            for sigma in spec.sigmas:
+                pilot_results[(line.name, sigma)] = self._step(Phase(
+                    line, sigma, pilot, first[sigma], self.phase_path(line, sigma, "main"), "pilot"))
+        costs = self._predict_race(pilot, len(indices), pilot_results)
+        if dry_run:
+            return None
+        main, rest = {}, [i for i in indices if i not in set(pilot)]
+        # reversed, so the first run keeps the last pilot run's models (one compile less)
+        for line, sigma in reversed([(line, sigma) for line in spec.lines for sigma in spec.sigmas]):
+            main[(line.name, sigma)] = self._step(Phase(line, sigma, rest, first[sigma],
+                                                        self.phase_path(line, sigma, "main"), "first"), costs)
+        rows_by_line, bounds, extensions = {}, {}, 0
+        for line in spec.lines:
+            rules = {sigma: self.request(Phase(line, sigma, (), spec.radii, self.out / "runs" / "rule.tsv", "")).sequential
+                     for sigma in spec.sigmas}
+            race = LineRace(spec, line, indices, rules, self.phase_path)
+
+            def run_extension(sigma, radii, images, kind, line=line):
+                nonlocal extensions
+                extensions += self._step(Phase(line, sigma, images, radii, self.phase_path(line, sigma, kind),
+                                               kind), costs).samples
+            bounds[line.name] = run_race(race, self.tolerance, run_extension, self.log, self.out / "race.json")
+            rows_by_line[line.name] = race.rows_by_sigma()
+        pilot_samples = sum(r.samples for r in pilot_results.values())
+        main_samples = sum(r.samples for r in main.values()) + extensions
+        return self._write_outputs(plan, len(indices), rows_by_line, lambda sigma, r: True, pilot_samples,
+                                   main_samples, costs, bounds)
+
+    def _predict_race(self, pilot: Sequence[int], images: int, pilot_results: Dict[tuple, PhaseResult]) -> dict:
+        """The race's samples and seconds after the pilot, predicted from the pilot's rows (cost.json)."""
+        spec, path = self.spec, self.out / "cost.json"
+        if path.exists():
+            return json.loads(path.read_text(), parse_constant=lambda name: None)
+        chosen = set(pilot)
+        runs: Dict[str, dict] = {}
+        for line in spec.lines:
+            pilot_rows = {sigma: [r for r in next(iter(pilot_results[(line.name, sigma)].rows.values()))
+                                  if int(r["idx"]) in chosen] for sigma in spec.sigmas}
+            samples = predict_race(pilot_rows, spec.radii, images, spec.n0, spec.alpha, spec.n_max, self.tolerance)
+            for sigma in spec.sigmas:
+                result = pilot_results[(line.name, sigma)]
+                rate = result.probe_rate or (result.samples / result.seconds if result.seconds else None)
+                left = max(samples[sigma] - result.samples, 0.0)
+                runs[f"{line.name} | sigma {sigma:g}"] = {
+                    "line": line.name, "sigma": sigma, "images": images, "samples": left,
+                    "seconds": left / rate if rate else None, "samples_per_second": rate,
+                    "rate_from": "probe" if result.probe_rate else "pilot"}
+        total = {key: _total(c[key] for c in runs.values()) for key in ("samples", "seconds")}
+        pilot_samples = sum(r.samples for r in pilot_results.values())
+        costs = {"plan": "race", "runs": runs, "predicted": total, "pilot_samples": pilot_samples,
+                 "pilot_seconds": sum(r.seconds for r in pilot_results.values())}
+        path.write_text(json.dumps(costs, indent=1, allow_nan=False) + "\n")
+        when = f", {total['seconds'] / 60:.1f} min on this machine" if total["seconds"] is not None else ""
+        self.log(f"table: the race predicted {total['samples']:,.0f} samples after the pilot{when} "
+                 f"(pilot: {pilot_samples:,} samples)")
+        return costs
 
 
 def asdict_cost(cost: RunCost) -> dict:

@@ -5,12 +5,14 @@ rate a timing probe of full batches measured on this machine (engine/table/build
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.runs.simulation import simulate_sequential
+from diffsmooth.engine.table.race import initial_radii, tolerance_images
+from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_race
 
 SEEDS = 20
 ABSTAIN_RATE = 0.45                 # a row that drew no estimation sample (stopped at n0)
@@ -67,3 +69,29 @@ def predict_run(line: str, sigma: float, pilot_rows: Sequence[List[dict]], radii
     per_image = expected_samples(lambda rng: posterior_rates(top, drawn, rng), rule, n0)
     samples = per_image * main_images
     return RunCost(line, sigma, main_images, samples, samples / max(samples_per_second, 1e-9))
+
+
+RACE_SEEDS = 3
+
+
+def predict_race(pilot_rows: Dict[float, List[dict]], radii: Sequence[float], images: int, n0: int, alpha: float,
+                 n_max: int, tolerance_points: float, seeds: int = RACE_SEEDS, seed: int = 0) -> Dict[float, float]:
+    """Mean samples per sigma of the whole race (first runs and extensions, n0 included) on `images`
+    images: the pilot's images tiled to `images`, each copy's vote rate drawn anew from its posterior,
+    through the race's own decisions on simulated paths (engine/table/race_sim.py). A sweep is
+    predicted from its first configuration's rows."""
+    rng = np.random.default_rng(seed)
+    sigmas = sorted(pilot_rows)
+    top, drawn, correct = {}, {}, {}
+    for sigma in sigmas:
+        (top[sigma],), (drawn[sigma],) = vote_counts([pilot_rows[sigma]], n0)
+        correct[sigma] = np.array([int(r["correct"]) == 1 for r in pilot_rows[sigma]])
+    pick = np.arange(images) % len(pilot_rows[sigmas[0]])
+    totals: Dict[float, List[float]] = {s: [] for s in sigmas}
+    for _ in range(seeds):
+        sims = {s: SimulatedSigma(s, posterior_rates(top[s][pick], drawn[s][pick], rng), correct[s][pick], radii, alpha,
+                                  n_max, rng, initial_radii(radii, s)) for s in sigmas}
+        outcome = simulate_race(sims, tolerance_images(tolerance_points, images), n0)
+        for s in sigmas:
+            totals[s].append(outcome.samples[s] + images * n0)
+    return {s: float(np.mean(v)) for s, v in totals.items()}

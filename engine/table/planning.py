@@ -23,11 +23,11 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from diffsmooth.engine.errors import UserError
 
-PLANS = ("auto", "all", "fixed")
+PLANS = ("race", "auto", "all", "fixed")
 DEFAULT_MARGIN = 0.05
 DEFAULT_REACH = 2.5
 
@@ -69,6 +69,7 @@ class TablePlan:
     margin: float
     pilot_counts: Dict[str, Dict[str, Dict[str, int]]]     # line -> sigma -> radius -> certified pilot images
     reach: float = DEFAULT_REACH                           # the best's neighbour settles r <= reach x sigma
+    tolerance: Optional[float] = None                      # race: the most a cell may be below `all`'s (points)
 
     def radii_for(self, sigma: float) -> List[float]:
         return self.radii[f"{sigma:g}"]
@@ -81,12 +82,17 @@ class TablePlan:
         try:
             d = json.loads(path.read_text())
             return cls(d["mode"], tuple(d["pilot"]), tuple(d["main"]), d["radii"], d["margin"], d["pilot_counts"],
-                       d["reach"])
+                       d["reach"], d.get("tolerance"))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"{path}: not a plan this version wrote ({exc}); remove it to plan again") from None
 
     def lines(self) -> List[str]:
         """The plan, printed."""
+        if self.mode == "race":
+            out = [f"plan race: {len(self.main)} images ({len(self.pilot)} first as the pilot); every cell within "
+                   f"{self.tolerance:g} points of --plan all's"]
+            return out + [f"  sigma {sigma}: first run settles radii {', '.join(f'{r:g}' for r in radii)}; extensions "
+                          "as the race asks" for sigma, radii in self.radii.items()]
         out = [f"plan {self.mode}: {len(self.pilot)} pilot images, {len(self.main)} main images"]
         for sigma, radii in self.radii.items():
             out.append(f"  sigma {sigma}: settles radii {', '.join(f'{r:g}' for r in radii) or 'none (no main run)'}")

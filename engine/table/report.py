@@ -63,7 +63,9 @@ def line_acr(rows: LineRows) -> float:
 def caption(title: str, images: int, sigmas: Sequence[float], alpha: float, plan: str, n_max: int) -> str:
     how = {"fixed": f"fixed-n CERTIFY at n = {n_max:,}",
            "all": f"sequential CERTIFY (n-max {n_max:,}), every sigma settling every radius",
-           "auto": f"sequential CERTIFY (n-max {n_max:,}), each radius settled by the sigma runs a pilot assigned it"}[plan]
+           "auto": f"sequential CERTIFY (n-max {n_max:,}), each radius settled by the sigma runs a pilot assigned it",
+           "race": f"sequential CERTIFY (n-max {n_max:,}), the sigmas racing for each radius; each cell is at most "
+                   f"its stated bound below what every sigma settling every radius would give"}[plan]
     return (f"{title}: certified accuracy (%) at l2 radius r on {images} images; each cell is the best over "
             f"sigma in {{{', '.join(f'{s:g}' for s in sigmas)}}} (and over the line's configurations), the "
             f"reporting convention of Cohen et al. and the DiffSmooth paper; every certificate holds with "
@@ -74,7 +76,8 @@ def _bold_columns(table: Dict[str, List[Cell]], radii: Sequence[float]) -> List[
     return [max(cells[k].certified for cells in table.values()) for k in range(len(radii))]
 
 
-def markdown(table: Dict[str, List[Cell]], acr: Dict[str, Optional[float]], radii: Sequence[float], text: str) -> str:
+def markdown(table: Dict[str, List[Cell]], acr: Dict[str, Optional[float]], radii: Sequence[float], text: str,
+             gaps: Optional[Dict[str, List[float]]] = None) -> str:
     best = _bold_columns(table, radii)
     with_acr = any(v is not None for v in acr.values())
     head = ["method"] + [f"r = {r:g}" for r in radii] + (["ACR"] if with_acr else [])
@@ -89,6 +92,12 @@ def markdown(table: Dict[str, List[Cell]], acr: Dict[str, Optional[float]], radi
               "| method | " + " | ".join(f"r = {r:g}" for r in radii) + " |", "|" + "---|" * (len(radii) + 1)]
     for name, cells in table.items():
         lines.append("| " + " | ".join([name] + [_source(c) for c in cells]) + " |")
+    if gaps:
+        lines += ["", "The most each cell can be below `--plan all`'s (points; deterministic: images still undecided "
+                  "for a sigma that could win the cell):", "",
+                  "| method | " + " | ".join(f"r = {r:g}" for r in radii) + " |", "|" + "---|" * (len(radii) + 1)]
+        for name, line_gaps in gaps.items():
+            lines.append("| " + " | ".join([name] + [f"{g:.1f}" for g in line_gaps]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -150,6 +159,11 @@ def plot(path: Path, title: str, rows_by_line: Dict[str, LineRows], table: Dict[
     plt.close(fig)
 
 
-def write_summary(path: Path, table: Dict[str, List[Cell]], acr: Dict[str, Optional[float]], extra: dict) -> None:
-    rows = [{"name": name, "acr": acr[name], "cells": [c.as_dict() for c in cells]} for name, cells in table.items()]
+def write_summary(path: Path, table: Dict[str, List[Cell]], acr: Dict[str, Optional[float]], extra: dict,
+                  gaps: Optional[Dict[str, List[float]]] = None) -> None:
+    """summary.json; with `gaps` (race) each cell has `most_below_all`: the most, in points, that `--plan
+    all`'s cell can exceed it."""
+    rows = [{"name": name, "acr": acr[name],
+             "cells": [dict(c.as_dict(), **({"most_below_all": gaps[name][k]} if gaps else {}))
+                       for k, c in enumerate(cells)]} for name, cells in table.items()]
     path.write_text(json.dumps({"rows": rows, **extra}, indent=1, allow_nan=False) + "\n")

@@ -1,0 +1,183 @@
+"""The race plan: sigmas race for each radius, and a sigma leaves a radius once its rows show it
+cannot change the cell by more than the tolerance. Pure logic on rows; the builder runs the
+extensions it asks for, the simulator (engine/table/race_sim.py) replays it on vote paths.
+
+Why a row says more than its own radius (docs/table.md has the argument in full). Let `all` be the
+sequential rule settling every radius of the table (R). A run settling a subset S of R looks at the
+same sample counts with the same levels, and stops no later than `all` on the same sample path:
+every reason `all` has to stop (all radii certified, the upper bound below its smallest uncertified
+radius's threshold, the futility stop on that radius, n-max) is a reason for S too, since S's
+smallest uncertified radius is at least `all`'s (and the futility stop is monotone in the votes a
+radius needs). At S's stop both have the same running bounds, so for each radius r a row is
+  certified  where its lower bound already reaches Phi(r / sigma): `all` certifies r too;
+  settled    where `all` would stop at this very look (its row equals this one), or where the row's
+             run settled every radius up to r (the rule with radii R cut at r certifies r exactly
+             when `all` does: until r is certified both have the same smallest uncertified radius);
+  undecided  otherwise: `all` goes on, and only running it (radii R up to r) tells.
+For a cell (the best over sigmas) that gives the deterministic interval
+[max_s certified_s, max_s (certified_s + undecided_s)] for `all`'s value; the table reports the
+lower end. An extension reruns an undecided image with the radii of R up to r from its first
+sample (counter-based noise: the same samples `all` draws), which settles it exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+
+import numpy as np
+from scipy.stats import beta
+
+from diffsmooth.engine.certify.sequential import SequentialRule
+
+DEFAULT_TOLERANCE = 0.5         # points: the most a cell may differ from `--plan all`'s
+INITIAL_REACH = 2.5             # first run of a sigma: the largest radius r <= 2.5 sigma (docs/table.md)
+
+
+def initial_radii(radii: Sequence[float], sigma: float, reach: float = INITIAL_REACH) -> Tuple[float, ...]:
+    """The first run of a sigma settles one radius: the largest r <= reach x sigma (0 if none).
+    Beyond it the samples an image needs grow like 1 / (1 - Phi(r / sigma)); below it a row's
+    lower bound already certifies the smaller radii of every image that certified it."""
+    within = [r for r in radii if r <= reach * sigma + 1e-12]
+    return tuple(sorted({min(radii), max(within) if within else min(radii)}))
+
+
+def prefix(radii: Sequence[float], k: int) -> Tuple[float, ...]:
+    """The radii of the table up to index k: what an extension at radius index k settles."""
+    return tuple(sorted(radii))[:k + 1]
+
+
+def settled_prefix(radii: Sequence[float], settled: Sequence[float]) -> int:
+    """The largest index k such that a run settling `settled` settled every table radius up to k (-1: none)."""
+    k = -1
+    for r in sorted(radii):
+        if r not in settled:
+            break
+        k += 1
+    return k
+
+
+@dataclass
+class Rows:
+    """One contender's (a sigma, or a sigma and configuration of a sweep) latest row per image, as
+    arrays in the table's image order."""
+
+    radius: np.ndarray          # the row's radius (0 when it abstained)
+    correct: np.ndarray         # the row certified the label
+    abstained: np.ndarray       # predict -1: its class could still be the label under `all`
+    votes: np.ndarray           # top_votes: votes of the selected class among the estimation samples
+    drawn: np.ndarray           # estimation samples (samples - n0)
+    prefix_to: np.ndarray       # the row's run settled every radius up to this index (-1: not radius 0)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[dict], n0: int, prefix_to: Sequence[int]) -> "Rows":
+        """From result rows (sequential rows carry top_votes) in image order, with each row's run's prefix."""
+        return cls(np.array([float(r["radius"]) for r in rows]), np.array([int(r["correct"]) == 1 for r in rows]),
+                   np.array([int(r["predict"]) < 0 for r in rows]), np.array([int(r["top_votes"]) for r in rows]),
+                   np.array([int(r["samples"]) - n0 for r in rows]), np.asarray(prefix_to, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class CellStatus:
+    """One contender at one radius, per image."""
+
+    certified: np.ndarray       # `all` certifies it (correct)
+    undecided: np.ndarray       # only running `all` tells (the image may count)
+    chance: np.ndarray          # posterior chance that the image's vote rate reaches the votes the radius needs
+
+
+def all_would_stop(rule: SequentialRule, rows: Rows) -> np.ndarray:
+    """True where `all` (rule: every radius of the table) stops at the look where the row stopped.
+    The upper bound is this look's, not the running one (the row does not keep it): a sound, slightly
+    cautious test, since the running upper bound is never above it."""
+    thresholds = np.asarray(rule.thresholds)
+    certified = (~rows.abstained[:, None]) & (rows.radius[:, None] >= np.asarray(rule.radii)[None, :])
+    done = certified.all(axis=1)
+    pending = np.argmin(certified, axis=1)
+    looks = np.asarray(rule.looks())
+    look = np.searchsorted(looks, rows.drawn)
+    on_look = (rows.drawn > 0) & (look < len(looks)) & (looks[np.minimum(look, len(looks) - 1)] == rows.drawn)
+    trials = np.maximum(rows.drawn, 1).astype(np.float64)
+    upper = np.ones(len(rows.drawn))
+    for j in np.unique(look[on_look]):
+        at = on_look & (look == j)
+        upper[at] = rule.bounds(rows.votes[at].astype(np.float64), trials[at], int(j))[1]
+    stop = done | (rows.drawn >= rule.n_max) | (on_look & (upper < thresholds[pending]))
+    if rule.futility is not None:
+        stop |= on_look & ~done & rule.futile(rows.votes.astype(np.float64), trials, pending)
+    return stop
+
+
+def cell_status(rule: SequentialRule, rows: Rows, k: int) -> CellStatus:
+    """Certified, undecided and the chance of certifying, for radius index k of `rule` (the table's radii)."""
+    r = rule.radii[k]
+    certified = rows.correct & (rows.radius >= r)
+    reachable = rule.needed[k] <= rule.n_max
+    undecided = ((rows.correct | rows.abstained) & ~certified & (rows.prefix_to < k) & ~all_would_stop(rule, rows)
+                 & reachable)
+    need = min(1.0, rule.needed[k] / rule.n_max)
+    chance = beta.sf(need, rows.votes + 0.5, np.maximum(rows.drawn - rows.votes, 0) + 0.5)
+    return CellStatus(certified, undecided, chance)
+
+
+@dataclass(frozen=True)
+class Extension:
+    """Rerun `images` of a contender's sigma with the table's radii up to index k."""
+
+    contender: Hashable
+    k: int
+    images: Tuple[int, ...]            # positions in the table's image order
+
+
+@dataclass(frozen=True)
+class CellBound:
+    """A cell as reported (the best certified count) and the most `all`'s count can exceed it."""
+
+    radius: float
+    certified: int
+    undecided_gap: int
+
+
+def cell_bounds(rules: Dict[Hashable, SequentialRule], rows: Dict[Hashable, Rows]) -> List[CellBound]:
+    """Per radius: the best certified count over contenders and max_s (certified + undecided) - that."""
+    radii = next(iter(rules.values())).radii
+    out = []
+    for k, r in enumerate(radii):
+        status = {c: cell_status(rules[c], rows[c], k) for c in rules}
+        low = max(int(s.certified.sum()) for s in status.values())
+        high = max(int(s.certified.sum() + s.undecided.sum()) for s in status.values())
+        out.append(CellBound(r, low, high - low))
+    return out
+
+
+def next_extension(rules: Dict[Hashable, SequentialRule], rows: Dict[Hashable, Rows], tolerance: int,
+                   order: Sequence[Hashable]) -> Optional[Extension]:
+    """The next extension the race needs, or None once every cell is within `tolerance` images of
+    `all`'s. Radii in increasing order; at the first radius where some contender could still lift
+    the cell by more than the tolerance, the contender with the most expected certificates (the
+    likely winner) settles all its undecided images, or, if another is likelier, this one settles
+    just enough of its undecided images to fall within the tolerance, least likely to certify first.
+    The order only changes the cost: the bound is deterministic whichever images are settled."""
+    radii = rules[order[0]].radii
+    for k in range(len(radii)):
+        status = {c: cell_status(rules[c], rows[c], k) for c in order}
+        low = {c: int(s.certified.sum()) for c, s in status.items()}
+        high = {c: low[c] + int(s.undecided.sum()) for c, s in status.items()}
+        expected = {c: low[c] + float(s.chance[s.undecided].sum()) for c, s in status.items()}
+        best = max(low.values())
+        open_ = [c for c in order if high[c] > best + tolerance]
+        if not open_:
+            continue
+        likeliest = max(order, key=lambda c: (expected[c], order.index(c)))
+        contender = max(open_, key=lambda c: (expected[c], order.index(c)))
+        undecided = np.flatnonzero(status[contender].undecided)
+        if contender != likeliest:
+            least_likely_first = undecided[np.argsort(status[contender].chance[undecided], kind="stable")]
+            undecided = least_likely_first[:high[contender] - best - tolerance]
+        return Extension(contender, k, tuple(int(i) for i in sorted(undecided)))
+    return None
+
+
+def tolerance_images(points: float, images: int) -> int:
+    """The tolerance in whole images: floor(points / 100 x images)."""
+    return int(np.floor(points / 100.0 * images + 1e-9))

@@ -1,0 +1,157 @@
+"""The race plan's runs (engine/table/race.py decides, this runs): each sigma's first run on every
+image, then the extensions the race asks for, one line at a time, until every cell is within the
+tolerance of `--plan all`'s.
+
+DIR/runs/LINE_sSIGMA.tsv          every image, the sigma's first radii (0 and the largest r <= 2.5 sigma)
+DIR/runs/LINE_sSIGMA_toR.tsv      images rerun with the table's radii up to R (an extension)
+DIR/race.json                     the extensions so far, and each cell's bound
+
+An image's row is the one of its largest extension (else its first run). Every decision follows from
+the rows, which follow from the noise seeds, so a rerun of the command takes the same decisions and
+the result files resume.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence, Tuple
+
+from diffsmooth.engine.certify.sequential import SequentialRule
+from diffsmooth.engine.runs.results import read_rows
+from diffsmooth.engine.table.race import (
+    CellBound,
+    Extension,
+    Rows,
+    cell_bounds,
+    initial_radii,
+    next_extension,
+    prefix,
+    settled_prefix,
+    tolerance_images,
+)
+from diffsmooth.engine.table.spec import LineSpec, TableSpec
+
+Contender = Tuple[float, str]           # (sigma, configuration name)
+
+
+def extension_kind(radius: float) -> str:
+    """The phase kind (and file suffix) of an extension settling the radii up to `radius`."""
+    return f"to{radius:g}"
+
+
+@dataclass
+class LineRace:
+    """One line's race: its sigma runs' rows, assembled per contender, and the decisions."""
+
+    spec: TableSpec
+    line: LineSpec
+    indices: Sequence[int]                           # the table's images, in order
+    rules: Dict[float, SequentialRule]               # per sigma: the rule settling every radius (`all`)
+    path: Callable[[LineSpec, float, str], Path]     # (line, sigma, kind) -> the run's result file or folder
+
+    def files(self, sigma: float) -> List[Tuple[int, Path]]:
+        """(settled prefix, path) of the sigma's runs that exist: the first run, then each extension."""
+        radii = self.spec.radii
+        out = [(settled_prefix(radii, initial_radii(radii, sigma)), self.path(self.line, sigma, "main"))]
+        out += [(k, self.path(self.line, sigma, extension_kind(r))) for k, r in enumerate(radii)]
+        return [(k, p) for k, p in out if p.exists()]
+
+    def latest(self, sigma: float) -> Dict[str, Dict[int, Tuple[int, dict]]]:
+        """{configuration: {image: (settled prefix, row)}}: each image's row from its largest extension."""
+        out: Dict[str, Dict[int, Tuple[int, dict]]] = {}
+        for k, path in self.files(sigma):
+            for config, rows in _rows_of(path).items():
+                per = out.setdefault(config, {})
+                for row in rows:
+                    i = int(row["idx"])
+                    if i not in per or per[i][0] < k:
+                        per[i] = (k, row)
+        return out
+
+    def contenders(self) -> Dict[Contender, Rows]:
+        """Every (sigma, configuration) with a row for each image of the table."""
+        out = {}
+        for sigma in self.spec.sigmas:
+            for config, per in sorted(self.latest(sigma).items()):
+                missing = [i for i in self.indices if i not in per]
+                if missing:
+                    raise RuntimeError(f"{self.line.name} sigma {sigma:g}: no row for image {missing[0]} after the first run")
+                chosen = [per[i] for i in self.indices]
+                out[(sigma, config)] = Rows.from_rows([row for _, row in chosen], self.spec.n0, [k for k, _ in chosen])
+        return out
+
+    def rows_by_sigma(self) -> Dict[float, Dict[str, List[dict]]]:
+        """The rows the table reports: per sigma and configuration, each image's latest row."""
+        return {sigma: {config: [per[i][1] for i in self.indices if i in per]
+                        for config, per in sorted(self.latest(sigma).items())}
+                for sigma in self.spec.sigmas if self.latest(sigma)}
+
+    def next(self, tolerance: int) -> Tuple[Extension, Dict[int, List[int]]]:
+        """The next extension (None when done) and its images grouped by the radius index they rerun to:
+        the larger of the extension's and the image's current run's largest radius (a rerun never
+        settles less than the row it replaces)."""
+        rows = self.contenders()
+        order = sorted(rows)
+        ext = next_extension({c: self.rules[c[0]] for c in order}, rows, tolerance, order)
+        if ext is None:
+            return None, {}
+        sigma = ext.contender[0]
+        tops = self._tops(sigma)
+        groups: Dict[int, List[int]] = {}
+        for position in ext.images:
+            image = self.indices[position]
+            groups.setdefault(max(ext.k, tops[image]), []).append(image)
+        return ext, groups
+
+    def _tops(self, sigma: float) -> Dict[int, int]:
+        """Each image's current run's largest radius, as an index into the table's radii."""
+        radii = list(self.spec.radii)
+        first = radii.index(max(initial_radii(radii, sigma)))
+        out: Dict[int, int] = {}
+        for config in self.latest(sigma).values():
+            for image, (k, _) in config.items():
+                out[image] = max(out.get(image, first), k if k >= 0 else first)
+        return out
+
+    def bounds(self) -> List[CellBound]:
+        rows = self.contenders()
+        return cell_bounds({c: self.rules[c[0]] for c in rows}, rows)
+
+
+def _rows_of(path: Path) -> Dict[str, List[dict]]:
+    """{configuration: rows} of a run: one file, or a sweep folder of files (one per configuration)."""
+    if path.is_dir():
+        return {p.stem: read_rows(p, torn_tail="ignore") for p in sorted(path.glob("*.tsv"))}
+    return {"": read_rows(path, torn_tail="ignore")}
+
+
+def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[float, Tuple[float, ...], List[int], str], None],
+             log: Callable[[str], None], record: Path) -> List[CellBound]:
+    """Extensions until every cell is within the tolerance; `run_extension(sigma, radii, images, kind)`
+    runs one. Writes each decision to `record` (race.json) as it goes; returns the cells' bounds."""
+    tolerance = tolerance_images(tolerance_points, len(race.indices))
+    done = json.loads(record.read_text()) if record.exists() else {}
+    steps = []
+    while True:
+        ext, groups = race.next(tolerance)
+        if ext is None:
+            break
+        sigma, radius = ext.contender[0], race.spec.radii[ext.k]
+        for target, images in sorted(groups.items()):
+            radii = prefix(race.spec.radii, target)
+            kind = extension_kind(radii[-1])
+            log(f"table: race, {race.line.name}: sigma {sigma:g} reruns {len(images)} undecided image(s) "
+                f"at r = {radius:g} with the radii up to {radii[-1]:g}")
+            steps.append({"sigma": sigma, "config": ext.contender[1], "radius": radius, "radii_to": radii[-1],
+                          "images": images})
+            done[race.line.name] = {"tolerance": tolerance_points, "extensions": steps}
+            record.write_text(json.dumps(done, indent=1, allow_nan=False) + "\n")
+            run_extension(sigma, radii, images, kind)
+    bounds = race.bounds()
+    done[race.line.name] = {"tolerance": tolerance_points, "extensions": steps,
+                            "bounds": [{"radius": b.radius, "certified": b.certified, "undecided_gap": b.undecided_gap}
+                                       for b in bounds]}
+    record.write_text(json.dumps(done, indent=1, allow_nan=False) + "\n")
+    return bounds
