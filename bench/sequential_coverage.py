@@ -1,6 +1,7 @@
 """EXACT coverage of the sequential lower bounds at the looks (is P(L ever > pA) <= alpha?).
 
-    python -m diffsmooth.bench.sequential_coverage [--scan 200] [--out bench/results/sequential_coverage] [--paths 50000]
+    python -m diffsmooth.bench.sequential_coverage [--bound reach-cp] [--scan 200] [--paths 50000] \
+        [--out bench/results/sequential_coverage]
 
 For each n_max and each true vote rate p (each radius threshold Phi(r / sigma), and 0.5, 0.9,
 0.99, 0.999), the probability that the lower bound exceeds p at SOME look of the rule's schedule,
@@ -14,10 +15,12 @@ a look's lower bound is nondecreasing in the count, so at look k the paths not y
 exactly those with count c < c_k, the smallest count whose bound exceeds p (found by bisection on
 the engine's own bound). The sub-probability vector P(count = c, not yet miscovered) is convolved
 with the Binomial(chunk, p) pmf for each chunk; at each look its mass at counts >= c_k is added to
-the miscoverage and dropped. Rows: the engine's split CP bound, and a negative control
-(Clopper-Pearson at alpha at every look), which must fail.
+the miscoverage and dropped. Rows: the engine's bound (--bound: reach-cp, the default, or split-cp),
+and a negative control (Clopper-Pearson at alpha at every look), which must fail.
 
---scan N adds split CP's worst miscoverage over N evenly spaced p in [0.5, 0.999] per n_max.
+--scan N adds the bound's worst miscoverage over N evenly spaced p in [0.5, 0.999] per n_max, plus
+p near 1 (1 - 10^-k) and, for reach-cp, p just below the unanimity bound of each look (where its
+event is most likely).
 --paths N also runs the earlier Monte Carlo (N simulated Binomial vote paths per p, the same
 no-stopping event) next to each exact figure, with its 95% Clopper-Pearson interval, as a cross-check.
 """
@@ -36,7 +39,7 @@ from scipy.signal import fftconvolve
 from scipy.stats import binom, norm
 
 from diffsmooth.engine.certify.cohen import lower_confidence_bounds
-from diffsmooth.engine.certify.sequential import SequentialRule
+from diffsmooth.engine.certify.sequential import DEFAULT_BOUND, SPLIT_BOUNDS, SequentialRule
 from diffsmooth.engine.runs.analyze import clopper_pearson
 from diffsmooth.engine.runs.request import parse_radii
 
@@ -45,7 +48,7 @@ LowerBound = Callable[[np.ndarray, float, int], np.ndarray]
 
 
 def split_cp_lower(rule: SequentialRule) -> LowerBound:
-    """The engine's split CP lower bound of `rule` at each look."""
+    """The engine's lower bound of `rule` at each look (split CP, or reach-cp with its unanimity bound)."""
     return lambda s, t, look: rule.bounds(s, t, look)[0]
 
 
@@ -112,18 +115,18 @@ def miscoverage(lower: LowerBound, chunks: Sequence[int], p: float, paths: int, 
 
 
 def rates(radii: Sequence[float], sigma: float) -> list:
-    """The p checked: each threshold Phi(r / sigma), then 0.5, 0.9, 0.99, 0.999 (sorted, unique)."""
-    return sorted({round(float(norm.cdf(r / sigma)), 6) for r in radii} | {0.5, 0.9, 0.99, 0.999})
+    """The p checked: each threshold Phi(r / sigma), then 0.5, 0.9, 0.99, 0.999, 0.9999 (sorted, unique)."""
+    return sorted({round(float(norm.cdf(r / sigma)), 6) for r in radii} | {0.5, 0.9, 0.99, 0.999, 0.9999})
 
 
 def run(n_maxes: Sequence[int], alpha: float, sigma: float, radii: Sequence[float], paths: Optional[int] = None,
-        seed: int = 0, controls: bool = True) -> list:
+        seed: int = 0, controls: bool = True, bound: str = DEFAULT_BOUND) -> list:
     """One record per (n_max, p, bound): the exact miscoverage (and with `paths`, the Monte Carlo's
     failures over that many simulated paths and its 95% interval)."""
     records = []
     for n_max in n_maxes:
-        rule = SequentialRule(tuple(radii), sigma, alpha, n_max, bound="split-cp")
-        bounds = {"split-cp": split_cp_lower(rule)}
+        rule = SequentialRule(tuple(radii), sigma, alpha, n_max, bound=bound)
+        bounds = {bound: split_cp_lower(rule)}
         if controls:
             bounds["naive CP at alpha every look (control)"] = naive_cp_lower(alpha)
         for p in rates(radii, sigma):
@@ -141,16 +144,27 @@ def run(n_maxes: Sequence[int], alpha: float, sigma: float, radii: Sequence[floa
     return records
 
 
-def scan(n_maxes: Sequence[int], alpha: float, sigma: float, radii: Sequence[float], points: int) -> list:
-    """Split CP's exact miscoverage at `points` evenly spaced p in [0.5, 0.999] (rounded to 6 digits):
-    the largest per n_max (the miscoverage jumps with p as the thresholds c_k move)."""
+def scanned_rates(rule: SequentialRule, points: int) -> np.ndarray:
+    """The p a scan checks: `points` evenly spaced in [0.5, 0.999] (6 digits), 1 - 10^-k for k = 3.5
+    to 6, and for reach-cp just below level^(1/t) at each look t (its unanimity event is largest there)."""
+    ps = set(np.round(np.linspace(0.5, 0.999, points), 6).tolist()) | {1 - 10.0 ** -k for k in (3.5, 4, 4.5, 5, 5.5, 6)}
+    if rule.bound == "reach-cp":
+        level = rule.alpha * rule.unanimity
+        ps |= {level ** (1.0 / t) * (1 - 1e-12) for t in rule.looks()}
+    return np.array(sorted(p for p in ps if 0.5 <= p < 1))
+
+
+def scan(n_maxes: Sequence[int], alpha: float, sigma: float, radii: Sequence[float], points: int,
+         bound: str = DEFAULT_BOUND) -> list:
+    """The bound's exact miscoverage at the p of `scanned_rates`: the largest per n_max (the
+    miscoverage jumps with p as the thresholds c_k move)."""
     found = []
     for n_max in n_maxes:
-        rule = SequentialRule(tuple(radii), sigma, alpha, n_max, bound="split-cp")
-        ps = np.round(np.linspace(0.5, 0.999, points), 6)
+        rule = SequentialRule(tuple(radii), sigma, alpha, n_max, bound=bound)
+        ps = scanned_rates(rule, points)
         rates_ = [exact_miscoverage(split_cp_lower(rule), rule.chunks(), float(p)) for p in ps]
         worst = int(np.argmax(rates_))
-        found.append(dict(n_max=n_max, points=points, worst=rates_[worst], p=float(ps[worst])))
+        found.append(dict(n_max=n_max, points=len(ps), worst=rates_[worst], p=float(ps[worst]), bound=bound))
     return found
 
 
@@ -167,18 +181,19 @@ def markdown(records: list, alpha: float, scanned: Sequence[dict] = ()) -> str:
             line += (f" {r['failures']:,} / {r['paths']:,}, {r['simulated']:.5f} [{r['ci95'][0]:.5f}, "
                      f"{r['ci95'][1]:.5f}] |")
         lines.append(line)
-    split = [r for r in records if r["bound"] == "split-cp"]
+    split = [r for r in records if "control" not in r["bound"]]
+    name = split[0]["bound"]
     lines.append("")
     for n_max in sorted({r["n_max"] for r in split}):
         worst = max((r for r in split if r["n_max"] == n_max), key=lambda r: r["rate"])
-        lines.append(f"worst split CP at n_max {n_max:,} ({worst['looks']} looks): {worst['rate']:.7f} at p "
+        lines.append(f"worst {name} at n_max {n_max:,} ({worst['looks']} looks): {worst['rate']:.7f} at p "
                      f"{worst['p']:.6g}")
     worst = max(split, key=lambda r: r["rate"])
-    lines += ["", f"worst split CP: {worst['rate']:.7f} (n_max {worst['n_max']:,}, p {worst['p']:.6g}), exact; "
+    lines += ["", f"worst {name}: {worst['rate']:.7f} (n_max {worst['n_max']:,}, p {worst['p']:.6g}), exact; "
               f"largest floating-point mass error {max(r['mass_error'] for r in records):.1e}"]
     for found in scanned:
-        lines.append(f"worst split CP over {found['points']} evenly spaced p in [0.5, 0.999] at n_max "
-                     f"{found['n_max']:,}: {found['worst']:.7f} at p {found['p']:.6g}")
+        lines.append(f"worst {name} over {found['points']} p (evenly spaced in [0.5, 0.999], near 1, and at "
+                     f"the looks' unanimity bands) at n_max {found['n_max']:,}: {found['worst']:.7f} at p {found['p']:.6g}")
     return "\n".join(lines)
 
 
@@ -191,22 +206,25 @@ def markdown(records: list, alpha: float, scanned: Sequence[dict] = ()) -> str:
               help="Cross-check: also simulate this many vote paths per p (the earlier Monte Carlo; 0: none).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --paths simulation.")
 @click.option("--scan", "points", type=int, default=0, show_default=True,
-              help="Also the worst split CP miscoverage over this many evenly spaced p in [0.5, 0.999] (0: none).")
+              help="Also the bound's worst miscoverage over this many evenly spaced p in [0.5, 0.999], p near 1 "
+                   "and (reach-cp) the unanimity bands (0: none).")
+@click.option("--bound", type=click.Choice(SPLIT_BOUNDS), default=DEFAULT_BOUND, show_default=True,
+              help="The lower bound checked (reach-cp: the default rule; split-cp: the earlier one).")
 @click.option("--out", type=click.Path(), default=None, help="Directory for coverage.md and coverage.json.")
-def main(n_maxes, alpha, sigma, radii, paths, seed, points, out):
+def main(n_maxes, alpha, sigma, radii, paths, seed, points, bound, out):
     """Prints the EXACT coverage table (markdown): P(lower bound > p at some look), computed by a dynamic
     program over the vote count with no stopping (an upper bound for every stopping rule on those looks)."""
     start = time.perf_counter()
     n_maxes = [int(n) for n in n_maxes.split(",")]
-    records = run(n_maxes, alpha, sigma, parse_radii(radii), paths=paths, seed=seed)
-    scanned = scan(n_maxes, alpha, sigma, parse_radii(radii), points) if points else []
+    records = run(n_maxes, alpha, sigma, parse_radii(radii), paths=paths, seed=seed, bound=bound)
+    scanned = scan(n_maxes, alpha, sigma, parse_radii(radii), points, bound) if points else []
     text = markdown(records, alpha, scanned)
     click.echo(text)
     if out:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "coverage.md").write_text(text + "\n")
-        settings = dict(method=EXACT_LABEL, alpha=alpha, sigma=sigma, radii=radii)
+        settings = dict(method=EXACT_LABEL, alpha=alpha, sigma=sigma, radii=radii, bound=bound)
         if paths:
             settings.update(paths=paths, seed=seed)
         (out / "coverage.json").write_text(json.dumps(dict(settings, seconds=round(time.perf_counter() - start, 1),

@@ -16,7 +16,7 @@ STATS = ("cifar10", "imagenet", "fashion-mnist")         # mean/std tables of th
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "bf16")                    # torch backend
 GRAPH_PRECISIONS = ("fp32", "fp16")                      # exported ONNX graphs and TensorRT plans
-SEQUENTIAL_BOUNDS = ("split-cp", "mixture")              # lower bounds of a sequential run (certify/sequential.py)
+SEQUENTIAL_BOUNDS = ("reach-cp", "split-cp", "mixture")              # lower bounds of a sequential run (certify/sequential.py)
 
 # The ranges a number a user gives must lie in (checked once where options enter: the command line's option
 # types, RunRequest, the table spec), each set by what the engine can do, not by taste.

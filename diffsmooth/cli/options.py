@@ -232,13 +232,15 @@ def sequential_options(f):
         click.option("--futility", default=None, metavar="M|off|RULE:M",
                      help="With --sequential: stop an image once its votes trail the pace needed to certify "
                           "the next radius at n-max by more than M (1 + 4 t/n-max) final standard deviations "
-                          "[default: M = 0.21 at n-max 10,000, 0.13 at 100,000]; 'off' runs such images to "
-                          "n-max; 'projection:K' is the earlier rule (rate + K standard errors held to n-max). "
-                          "Validity does not depend on it."),
+                          "and by more than 2 votes [default: M = 0.21 at n-max 10,000, 0.13 at 100,000]; "
+                          "'off' runs such images to n-max; 'pace:M' is the earlier rule (no 2-vote floor: one "
+                          "early miss stops an image near the reach), 'projection:K' the one before it (rate + K "
+                          "standard errors held to n-max). Validity does not depend on it."),
         click.option("--bound", default=None, type=click.Choice(SEQUENTIAL_BOUNDS),
-                     help="With --sequential: split-cp (Clopper-Pearson split over the looks fixed by n-max; "
-                          "the fewest samples) or mixture (valid at every sample, so a budget can be extended "
-                          "later) [default: split-cp]."),
+                     help="With --sequential: reach-cp (Clopper-Pearson split over the looks fixed by n-max, "
+                          "plus a unanimity bound and a look where an image with every vote can first certify "
+                          "each radius; the fewest samples), split-cp (the earlier default, without them) or "
+                          "mixture (valid at every sample, so a budget can be extended later) [default: reach-cp]."),
     )(f)
 
 

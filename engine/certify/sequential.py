@@ -28,9 +28,10 @@ whose budget may be extended later. docs/sequential-rules.md compares the two (s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Generator, List, Optional, Tuple
+from typing import Callable, Generator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy.special import betaln, xlog1py, xlogy
@@ -54,12 +55,15 @@ CAP_DIVISOR = 40                 # ... at most max(MIN_STEP_CAP, n_max // CAP_DI
 MIN_STEP_CAP = 1000
 GROWTH = 1.2                     # chosen by simulation (docs/sequential-rules.md): K = 24 looks at 10k, 60 at 100k
 GROWTH_OLD = 2.0                 # the first release's schedule (100, 200, 400, 800, ...)
-FUTILITY_RULES = ("pace", "projection")   # how the futility stop judges an image (SequentialRule.futility_rule)
-DEFAULT_FUTILITY_RULE = "pace"
+FUTILITY_RULES = ("pace", "projection", "pace-floor")   # how the futility stop judges an image (futility_rule)
+DEFAULT_FUTILITY_RULE = "pace-floor"
+PACE_RULES = {"pace": 0.0, "pace-floor": 2.0}   # the pace rules and the fewest votes behind at which they stop (pace_futile)
 PACE_SLOPE = 4.0                 # the pace margin grows as m (1 + PACE_SLOPE t / n_max) (pace_futile)
 PROJECTION_MARGIN = 1.25         # default k of the projection rule (the previous default)
 BOUNDS = SEQUENTIAL_BOUNDS       # SequentialRule.bound
-DEFAULT_BOUND = "split-cp"
+DEFAULT_BOUND = "reach-cp"
+SPLIT_BOUNDS = ("split-cp", "reach-cp")   # the bounds that look only at the schedule's sample counts
+UNANIMITY_SHARE = 0.2            # reach-cp: the share of alpha spent on the unanimity bound (unanimity_lower)
 _BISECTIONS = 64                 # enough for double precision on [0, 1]
 
 
@@ -130,6 +134,51 @@ def split_levels(looks: int, alpha: float) -> np.ndarray:
     return np.array([alpha / (2 * (looks - 1))] * (looks - 1) + [alpha / 2])
 
 
+def reach_levels(regular: Sequence[bool], alpha: float, share: float = UNANIMITY_SHARE) -> np.ndarray:
+    """reach-cp's per-look Clopper-Pearson levels: alpha / 2 at the last look (as split CP), the
+    rest less the unanimity bound's share alpha * share split evenly over the other regular looks,
+    0 at the looks placed only for the unanimity bound (regular[k] False). The levels and the share
+    sum to alpha: the union bound of split CP with one more term."""
+    regular = np.asarray(regular, dtype=bool)
+    if not regular[-1]:
+        raise ValueError("the last look must be a regular look")
+    if not 0 < share < 0.5:
+        raise ValueError(f"the unanimity share must be in (0, 1/2), got {share}")
+    earlier = int(regular.sum()) - 1
+    if earlier == 0:
+        return np.where(regular, alpha * (1 - share), 0.0)
+    levels = np.where(regular, alpha * (0.5 - share) / earlier, 0.0)
+    levels[-1] = alpha / 2
+    return levels
+
+
+def unanimity_lower(successes, trials, level: float) -> np.ndarray:
+    """level^(1/t) where all t votes so far went to cA, else 0: a lower bound valid at every sample
+    count at once. At the true p the bound exceeds p at some t only if the first t(p) votes (t(p) the
+    fewest with p^t <= level) all went to cA: one nested event of probability p^t(p) <= level."""
+    s = np.asarray(successes, dtype=np.float64)
+    t = np.asarray(trials, dtype=np.float64)
+    return np.where((s == t) & (t > 0), level ** (1.0 / np.maximum(t, 1.0)), 0.0)
+
+
+def reach_look(threshold: float, level: float) -> int:
+    """The fewest samples at which every vote for cA lifts the unanimity bound at `level` to
+    `threshold` (level^(1/t) >= threshold): the sample count at which such an image can first certify."""
+    if threshold <= 0.5:
+        return 1
+    return max(1, math.ceil(math.log(level) / math.log(threshold) - 1e-9))
+
+
+def with_reach_looks(chunks: Sequence[int], reach: Sequence[int]) -> Tuple[List[int], List[bool]]:
+    """(chunk sizes, regular?) of the schedule `chunks` with the looks `reach` added (those inside
+    (0, n_max) that are not already a look): the added looks are marked not regular."""
+    regular_looks = np.cumsum(chunks).tolist()
+    extra = sorted({int(t) for t in reach if 0 < t < regular_looks[-1]} - set(regular_looks))
+    looks = sorted(regular_looks + extra)
+    marks = [t in set(regular_looks) for t in looks]
+    return np.diff([0] + looks).tolist(), marks
+
+
 def split_cp_bounds(successes, trials, level) -> Tuple[np.ndarray, np.ndarray]:
     """(lower, upper): one-sided Clopper-Pearson bounds at `level` each (arrays broadcast)."""
     return lower_confidence_bounds(successes, trials, level), upper_confidence_bounds(successes, trials, level)
@@ -166,20 +215,23 @@ def needed_votes(bound_at: Callable[[np.ndarray], np.ndarray], n_max: int, thres
     return np.where(reachable, hi, n_max + 1)
 
 
-def pace_futile(successes, trials, need, n_max: int, margin: float) -> np.ndarray:
+def pace_futile(successes, trials, need, n_max: int, margin: float, floor: float = 0.0) -> np.ndarray:
     """The pace rule: True where the votes trail the pace to `need` votes at n_max, t * need / n_max,
     by more than margin * (1 + 4 t / n_max) standard deviations of the final count, sqrt(n_max v (1 - v))
-    with v = need / n_max. A straight line in (samples, votes) fixed before any data, as a Wald SPRT's
-    boundary: it waits out the early looks (p-hat is too noisy to tell a hopeless image from one that
-    fixed-n would certify) and then stops steadily. Strictly more: needing every vote (sd = 0) it gives
-    up at the first miss, never before. need > n_max (unreachable) is always futile."""
+    with v = need / n_max, and by more than `floor` votes. A straight line in (samples, votes) fixed
+    before any data, as a Wald SPRT's boundary: it waits out the early looks (p-hat is too noisy to
+    tell a hopeless image from one that fixed-n would certify) and then stops steadily. Near the reach
+    sd is about one vote, so without a floor one early miss stops an image that fixed-n would still
+    certify; with `floor` > 0 it also stops once more votes went elsewhere than n_max - need allows
+    (certainly futile). need > n_max (unreachable) is always futile."""
     s = np.asarray(successes, dtype=np.float64)
     t = np.asarray(trials, dtype=np.float64)
     need = np.asarray(need, dtype=np.float64)
     v = np.clip(need / n_max, 0.0, 1.0)
     sd = np.sqrt(n_max * v * (1 - v))
     trail = t * need / n_max - s
-    return (need > n_max) | (trail > margin * (1 + PACE_SLOPE * t / n_max) * sd)
+    beyond = (t - s > n_max - need) if floor > 0 else False
+    return (need > n_max) | beyond | (trail > np.maximum(margin * (1 + PACE_SLOPE * t / n_max) * sd, floor))
 
 
 def futility_bounds(successes, trials, n_max: int, alpha: float, margin: float,
@@ -206,8 +258,10 @@ class SequentialRule:
     n_max: int
     futility: Optional[float] = None                # the futility stop's margin (None: the rule's default)
     growth: float = GROWTH                          # look schedule (look_schedule)
-    bound: str = DEFAULT_BOUND                      # "split-cp" or "mixture"
-    futility_rule: Optional[str] = DEFAULT_FUTILITY_RULE   # "pace" (pace_futile), "projection" (futility_bounds), None: off
+    bound: str = DEFAULT_BOUND                      # "reach-cp", "split-cp" or "mixture"
+    futility_rule: Optional[str] = DEFAULT_FUTILITY_RULE   # "pace-floor" / "pace" (pace_futile), "projection", None: off
+    schedule_radii: Optional[Tuple[float, ...]] = None      # reach-cp's added looks are placed for these (None: radii)
+    unanimity: float = UNANIMITY_SHARE              # reach-cp: the share of alpha of the unanimity bound
 
     def __post_init__(self):
         if not self.radii or any(r < 0 for r in self.radii):
@@ -221,7 +275,7 @@ class SequentialRule:
         elif self.futility_rule not in FUTILITY_RULES:
             raise UserError(f"the futility rule must be one of {', '.join(FUTILITY_RULES)}, got {self.futility_rule!r}")
         elif self.futility is None:
-            margin = default_pace_margin(self.n_max) if self.futility_rule == "pace" else PROJECTION_MARGIN
+            margin = default_pace_margin(self.n_max) if self.futility_rule in PACE_RULES else PROJECTION_MARGIN
             object.__setattr__(self, "futility", margin)
         elif not self.futility >= 0:
             raise UserError(f"the futility margin must be >= 0 (or off), got {self.futility}")
@@ -230,35 +284,67 @@ class SequentialRule:
         if self.bound not in BOUNDS:
             raise UserError(f"`bound` must be one of {', '.join(BOUNDS)}, got {self.bound!r}")
         object.__setattr__(self, "radii", tuple(sorted(float(r) for r in self.radii)))
+        schedule = self.radii if self.schedule_radii is None else self.schedule_radii
+        if not schedule or any(not r >= 0 for r in schedule):
+            raise UserError(f"the schedule's radii must be one or more radii >= 0, got {list(schedule)}")
+        object.__setattr__(self, "schedule_radii", tuple(sorted(float(r) for r in schedule)))
+        if not 0 < self.unanimity < 0.5:
+            raise UserError(f"the unanimity share must be in (0, 1/2), got {self.unanimity}")
 
     @property
     def thresholds(self) -> List[float]:
         """pA must reach Phi(r / sigma) for radius r."""
         return [float(norm.cdf(r / self.sigma)) for r in self.radii]
 
+    @cached_property
+    def _schedule(self) -> Tuple[List[int], List[bool]]:
+        """(chunk sizes, regular look?): reach-cp adds a look where a unanimous image can first certify
+        each schedule radius; the other bounds use look_schedule as it is (every look regular)."""
+        chunks = look_schedule(self.n_max, growth=self.growth)
+        if self.bound != "reach-cp":
+            return chunks, [True] * len(chunks)
+        level = self.alpha * self.unanimity
+        reach = [reach_look(float(norm.cdf(r / self.sigma)), level) for r in self.schedule_radii]
+        return with_reach_looks(chunks, reach)
+
     def chunks(self) -> List[int]:
-        return look_schedule(self.n_max, growth=self.growth)
+        return list(self._schedule[0])
 
     def looks(self) -> List[int]:
         """The sample counts t_1 < ... < t_K = n_max at which the rule looks."""
         return np.cumsum(self.chunks()).tolist()
 
+    @cached_property
+    def _levels(self) -> np.ndarray:
+        if self.bound == "reach-cp":
+            return reach_levels(self._schedule[1], self.alpha, self.unanimity)
+        return split_levels(len(self._schedule[0]), self.alpha)
+
     def levels(self) -> np.ndarray:
-        """Split CP's level at each look (sums to alpha)."""
-        return split_levels(len(self.chunks()), self.alpha)
+        """The Clopper-Pearson level at each look (split CP: sums to alpha; reach-cp: sums to alpha
+        less the unanimity share, 0 at the looks added for the unanimity bound)."""
+        return self._levels.copy()
 
     def bounds(self, successes, trials, look: int) -> Tuple[np.ndarray, np.ndarray]:
         """(lower, upper) at look index `look` (trials = looks()[look]; any trials for the mixture)."""
         if self.bound == "mixture":
             return confidence_bounds(successes, trials, self.alpha)
-        return split_cp_bounds(successes, trials, self.levels()[look])
+        level = float(self._levels[look])
+        if level > 0:
+            lower, upper = split_cp_bounds(successes, trials, level)
+        else:                                       # a look added for the unanimity bound only
+            shape = np.broadcast_shapes(np.shape(successes), np.shape(trials))
+            lower, upper = np.zeros(shape), np.ones(shape)
+        if self.bound == "reach-cp":
+            lower = np.maximum(lower, unanimity_lower(successes, trials, self.alpha * self.unanimity))
+        return lower, upper
 
     def final_bound(self, votes) -> np.ndarray:
-        """The lower bound this rule reports at n_max from `votes` (split CP's last look, or the mixture)."""
+        """The lower bound this rule reports at n_max from `votes` (its last look, or the mixture)."""
         votes = np.asarray(votes, dtype=np.float64)
         if self.bound == "mixture":
             return confidence_bounds(votes, np.broadcast_to(float(self.n_max), votes.shape), self.alpha)[0]
-        return lower_confidence_bounds(votes, float(self.n_max), float(self.levels()[-1]))
+        return self.bounds(votes, np.broadcast_to(float(self.n_max), votes.shape), len(self._levels) - 1)[0]
 
     @cached_property
     def needed(self) -> np.ndarray:
@@ -267,17 +353,18 @@ class SequentialRule:
 
     def projected_lower(self, successes, trials) -> np.ndarray:
         """The projection rule's lower bound at n_max with this rule's bound."""
-        final_level = None if self.bound == "mixture" else float(self.levels()[-1])
+        final_level = None if self.bound == "mixture" else float(self._levels[-1])
         return futility_bounds(successes, trials, self.n_max, self.alpha, self.futility, final_level)
 
     def futile(self, successes, trials, pending: np.ndarray) -> np.ndarray:
         """True where the futility stop gives up on radius index `pending` (spends no alpha)."""
-        if self.futility_rule == "pace":
-            return pace_futile(successes, trials, self.needed[pending], self.n_max, self.futility)
+        if self.futility_rule in PACE_RULES:
+            return pace_futile(successes, trials, self.needed[pending], self.n_max, self.futility,
+                               PACE_RULES[self.futility_rule])
         return self.projected_lower(successes, trials) < np.asarray(self.thresholds)[pending]
 
     def describe_futility(self) -> Optional[str]:
-        """'pace:0.13', 'projection:1.25' or None (off): the recorded setting."""
+        """'pace-floor:0.13', 'pace:0.13', 'projection:1.25' or None (off): the recorded setting."""
         return None if self.futility is None else f"{self.futility_rule}:{self.futility:g}"
 
 
@@ -361,7 +448,7 @@ class SequentialCertificate:
         if not 0 <= int(n_a) <= int(n):
             raise ValueError(f"need 0 <= n_a <= n, got n_a={n_a}, n={n}")
         total = self.samples + int(n)
-        if self.rule.bound != "mixture" and total != self.looks[self.look]:
+        if self.rule.bound in SPLIT_BOUNDS and total != self.looks[self.look]:
             raise RuntimeError(f"split CP looks only at the schedule's sample counts: the next look is at "
                                f"{self.looks[self.look]} samples, this update ends at {total}")
         self.successes += int(n_a)

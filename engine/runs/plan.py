@@ -137,6 +137,8 @@ class ResolvedRun:
             settings.pop("n")                       # n only sets n-max's default
             settings.update(sequential=True, radii=list(rule.radii), n_max=rule.n_max, futility=rule.describe_futility(),
                             look_growth=rule.growth, bound=rule.bound)
+            if rule.bound == "reach-cp":            # its added looks and levels (split-cp files stay as they were)
+                settings.update(schedule_radii=list(rule.schedule_radii), unanimity=rule.unanimity)
         if not self.is_sweep and r.method[0] != "diffsmooth":
             for k in ("local_sigma", "m", "local_noise"):
                 settings.pop(k)

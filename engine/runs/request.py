@@ -44,9 +44,9 @@ def parse_radii(text: str) -> Tuple[float, ...]:
 
 
 def parse_futility(text: Optional[str]) -> Tuple[Optional[str], Optional[float]]:
-    """`futility` -> (rule, margin). Not given -> the pace rule at its default margin (None); 'off' ->
-    no futility stop (rule None); 'M' or 'pace:M' -> the pace rule at margin M; 'projection:K' -> the
-    projection rule at K; 'pace' / 'projection' -> that rule at its default."""
+    """`futility` -> (rule, margin). Not given -> the default rule (pace-floor) at its default margin
+    (None); 'off' -> no futility stop (rule None); 'M' -> the default rule at margin M; 'RULE:M' (pace-floor,
+    pace, projection) -> that rule at M; 'RULE' alone -> that rule at its default."""
     if text is None:
         return DEFAULT_FUTILITY_RULE, None
     spec = str(text).strip().lower()
@@ -67,7 +67,7 @@ def parse_futility(text: Optional[str]) -> Tuple[Optional[str], Optional[float]]
 
 
 def parse_bound(text: Optional[str]) -> str:
-    """'split-cp' | 'mixture'; not given -> the default bound."""
+    """'reach-cp' | 'split-cp' | 'mixture'; not given -> the default bound."""
     if text is None:
         return DEFAULT_BOUND
     bound = str(text).strip().lower()

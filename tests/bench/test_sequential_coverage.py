@@ -93,12 +93,15 @@ def test_cli_exact_table_and_the_simulated_cross_check(tmp_path):
     out = CliRunner().invoke(main, ["--n-max", "2000", "--radii", "0.25", "--out", str(tmp_path)])
     assert out.exit_code == 0, out.output
     assert "exact (dynamic program, no stopping: an upper bound for every stopping rule)" in out.output
-    assert "worst split CP at n_max 2,000 (14 looks)" in out.output and "simulated" not in out.output
+    looks = len(SequentialRule((0.25,), 0.5, 0.001, 2000).looks())      # reach-cp, the default: 14 + 1 added
+    assert f"worst reach-cp at n_max 2,000 ({looks} looks)" in out.output and "simulated" not in out.output
     rows = [line for line in out.output.splitlines() if line.startswith("| 2,000")]
-    assert len(rows) == 2 * 5                                            # 0.5, Phi(0.5), 0.9, 0.99, 0.999
-    assert all(row.endswith("| yes |") for row in rows if "split-cp" in row)
+    assert len(rows) == 2 * 6                                            # 0.5, Phi(0.5), 0.9, 0.99, 0.999, 0.9999
+    assert all(row.endswith("| yes |") for row in rows if "reach-cp" in row)
     assert any(row.endswith("| NO |") for row in rows if "control" in row)
     assert (tmp_path / "coverage.md").read_text().startswith("EXACT miscoverage")
     crossed = CliRunner().invoke(main, ["--n-max", "2000", "--radii", "0.25", "--paths", "500", "--scan", "5"])
     assert crossed.exit_code == 0 and "simulated: failures / paths" in crossed.output and " / 500, " in crossed.output
-    assert "worst split CP over 5 evenly spaced p in [0.5, 0.999] at n_max 2,000:" in crossed.output
+    scanned = len(coverage.scanned_rates(SequentialRule((0.25,), 0.5, 0.001, 2000), 5))
+    assert f"worst reach-cp over {scanned} p (evenly spaced in [0.5, 0.999], near 1, and at the looks' unanimity " \
+           "bands) at n_max 2,000:" in crossed.output

@@ -110,8 +110,8 @@ def test_split_levels_sum_to_alpha():
     levels = split_levels(24, 0.001)
     assert levels[:-1] == pytest.approx(np.full(23, 0.001 / 46)) and levels[-1] == pytest.approx(0.0005)
     assert levels.sum() == pytest.approx(0.001) and split_levels(1, 0.01).tolist() == [0.01]
-    rule = SequentialRule((0.5,), 0.5, 0.001, 10000)
-    assert rule.bound == "split-cp" and rule.looks()[-1] == 10000 and rule.levels().sum() == pytest.approx(0.001)
+    rule = SequentialRule((0.5,), 0.5, 0.001, 10000, bound="split-cp")
+    assert rule.looks()[-1] == 10000 and rule.levels().sum() == pytest.approx(0.001)
     lower, upper = rule.bounds(9000.0, 10000.0, 23)               # the last look: CP at alpha / 2 each side
     assert float(lower) == pytest.approx(lower_confidence_bound(9000, 10000, 0.0005))
     assert float(upper) == pytest.approx(1 - lower_confidence_bound(1000, 10000, 0.0005))
@@ -119,7 +119,7 @@ def test_split_levels_sum_to_alpha():
 
 def test_split_cp_refuses_an_off_schedule_look():
     """A padded or packed batch must never move a look: split CP spent its levels on the schedule's counts."""
-    rule = SequentialRule((0.25, 0.5), 0.5, 0.001, 10000, futility_rule=None)
+    rule = SequentialRule((0.25, 0.5), 0.5, 0.001, 10000, futility_rule=None, bound="split-cp")
     state = SequentialCertificate(rule)
     assert not state.add(80, 100)                                    # the first look, at 100
     with pytest.raises(RuntimeError, match="next look is at 200"):
@@ -156,7 +156,7 @@ def test_stopping_rule_settles_each_case():
     count, calls, _ = _stream(0.9995)
     pred, radius, used = certify_one(count, 100, rule)
     assert pred == 0 and radius >= 1.0 and used <= 100 + 1600
-    assert calls[0] == (0, 100) and calls[1] == (100, 100)          # selection, then the looks
+    assert calls[0] == (0, 100) and calls[1] == (100, rule.chunks()[0])   # selection, then the looks
     # far below Phi(0.5) = 0.69: the first radius is out of reach at once
     count, calls, _ = _stream(0.45)
     pred, radius, used = certify_one(count, 100, rule)
@@ -168,7 +168,8 @@ def test_stopping_rule_settles_each_case():
     # exactly at a threshold: undecidable; without the futility stop it runs to n_max and reports
     # sigma * Phi^-1(max L); with it (the default) it stops early in the same bracket
     count, _, votes = _stream(norm.cdf(1.0))
-    no_futility = SequentialRule((0.25, 0.5, 0.75, 1.0), sigma=0.5, alpha=0.001, n_max=10000, futility_rule=None)
+    no_futility = SequentialRule((0.25, 0.5, 0.75, 1.0), sigma=0.5, alpha=0.001, n_max=10000, futility_rule=None,
+                                 bound="split-cp")
     pred, radius, used = certify_one(count, 100, no_futility)
     assert used == 100 + 10000
     ends = np.cumsum(no_futility.chunks())                          # L is the running max over the looks
@@ -194,7 +195,7 @@ def test_futility_projection():
     assert float(rule.projected_lower(850.0, 1000.0)) == pytest.approx(lower_confidence_bound(8500, n_max, alpha / 2))
 
 
-@pytest.mark.parametrize("bound", ["split-cp", "mixture"])
+@pytest.mark.parametrize("bound", ["reach-cp", "split-cp", "mixture"])
 def test_needed_votes_are_the_fewest_that_certify_at_n_max(bound):
     """rule.needed[j] is the smallest vote count whose bound at n_max certifies radius j (its own
     last-look level for split CP): one vote fewer does not. Unreachable radii get n_max + 1."""
@@ -254,15 +255,17 @@ def test_pace_rule_loses_less_and_stops_hopeless_images_sooner_than_the_projecti
 
 def test_futility_option_parsing():
     from diffsmooth.engine.errors import UserError
-    assert parse_futility(None) == ("pace", None) and parse_futility("off") == (None, None)
-    assert parse_futility("0.2") == ("pace", 0.2) and parse_futility("pace:0.3") == ("pace", 0.3)
+    assert parse_futility(None) == ("pace-floor", None) and parse_futility("off") == (None, None)
+    assert parse_futility("0.2") == ("pace-floor", 0.2) and parse_futility("pace:0.3") == ("pace", 0.3)
+    assert parse_futility("pace") == ("pace", None) and parse_futility("pace-floor:0.1") == ("pace-floor", 0.1)
     assert parse_futility("projection:1.25") == ("projection", 1.25) and parse_futility("projection") == ("projection", None)
     assert SequentialRule((0.5,), 0.5, 0.001, 1000, futility_rule="projection").futility == 1.25
     assert SequentialRule((0.5,), 0.5, 0.001, 1000, futility=0.3, futility_rule=None).futility is None
     for bad in ("x", "-1", "bogus:1", "pace:", "pace:-2", "nan", "pace:inf"):
         with pytest.raises(UserError, match="futility"):
             parse_futility(bad)
-    assert SequentialRule((0.5,), 0.5, 0.001, 1000).describe_futility() == f"pace:{default_pace_margin(1000):g}"
+    assert SequentialRule((0.5,), 0.5, 0.001, 1000).describe_futility() == f"pace-floor:{default_pace_margin(1000):g}"
+    assert SequentialRule((0.5,), 0.5, 0.001, 1000, futility_rule="pace").futility == default_pace_margin(1000)
 
 
 @pytest.mark.parametrize("bound", ["split-cp", "mixture"])
@@ -366,7 +369,7 @@ def test_cli_sequential_rows_resume_and_guard(tmp_path, spread_models):
     rows = read_rows(whole)
     assert list(rows[0]) == ["idx", "label", "predict", "radius", "correct", "time", "samples", "top_votes"]
     used = [int(r["samples"]) for r in rows]
-    assert all(20 + 100 <= u <= 20 + 1500 for u in used)
+    assert all(20 < u <= 20 + 1500 for u in used)                # reach-cp may look before 100 samples
     # top_votes: cA's estimation votes at the stopping look; with `samples` they rebuild the bound
     for r in rows:
         assert 0 <= int(r["top_votes"]) <= int(r["samples"]) - 20
@@ -399,8 +402,17 @@ def test_cli_sequential_rows_resume_and_guard(tmp_path, spread_models):
     assert other.exit_code == 2 and "bound" in other.output                # another bound: refused
     settings = json.loads((tmp_path / "part.tsv.settings.json").read_text())
     assert settings["sequential"] is True and settings["radii"] == [0.05, 0.1] and settings["n_max"] == 1500
-    assert settings["futility"] == f"pace:{default_pace_margin(1500):g}"
-    assert settings["look_growth"] == 1.2 and settings["bound"] == "split-cp"
+    assert settings["futility"] == f"pace-floor:{default_pace_margin(1500):g}"
+    assert settings["look_growth"] == 1.2 and settings["bound"] == "reach-cp"
+    assert settings["schedule_radii"] == [0.05, 0.1] and settings["unanimity"] == 0.2
+    # a file of the previous rule: refused by the default in one line, continued with its options
+    old = tmp_path / "old.tsv"
+    previous = ["--bound", "split-cp", "--futility", "pace"]
+    invoke_ok([*_args(spread_models, *SEQ, "--batch", "64", "--max", "1", *previous), "--out", old])
+    assert "schedule_radii" not in json.loads((tmp_path / "old.tsv.settings.json").read_text())
+    refused = CliRunner().invoke(main, [str(a) for a in _args(spread_models, *SEQ, "--batch", "64")] + ["--out", str(old)])
+    assert refused.exit_code == 2 and "bound='split-cp'" in refused.output
+    invoke_ok([*_args(spread_models, *SEQ, "--batch", "64", "--max", "2", *previous), "--out", old])
     table = invoke_ok(["analyze", whole, "--radii", "0,0.05,0.1"]).output
     assert "| whole | 6 |" in table
 
@@ -475,7 +487,7 @@ def test_the_bounds_are_the_running_max_and_min_over_the_looks():
     bound falls) and at 0.8 again (this look's upper bound rises). The rule must keep the best bounds
     seen so far: Cohen's guarantee holds for the max over looks of split CP's lower bounds, and
     the certificate would shrink (or the stop come late) with the current look's bounds."""
-    schedule = SequentialRule((0.5,), sigma=0.5, alpha=0.001, n_max=4000, futility_rule=None)
+    schedule = SequentialRule((0.5,), sigma=0.5, alpha=0.001, n_max=4000, futility_rule=None, bound="split-cp")
     chunks = np.array(schedule.chunks())
     k = len(chunks)
     rates = np.where(np.arange(k) < k // 3, 0.8, np.where(np.arange(k) < 2 * k // 3, 0.7, 0.8))
@@ -485,7 +497,8 @@ def test_the_bounds_are_the_running_max_and_min_over_the_looks():
     highs = upper_confidence_bounds(s, t, schedule.levels())
     assert lows.max() < highs.min()                              # a threshold between: neither side ever settles
     threshold = (lows.max() + highs.min()) / 2
-    rule = SequentialRule((0.5 * norm.ppf(threshold),), sigma=0.5, alpha=0.001, n_max=4000, futility_rule=None)
+    rule = SequentialRule((0.5 * norm.ppf(threshold),), sigma=0.5, alpha=0.001, n_max=4000, futility_rule=None,
+                          bound="split-cp")
     assert rule.chunks() == schedule.chunks()
     held = _drive(rule, votes)
     assert len(held) == k                                        # no stop before n_max
@@ -504,7 +517,7 @@ def test_each_look_uses_its_own_level():
     """Look k of K spends alpha / (2(K - 1)) (alpha / 2 at the last): each look's bound equals an
     independent Beta quantile at that level, not a neighbour's or the last one's."""
     from scipy.stats import beta
-    rule = SequentialRule((0.5,), sigma=0.5, alpha=0.001, n_max=5000, futility_rule=None)
+    rule = SequentialRule((0.5,), sigma=0.5, alpha=0.001, n_max=5000, futility_rule=None, bound="split-cp")
     looks = rule.looks()
     big_k = len(looks)
     for k, t in enumerate(looks):
