@@ -76,7 +76,7 @@ def simulate_table(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarr
             samples["all"] += float(all_runs[sigma][1].sum()) + len(p) * n0
             for plan, radius in (("fixed", fixed_radius), ("all", all_runs[sigma][0])):
                 for r in radii:
-                    acc[plan][r] = max(acc[plan].get(r, 0.0), 100 * float(np.mean(correct[sigma] & (radius >= r))))
+                    acc[plan][r] = max(acc[plan].get(r, 0.0), 100 * float(np.mean(correct[sigma] & (radius > 0) & (radius >= r))))
         plan_radii = assigned
         if plan_radii is None:
             counts = {sigma: {r: int(np.sum(correct[sigma][pilot_mask] & (all_runs[sigma][0][pilot_mask] >= r)))
@@ -98,7 +98,8 @@ def simulate_table(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarr
                 auto_radius = np.where(pilot_mask, all_radius, 0.0)
                 samples["auto"] += float(all_used[pilot_mask].sum()) + int(pilot_mask.sum()) * n0
             for r in radii_auto:
-                acc["auto"][r] = max(acc["auto"].get(r, 0.0), 100 * float(np.mean(correct[sigma] & (auto_radius >= r))))
+                certified = correct[sigma] & (auto_radius > 0) & (auto_radius >= r)
+                acc["auto"][r] = max(acc["auto"].get(r, 0.0), 100 * float(np.mean(certified)))
         for plan in per_plan:
             per_plan[plan]["acc"].append([acc[plan].get(r, 0.0) for r in radii])
             per_plan[plan]["samples"].append(samples[plan])

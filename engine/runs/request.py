@@ -77,13 +77,16 @@ def parse_bound(text: Optional[str]) -> str:
 
 
 def sequential_rule(radii: Optional[str], sigma: float, alpha: float, n_max: int,
-                    futility: Optional[str] = None, bound: Optional[str] = None) -> SequentialRule:
-    """The rule of a sequential run from its options (radii required)."""
+                    futility: Optional[str] = None, bound: Optional[str] = None,
+                    schedule_radii: Optional[str] = None) -> SequentialRule:
+    """The rule of a sequential run from its options (radii required). `schedule_radii` (reach-cp):
+    the radii its added looks are placed for, when a run settles only some of them (a table's runs)."""
     if not radii:
         raise UserError("`sequential` needs `radii`, e.g. 0.25,0.5,0.75,1.0")
     rule, margin = parse_futility(futility)
+    schedule = parse_radii(schedule_radii) if schedule_radii else None
     return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max), margin,
-                          bound=parse_bound(bound), futility_rule=rule)
+                          bound=parse_bound(bound), futility_rule=rule, schedule_radii=schedule)
 
 
 def _positive(name: str, value, allow_none: bool = False, high: Optional[int] = None, low: int = 1) -> None:
@@ -170,7 +173,8 @@ class RunRequest:
 
     @classmethod
     def parse(cls, mode: str, *, sequential: bool = False, radii: Optional[str] = None, n_max: Optional[int] = None,
-              futility: Optional[str] = None, bound: Optional[str] = None, **options) -> "RunRequest":
+              futility: Optional[str] = None, bound: Optional[str] = None, schedule_radii: Optional[str] = None,
+              **options) -> "RunRequest":
         """From option values (click's keyword arguments, or a Python caller's): lists become tuples,
         the sequential options become a SequentialRule, and everything is checked once."""
         for key in ("classifier", "method", "local_sigma", "m"):
@@ -185,9 +189,9 @@ class RunRequest:
             if mode != "certify":
                 raise UserError("`sequential` belongs to certify")
             rule = sequential_rule(radii, options.get("sigma", 0.5), options.get("alpha", 0.001),
-                                   n_max or options.get("n", 10000), futility, bound)
-        elif radii or n_max or futility or bound:
-            raise UserError("`radii`, `n_max`, `futility` and `bound` belong to `sequential`")
+                                   n_max or options.get("n", 10000), futility, bound, schedule_radii)
+        elif radii or n_max or futility or bound or schedule_radii:
+            raise UserError("`radii`, `n_max`, `futility`, `bound` and `schedule_radii` belong to `sequential`")
         return cls(mode=mode, sequential=rule, **options)
 
     def __post_init__(self):

@@ -107,7 +107,8 @@ def oracle_samples(p: np.ndarray, n_max: int, alpha: float, sigma: float, radii:
 
 
 def accuracy(radius: np.ndarray, correct: np.ndarray, r: float) -> float:
-    return float(np.mean(correct & (radius >= r)))
+    """Certified accuracy at r: right and not abstained (radius 0 is an abstention), radius >= r."""
+    return float(np.mean(correct & (radius > 0) & (radius >= r)))
 
 
 def simulate(images: List[Image], *, n: int, n0: int, alpha: float, sigma: float, radii: Sequence[float],

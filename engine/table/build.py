@@ -180,7 +180,10 @@ class TableBuilder:
         options["quiet"] = not self.progress
         if phase.radii is None:
             return RunRequest.parse("certify", out=str(phase.path), **options)
+        # every run of the table looks at the same sample counts, whichever radii it settles (the race's rows
+        # bound `all`'s only then; engine/table/race.py)
         return RunRequest.parse("certify", sequential=True, radii=",".join(f"{r:g}" for r in phase.radii),
+                                schedule_radii=",".join(f"{r:g}" for r in self.spec.radii),
                                 n_max=self.spec.n_max, out=str(phase.path), **options)
 
     def selection(self) -> List[int]:
@@ -362,7 +365,8 @@ class TableBuilder:
                 else:
                     rate = pilot.probe_rate or pilot.samples / pilot.seconds
                     runs[key] = asdict_cost(predict_run(line.name, sigma, list(pilot.rows.values()), radii,
-                                                        len(plan.main), spec.n0, spec.alpha, spec.n_max, rate))
+                                                        len(plan.main), spec.n0, spec.alpha, spec.n_max, rate,
+                                                        spec.radii))
                     runs[key].update(samples_per_second=rate, rate_from="probe" if pilot.probe_rate else "pilot",
                                      pilot_samples_per_second=pilot.samples / pilot.seconds if pilot.seconds else None)
         total = {key: _total(c[key] for c in runs.values()) for key in ("samples", "seconds")}

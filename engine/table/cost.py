@@ -5,7 +5,7 @@ rate a timing probe of full batches measured on this machine (engine/table/build
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -60,11 +60,14 @@ def expected_samples(rates, rule: SequentialRule, n0: int, seeds: int = SEEDS, s
 
 
 def predict_run(line: str, sigma: float, pilot_rows: Sequence[List[dict]], radii: Sequence[float], main_images: int,
-                n0: int, alpha: float, n_max: int, samples_per_second: float) -> RunCost:
-    """The main phase of one sigma run: `main_images` images settling `radii` with the default rule."""
+                n0: int, alpha: float, n_max: int, samples_per_second: float,
+                schedule_radii: Optional[Sequence[float]] = None) -> RunCost:
+    """The main phase of one sigma run: `main_images` images settling `radii` with the default rule
+    (its looks placed for `schedule_radii`, the table's radii)."""
     if not radii or main_images == 0:
         return RunCost(line, sigma, main_images, 0.0, 0.0)
-    rule = SequentialRule(tuple(radii), sigma, alpha, n_max)
+    rule = SequentialRule(tuple(radii), sigma, alpha, n_max,
+                          schedule_radii=tuple(schedule_radii) if schedule_radii else None)
     top, drawn = vote_counts(pilot_rows, n0)
     per_image = expected_samples(lambda rng: posterior_rates(top, drawn, rng), rule, n0)
     samples = per_image * main_images

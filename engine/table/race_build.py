@@ -130,10 +130,15 @@ def _rows_of(path: Path) -> Dict[str, List[dict]]:
 def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[float, Tuple[float, ...], List[int], str], None],
              log: Callable[[str], None], record: Path) -> List[CellBound]:
     """Extensions until every cell is within the tolerance; `run_extension(sigma, radii, images, kind)`
-    runs one. Writes each decision to `record` (race.json) as it goes; returns the cells' bounds."""
+    runs one. Each decision is written to `record` (race.json) before it runs, and a rerun replays the
+    recorded ones first: an interrupted table ends with the rows an uninterrupted one has (deciding
+    afresh from a half-finished extension's rows could choose other images). Returns the cells' bounds."""
     tolerance = tolerance_images(tolerance_points, len(race.indices))
     done = json.loads(record.read_text()) if record.exists() else {}
-    steps = []
+    steps = list(done.get(race.line.name, {}).get("extensions", []))
+    for step in steps:              # a resumed table first finishes the extensions it had decided, in order
+        radii = prefix(race.spec.radii, list(race.spec.radii).index(step["radii_to"]))
+        run_extension(step["sigma"], radii, step["images"], extension_kind(radii[-1]))
     while True:
         ext, groups = race.next(tolerance)
         if ext is None:

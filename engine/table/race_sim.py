@@ -40,7 +40,7 @@ class SimulatedSigma:
     def run(self, radii: Tuple[float, ...]) -> tuple:
         """(radius, estimation samples, top votes) of every image under the rule settling `radii`."""
         if radii not in self.cache:
-            rule = SequentialRule(radii, self.sigma, self.alpha, self.n_max)
+            rule = SequentialRule(radii, self.sigma, self.alpha, self.n_max, schedule_radii=self.radii)
             votes = chunk_votes(self.cuts, self.segments, rule)
             lower, used = run_rule(rule, votes)
             cumulative = np.concatenate([np.zeros((len(votes), 1)), np.cumsum(votes, axis=1)], axis=1)
@@ -108,8 +108,8 @@ def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarr
         full = sim.run(sim.radii)
         all_samples += float(full[1].sum())
         for k, r in enumerate(sim.radii):
-            fixed_cells[k] = max(fixed_cells[k], np.sum(sim.correct & (fixed >= r)))
-            all_cells[k] = max(all_cells[k], np.sum(sim.correct & (full[0] >= r)))
+            fixed_cells[k] = max(fixed_cells[k], np.sum(sim.correct & (fixed > 0) & (fixed >= r)))    # > 0: not abstained
+            all_cells[k] = max(all_cells[k], np.sum(sim.correct & (full[0] > 0) & (full[0] >= r)))
     race = simulate_race(sims, tolerance_images(tolerance_points, images), n0)
     runs = len(sigmas) * images * n0
     return {"fixed": (len(sigmas) * images * (n0 + n_max), 100 * fixed_cells / images),

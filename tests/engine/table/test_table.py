@@ -172,10 +172,12 @@ def test_a_cell_is_the_best_sigma_among_those_that_settle_its_radius():
 # -- the command ---------------------------------------------------------------------------------
 
 def _table(tmp_path, *extra, spec=SPEC, name="spec.toml"):
+    """The command for the small spec; the pilot plan (auto) unless `extra` names another (the race: test_race.py)."""
     path = tmp_path / name
     path.write_text(spec)
+    plan = () if "--plan" in extra else ("--plan", "auto")
     return [sys.executable, "-m", "diffsmooth.cli", "table", str(path), "--out", str(tmp_path / "t"), "--pilot", "2",
-            "--quiet", *extra]
+            "--quiet", *plan, *extra]
 
 
 @needs_demo
@@ -284,7 +286,7 @@ def test_a_signal_between_two_runs_stops_the_table_before_the_next_one(tmp_path,
 def test_an_interrupted_main_runs_seconds_count_when_the_table_resumes(tmp_path, monkeypatch):
     """cost.json's measured seconds add up every invocation of a main run, the interrupted ones too,
     so predicted vs measured compares like with like after a resume; samples come when it finishes,
-    and only a finished run leaves the ETA."""
+    once per phase however often a resumed table passes it."""
     from diffsmooth.engine.table.build import Phase, PhaseResult, TableBuilder, TableInterrupted, stop_between_runs
     spec = parse_spec({"sigmas": [0.5], "line": [{"method": "rs"}]})
     out = tmp_path / "t"
@@ -304,7 +306,14 @@ def test_an_interrupted_main_runs_seconds_count_when_the_table_resumes(tmp_path,
         assert json.loads((out / "cost.json").read_text())["measured"][key] == {"seconds": 12.5, "samples": 0}
         monkeypatch.setattr(builder, "run_phase", lambda phase: PhaseResult({}, 20.0, 4000))
         builder._step(phase, costs)
-    assert json.loads((out / "cost.json").read_text())["measured"][key] == {"seconds": 32.5, "samples": 4000}
+    assert json.loads((out / "cost.json").read_text())["measured"][key] == {"seconds": 32.5, "samples": 4000,
+                                                                          "phases": {"main 0 x2": 4000}}
+    with stop_between_runs() as builder.stop:            # a line-sigma's next phase (the race's extensions) adds up
+        monkeypatch.setattr(builder, "run_phase", lambda phase: PhaseResult({}, 5.0, 700))
+        builder._step(Phase(spec.lines[0], 0.5, [1], (0.0, 0.5), tmp_path / "y.tsv", "to0.5"), costs)
+        builder._step(Phase(spec.lines[0], 0.5, [1], (0.0, 0.5), tmp_path / "y.tsv", "to0.5"), costs)   # a rerun
+    measured = json.loads((out / "cost.json").read_text())["measured"][key]
+    assert measured["samples"] == 4700 and measured["seconds"] == 42.5
 
 
 def test_the_timing_probe_times_full_batches_after_an_untimed_one(monkeypatch):

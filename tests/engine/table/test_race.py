@@ -1,0 +1,182 @@
+"""The race plan (engine/table/race.py): what a row proves about `--plan all`'s row, the decisions,
+the simulator, and the table run end to end against `--plan all`."""
+
+import json
+
+import numpy as np
+import pytest
+from cli_helpers import invoke_ok, rows_without_time
+from table_fixtures import small_table_spec
+
+from diffsmooth.engine.certify.sequential import SequentialRule
+from diffsmooth.engine.demo import shipped as demo_assets
+from diffsmooth.engine.runs.results import read_rows
+from diffsmooth.engine.table.cost import predict_race
+from diffsmooth.engine.table.race import (
+    Rows,
+    cell_bounds,
+    cell_status,
+    initial_radii,
+    next_extension,
+    settled_prefix,
+    tolerance_images,
+)
+from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_plans
+
+needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
+RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
+
+
+def _rates(rng, images):
+    """Vote rates spread from hopeless to unanimous, most near the thresholds the radii need."""
+    return np.concatenate([rng.uniform(0.45, 0.99, images // 2), 1 - 10 ** rng.uniform(-5, -1.5, images - images // 2)])
+
+
+def test_first_radii_are_zero_and_the_largest_within_two_and_a_half_sigma():
+    assert initial_radii(RADII, 0.25) == (0.0, 0.5)
+    assert initial_radii(RADII, 0.5) == (0.0, 1.25)
+    assert initial_radii(RADII, 1.0) == (0.0, 1.5)
+    assert initial_radii((0.0, 1.0), 0.1) == (0.0,)
+    assert settled_prefix(RADII, (0.0, 1.25)) == 0 and settled_prefix(RADII, RADII[:4]) == 3
+    assert settled_prefix(RADII, (0.5,)) == -1
+    assert tolerance_images(0.5, 500) == 2 and tolerance_images(0.5, 100) == 0 and tolerance_images(0, 500) == 0
+
+
+@pytest.mark.parametrize("sigma", [0.25, 0.5, 1.0])
+def test_a_rows_certified_and_settled_radii_agree_with_all_on_the_same_path(sigma):
+    """The claim the race rests on: on the same vote path, a run settling any subset of the radii
+    certifies r only if `all` does, and where its row says r is settled (not undecided), `all`
+    certifies r exactly when the row does. Checked for every radius, on rates near every threshold."""
+    rng = np.random.default_rng(3)
+    images = 600
+    correct = rng.random(images) < 0.8
+    sim = SimulatedSigma(sigma, _rates(rng, images), correct, RADII, 0.001, 4000, rng, (0.0,))
+    full = sim.run(RADII)
+    all_certified = (correct & (full[0] > 0))[:, None] & (full[0][:, None] >= np.array(RADII)[None, :])   # > 0: not abstained
+    undecided_seen = 0
+    for subset in [(0.0, 0.5), (1.0,), (0.25, 1.5), (0.0, 0.25, 0.5, 0.75), RADII[:1], (0.75, 1.25)]:
+        sim.sets = [subset] * images
+        rows = sim.rows()
+        for k in range(len(RADII)):
+            status = cell_status(sim.rule, rows, k)
+            assert not np.any(status.certified & ~all_certified[:, k]), (subset, k)
+            settled = ~status.undecided
+            assert np.array_equal(status.certified[settled], all_certified[settled, k]), (subset, k)
+            undecided_seen += int(status.undecided.sum())
+    assert undecided_seen > 50                  # the claim was tested where it matters, not only on settled rows
+    assert 0.1 < all_certified.mean() < 0.9     # certificates spread over the radii
+
+
+def test_the_race_at_tolerance_zero_gives_alls_cells_for_fewer_samples():
+    rng = np.random.default_rng(5)
+    images = 240
+    rates = {s: _rates(rng, images) for s in (0.25, 0.5, 1.0)}
+    correct = {s: rng.random(images) < 0.85 for s in rates}
+    got = simulate_plans(rates, correct, RADII, 0.001, 10_000, 100, 0.0, rng)
+    assert np.array_equal(got["race"][1], got["all"][1])
+    assert len(set(np.round(got["all"][1], 6))) >= 4                     # the cells spread
+    assert got["race"][0] < 0.8 * got["all"][0] and got["extensions"] > 0
+
+
+def test_a_tolerance_bounds_how_far_each_cell_is_below_alls():
+    rng = np.random.default_rng(9)
+    images = 200
+    for _ in range(3):
+        rates = {s: _rates(rng, images) for s in (0.25, 0.5, 1.0)}
+        correct = {s: rng.random(images) < 0.85 for s in rates}
+        got = simulate_plans(rates, correct, RADII, 0.001, 4000, 100, 2.0, rng)    # 4 images
+        below = (got["all"][1] - got["race"][1]) * images / 100
+        assert np.all(below >= -1e-9) and np.all(below <= 4 + 1e-9)
+
+
+def _rows(radius, correct, votes, drawn, prefix_to=None):
+    n = len(radius)
+    return Rows(np.array(radius, float), np.array(correct, bool), np.zeros(n, bool), np.array(votes),
+                np.array(drawn), np.full(n, -1) if prefix_to is None else np.array(prefix_to))
+
+
+def test_the_likely_winner_settles_every_undecided_image_a_loser_just_enough_least_likely_first():
+    """Two sigmas at r = 1.0 (index 1). sigma 1.0: 6 certified, 2 undecided with every vote so far;
+    sigma 0.5: 3 certified, 4 undecided with 0 to 12 misses in 600. sigma 1.0 is likelier: it settles
+    all its undecided images; then sigma 0.5 settles only enough of its own to fall to the best's
+    count, least likely to certify first; within a tolerance of 1 image it settles nothing."""
+    radii = (0.0, 1.0)
+    rules = {s: SequentialRule(radii, s, 0.001, 10_000, schedule_radii=radii) for s in (0.5, 1.0)}
+    low, drawn, correct = 0.9, [600] * 10, [1] * 8 + [0, 0]       # low: certifies 0, not 1.0, at either sigma
+    rows = {1.0: _rows([1.5] * 6 + [low] * 4, correct, [600] * 8 + [0, 0], drawn),
+            0.5: _rows([1.2] * 3 + [low] * 7, correct, [600] * 4 + [590, 589, 588, 500, 0, 0], drawn)}
+    status = {s: cell_status(rules[s], rows[s], 1) for s in rules}
+    assert [int(status[s].certified.sum()) for s in (0.5, 1.0)] == [3, 6]
+    assert list(np.flatnonzero(status[0.5].undecided)) == [3, 4, 5, 6]      # image 7: 100 misses, settled
+    assert list(np.flatnonzero(status[1.0].undecided)) == [6, 7]
+    assert status[0.5].chance[3] > status[0.5].chance[4] > status[0.5].chance[5] > status[0.5].chance[6]
+    ext = next_extension(rules, rows, tolerance=0, order=[0.5, 1.0])
+    assert ext.contender == 1.0 and ext.k == 1 and ext.images == (6, 7)
+    rows[1.0].prefix_to[[6, 7]] = 1                                         # settled: not certified
+    ext = next_extension(rules, rows, tolerance=0, order=[0.5, 1.0])
+    assert ext.contender == 0.5 and ext.images == (6,)                       # 3 + 4 undecided -> 6: one to settle
+    assert next_extension(rules, rows, tolerance=1, order=[0.5, 1.0]) is None
+    bounds = cell_bounds(rules, rows)
+    assert [(b.certified, b.undecided_gap) for b in bounds] == [(8, 0), (6, 1)]
+
+
+def test_predicted_race_samples_grow_with_the_images_and_stay_below_fixed_n():
+    rng = np.random.default_rng(2)
+    rows = {}
+    for sigma in (0.25, 0.5):
+        drawn = rng.integers(100, 2000, 12)
+        votes = np.minimum(drawn, (drawn * rng.uniform(0.6, 1.0, 12)).astype(int))
+        rows[sigma] = [{"top_votes": str(v), "samples": str(d + 100), "correct": "1"} for v, d in zip(votes, drawn)]
+    small = predict_race(rows, RADII, 50, 100, 0.001, 10_000, 0.5, seeds=2)
+    large = predict_race(rows, RADII, 200, 100, 0.001, 10_000, 0.5, seeds=2)
+    for sigma in rows:
+        assert 0 < small[sigma] < large[sigma] < 200 * 10_100
+
+
+def _table(tmp_path, *extra, folder="t"):
+    path = tmp_path / "spec.toml"
+    path.write_text(small_table_spec(radii=(0.25, 0.5, 0.75, 1.0)))
+    return ["table", str(path), "--out", str(tmp_path / folder), "--pilot", "2", "--quiet", *extra]
+
+
+@needs_demo
+@pytest.mark.slow
+def test_race_table_equals_the_all_table_records_its_bounds_and_resumes_to_the_same_rows(tmp_path):
+    out = tmp_path / "t"
+    invoke_ok(_table(tmp_path, "--tolerance", "0"))
+    invoke_ok(_table(tmp_path, "--plan", "all", folder="all"))
+    race, every = (json.loads((tmp_path / f / "summary.json").read_text()) for f in ("t", "all"))
+    cells = [c["certified_accuracy"] for c in race["rows"][0]["cells"]]
+    assert cells == [c["certified_accuracy"] for c in every["rows"][0]["cells"]]
+    assert len(set(cells)) >= 3                                            # the cells spread
+    assert all(c["most_below_all"] == 0 for c in race["rows"][0]["cells"])
+    decisions = json.loads((out / "race.json").read_text())["RS"]
+    assert decisions["extensions"], "the race settled nothing: the test does not exercise it"
+    assert "most each cell can be below" in (out / "table.md").read_text()
+    assert race["samples"]["total"] > 0 and race["plan"]["mode"] == "race"
+    # an extension killed with its last row lost: the rerun replays the recorded decisions, same table
+    extension = next(p for p in sorted((out / "runs").glob("rs_s*_to*.tsv")))
+    before = rows_without_time(extension)
+    kept = extension.read_text().splitlines(keepends=True)
+    extension.write_text("".join(kept[:-1]))
+    table = (out / "table.md").read_text()
+    invoke_ok(_table(tmp_path, "--tolerance", "0"))
+    assert rows_without_time(extension) == before and (out / "table.md").read_text() == table
+    assert json.loads((out / "race.json").read_text())["RS"]["extensions"] == decisions["extensions"]
+    rows = read_rows(extension)
+    assert all(int(r["top_votes"]) <= int(r["samples"]) - 20 for r in rows)
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    other = CliRunner().invoke(main, _table(tmp_path, "--tolerance", "1"))
+    assert other.exit_code == 2 and "another tolerance" in other.output
+
+
+def test_the_race_is_the_default_plan_and_a_tolerance_outside_0_100_is_refused(tmp_path):
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    result = CliRunner().invoke(main, ["table", "--help"])
+    assert "[default: race]" in result.output and "--tolerance" in result.output
+    result = CliRunner().invoke(main, ["table", "--demo", "--out", str(tmp_path / "t"), "--tolerance", "-1"])
+    assert result.exit_code == 2 and "tolerance" in result.output and not (tmp_path / "t").exists()
