@@ -230,17 +230,12 @@ def sequential_options(f):
         click.option("--n-max", type=SAMPLES, default=None,
                      help="With --sequential: most estimation samples per image [default: --n]."),
         click.option("--futility", default=None, metavar="M|off|RULE:M",
-                     help="With --sequential: stop an image once its votes trail the pace needed to certify "
-                          "the next radius at n-max by more than M (1 + 4 t/n-max) final standard deviations "
-                          "and by more than 2 votes [default: M = 0.21 at n-max 10,000, 0.13 at 100,000]; "
-                          "'off' runs such images to n-max; 'pace:M' is the earlier rule (no 2-vote floor: one "
-                          "early miss stops an image near the reach), 'projection:K' the one before it (rate + K "
-                          "standard errors held to n-max). Validity does not depend on it."),
+                     help="With --sequential: stop an image once its votes trail the pace to certify the next radius at "
+                          "n-max by M (1 + 4 t/n-max) final standard deviations and by 2 votes [default M: 0.21 at "
+                          "n-max 10,000, 0.13 at 100,000]; off; pace:M (no 2-vote floor); projection:K. Spends no alpha."),
         click.option("--bound", default=None, type=click.Choice(SEQUENTIAL_BOUNDS),
-                     help="With --sequential: reach-cp (Clopper-Pearson split over the looks fixed by n-max, "
-                          "plus a unanimity bound and a look where an image with every vote can first certify "
-                          "each radius; the fewest samples), split-cp (the earlier default, without them) or "
-                          "mixture (valid at every sample, so a budget can be extended later) [default: reach-cp]."),
+                     help="With --sequential: reach-cp (split Clopper-Pearson, a unanimity bound and its looks: the fewest "
+                          "samples), split-cp (without them), mixture (valid at any sample count) [default: reach-cp]."),
     )(f)
 
 

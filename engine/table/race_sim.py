@@ -14,6 +14,7 @@ import numpy as np
 from diffsmooth.engine.certify.cohen import lower_confidence_bounds
 from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_lower, run_rule
 from diffsmooth.engine.runs.simulation import chunk_votes, shared_paths
+from diffsmooth.engine.table.planning import assign_radii, pilot_indices
 from diffsmooth.engine.table.race import (
     INITIAL_REACH,
     Rows,
@@ -64,11 +65,31 @@ class SimulatedSigma:
         return float(sum(self.run(s)[1][i] for i, s in enumerate(self.sets)))
 
 
+STOP_REASONS = ("certified", "ruled out", "n-max")
+
+
+def stop_reasons(rule: SequentialRule, settled: Sequence[float], radius: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """Why each image's run stopped: 'certified' (every radius it settles), 'n-max', else 'ruled out'
+    (its upper bound or the futility stop gave up on a radius)."""
+    certified = radius >= max(settled)
+    if max(settled) == 0:
+        certified = radius > 0
+    return np.where(certified, "certified", np.where(used >= rule.n_max, "n-max", "ruled out"))
+
+
+def samples_by_reason(rule: SequentialRule, settled: Sequence[float], radius, used, n0: int) -> Dict[str, float]:
+    """Samples (n0 included) of a run's images, by why each stopped."""
+    reasons = stop_reasons(rule, settled, np.asarray(radius), np.asarray(used))
+    return {reason: float(np.sum(np.asarray(used)[reasons == reason] + n0)) for reason in STOP_REASONS}
+
+
 @dataclass(frozen=True)
 class RaceOutcome:
     samples: Dict[float, float]      # per sigma: first runs' estimation samples, extensions' n0 + estimation samples
     cells: np.ndarray                # certified images per radius
     extensions: int                  # extension runs the race asked for
+    first: Dict[float, Dict[str, float]]      # per sigma: the first runs' samples (n0 included) by why they stopped
+    extended: Dict[float, float]              # per sigma: the extensions' samples (n0 included)
 
 
 def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int) -> RaceOutcome:
@@ -76,7 +97,13 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int) ->
     (n0 selection samples included)."""
     order = sorted(sims)
     rules = {s: sims[s].rule for s in order}
-    samples = {s: sims[s].samples() for s in order}
+    initial = {s: sims[s].samples() for s in order}
+    samples = dict(initial)
+    first = {}
+    for s in order:
+        settled = sims[s].sets[0]
+        radius, used, _ = sims[s].run(settled)
+        first[s] = samples_by_reason(sims[s].rule, settled, radius, used, n0)
     extensions = 0
     while True:
         ext = next_extension(rules, {s: sims[s].rows() for s in order}, tolerance, order)
@@ -91,27 +118,55 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int) ->
     rows = {s: sims[s].rows() for s in order}
     cells = np.array([max(int((rows[s].correct & (rows[s].radius >= r)).sum()) for s in order)
                       for r in sims[order[0]].radii])
-    return RaceOutcome(samples, cells, extensions)
+    extended = {s: samples[s] - initial[s] for s in order}
+    return RaceOutcome(samples, cells, extensions, first, extended)
 
 
 def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float],
                    alpha: float, n_max: int, n0: int, tolerance_points: float, rng,
-                   reach: float = INITIAL_REACH) -> dict:
-    """One seed of fixed-n, `all` and the race on the same paths: {plan: (samples with n0, cells in %)}."""
+                   reach: float = INITIAL_REACH, pilot: int = 25) -> dict:
+    """One seed of fixed-n, `all`, the pilot plan (`auto`, the previous default: `pilot` images settle
+    every radius, the rest what engine/table/planning.py assigns) and the race, all on the same paths:
+    {plan: {'samples' (n0 included), 'cells' (%), 'by_sigma': {sigma: {why: samples}}}}."""
     sigmas = sorted(rates)
     images = len(rates[sigmas[0]])
     sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng, initial_radii(radii, s, reach)) for s in sigmas}
-    fixed_cells, all_cells, all_samples = np.zeros(len(radii)), np.zeros(len(radii)), 0.0
+    in_pilot = np.isin(np.arange(images), pilot_indices(list(range(images)), pilot))
+    out = {plan: {"samples": 0.0, "cells": np.zeros(len(radii)), "by_sigma": {}} for plan in ("fixed", "all", "auto")}
+
+    def add(plan, sigma, radius, by_reason, settles=None):
+        """Adds a sigma's samples and lifts the plan's cells where this sigma counts (`settles`: radii)."""
+        entry = out[plan]
+        entry["samples"] += sum(by_reason.values())
+        entry["by_sigma"][sigma] = by_reason
+        certified = sims[sigma].correct & (radius > 0)                  # radius 0: an abstention
+        counts = [100 * np.mean(certified & (radius >= r)) if settles is None or r in settles else 0.0
+                  for r in sims[sigma].radii]
+        entry["cells"] = np.maximum(entry["cells"], counts)
+
+    pilot_counts = {}
     for s in sigmas:
         sim = sims[s]
         fixed = radius_from_lower(lower_confidence_bounds(sim.segments.sum(axis=1), n_max, alpha), s)
+        add("fixed", s, fixed, {"n-max": float(images * (n0 + n_max))})
         full = sim.run(sim.radii)
-        all_samples += float(full[1].sum())
-        for k, r in enumerate(sim.radii):
-            fixed_cells[k] = max(fixed_cells[k], np.sum(sim.correct & (fixed > 0) & (fixed >= r)))    # > 0: not abstained
-            all_cells[k] = max(all_cells[k], np.sum(sim.correct & (full[0] > 0) & (full[0] >= r)))
+        add("all", s, full[0], samples_by_reason(sim.rule, sim.radii, full[0], full[1], n0))
+        pilot_counts[s] = {r: int(np.sum(sim.correct[in_pilot] & (full[0][in_pilot] > 0) & (full[0][in_pilot] >= r)))
+                           for r in sim.radii}
+    assigned = assign_radii(pilot_counts, int(in_pilot.sum()))
+    for s in sigmas:
+        sim, settled = sims[s], tuple(assigned[s])
+        full = sim.run(sim.radii)
+        by = samples_by_reason(sim.rule, sim.radii, full[0][in_pilot], full[1][in_pilot], n0)
+        radius = full[0]
+        if settled:
+            main = sim.run(settled)
+            radius = np.where(in_pilot, full[0], main[0])
+            more = samples_by_reason(sim.rule, settled, main[0][~in_pilot], main[1][~in_pilot], n0)
+            by = {k: by[k] + more[k] for k in by}
+        add("auto", s, radius, by, settles=settled)
     race = simulate_race(sims, tolerance_images(tolerance_points, images), n0)
-    runs = len(sigmas) * images * n0
-    return {"fixed": (len(sigmas) * images * (n0 + n_max), 100 * fixed_cells / images),
-            "all": (all_samples + runs, 100 * all_cells / images),
-            "race": (sum(race.samples.values()) + runs, 100 * race.cells / images), "extensions": race.extensions}
+    out["race"] = {"samples": sum(race.samples.values()) + len(sigmas) * images * n0,
+                   "cells": 100 * race.cells / images, "extensions": race.extensions,
+                   "by_sigma": {s: dict(race.first[s], **{"extended": race.extended[s]}) for s in sigmas}}
+    return out

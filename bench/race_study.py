@@ -1,0 +1,158 @@
+"""The race plan against `all`, the pilot plan (`auto`, the previous default) and fixed-n, SIMULATED on
+paired vote paths from a measured table's rows, with where the samples go (by sigma and by why an
+image's run stopped), and an ESTIMATED GPU line.
+
+    python -m diffsmooth.bench.race_study --rows DIR [--n-max 100000] [--seeds 20] [--tolerance 0.5]
+        [--estimate SECONDS_PER_IMAGE IMAGES] [--out FILE.md]
+
+Each image's vote rate per sigma is read from the table folder's rows of its first line (any plan;
+the row with the most samples where an image has several), as Jeffreys' estimate from top_votes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import click
+import numpy as np
+
+from diffsmooth.engine.runs.results import read_rows
+from diffsmooth.engine.runs.simulation import image_from_row
+from diffsmooth.engine.table.race_sim import STOP_REASONS, simulate_plans
+from diffsmooth.engine.table.spec import LineSpec
+
+PLANS = ("fixed", "all", "auto", "race")
+REASONS = STOP_REASONS + ("extended",)
+
+
+def rates_from(folder: Path) -> dict:
+    """{'spec', 'line', 'rates': {sigma: p}, 'correct': {sigma: bool}} from a table folder's rows."""
+    summary = json.loads((folder / "summary.json").read_text())
+    spec, line = summary["spec"], summary["rows"][0]["name"]
+    first = spec["lines"][0]
+    slug = LineSpec(first["name"], first["method"], {}, {}, {}).slug
+    rates, correct, order = {}, {}, None
+    for sigma in spec["sigmas"]:
+        best: Dict[int, dict] = {}
+        runs = folder / "runs"
+        for path in sorted([runs / f"{slug}_s{sigma:g}.tsv", *runs.glob(f"{slug}_s{sigma:g}_*.tsv")]):
+            for row in read_rows(path) if path.is_file() else []:
+                i = int(row["idx"])
+                if i not in best or int(row["samples"]) > int(best[i]["samples"]):
+                    best[i] = row
+        idx = sorted(best)
+        if order is not None and idx != order:
+            raise click.ClickException(f"sigma {sigma:g} has rows for other images than the first sigma")
+        order = idx
+        images = [image_from_row(best[i], spec["n_max"], spec["n0"], spec["alpha"], sigma, 0.45) for i in idx]
+        rates[sigma] = np.array([im.p for im in images])
+        correct[sigma] = np.array([im.correct for im in images])
+    return {"spec": spec, "line": line, "rates": rates, "correct": correct}
+
+
+def study(folder: Path, n_max: int, seeds: int, tolerance: float, pilot: int) -> dict:
+    data = rates_from(folder)
+    spec = data["spec"]
+    rng = np.random.default_rng(0)
+    runs: List[dict] = [simulate_plans(data["rates"], data["correct"], spec["radii"], spec["alpha"], n_max, spec["n0"],
+                                       tolerance, rng, pilot=pilot) for _ in range(seeds)]
+    out = {"line": data["line"], "radii": spec["radii"], "sigmas": spec["sigmas"], "n_max": n_max, "seeds": seeds,
+           "tolerance": tolerance, "images": len(next(iter(data["rates"].values()))), "n0": spec["n0"], "plans": {}}
+    for plan in PLANS:
+        samples = np.array([r[plan]["samples"] for r in runs])
+        cells = np.array([r[plan]["cells"] for r in runs])
+        by_sigma = {f"{s:g}": {why: float(np.mean([r[plan]["by_sigma"][s].get(why, 0.0) for r in runs])) for why in REASONS}
+                    for s in spec["sigmas"]}
+        out["plans"][plan] = {"samples": float(samples.mean()), "cells": cells.mean(axis=0).tolist(),
+                              "fewer_than_fixed_each_seed": (runs[0]["fixed"]["samples"] / samples).tolist(),
+                              "by_sigma": by_sigma}
+    all_cells = np.array([r["all"]["cells"] for r in runs])
+    fixed_cells = np.array([r["fixed"]["cells"] for r in runs])
+    for plan in ("auto", "race"):
+        cells = np.array([r[plan]["cells"] for r in runs])
+        out["plans"][plan]["minus_all_worst"] = float((cells - all_cells).min())
+        out["plans"][plan]["minus_all_best"] = float((cells - all_cells).max())
+        out["plans"][plan]["minus_fixed_mean"] = float((cells - fixed_cells).mean())
+    out["plans"]["all"]["minus_fixed_mean"] = float((all_cells - fixed_cells).mean())
+    out["plans"]["race"]["extensions"] = float(np.mean([r["race"]["extensions"] for r in runs]))
+    return out
+
+
+def estimate(doc: dict, seconds_per_image: float, images: int, warmup_s: float, overhead: float, builds: int) -> dict:
+    """ESTIMATED: a line of `images` images on a GPU from the simulated samples per image, a measured
+    fixed-n rate (seconds per image at n = n-max), the sequential path's overhead per sample and one
+    compile warm-up per model build."""
+    per_sample = seconds_per_image / (doc["n0"] + doc["n_max"])
+    out = {"images": images, "seconds_per_image_fixed": seconds_per_image, "warmup_s": warmup_s, "builds": builds,
+           "overhead": overhead}
+    for plan in PLANS:
+        samples = doc["plans"][plan]["samples"] / doc["images"] * images
+        rate = per_sample * (1.0 if plan == "fixed" else overhead)
+        out[plan] = {"samples": samples, "seconds": samples * rate + builds * warmup_s}
+    return out
+
+
+def markdown(doc: dict) -> str:
+    r, plans = doc["radii"], doc["plans"]
+    lines = [f"## SIMULATED: {doc['line']}, {doc['images']} images, sigma {doc['sigmas']}, n-max {doc['n_max']:,}, "
+             f"{doc['seeds']} seeds on paired paths, race tolerance {doc['tolerance']:g} points", "",
+             "| plan | samples (mean) | fewer than fixed-n (worst seed) | " + " | ".join(f"r={x:g}" for x in r) + " |",
+             "|" + "---|" * (len(r) + 3)]
+    fixed = plans["fixed"]["samples"]
+    for plan in PLANS:
+        p = plans[plan]
+        worst = min(p["fewer_than_fixed_each_seed"])
+        lines.append(f"| {plan} | {p['samples']:,.0f} | {fixed / p['samples']:.1f}x ({worst:.1f}x) | "
+                     + " | ".join(f"{v:.1f}" for v in p["cells"]) + " |")
+    race, auto = plans["race"], plans["auto"]
+    lines += ["", f"race - all, every cell and seed (points): worst {race['minus_all_worst']:+.1f}, best "
+              f"{race['minus_all_best']:+.1f}; auto - all: worst {auto['minus_all_worst']:+.1f}. Mean change against "
+              f"fixed-n: race {race['minus_fixed_mean']:+.2f}, all {plans['all']['minus_fixed_mean']:+.2f}, auto "
+              f"{auto['minus_fixed_mean']:+.2f}. The race asked for {race['extensions']:.1f} extensions on average.", "",
+              "Where the samples go (mean per seed; n0 included; why an image's run stopped: certified = every radius "
+              "it was asked to settle, ruled out = its upper bound or the futility stop gave up, n-max; extended = "
+              "the race's reruns):", "", "| plan | sigma | " + " | ".join(REASONS) + " | total |", "|" + "---|" * 7]
+    for plan in ("all", "auto", "race"):
+        for sigma, by in plans[plan]["by_sigma"].items():
+            lines.append(f"| {plan} | {sigma} | " + " | ".join(f"{by[w]:,.0f}" for w in REASONS)
+                         + f" | {sum(by.values()):,.0f} |")
+    if "estimate" in doc:
+        e = doc["estimate"]
+        lines += ["", f"## ESTIMATED: {e['images']} images on one GPU", "",
+                  f"{e['seconds_per_image_fixed']} s per image fixed-n at n = {doc['n_max']:,} (measured), the sequential "
+                  f"path's {e['overhead']:.2f}x time per sample (measured), {e['builds']} model build(s) of "
+                  f"{e['warmup_s']:.0f} s warm-up (measured per build):", "", "| plan | samples | minutes |", "|---|---|---|"]
+        for plan in PLANS:
+            lines.append(f"| {plan} | {e[plan]['samples']:,.0f} | {e[plan]['seconds'] / 60:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+@click.command()
+@click.option("--rows", "folder", type=click.Path(exists=True, file_okay=False), required=True,
+              help="A table folder (any plan): its first line's rows give each image's vote rate per sigma.")
+@click.option("--n-max", type=click.IntRange(1), default=100_000, show_default=True)
+@click.option("--seeds", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--tolerance", type=click.FloatRange(0, 100), default=0.5, show_default=True)
+@click.option("--pilot", type=click.IntRange(1), default=25, show_default=True, help="The pilot plan's pilot images.")
+@click.option("--estimate", "estimate_", nargs=2, type=(float, click.IntRange(1)), default=None,
+              help="SECONDS IMAGES: a GPU line of IMAGES images from a measured fixed-n rate at n = --n-max.")
+@click.option("--warmup-s", type=click.FloatRange(0), default=60.0, show_default=True)
+@click.option("--overhead", type=click.FloatRange(0), default=1.12, show_default=True)
+@click.option("--builds", type=click.IntRange(0), default=1, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown (and FILE.json) here.")
+def main(folder, n_max, seeds, tolerance, pilot, estimate_, warmup_s, overhead, builds, out: Optional[str]):
+    """Prints the study as markdown."""
+    doc = study(Path(folder), n_max, seeds, tolerance, pilot)
+    if estimate_:
+        doc["estimate"] = estimate(doc, estimate_[0], estimate_[1], warmup_s, overhead, builds)
+    text = markdown(doc)
+    click.echo(text)
+    if out:
+        Path(out).write_text(text)
+        Path(out).with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

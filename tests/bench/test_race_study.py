@@ -1,0 +1,54 @@
+"""bench/race_study.py on a table folder of synthetic rows: the rates it reads, the plans it compares."""
+
+import json
+
+import numpy as np
+import pytest
+
+from diffsmooth.bench.race_study import estimate, markdown, rates_from, study
+from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, SEQUENTIAL_EXTRA
+
+COLUMNS = CERTIFY_COLUMNS + SEQUENTIAL_EXTRA
+
+
+def _folder(tmp_path, images=60):
+    """A table folder of one RS line at sigma 0.25 and 0.5: first runs for every image, and a rerun of a
+    few with more samples (the study reads each image's row with the most samples)."""
+    rng = np.random.default_rng(4)
+    spec = {"sigmas": [0.25, 0.5], "radii": [0.0, 0.25, 0.5, 0.75], "n0": 100, "n_max": 2000, "alpha": 0.001,
+            "lines": [{"name": "RS", "method": "rs"}]}
+    (tmp_path / "runs").mkdir(parents=True)
+    (tmp_path / "summary.json").write_text(json.dumps({"spec": spec, "rows": [{"name": "RS"}]}))
+    for sigma in spec["sigmas"]:
+        for name, count, drawn in ((f"rs_s{sigma:g}.tsv", images, 300), (f"rs_s{sigma:g}_to0.75.tsv", 5, 2000)):
+            lines = ["\t".join(COLUMNS)]
+            for i in range(count):
+                votes = int(drawn * min(1.0, rng.uniform(0.55, 1.05)))
+                row = [i, i % 10, i % 10, 0.3, int(i % 7 != 0), "0:00:01", drawn + 100, votes]
+                lines.append("\t".join(str(v) for v in row))
+            (tmp_path / "runs" / name).write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def test_rates_come_from_each_images_row_with_the_most_samples(tmp_path):
+    data = rates_from(_folder(tmp_path))
+    assert set(data["rates"]) == {0.25, 0.5} and all(len(p) == 60 for p in data["rates"].values())
+    assert all(np.all((p > 0) & (p < 1)) for p in data["rates"].values())          # Jeffreys: never 0 or 1
+    assert not data["correct"][0.25][0] and data["correct"][0.25][1]              # row 0: correct = 0
+
+
+def test_study_compares_the_plans_on_the_same_paths_and_says_where_the_samples_go(tmp_path):
+    doc = study(_folder(tmp_path), n_max=2000, seeds=2, tolerance=0.0, pilot=6)
+    plans = doc["plans"]
+    assert plans["fixed"]["samples"] == 60 * 2 * (100 + 2000)
+    assert plans["race"]["minus_all_worst"] == pytest.approx(0.0) and plans["race"]["minus_all_best"] == pytest.approx(0.0)
+    for plan in ("all", "auto", "race"):
+        assert plans[plan]["samples"] < plans["fixed"]["samples"]
+        total = sum(sum(by.values()) for by in plans[plan]["by_sigma"].values())
+        assert total == pytest.approx(plans[plan]["samples"])                    # every sample has a reason
+    assert len(set(np.round(plans["all"]["cells"], 6))) >= 3                      # the cells spread
+    e = estimate(doc, seconds_per_image=9.0, images=500, warmup_s=60.0, overhead=1.1, builds=1)
+    assert e["fixed"]["seconds"] == pytest.approx(plans["fixed"]["samples"] / 60 * 500 * 9.0 / 2100 + 60.0)
+    doc["estimate"] = e
+    text = markdown(doc)
+    assert "| race |" in text and "ESTIMATED" in text and "Where the samples go" in text
