@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: one command per part on a machine with one CUDA GPU, torch already installed, no network.
-#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|ablation|all]
+#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|all]
 #   DRY_RUN=1 bash bench/gpu_check.sh OUT_DIR PART     # print the steps and their limits, run nothing
 # Each part fits one 600 s call on a fresh H100 or H200, its own install included: the step limits of a
 # part (install, import check, its steps, summary) add up to at most 540 s (tests/engine/runs/test_gpu_readiness.py
@@ -10,13 +10,17 @@
 #        every fast variant with eager fp32 (TF32 off) on the demo models; the GPU-marked tests.
 # sequential: the demo's fixed-n vs --sequential comparison, and a reserved slot for the packed
 #        sequential CIFAR-10 run.
+# table: the demo table (race plan) on the CPU, on CUDA in fp32 eager (rows against the CPU's: the
+#        same noise) and in fp16 compiled (the agreement check's budget), wall time and model builds
+#        (bench/table_gpu.py); and one `certify --sequential --device cuda` run in fp16 with the
+#        fast path's agreement check on (the two-lane continuous batching on a GPU).
 # ablation: CIFAR-10 without fused attention.
 # all: every part in a row (more than one call's time).
 # Everything goes under OUT_DIR: one log per step, steps.tsv (step, exit status, seconds, limit),
 # gpu_check.log (this script's whole output), summary.md. bench.jsonl records peak GPU memory per run;
 # agreement.json is rewritten after each variant.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|ablation|all]}
+OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|all]}
 PART=${2:-speed}
 DRY_RUN=${DRY_RUN:-0}
 mkdir -p "$OUT"
@@ -91,6 +95,15 @@ part_sequential() {
         --images 50 --batches 2000 --n-max 100000 --out "$OUT/sequential_cifar10_packed"
 }
 
+part_table() {
+    run_step table-demo ${TABLE_LIMIT:-330} table_gpu.txt \
+        $PY -m diffsmooth.bench.table_gpu --out "$OUT/table" --images ${TABLE_IMAGES:-8} --n-max 500
+    run_step sequential-cuda ${SEQUENTIAL_CUDA_LIMIT:-150} sequential_cuda.txt \
+        $PY -m diffsmooth.cli certify --sequential --radii 0.25,0.5,0.75,1.0 --n-max 10000 --method diffsmooth \
+        --sigma 0.5 --local-sigma 0.25 --m 5 --skip 25 --device cuda --precision fp16 --compile --quiet \
+        --out "$OUT/sequential_cuda.tsv"
+}
+
 part_ablation() {
     run_step cifar10-no-fused-attention ${ABLATION_LIMIT:-200} bench_cifar10_no_fused_attention.txt \
         $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 --n 100000 --m 5 \
@@ -103,16 +116,17 @@ summary() {
 }
 
 case "$PART" in
-    speed|sequential|ablation) ;;
+    speed|sequential|table|ablation) ;;
     all) ;;
-    *) echo "gpu_check: unknown part $PART (speed, sequential, ablation or all)"; exit 2 ;;
+    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation or all)"; exit 2 ;;
 esac
 setup
 case "$PART" in
     speed) part_speed ;;
     sequential) part_sequential ;;
+    table) part_table ;;
     ablation) part_ablation ;;
-    all) part_speed; part_sequential; part_ablation ;;
+    all) part_speed; part_sequential; part_table; part_ablation ;;
 esac
 summary
 exit 0
