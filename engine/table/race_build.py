@@ -155,6 +155,10 @@ def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[f
             record.write_text(json.dumps(done, indent=1, allow_nan=False) + "\n")
             run_extension(sigma, radii, images, kind)
     bounds = race.bounds()
+    widest = max(bounds, key=lambda b: b.undecided_gap)
+    log(f"table: race, {race.line.name}: done after {len(steps)} extension(s); every cell is at most "
+        f"{100 * widest.undecided_gap / len(race.indices):.1f} points below --plan all's"
+        + (f" (at r = {widest.radius:g})" if widest.undecided_gap else " (equal to it)"))
     done[race.line.name] = {"tolerance": tolerance_points, "extensions": steps,
                             "bounds": [{"radius": b.radius, "certified": b.certified, "undecided_gap": b.undecided_gap}
                                        for b in bounds]}
