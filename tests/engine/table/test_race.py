@@ -73,9 +73,9 @@ def test_the_race_at_tolerance_zero_gives_alls_cells_for_fewer_samples():
     rates = {s: _rates(rng, images) for s in (0.25, 0.5, 1.0)}
     correct = {s: rng.random(images) < 0.85 for s in rates}
     got = simulate_plans(rates, correct, RADII, 0.001, 10_000, 100, 0.0, rng)
-    assert np.array_equal(got["race"][1], got["all"][1])
-    assert len(set(np.round(got["all"][1], 6))) >= 4                     # the cells spread
-    assert got["race"][0] < 0.8 * got["all"][0] and got["extensions"] > 0
+    assert np.array_equal(got["race"]["cells"], got["all"]["cells"])
+    assert len(set(np.round(got["all"]["cells"], 6))) >= 4                # the cells spread
+    assert got["race"]["samples"] < 0.8 * got["all"]["samples"] and got["race"]["extensions"] > 0
 
 
 def test_a_tolerance_bounds_how_far_each_cell_is_below_alls():
@@ -85,7 +85,7 @@ def test_a_tolerance_bounds_how_far_each_cell_is_below_alls():
         rates = {s: _rates(rng, images) for s in (0.25, 0.5, 1.0)}
         correct = {s: rng.random(images) < 0.85 for s in rates}
         got = simulate_plans(rates, correct, RADII, 0.001, 4000, 100, 2.0, rng)    # 4 images
-        below = (got["all"][1] - got["race"][1]) * images / 100
+        below = (got["all"]["cells"] - got["race"]["cells"]) * images / 100
         assert np.all(below >= -1e-9) and np.all(below <= 4 + 1e-9)
 
 
