@@ -74,6 +74,7 @@ class MonteCarloPipeline:
         self.samples_computed = 0               # noisy samples run through the stages (padding included)
         self._keys = {}
         self.log = log or (lambda message: print(message, file=sys.stderr))
+        self.batch_hooks: List[Callable[[int], None]] = []     # told each classified batch's rows (a table times its pilot)
 
     @property
     def num_classes(self) -> int:
@@ -123,7 +124,10 @@ class MonteCarloPipeline:
     def classify(self, h, rows: BatchRows):
         """(votes [E, B], finite [E, B]) of the score stage on produced samples (lane 2)."""
         scores = self.scores_of(h, rows)
-        return scores.argmax(dim=2).T.contiguous(), torch.isfinite(scores).all(dim=2).T.contiguous()
+        votes, finite = scores.argmax(dim=2).T.contiguous(), torch.isfinite(scores).all(dim=2).T.contiguous()
+        for hook in self.batch_hooks:
+            hook(rows.size)
+        return votes, finite
 
     def scores_of(self, h, rows: BatchRows) -> torch.Tensor:
         """Scores [B, E, K] of the score stage, in equal chunks that fit the GPU; an out-of-memory
