@@ -40,7 +40,7 @@ class OneShotPurifier(nn.Module):
 
     def set_coefficients(self, coefficients: OneShotCoefficients) -> None:
         """Write another sigma's t* and scale factors into the buffers (same tensors, new values)."""
-        with torch.no_grad():
+        with torch.inference_mode():
             for name in COEFFICIENT_BUFFERS:
                 getattr(self, name).fill_(float(getattr(coefficients, name)))
 

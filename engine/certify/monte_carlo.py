@@ -111,7 +111,8 @@ class MonteCarloPipeline:
         """The score stage's inputs for a packed batch (lane 1): the noisy samples x + sigma * eps
         and/or their denoised form, one tensor or a tuple in `stages.inputs` order."""
         self.samples_computed += rows.size
-        noisy = self.noisy(x_rows, rows)
+        with torch.inference_mode():    # as the purifier's output: a score stage shared by both compiles one graph
+            noisy = self.noisy(x_rows, rows)
         denoised = self.stages.purify(noisy) if "denoised" in self.stages.inputs else None
         produced = tuple(noisy if name == "noisy" else denoised for name in self.stages.inputs)
         return produced[0] if len(produced) == 1 else produced

@@ -57,9 +57,10 @@ def _tensors(module: nn.Module):
 
 def copy_weights(source: nn.Module, target: nn.Module) -> None:
     """Copy every parameter and buffer of `source` into the same-named tensor of `target`, in place
-    (target's tensors keep their device, layout and identity)."""
+    (target's tensors keep their device, layout and identity). Under inference mode, which may write
+    both normal tensors and tensors made in inference mode."""
     targets = dict(_tensors(target))
-    with torch.no_grad():
+    with torch.inference_mode():
         for name, tensor in _tensors(source):
             targets[name].copy_(tensor)
 

@@ -211,7 +211,10 @@ class TableBuilder:
         if rate is not None:
             self.log(f"table: timing, {phase.line.name} sigma {phase.sigma:g}: {rate:,.0f} samples/s "
                      f"from {clock.describe(run.batch)}")
-        elif predicting and not seconds:        # the pilot ran before this invocation: nothing of it was timed
+        elif predicting and seconds:
+            self.log(f"table: timing, {phase.line.name} sigma {phase.sigma:g}: the pilot ran in one batch; its "
+                     f"samples over its compute seconds give the rate")
+        elif predicting:                        # the pilot ran before this invocation: nothing of it was timed
             index = phase.indices[0]
             rate = probe_rate(self._voter(phase, run), run.dataset[index][0], index, run.batch)
             self.log(f"table: timing probe, {phase.line.name} sigma {phase.sigma:g}: {rate:,.0f} samples/s "

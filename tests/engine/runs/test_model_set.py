@@ -105,3 +105,18 @@ def test_compiled_stages_reused_at_another_sigma_vote_as_a_fresh_build_without_r
     assert (votes_fresh > 0).sum() >= 3, votes_fresh          # votes spread over several classes
     assert np.array_equal(votes_reused, votes_fresh), (votes_reused, votes_fresh)
     assert not np.array_equal(votes_first, votes_fresh)      # the weights and sigma matter to the votes
+
+
+@pytest.mark.slow
+def test_a_classifier_stage_shared_by_rs_and_dds_compiles_one_graph():
+    """RS feeds the classifier stage noisy samples, DDS the purifier's output: both are inference
+    tensors, so dynamo's guards pass and the shared stage compiles once (purifier + classifier: 2)."""
+    torch.set_num_threads(1)
+    torch._dynamo.reset()               # as a new process: no graph of an earlier test serves these stages
+    _, denoiser, classifier = build_tiny_stages()
+    models, x = ModelSet(), torch.rand(*SHAPE)
+    for method in ("rs", "dds"):
+        stages = build_torch_stages(MethodConfig(method, 0.5), classifier, denoiser,
+                                    models.backend(TorchBackend(compile=True)), SHAPE)
+        _votes(stages, 0.5, x)
+    assert (models.builds, models.compiles) == (2, 2)
