@@ -10,6 +10,7 @@ from stage_fixtures import SHAPE, build_tiny_stages, spread_classifier
 
 from diffsmooth.engine.backends.recompile_limit import compiled_graphs
 from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages, score_module
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
@@ -61,7 +62,8 @@ def test_a_stage_of_a_held_architecture_is_handed_back_with_the_new_weights_in_p
     again = backend.stage(score_module(MethodConfig("diffsmooth", 1.0, m=3, local_sigma=0.5, local_noise="fresh"),
                                        other, SHAPE), "classifier")
     assert again is first and (models.builds, models.reuses) == (1, 1)
-    assert [p.data_ptr() for p in first.module.parameters()] == pointers
+    assert [p.data_ptr() for p in first.module.parameters()] == pointers      # what CUDA graphs replay from
+    assert float(first.module.local_sigma) == 0.5
     x, noise = torch.rand(2, *SHAPE), torch.randn(2, 3, *SHAPE)
     with torch.no_grad():
         expected = score_module(MethodConfig("diffsmooth", 1.0, m=3, local_sigma=0.5, local_noise="fresh"),
@@ -120,3 +122,18 @@ def test_a_classifier_stage_shared_by_rs_and_dds_compiles_one_graph():
                                     models.backend(TorchBackend(compile=True)), SHAPE)
         _votes(stages, 0.5, x)
     assert (models.builds, models.compiles) == (2, 2)
+
+
+def test_a_sweep_shares_its_purifier_across_sigmas_and_builds_its_score_stage_per_sigma():
+    """A sweep's score stage names each configuration's sigma and sigma' (Python values a graph could
+    bake in), so another sigma builds it anew; the purifier has only tensors that differ."""
+    _, denoiser, classifier = build_tiny_stages()
+    models = ModelSet()
+
+    def sweep(sigma):
+        configs = configurations(["dds", "diffsmooth"], sigma, [0.25, 0.5], [1], "fixed", lambda method, ls: ["c"])
+        return torch_configuration_stages(configs, {"c": classifier}, other_weights(denoiser, 1),
+                                          models.backend(TorchBackend()), SHAPE)
+
+    first, second = sweep(0.25), sweep(0.5)
+    assert second.purify is first.purify and second.score is not first.score and models.builds == 3
