@@ -25,9 +25,10 @@ __all__ = ["ModelSet", "architecture", "copy_weights"]
 
 
 def _plain(value):
-    """A comparable stand-in for a module attribute (tensors by shape and dtype: their values are copied)."""
+    """A comparable stand-in for a module attribute. Parameters and buffers are not attributes (their
+    values are copied); a tensor kept as a plain attribute is not copied, so it only matches itself."""
     if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), str(value.dtype), str(value.device.type))
+        return ("tensor", id(value))
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_plain(v) for v in value))
     if isinstance(value, dict):
