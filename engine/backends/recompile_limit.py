@@ -6,7 +6,7 @@ with each compiled stage, and hitting it anyway raises, so the stage can say it 
 
 from __future__ import annotations
 
-__all__ = ["reserve_compiled_stage", "is_recompile_limit_hit", "compiled_stages"]
+__all__ = ["reserve_compiled_stage", "is_recompile_limit_hit", "compiled_stages", "compiled_graphs"]
 
 BASE_LIMIT = 8           # dynamo's default
 ENTRIES_PER_STAGE = 2    # a stage's static shape, plus one retrace (grad mode, a probe) to spare
@@ -17,6 +17,14 @@ _STAGES = {"count": 0}
 def compiled_stages() -> int:
     """Compiled stages built in this process so far."""
     return _STAGES["count"]
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process (its unique_graphs counter: a recompilation or a
+    graph break counts); 0 before anything was compiled."""
+    import sys
+    utils = sys.modules.get("torch._dynamo.utils")         # not imported: nothing was compiled
+    return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0
 
 
 def reserve_compiled_stage() -> int:

@@ -21,23 +21,34 @@ PRESET_SCHEDULES = {
     "imagenet": DiffusionSchedule("linear", 1000, rescale_timesteps=False),  # guided-diffusion
     "demo": DiffusionSchedule("cosine", 4000, rescale_timesteps=True),       # the embedded model
 }
+# The sigma-dependent inputs of the one-shot denoiser, held as fp32 buffers (OneShotPurifier).
+COEFFICIENT_BUFFERS = ("sigma", "model_timestep", "sqrt_abar", "sqrt_recip_abar", "sqrt_recipm1_abar")
 
 
 class OneShotPurifier(nn.Module):
-    """The denoiser at one fixed sigma: constants baked in, so it exports as x_rs -> x_hat."""
+    """The denoiser at one sigma, x_rs -> x_hat (exports with its constants folded in). t* and the
+    schedule's scale factors are buffers, not Python floats: a compiled graph or CUDA graph reads
+    them at run time, so `set_coefficients` moves a built purifier to another sigma in place."""
 
     def __init__(self, unet: nn.Module, coefficients: OneShotCoefficients, channels: int):
         super().__init__()
         self.unet = unet
-        self.coefficients = coefficients
         self.channels = channels
+        for name in COEFFICIENT_BUFFERS:
+            self.register_buffer(name, torch.zeros((), dtype=torch.float32), persistent=False)
+        self.set_coefficients(coefficients)
+
+    def set_coefficients(self, coefficients: OneShotCoefficients) -> None:
+        """Write another sigma's t* and scale factors into the buffers (same tensors, new values)."""
+        with torch.inference_mode():
+            for name in COEFFICIENT_BUFFERS:
+                getattr(self, name).fill_(float(getattr(coefficients, name)))
 
     def forward(self, x_rs: torch.Tensor) -> torch.Tensor:
-        c = self.coefficients
-        x_t = c.sqrt_abar * (2.0 * x_rs - 1.0)
-        t = torch.full((x_rs.shape[0],), c.model_timestep, dtype=torch.float32, device=x_rs.device)
+        x_t = self.sqrt_abar * (2.0 * x_rs - 1.0)
+        t = self.model_timestep.expand(x_rs.shape[0])
         eps = self.unet(x_t, t)[:, : self.channels].to(x_t.dtype)
-        x0 = (c.sqrt_recip_abar * x_t - c.sqrt_recipm1_abar * eps).clamp(-1.0, 1.0)
+        x0 = (self.sqrt_recip_abar * x_t - self.sqrt_recipm1_abar * eps).clamp(-1.0, 1.0)
         return (x0 + 1.0) / 2.0
 
 

@@ -17,7 +17,8 @@ from diffsmooth.engine.choices import LOCAL_NOISE_MODES  # noqa: F401 - re-expor
 
 
 class LocalSmoothingHead(nn.Module):
-    """x_hat [B,C,H,W] (+ fresh noise [B,m,C,H,W]) -> mean softmax over the m local noises [B,K]."""
+    """x_hat [B,C,H,W] (+ fresh noise [B,m,C,H,W]) -> mean softmax over the m local noises [B,K];
+    sigma' is a buffer (a compiled head stays valid when another sigma' is copied in)."""
 
     def __init__(self, classifier: nn.Module, m: int, local_sigma: float, mode: str = "fixed",
                  fixed_noise: Optional[torch.Tensor] = None):
@@ -28,8 +29,9 @@ class LocalSmoothingHead(nn.Module):
             raise ValueError("fixed local noise needs a tensor of shape [m, C, H, W]")
         self.classifier = classifier
         self.m = int(m)
-        self.local_sigma = float(local_sigma)
         self.mode = mode
+        # a buffer, not a float baked into a compiled graph: a built head moves to another sigma' in place
+        self.register_buffer("local_sigma", torch.tensor(float(local_sigma), dtype=torch.float32), persistent=False)
         self.register_buffer("fixed_noise", fixed_noise if mode == "fixed" else None, persistent=False)
 
     @property
@@ -43,7 +45,7 @@ class LocalSmoothingHead(nn.Module):
 
 
 def local_probabilities(classifier: nn.Module, x_hat: torch.Tensor, delta: torch.Tensor,
-                        local_sigma: float) -> torch.Tensor:
+                        local_sigma) -> torch.Tensor:
     """softmax(classifier(x_hat + sigma' * delta_i)) for every local noise i, in ONE classifier
     call over B*m images: x_hat [B,C,H,W], delta [1 or B, m, C,H,W] -> probabilities [B,m,K]."""
     b, m = x_hat.shape[0], delta.shape[1]

@@ -74,6 +74,7 @@ class MonteCarloPipeline:
         self.samples_computed = 0               # noisy samples run through the stages (padding included)
         self._keys = {}
         self.log = log or (lambda message: print(message, file=sys.stderr))
+        self.batch_hooks: List[Callable[[int], None]] = []     # told each classified batch's rows (a table times its pilot)
 
     @property
     def num_classes(self) -> int:
@@ -110,7 +111,8 @@ class MonteCarloPipeline:
         """The score stage's inputs for a packed batch (lane 1): the noisy samples x + sigma * eps
         and/or their denoised form, one tensor or a tuple in `stages.inputs` order."""
         self.samples_computed += rows.size
-        noisy = self.noisy(x_rows, rows)
+        with torch.inference_mode():    # as the purifier's output: a score stage shared by both compiles one graph
+            noisy = self.noisy(x_rows, rows)
         denoised = self.stages.purify(noisy) if "denoised" in self.stages.inputs else None
         produced = tuple(noisy if name == "noisy" else denoised for name in self.stages.inputs)
         return produced[0] if len(produced) == 1 else produced
@@ -123,7 +125,10 @@ class MonteCarloPipeline:
     def classify(self, h, rows: BatchRows):
         """(votes [E, B], finite [E, B]) of the score stage on produced samples (lane 2)."""
         scores = self.scores_of(h, rows)
-        return scores.argmax(dim=2).T.contiguous(), torch.isfinite(scores).all(dim=2).T.contiguous()
+        votes, finite = scores.argmax(dim=2).T.contiguous(), torch.isfinite(scores).all(dim=2).T.contiguous()
+        for hook in self.batch_hooks:
+            hook(rows.size)
+        return votes, finite
 
     def scores_of(self, h, rows: BatchRows) -> torch.Tensor:
         """Scores [B, E, K] of the score stage, in equal chunks that fit the GPU; an out-of-memory

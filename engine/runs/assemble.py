@@ -34,6 +34,7 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped as demo_assets
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.runs.fast_path import VALIDATE_SAMPLES, FastPath, validate_fast_path
+from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE
 
 
@@ -115,16 +116,31 @@ def load_models(config: MethodConfig, sources: ModelSources):
 def build_stages(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
                  num_classes: Optional[int] = None, *, backend: str = "torch", device: str = "cpu",
                  precision: str = "fp32", onnx_dir: Optional[str] = None, fast: FastPath = FastPath(),
-                 models=None, log=None, batch: int = 1000) -> BaseClassifierStages:
+                 models=None, log=None, batch: int = 1000, model_set: Optional[ModelSet] = None) -> BaseClassifierStages:
     """The stages of one configuration on the requested backend; probes the models with `image_shape`.
-    `models` = (denoiser, classifier) already loaded (torch backend)."""
-    if backend == "torch":
-        runner = TorchBackend(device=device, precision=precision, compile=fast.compile,
-                              cuda_graphs=fast.cuda_graphs, log=log)
-        denoiser, classifier = models or load_models(config, sources)
-        return build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
-                                  fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log,
-                                  classifier_batch=classifier_call_images(config, batch, image_shape, runner.device))
+    `models` = (denoiser, classifier) already loaded (torch backend); `model_set`: a table's built
+    stages, reused (weights copied in) where the architecture matches."""
+    if backend != "torch":
+        stages = _exported_stages(config, sources, image_shape, num_classes, backend, device, precision, onnx_dir, batch)
+        if model_set is not None:
+            model_set.note_built(stages)
+        return stages
+    runner = _torch_runner(device, precision, fast, log, model_set)
+    denoiser, classifier = models or load_models(config, sources)
+    return build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
+                              fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log,
+                              classifier_batch=classifier_call_images(config, batch, image_shape, runner.device))
+
+
+def _torch_runner(device: str, precision: str, fast: FastPath, log, model_set: Optional[ModelSet]):
+    """The torch backend for the fast path; its stages come from `model_set` when one is given."""
+    runner = TorchBackend(device=device, precision=precision, compile=fast.compile, cuda_graphs=fast.cuda_graphs, log=log)
+    return model_set.backend(runner) if model_set is not None else runner
+
+
+def _exported_stages(config: MethodConfig, sources: ModelSources, image_shape, num_classes, backend: str, device: str,
+                     precision: str, onnx_dir: Optional[str], batch: int) -> BaseClassifierStages:
+    """One configuration's stages from exported graphs (ONNX Runtime) or plans (TensorRT)."""
     if not onnx_dir:
         raise UserError(f"`backend` {backend} needs `onnx_dir` (graphs from `diffsmooth export`"
                         + (", plans from `diffsmooth build-engine`)" if backend == "tensorrt" else ")"))
@@ -140,13 +156,14 @@ def build_stages(config: MethodConfig, sources: ModelSources, image_shape: Tuple
 def build_sweep_stages(configs: Sequence[Configuration], classifier_paths: Dict[str, str], sources: ModelSources,
                        image_shape: Tuple[int, ...], num_classes: Optional[int] = None, *, backend: str = "torch",
                        device: str = "cpu", precision: str = "fp32", onnx_dir: Optional[str] = None,
-                       fast: FastPath = FastPath(), models=None, log=None, batch: int = 1000) -> BaseClassifierStages:
+                       fast: FastPath = FastPath(), models=None, log=None, batch: int = 1000,
+                       model_set: Optional[ModelSet] = None) -> BaseClassifierStages:
     """The stages of several configurations at one sigma scored on the same samples (a sweep): on the
     torch backend one module scoring all of them; on exported backends each configuration's graph or
-    plan, stacked. `models` = (denoiser, {name: classifier}) already loaded (torch backend)."""
+    plan, stacked. `models` = (denoiser, {name: classifier}) already loaded (torch backend);
+    `model_set` as for build_stages."""
     if backend == "torch":
-        runner = TorchBackend(device=device, precision=precision, compile=fast.compile,
-                              cuda_graphs=fast.cuda_graphs, log=log)
+        runner = _torch_runner(device, precision, fast, log, model_set)
         denoiser, classifiers = models or load_sweep_models(configs, classifier_paths, sources)
         return torch_configuration_stages(configs, classifiers, denoiser, runner, image_shape, num_classes,
                                           fused_attention=fast.fused_attention)
@@ -154,7 +171,8 @@ def build_sweep_stages(configs: Sequence[Configuration], classifier_paths: Dict[
     def stages_of(c: Configuration) -> BaseClassifierStages:
         one = dataclasses.replace(sources, classifier=classifier_paths[c.classifier])
         return build_stages(c.method, one, image_shape, num_classes, backend=backend, device=device,
-                            precision=precision, onnx_dir=onnx_dir, fast=fast, log=log, batch=batch)
+                            precision=precision, onnx_dir=onnx_dir, fast=fast, log=log, batch=batch,
+                            model_set=model_set)
     return stacked_configuration_stages(configs, stages_of)
 
 

@@ -7,7 +7,7 @@ file holds whichever images it ran; a restart resumes from the union of every ra
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.runs.assemble import (
@@ -20,22 +20,24 @@ from diffsmooth.engine.runs.assemble import (
 )
 from diffsmooth.engine.runs.dataset_run import RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import FastPath
+from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import ResolvedRun
 from diffsmooth.engine.runs.results import merge_results, read_rows, shard_path
 from diffsmooth.engine.runs.sharding import finish, pull_from_store, wait_for_all
 
 
-def build_voter(run: ResolvedRun, log: Callable[[str], None]) -> MonteCarloPipeline:
+def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optional[ModelSet] = None) -> MonteCarloPipeline:
     """The run's voter: one configuration's stages or a sweep's, on the asked backend. A compiled or
     reduced-precision torch path is first checked against the same stages in eager fp32 on the first
-    selected images (every configuration of a sweep included)."""
+    selected images (every configuration of a sweep included), a reused one too. `model_set`: stages
+    built by earlier runs (a table's), reused where the architecture matches."""
     r = run.request
     first = run.shards.take(run.indices) or list(run.indices)
     check_images = [(i, run.dataset[i][0]) for i in first[:r.validate_images]]
 
-    def stages(fast: FastPath, precision: str, models=None):
+    def stages(fast: FastPath, precision: str, models=None, model_set=None):
         common = dict(backend=r.backend, device=run.device, precision=precision, onnx_dir=r.onnx_dir, fast=fast,
-                      models=models, log=log, batch=run.batch)
+                      models=models, log=log, batch=run.batch, model_set=model_set)
         if run.is_sweep:
             return build_sweep_stages(run.configurations, run.classifier_paths, run.sources, run.image_shape,
                                       run.dataset.num_classes, **common)
@@ -44,7 +46,7 @@ def build_voter(run: ResolvedRun, log: Callable[[str], None]) -> MonteCarloPipel
 
     check = r.backend == "torch" and (run.fast.changes_arithmetic or r.precision != "fp32") and r.validate_samples > 0
     models = loaded_models(run) if check else None
-    voter = build_pipeline(stages(run.fast, r.precision, models), r.sigma, r.seed, run.fast, log)
+    voter = build_pipeline(stages(run.fast, r.precision, models, model_set), r.sigma, r.seed, run.fast, log)
     if check:
         reference = build_pipeline(stages(FastPath(), "fp32", models), r.sigma, r.seed, FastPath(), log)
         check_against_eager(voter, reference, check_images, run.batch, r.validate_samples, r.expected_flip_rate, log)

@@ -30,10 +30,12 @@ from typing import Callable, Dict, List, Optional, Sequence
 from diffsmooth.engine.errors import Terminated, UserError
 from diffsmooth.engine.runs.execute import build_voter, execute
 from diffsmooth.engine.runs.locks import hold_lock
+from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import plan_run
 from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table.cost import RunCost, predict_race, predict_run
+from diffsmooth.engine.table.pilot_rate import timed_batches
 from diffsmooth.engine.table.planning import (
     DEFAULT_MARGIN,
     DEFAULT_REACH,
@@ -91,7 +93,8 @@ PROBE_BATCHES = 2
 
 def probe_rate(voter, image, index: int, batch: int, batches: int = PROBE_BATCHES) -> float:
     """Samples per second of this machine's pipeline on full batches, as the main phase runs them:
-    one untimed batch, then `batches` timed, right before the prediction (so at the load of then)."""
+    one untimed batch, then `batches` timed. Only for a resumed table whose pilot ran before (its
+    batches were not timed); a pilot that runs is timed on its own batches (table/pilot_rate.py)."""
     voter.count(image, index, 0, batch, batch)
     start = time.perf_counter()
     voter.count(image, index, batch, batches * batch, batch)
@@ -144,6 +147,7 @@ class TableBuilder:
         self.reach, self.tolerance = reach, tolerance
         self.log, self.command, self.progress = log, command, progress
         self.voters: Dict[tuple, object] = {}
+        self.model_set = ModelSet()             # the stages built so far, reused by every run of the same architecture
         self.stop = StopRequest()
         self.started = time.perf_counter()
 
@@ -196,12 +200,14 @@ class TableBuilder:
         run = plan_run(self.request(phase))
         run = dataclasses.replace(run, indices=tuple(phase.indices))
         files = {c.name: path for c, path in run.result_files().items()}
-        seconds = 0.0
+        seconds, clock = 0.0, None
+        predicting = phase.kind == "pilot" and not (self.out / "cost.json").exists()     # the prediction still to make
         if not all(self._done(path) >= set(phase.indices) for path in files.values()):
             voter = self._voter(phase, run)
             start = time.perf_counter()
             try:
-                summary = execute(run, voter, self.log)
+                with timed_batches(voter, predicting) as clock:
+                    summary = execute(run, voter, self.log)
             except Terminated:                  # SIGTERM inside a run (engine/runs/dataset_run.py): the whole table stops
                 raise TableInterrupted(f"stopped by SIGTERM during {phase.line.name} sigma {phase.sigma:g} "
                                        f"({phase.kind})", time.perf_counter() - start) from None
@@ -210,8 +216,14 @@ class TableBuilder:
                 raise TableInterrupted(f"stopped during {phase.line.name} sigma {phase.sigma:g} ({phase.kind})", seconds)
         rows = {name: sorted(read_rows(path, torn_tail="ignore"), key=lambda r: int(r["idx"]))
                 for name, path in files.items()}
-        rate = None
-        if phase.kind == "pilot" and not (self.out / "cost.json").exists():     # the prediction still to make
+        rate = clock.rate(run.batch) if clock is not None else None
+        if rate is not None:
+            self.log(f"table: timing, {phase.line.name} sigma {phase.sigma:g}: {rate:,.0f} samples/s "
+                     f"from {clock.describe(run.batch)}")
+        elif predicting and seconds:
+            self.log(f"table: timing, {phase.line.name} sigma {phase.sigma:g}: the pilot ran in one batch; its "
+                     f"samples over its compute seconds give the rate")
+        elif predicting:                        # the pilot ran before this invocation: nothing of it was timed
             index = phase.indices[0]
             rate = probe_rate(self._voter(phase, run), run.dataset[index][0], index, run.batch)
             self.log(f"table: timing probe, {phase.line.name} sigma {phase.sigma:g}: {rate:,.0f} samples/s "
@@ -219,10 +231,11 @@ class TableBuilder:
         return PhaseResult(rows, seconds, self._samples(rows, phase), rate)
 
     def _voter(self, phase: Phase, run):
-        """The line-sigma's voter, built once; one line-sigma's models are held at a time."""
+        """The line-sigma's voter; its stages come from the table's model set (built once per
+        architecture, later runs' weights copied in), and the fast path is checked for each."""
         key = (phase.line.name, phase.sigma)
         if key not in self.voters:
-            self.voters = {key: build_voter(run, self.log)}
+            self.voters = {key: build_voter(run, self.log, self.model_set)}
         return self.voters[key]
 
     @staticmethod
@@ -423,6 +436,7 @@ class TableBuilder:
                  "seconds": {"predicted": costs["predicted"]["seconds"],
                              "measured": sum(m["seconds"] for m in measured.values()) if measured else None,
                              "pilot": costs.get("pilot_seconds")},
+                 "builds": self.model_set.builds, "compiles": self.model_set.compiles,
                  "images": images, "version": _version(), "command": self.command, "seed": spec.seed,
                  "device": spec.run.get("device", "cpu"), "host": socket.gethostname(), "spec": spec.as_dict()}
         write_summary(self.out / "summary.json", table, acr, extra, gaps)

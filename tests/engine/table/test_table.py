@@ -186,7 +186,8 @@ def test_table_writes_its_outputs_resumes_to_the_same_table_and_refuses_another_
     from diffsmooth.engine.table import build as table_build
     builds = []
     real_build = table_build.build_voter
-    monkeypatch.setattr(table_build, "build_voter", lambda run, log: builds.append(run.sigma) or real_build(run, log))
+    monkeypatch.setattr(table_build, "build_voter",
+                        lambda run, log, *held: builds.append(run.sigma) or real_build(run, log, *held))
     args = _table(tmp_path)[3:]
     first = invoke_ok(args)
     out = tmp_path / "t"

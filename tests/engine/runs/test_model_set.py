@@ -1,0 +1,139 @@
+"""A table's model set: a stage is built once per architecture, later runs' weights and sigma inputs
+are copied into it in place, and its votes then equal a fresh build's, compiled graphs included."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from stage_fixtures import SHAPE, build_tiny_stages, spread_classifier
+
+from diffsmooth.engine.backends.recompile_limit import compiled_graphs
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
+from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages, score_module
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.runs.model_set import ModelSet, architecture
+
+
+def other_weights(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """The same architecture with other weights."""
+    other = copy.deepcopy(module)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return other
+
+
+def test_architecture_is_the_module_tree_shapes_and_attributes_not_the_weights():
+    config, denoiser, classifier = build_tiny_stages()
+    head = score_module(config, classifier, SHAPE)
+    assert architecture(head) == architecture(score_module(config, spread_classifier(5), SHAPE))
+    assert architecture(head) != architecture(score_module(MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25,
+                                                                        local_noise="fresh"), classifier, SHAPE))
+    wider = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(16 * 64, 10))
+    assert architecture(score_module(config, wider, SHAPE)) != architecture(head)
+    # another sigma, t* and sigma' are tensors: the same architecture
+    assert architecture(denoiser.purifier(0.25)) == architecture(other_weights(denoiser, 1).purifier(1.0))
+
+
+def test_a_purifier_moved_to_another_sigma_in_place_denoises_as_one_built_there():
+    _, denoiser, _ = build_tiny_stages()
+    x = torch.rand(4, *SHAPE)
+    moved = denoiser.purifier(0.25)
+    buffers = {name: t.data_ptr() for name, t in moved.named_buffers()}
+    moved.set_coefficients(PRESET_SCHEDULES["cifar10"].coefficients(1.0))
+    with torch.no_grad():
+        assert torch.equal(moved(x), denoiser.purifier(1.0)(x))
+        assert not torch.equal(moved(x), denoiser.purifier(0.25)(x))
+    assert {name: t.data_ptr() for name, t in moved.named_buffers()} == buffers
+
+
+def test_a_stage_of_a_held_architecture_is_handed_back_with_the_new_weights_in_place():
+    config, _, classifier = build_tiny_stages()
+    models = ModelSet()
+    backend = models.backend(TorchBackend())
+    first = backend.stage(score_module(config, classifier, SHAPE), "classifier")
+    pointers = [p.data_ptr() for p in first.module.parameters()]
+    other = other_weights(classifier, 3)
+    again = backend.stage(score_module(MethodConfig("diffsmooth", 1.0, m=3, local_sigma=0.5, local_noise="fresh"),
+                                       other, SHAPE), "classifier")
+    assert again is first and (models.builds, models.reuses) == (1, 1)
+    assert [p.data_ptr() for p in first.module.parameters()] == pointers      # what CUDA graphs replay from
+    assert float(first.module.local_sigma) == 0.5
+    x, noise = torch.rand(2, *SHAPE), torch.randn(2, 3, *SHAPE)
+    with torch.no_grad():
+        expected = score_module(MethodConfig("diffsmooth", 1.0, m=3, local_sigma=0.5, local_noise="fresh"),
+                                other, SHAPE)(x, noise)
+    assert torch.equal(first(x, noise), expected)
+    different = backend.stage(score_module(MethodConfig("diffsmooth", 1.0, m=5, local_sigma=0.5, local_noise="fresh"),
+                                           other, SHAPE), "classifier")
+    assert different is not first and models.builds == 2
+
+
+def _votes(stages, sigma: float, x: torch.Tensor) -> np.ndarray:
+    pipeline = MonteCarloPipeline(stages, sigma, seed=3, static_batch=True)
+    return pipeline.count(x, 11, 0, 256, 64)[0]
+
+
+@pytest.mark.slow
+def test_compiled_stages_reused_at_another_sigma_vote_as_a_fresh_build_without_recompiling():
+    """sigma 0.5 then 1.0 (t*, scale factors, sigma' 0.25 -> 0.5, other UNet and classifier weights):
+    the reused compiled stages compile nothing new and count the same votes as stages built at 1.0."""
+    torch.set_num_threads(1)
+    config, denoiser, classifier = build_tiny_stages()
+    at_one = MethodConfig("diffsmooth", 1.0, m=3, local_sigma=0.5, local_noise="fresh")
+    denoiser_b, classifier_b = other_weights(denoiser, 1), other_weights(classifier, 2)
+    x = torch.rand(*SHAPE)
+    models = ModelSet()
+
+    def stages(cfg, den, clf, model_set):
+        runner = TorchBackend(compile=True)
+        runner = model_set.backend(runner) if model_set is not None else runner
+        return build_torch_stages(cfg, clf, den, runner, SHAPE)
+
+    first = stages(config, denoiser, classifier, models)
+    votes_first = _votes(first, 0.5, x)
+    graphs = compiled_graphs()
+    reused = stages(at_one, denoiser_b, classifier_b, models)
+    assert reused.purify is first.purify and reused.score is first.score and models.builds == 2
+    votes_reused = _votes(reused, 1.0, x)
+    assert compiled_graphs() == graphs, "the reused stages compiled again"
+    fresh = stages(at_one, copy.deepcopy(denoiser_b), copy.deepcopy(classifier_b), None)
+    votes_fresh = _votes(fresh, 1.0, x)
+    assert (votes_fresh > 0).sum() >= 3, votes_fresh          # votes spread over several classes
+    assert np.array_equal(votes_reused, votes_fresh), (votes_reused, votes_fresh)
+    assert not np.array_equal(votes_first, votes_fresh)      # the weights and sigma matter to the votes
+
+
+@pytest.mark.slow
+def test_a_classifier_stage_shared_by_rs_and_dds_compiles_one_graph():
+    """RS feeds the classifier stage noisy samples, DDS the purifier's output: both are inference
+    tensors, so dynamo's guards pass and the shared stage compiles once (purifier + classifier: 2)."""
+    torch.set_num_threads(1)
+    torch._dynamo.reset()               # as a new process: no graph of an earlier test serves these stages
+    _, denoiser, classifier = build_tiny_stages()
+    models, x = ModelSet(), torch.rand(*SHAPE)
+    for method in ("rs", "dds"):
+        stages = build_torch_stages(MethodConfig(method, 0.5), classifier, denoiser,
+                                    models.backend(TorchBackend(compile=True)), SHAPE)
+        _votes(stages, 0.5, x)
+    assert (models.builds, models.compiles) == (2, 2)
+
+
+def test_a_sweep_shares_its_purifier_across_sigmas_and_builds_its_score_stage_per_sigma():
+    """A sweep's score stage names each configuration's sigma and sigma' (Python values a graph could
+    bake in), so another sigma builds it anew; the purifier has only tensors that differ."""
+    _, denoiser, classifier = build_tiny_stages()
+    models = ModelSet()
+
+    def sweep(sigma):
+        configs = configurations(["dds", "diffsmooth"], sigma, [0.25, 0.5], [1], "fixed", lambda method, ls: ["c"])
+        return torch_configuration_stages(configs, {"c": classifier}, other_weights(denoiser, 1),
+                                          models.backend(TorchBackend()), SHAPE)
+
+    first, second = sweep(0.25), sweep(0.5)
+    assert second.purify is first.purify and second.score is not first.score and models.builds == 3
