@@ -97,7 +97,7 @@ def _assert_rows_equal_but_rounded_down(new_path, stored_path):
 @pytest.mark.parametrize("name,extra", [
     ("fixed", ["--n0", "10", "--n", "100"]),
     ("fresh_sequential", ["--local-noise", "fresh", "--n0", "10", "--sequential", "--radii", "0.25,0.5",
-                          "--n-max", "500"])])
+                          "--n-max", "500", "--bound", "split-cp", "--futility", "pace"])])   # the rule they were stored with
 def test_sweep_rows_equal_rows_stored_before_the_one_voter(tmp_path, name, extra):
     """Sweeps moved onto the one voter and scheduler: every configuration's rows equal those the engine
     wrote before (tests/data/sweep_rows/README.md) apart from the radius now being rounded down, and
