@@ -84,9 +84,12 @@ class LineRace:
 
     def rows_by_sigma(self) -> Dict[float, Dict[str, List[dict]]]:
         """The rows the table reports: per sigma and configuration, each image's latest row."""
-        return {sigma: {config: [per[i][1] for i in self.indices if i in per]
-                        for config, per in sorted(self.latest(sigma).items())}
-                for sigma in self.spec.sigmas if self.latest(sigma)}
+        out = {}
+        for sigma in self.spec.sigmas:
+            latest = self.latest(sigma)
+            if latest:
+                out[sigma] = {config: [per[i][1] for i in self.indices if i in per] for config, per in sorted(latest.items())}
+        return out
 
     def next(self, tolerance: int) -> Tuple[Extension, Dict[int, List[int]]]:
         """The next extension (None when done) and its images grouped by the radius index they rerun to:
