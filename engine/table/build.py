@@ -465,7 +465,8 @@ class TableBuilder:
         costs = self._predict_race(pilot, len(indices), pilot_results)
         if dry_run:
             return None
-        main, rest = {}, [i for i in indices if i not in set(pilot)]
+        chosen = set(pilot)
+        main, rest = {}, [i for i in indices if i not in chosen]
         # reversed, so the first run keeps the last pilot run's models (one compile less)
         for line, sigma in reversed([(line, sigma) for line in spec.lines for sigma in spec.sigmas]):
             main[(line.name, sigma)] = self._step(Phase(line, sigma, rest, first[sigma],
