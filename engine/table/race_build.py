@@ -70,11 +70,13 @@ class LineRace:
                         per[i] = (k, row)
         return out
 
-    def contenders(self) -> Dict[Contender, Rows]:
-        """Every (sigma, configuration) with a row for each image of the table."""
+    def contenders(self, latest=None) -> Dict[Contender, Rows]:
+        """Every (sigma, configuration) with a row for each image of the table (`latest`: each sigma's
+        `latest()`, when the caller has read it already)."""
+        latest = latest or {sigma: self.latest(sigma) for sigma in self.spec.sigmas}
         out = {}
         for sigma in self.spec.sigmas:
-            for config, per in sorted(self.latest(sigma).items()):
+            for config, per in sorted(latest[sigma].items()):
                 missing = [i for i in self.indices if i not in per]
                 if missing:
                     raise RuntimeError(f"{self.line.name} sigma {sigma:g}: no row for image {missing[0]} after the first run")
@@ -95,25 +97,26 @@ class LineRace:
         """The next extension (None when done) and its images grouped by the radius index they rerun to:
         the larger of the extension's and the image's current run's largest radius (a rerun never
         settles less than the row it replaces)."""
-        rows = self.contenders()
+        latest = {sigma: self.latest(sigma) for sigma in self.spec.sigmas}     # every file read once per decision
+        rows = self.contenders(latest)
         order = sorted(rows)
         ext = next_extension({c: self.rules[c[0]] for c in order}, rows, tolerance, order)
         if ext is None:
             return None, {}
         sigma = ext.contender[0]
-        tops = self._tops(sigma)
+        tops = self._tops(sigma, latest[sigma])
         groups: Dict[int, List[int]] = {}
         for position in ext.images:
             image = self.indices[position]
             groups.setdefault(max(ext.k, tops[image]), []).append(image)
         return ext, groups
 
-    def _tops(self, sigma: float) -> Dict[int, int]:
+    def _tops(self, sigma: float, latest: Dict[str, Dict[int, Tuple[int, dict]]]) -> Dict[int, int]:
         """Each image's current run's largest radius, as an index into the table's radii."""
         radii = list(self.spec.radii)
         first = radii.index(max(initial_radii(radii, sigma)))
         out: Dict[int, int] = {}
-        for config in self.latest(sigma).values():
+        for config in latest.values():
             for image, (k, _) in config.items():
                 out[image] = max(out.get(image, first), k if k >= 0 else first)
         return out
