@@ -151,7 +151,7 @@ def cell_bounds(rules: Dict[Hashable, SequentialRule], rows: Dict[Hashable, Rows
 
 
 def next_extension(rules: Dict[Hashable, SequentialRule], rows: Dict[Hashable, Rows], tolerance: int,
-                   order: Sequence[Hashable]) -> Optional[Extension]:
+                   order: Sequence[Hashable], history: Sequence[Tuple[Hashable, int]] = ()) -> Optional[Extension]:
     """The next extension the race needs, or None once every cell is within `tolerance` images of
     `all`'s. Radii in increasing order; at the first radius where some contender could still lift
     the cell by more than the tolerance, the contender with the most expected certificates (the
@@ -173,7 +173,8 @@ def next_extension(rules: Dict[Hashable, SequentialRule], rows: Dict[Hashable, R
         undecided = np.flatnonzero(status[contender].undecided)
         if contender != likeliest:
             least_likely_first = undecided[np.argsort(status[contender].chance[undecided], kind="stable")]
-            undecided = least_likely_first[:high[contender] - best - tolerance]
+            asked_before = sum(1 for earlier in history if tuple(earlier) == (contender, k))
+            undecided = least_likely_first[:(high[contender] - best - tolerance) * 2 ** asked_before]
         return Extension(contender, k, tuple(int(i) for i in sorted(undecided)))
     return None
 

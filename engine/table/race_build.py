@@ -93,14 +93,15 @@ class LineRace:
                 out[sigma] = {config: [per[i][1] for i in self.indices if i in per] for config, per in sorted(latest.items())}
         return out
 
-    def next(self, tolerance: int) -> Tuple[Extension, Dict[int, List[int]]]:
+    def next(self, tolerance: int,
+             history: Sequence[Tuple[Tuple[float, str], int]] = ()) -> Tuple[Extension, Dict[int, List[int]]]:
         """The next extension (None when done) and its images grouped by the radius index they rerun to:
         the larger of the extension's and the image's current run's largest radius (a rerun never
         settles less than the row it replaces)."""
         latest = {sigma: self.latest(sigma) for sigma in self.spec.sigmas}     # every file read once per decision
         rows = self.contenders(latest)
         order = sorted(rows)
-        ext = next_extension({c: self.rules[c[0]] for c in order}, rows, tolerance, order)
+        ext = next_extension({c: self.rules[c[0]] for c in order}, rows, tolerance, order, history)
         if ext is None:
             return None, {}
         sigma = ext.contender[0]
@@ -146,7 +147,10 @@ def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[f
         radii = prefix(race.spec.radii, list(race.spec.radii).index(step["radii_to"]))
         run_extension(step["sigma"], radii, step["images"], extension_kind(radii[-1]))
     while True:
-        ext, groups = race.next(tolerance)
+        radii_list = list(race.spec.radii)
+        decisions = {step.get("decision", n): step for n, step in enumerate(steps)}     # one per decision
+        history = [((step["sigma"], step["config"]), radii_list.index(step["radius"])) for step in decisions.values()]
+        ext, groups = race.next(tolerance, history)
         if ext is None:
             break
         sigma, radius = ext.contender[0], race.spec.radii[ext.k]
@@ -156,7 +160,7 @@ def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[f
             log(f"table: race, {race.line.name}: sigma {sigma:g} reruns {len(images)} undecided image(s) "
                 f"at r = {radius:g} with the radii up to {radii[-1]:g}")
             steps.append({"sigma": sigma, "config": ext.contender[1], "radius": radius, "radii_to": radii[-1],
-                          "images": images})
+                          "images": images, "decision": len(history)})
             done[race.line.name] = {"tolerance": tolerance_points, "extensions": steps}
             record.write_text(json.dumps(done, indent=1, allow_nan=False) + "\n")
             run_extension(sigma, radii, images, kind)

@@ -105,8 +105,9 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int) ->
         radius, used, _ = sims[s].run(settled)
         first[s] = samples_by_reason(sims[s].rule, settled, radius, used, n0)
     extensions = 0
+    history = []
     while True:
-        ext = next_extension(rules, {s: sims[s].rows() for s in order}, tolerance, order)
+        ext = next_extension(rules, {s: sims[s].rows() for s in order}, tolerance, order, history)
         if ext is None:
             break
         sim = sims[ext.contender]
@@ -115,6 +116,7 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int) ->
             sim.sets[i] = radii
             samples[ext.contender] += float(sim.run(radii)[1][i]) + n0
         extensions += 1
+        history.append((ext.contender, ext.k))
     rows = {s: sims[s].rows() for s in order}
     cells = np.array([max(int((rows[s].correct & (rows[s].radius >= r)).sum()) for s in order)
                       for r in sims[order[0]].radii])

@@ -116,6 +116,10 @@ def test_the_likely_winner_settles_every_undecided_image_a_loser_just_enough_lea
     ext = next_extension(rules, rows, tolerance=0, order=[0.5, 1.0])
     assert ext.contender == 0.5 and ext.images == (6,)                       # 3 + 4 undecided -> 6: one to settle
     assert next_extension(rules, rows, tolerance=1, order=[0.5, 1.0]) is None
+    asked = [(0.5, 1)]                                  # a close second asked again at this radius takes twice as many
+    assert next_extension(rules, rows, 0, [0.5, 1.0], history=asked).images == (5, 6)
+    assert next_extension(rules, rows, 0, [0.5, 1.0], history=asked * 2).images == (3, 4, 5, 6)
+    assert next_extension(rules, rows, 0, [0.5, 1.0], history=[(1.0, 1), (0.5, 0)]).images == (6,)
     bounds = cell_bounds(rules, rows)
     assert [(b.certified, b.undecided_gap) for b in bounds] == [(8, 0), (6, 1)]
 
