@@ -18,22 +18,27 @@ from typing import Dict, List, Optional
 import click
 import numpy as np
 
+from diffsmooth.engine.runs.rate_model import draw_rates, fit_unanimous_weight
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import image_from_row
 from diffsmooth.engine.table.race_sim import STOP_REASONS, simulate_plans
 from diffsmooth.engine.table.spec import LineSpec
 
 PLANS = ("fixed", "all", "auto", "race")
+RATE_MODELS = ("mixture", "jeffreys")     # engine/runs/rate_model.py; bench/rate_calibration.py compares them
+RATE_TEXT = {"mixture": "each seed draws every image's rate from its posterior (point mass at 1 fitted to the rows, "
+                        "else Jeffreys)", "jeffreys": "Jeffreys' estimate of each row"}
 REASONS = STOP_REASONS + ("extended",)
 
 
 def rates_from(folder: Path) -> dict:
-    """{'spec', 'line', 'rates': {sigma: p}, 'correct': {sigma: bool}} from a table folder's rows."""
+    """{'spec', 'line', 'rates': {sigma: p}, 'correct': {sigma: bool}, 'votes'/'drawn': {sigma: counts}}
+    from a table folder's rows (votes -1 where a row is fixed-n)."""
     summary = json.loads((folder / "summary.json").read_text())
     spec, line = summary["spec"], summary["rows"][0]["name"]
     first = spec["lines"][0]
     slug = LineSpec(first["name"], first["method"], {}, {}, {}).slug
-    rates, correct, order = {}, {}, None
+    rates, correct, votes, drawn, order = {}, {}, {}, {}, None
     for sigma in spec["sigmas"]:
         best: Dict[int, dict] = {}
         runs = folder / "runs"
@@ -49,16 +54,45 @@ def rates_from(folder: Path) -> dict:
         images = [image_from_row(best[i], spec["n_max"], spec["n0"], spec["alpha"], sigma, 0.45) for i in idx]
         rates[sigma] = np.array([im.p for im in images])
         correct[sigma] = np.array([im.correct for im in images])
-    return {"spec": spec, "line": line, "rates": rates, "correct": correct}
+        votes[sigma] = np.array([im.votes for im in images])
+        drawn[sigma] = np.array([im.drawn for im in images])
+    return {"spec": spec, "line": line, "rates": rates, "correct": correct, "votes": votes, "drawn": drawn}
 
 
-def study(folder: Path, n_max: int, seeds: int, tolerance: float, pilot: int) -> dict:
-    data = rates_from(folder)
+def seed_rates(data: dict, model: str, rng) -> Dict[float, np.ndarray]:
+    """One seed's vote rates: Jeffreys' estimate of each row (`jeffreys`), or a draw from each image's
+    posterior under the point-mass-at-1 mixture fitted to the sigma's rows (`mixture`)."""
+    if model == "jeffreys":
+        return data["rates"]
+    out = {}
+    for sigma, p in data["rates"].items():
+        votes, drawn = data["votes"][sigma], data["drawn"][sigma]
+        counted = (votes >= 0) & (drawn > 0)
+        weight = fit_unanimous_weight(votes[counted], drawn[counted])
+        out[sigma] = p.copy()
+        out[sigma][counted] = draw_rates(votes[counted], drawn[counted], weight, rng)
+    return out
+
+
+def tiled(data: dict, images: Optional[int]) -> dict:
+    """The rows' images repeated in order up to `images` (a line of the paper's size from a smaller
+    measurement: the same rates, each copy on its own paths); unchanged when None."""
+    if images is None:
+        return data
+    out = dict(data)
+    for key in ("rates", "correct", "votes", "drawn"):
+        out[key] = {s: np.resize(v, images) for s, v in data[key].items()}
+    return out
+
+
+def study(folder: Path, n_max: int, seeds: int, tolerance: float, pilot: int, rates: str = "mixture",
+          images: Optional[int] = None) -> dict:
+    data = tiled(rates_from(folder), images)
     spec = data["spec"]
     rng = np.random.default_rng(0)
-    runs: List[dict] = [simulate_plans(data["rates"], data["correct"], spec["radii"], spec["alpha"], n_max, spec["n0"],
-                                       tolerance, rng, pilot=pilot) for _ in range(seeds)]
-    out = {"line": data["line"], "radii": spec["radii"], "sigmas": spec["sigmas"], "n_max": n_max, "seeds": seeds,
+    runs: List[dict] = [simulate_plans(seed_rates(data, rates, rng), data["correct"], spec["radii"], spec["alpha"], n_max,
+                                       spec["n0"], tolerance, rng, pilot=pilot) for _ in range(seeds)]
+    out = {"line": data["line"], "radii": spec["radii"], "sigmas": spec["sigmas"], "n_max": n_max, "seeds": seeds, "rates": rates,
            "tolerance": tolerance, "images": len(next(iter(data["rates"].values()))), "n0": spec["n0"], "plans": {}}
     for plan in PLANS:
         samples = np.array([r[plan]["samples"] for r in runs])
@@ -97,7 +131,8 @@ def estimate(doc: dict, seconds_per_image: float, images: int, warmup_s: float, 
 def markdown(doc: dict) -> str:
     r, plans = doc["radii"], doc["plans"]
     lines = [f"## SIMULATED: {doc['line']}, {doc['images']} images, sigma {doc['sigmas']}, n-max {doc['n_max']:,}, "
-             f"{doc['seeds']} seeds on paired paths, race tolerance {doc['tolerance']:g} points", "",
+             f"{doc['seeds']} seeds on paired paths, race tolerance {doc['tolerance']:g} points, vote rates: "
+             f"{RATE_TEXT[doc.get('rates', 'jeffreys')]}", "",
              "| plan | samples (mean) | fewer than fixed-n (worst seed) | " + " | ".join(f"r={x:g}" for x in r) + " |",
              "|" + "---|" * (len(r) + 3)]
     fixed = plans["fixed"]["samples"]
@@ -141,10 +176,14 @@ def markdown(doc: dict) -> str:
 @click.option("--warmup-s", type=click.FloatRange(0), default=60.0, show_default=True)
 @click.option("--overhead", type=click.FloatRange(0), default=1.12, show_default=True)
 @click.option("--builds", type=click.IntRange(0), default=1, show_default=True)
+@click.option("--rates", type=click.Choice(RATE_MODELS), default="mixture", show_default=True,
+              help="How a seed gets each image's vote rate from its row (engine/runs/rate_model.py).")
+@click.option("--images", type=click.IntRange(1), default=None,
+              help="Repeat the rows' images in order up to this many (each copy on its own paths).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown (and FILE.json) here.")
-def main(folder, n_max, seeds, tolerance, pilot, estimate_, warmup_s, overhead, builds, out: Optional[str]):
+def main(folder, n_max, seeds, tolerance, pilot, estimate_, warmup_s, overhead, builds, rates, images, out: Optional[str]):
     """Prints the study as markdown."""
-    doc = study(Path(folder), n_max, seeds, tolerance, pilot)
+    doc = study(Path(folder), n_max, seeds, tolerance, pilot, rates, images)
     if estimate_:
         doc["estimate"] = estimate(doc, estimate_[0], estimate_[1], warmup_s, overhead, builds)
     text = markdown(doc)

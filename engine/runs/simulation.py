@@ -43,6 +43,8 @@ class Image:
     p: float                 # vote rate of the predicted class
     correct: bool            # the fixed run's prediction was right (accuracy counts only these)
     idx: int = -1            # the row's dataset index
+    votes: int = -1          # a sequential row's top_votes (-1: a fixed-n row, p recovered from its radius)
+    drawn: int = 0           # a sequential row's estimation samples
 
 
 def image_from_row(row: dict, n: int, n0: int, alpha: float, sigma: float, abstain_p: float) -> Image:
@@ -52,7 +54,7 @@ def image_from_row(row: dict, n: int, n0: int, alpha: float, sigma: float, absta
     if row.get("top_votes") not in (None, ""):
         drawn = int(row["samples"]) - n0
         p = (int(row["top_votes"]) + 0.5) / (drawn + 1) if drawn > 0 else abstain_p
-        return Image(p, correct, int(row["idx"]))
+        return Image(p, correct, int(row["idx"]), int(row["top_votes"]), drawn)
     n_a = recover_votes(float(row["radius"]), n, alpha, sigma)
     p = abstain_p if n_a is None or int(row["predict"]) < 0 else n_a / n
     return Image(p, correct and n_a is not None, int(row["idx"]))
