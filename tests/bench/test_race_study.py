@@ -52,3 +52,21 @@ def test_study_compares_the_plans_on_the_same_paths_and_says_where_the_samples_g
     doc["estimate"] = e
     text = markdown(doc)
     assert "| race |" in text and "ESTIMATED" in text and "Where the samples go" in text
+
+
+
+def test_the_mixture_replays_unanimous_rows_as_unanimous_where_jeffreys_cannot(tmp_path):
+    """Rows with every vote of 300: Jeffreys' estimate replays them at p = 0.9983, below Phi(3), so fixed-n
+    never certifies r / sigma = 3; under the fitted point mass most are rate 1 and certify it. Tiling
+    repeats the rows' images."""
+    folder = _folder(tmp_path)
+    for path in (folder / "runs").glob("rs_s0.25*.tsv"):
+        lines = path.read_text().splitlines()
+        path.write_text("\n".join([lines[0]] + ["\t".join(line.split("\t")[:6] + ["400", "300"]) for line in lines[1:]]) + "\n")
+    data = rates_from(folder)
+    assert np.all(data["votes"][0.25] == data["drawn"][0.25])
+    kept = {rates: study(folder, n_max=20_000, seeds=1, tolerance=0.0, pilot=6, rates=rates)["plans"]["fixed"]["cells"][-1]
+            for rates in ("jeffreys", "mixture")}                               # r = 0.75: sigma 0.25's r / sigma = 3
+    assert kept["mixture"] > kept["jeffreys"] + 20
+    tiled = study(folder, n_max=2000, seeds=1, tolerance=0.0, pilot=6, images=150)
+    assert tiled["images"] == 150 and tiled["plans"]["fixed"]["samples"] == 150 * 2 * 2100
