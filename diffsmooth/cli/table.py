@@ -85,8 +85,8 @@ def table(spec, demo, out, models_dir, data_dir, check, plan, tolerance, pilot, 
                             "a SPEC names them")
         table_spec = load_spec(spec, {"models": models_dir, "data": data_dir})
         pilot = DEFAULT_PILOT if pilot is None else pilot
-    report = check_table(table_spec, {"models": models_dir, "data": data_dir})
-    for line in report.plan:
+    report = check_table(table_spec, {"models": models_dir, "data": data_dir})      # before any sample: seconds
+    for line in report.plan if check else ():
         _log(line)
     if report.problems:
         for line in report.problems:

@@ -1,0 +1,237 @@
+"""`diffsmooth table SPEC --check` and the shipped specs (specs/paper/): the check passes on the official
+layout (checkpoints built from the official key lists, tests/data/keys/) and says in one line per
+problem, exit 2, what is wrong; every shipped spec parses and reports its missing files cleanly."""
+
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from diffsmooth.cli import main
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.table.check import check_table, named_files, official_shapes
+from diffsmooth.engine.table.spec import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+KEYS = ROOT / "tests" / "data" / "keys"
+SPECS = sorted((ROOT / "specs" / "paper").rglob("*.toml"))
+TABLE1 = ROOT / "specs" / "paper" / "cifar10-table1.toml"
+OFFICIAL = ("cohen_cifar_resnet110", "cohen_cifar_resnet20", "cohen_imagenet_resnet50", "cifar10_uncond_50M_500K",
+            "256x256_diffusion_uncond")
+
+
+def key_list(name):
+    """The official key list: [(name as stored, shape, dtype)]."""
+    return [(k, tuple(shape), dtype) for k, shape, dtype in json.loads((KEYS / f"{name}.json").read_text())["entries"]]
+
+
+def state_dict_from(name, change=None):
+    """A zero-weight state dict with the official names, shapes and dtypes; each tensor is one element
+    expanded (stride 0), so the file stays small. `change(entries)` edits the (name, shape, dtype) list."""
+    entries = key_list(name)
+    if change:
+        entries = change(entries)
+    zero = lambda dtype: torch.zeros((), dtype=getattr(torch, dtype))
+    return {k: zero(dtype).expand(shape) for k, shape, dtype in entries}
+
+
+def save_cohen(path, name="cohen_cifar_resnet110", arch="cifar_resnet110", change=None):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"arch": arch, "state_dict": state_dict_from(name, change), "epoch": 90}, path)
+
+
+@pytest.fixture(scope="module")
+def layout(tmp_path_factory):
+    """MODELS and DATA folders as docs/paper-tables.md lays them out for the CIFAR-10 specs: the official
+    UNet, every classifier (one Cohen-format ResNet-110 file, linked under each official name) and a
+    CIFAR-10 test batch of 10,000 images."""
+    root = tmp_path_factory.mktemp("paper")
+    models, data = root / "models", root / "data"
+    torch.save(state_dict_from("cifar10_uncond_50M_500K"), models.mkdir(parents=True) or models / "cifar10_uncond_50M_500K.pt")
+    save_cohen(root / "resnet110.pth.tar")
+    spec = load_spec(TABLE1, {"models": str(models), "data": str(data)})
+    for path, use in named_files(spec).items():
+        if use.kind == "classifier":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).symlink_to(root / "resnet110.pth.tar")
+    batches = data / "cifar-10-batches-py"
+    batches.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (10000, 3072), dtype=np.uint8)
+    (batches / "test_batch").write_bytes(pickle.dumps({"data": images, "labels": list(range(10)) * 1000}))
+    return models, data
+
+
+def check(spec, models, data, *extra):
+    return CliRunner().invoke(main, ["table", str(spec), "--check", "--models", str(models), "--data", str(data), *extra])
+
+
+def errors(result):
+    return [line for line in result.output.splitlines() if line.startswith("error:")]
+
+
+def replace(path: Path, write):
+    """Put another file where a layout's (linked) file was; returns a function that restores it."""
+    target = path.resolve()
+    path.unlink()
+    write(path)
+
+    def restore():
+        path.unlink()
+        path.symlink_to(target)
+    return restore
+
+
+# -- the official key lists ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", OFFICIAL)
+def test_the_check_compares_with_the_official_key_lists(name):
+    """The check's expected tensors (the engine's architectures on the meta device, prefixes stripped)
+    are exactly the official key lists."""
+    expected = {}
+    for key, shape, _ in key_list(name):
+        for prefix in ("1.module.", "1."):
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+                break
+        expected[key] = shape
+    assert official_shapes(name) == expected
+
+
+# -- the check on the official layout ------------------------------------------------------------
+
+def test_check_passes_on_the_official_layout_and_writes_nothing(layout, tmp_path):
+    models, data = layout
+    out = tmp_path / "table"
+    result = check(TABLE1, models, data, "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "check passed" in result.output and not errors(result)
+    assert "matches the official cohen_cifar_resnet110 key list" in result.output
+    assert "matches the official cifar10_uncond_50M_500K key list" in result.output
+    assert "500 images" in result.output
+    assert "run: DiffSmooth (SmoothAdv), sigma' = sigma/2, sigma 0.25: diffsmooth" in result.output
+    assert "normalization center" in result.output and "normalization normalize" in result.output
+    assert not out.exists()                         # nothing written
+
+
+@pytest.mark.parametrize("spec", [p for p in SPECS if p.name.startswith("cifar10")], ids=lambda p: p.stem)
+def test_every_shipped_cifar10_spec_passes_the_check_on_the_official_layout(layout, spec):
+    result = check(spec, *layout)
+    assert result.exit_code == 0, result.output
+
+
+def _one_error(result, *words):
+    assert result.exit_code == 2, result.output
+    lines = errors(result)
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_missing_file_is_one_line_saying_where_it_comes_from(layout):
+    models, data = layout
+    path = models / "cohen" / "models" / "cifar10" / "resnet110" / "noise_0.00" / "checkpoint.pth.tar"
+    target = path.resolve()
+    path.unlink()
+    try:
+        _one_error(check(TABLE1, models, data), "missing classifier", str(path), "locuslab/smoothing", "DDS (Standard)")
+    finally:
+        path.symlink_to(target)
+    denoiser = models / "cifar10_uncond_50M_500K.pt"
+    moved = denoiser.rename(denoiser.with_suffix(".moved"))
+    try:
+        _one_error(check(TABLE1, models, data), "missing denoiser", "openaipublic.blob.core.windows.net")
+    finally:
+        moved.rename(denoiser)
+
+
+def _rename_first(entries):
+    return [("1.conv0.weight", *entries[0][1:])] + entries[1:]
+
+
+def _widen_fc(entries):
+    return [(k, (100, 64) if k == "1.fc.weight" else s, d) for k, s, d in entries]
+
+
+@pytest.mark.parametrize("change,words", [
+    (_rename_first, ["1 missing, 1 unexpected, 0 mis-shaped", "conv1.weight", "conv0.weight"]),
+    (_widen_fc, ["0 missing, 0 unexpected, 1 mis-shaped", "fc.weight [100, 64] (official [10, 64])"]),
+], ids=["wrong-key", "wrong-shape"])
+def test_a_wrong_key_or_shape_is_one_line_naming_it(layout, change, words):
+    models, data = layout
+    path = models / "smoothadv" / "pretrained_models" / "cifar10" / "PGD_10steps_multiNoiseSamples" / "4-multitrain" / \
+        "eps_64" / "cifar10" / "resnet110" / "noise_0.12" / "checkpoint.pth.tar"
+    restore = replace(path, lambda p: save_cohen(p, change=change))
+    try:
+        _one_error(check(TABLE1, models, data), "does not match the official cohen_cifar_resnet110 key list", *words)
+    finally:
+        restore()
+
+
+class NotWeights:
+    """Any class: unpickling it would run code, so weights-only loading refuses the file."""
+
+
+def test_a_file_that_is_not_weights_only_is_one_line(layout):
+    models, data = layout
+    path = models / "cohen" / "models" / "cifar10" / "resnet110" / "noise_1.00" / "checkpoint.pth.tar"
+    restore = replace(path, lambda p: torch.save({"arch": "cifar_resnet110", "state_dict": {}, "x": NotWeights()}, p))
+    try:
+        _one_error(check(TABLE1, models, data), "refusing to load", str(path), "NotWeights")
+    finally:
+        restore()
+
+
+def test_a_missing_data_folder_or_image_is_one_line(layout, tmp_path):
+    models, _ = layout
+    _one_error(check(TABLE1, models, tmp_path), "missing data folder", "cifar-10-python.tar.gz")
+    short = tmp_path / "cifar-10-batches-py"
+    short.mkdir()
+    (short / "test_batch").write_bytes(pickle.dumps({"data": np.zeros((5000, 3072), np.uint8), "labels": [0] * 5000}))
+    _one_error(check(TABLE1, models, tmp_path), "the selection holds 250 images", "expects 500")
+
+
+def test_a_normalisation_other_than_the_sources_is_one_line(layout, tmp_path):
+    models, data = layout
+    text = TABLE1.read_text().replace('source = "smoothadv"\n', 'source = "smoothadv"\nnormalization = "normalize"\n', 1)
+    spec = tmp_path / "wrong.toml"
+    spec.write_text(text)
+    _one_error(check(spec, models, data), "line 'SmoothAdv (Salman et al.)': normalization 'normalize'", "center")
+
+
+# -- every shipped spec ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: str(p.relative_to(ROOT / "specs" / "paper")))
+def test_every_shipped_spec_parses_and_reports_its_missing_files(spec, tmp_path):
+    """With empty folders: one `error: missing ...` line per file and one for the data, exit 2."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "d").mkdir()
+    parsed = load_spec(spec, {"models": str(tmp_path / "m"), "data": str(tmp_path / "d")})
+    assert parsed.data.get("images") == 500 and parsed.alpha == 0.001 and parsed.n0 == 100
+    assert all(line.source for line in parsed.lines)
+    result = check(spec, tmp_path / "m", tmp_path / "d")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    lines = errors(result)
+    assert len(lines) == len(named_files(parsed)) + 1, result.output
+    assert all(line.startswith("error: missing ") and "get it from" in line for line in lines), result.output
+
+
+def test_a_placeholder_without_its_folder_is_one_line(tmp_path):
+    with pytest.raises(UserError, match=r"uses \{models\}: give --models DIR"):
+        load_spec(TABLE1, {"data": str(tmp_path)})
+    result = CliRunner().invoke(main, ["table", str(TABLE1), "--check", "--data", str(tmp_path)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "give --models DIR" in result.output
+
+
+def test_specs_without_the_new_keys_keep_their_fingerprint():
+    """`source` / `normalization` / `images` left out: the spec's dict (and fingerprint) is as before."""
+    spec = parse_spec({"line": [{"method": "rs"}], "data": {"dataset": "embedded", "skip": 50}})
+    assert set(spec.as_dict()["lines"][0]) == {"name", "method", "classifier", "local_sigma", "m", "local_noise"}
+    report = check_table(spec)
+    assert not report.problems and any(line.startswith("data: embedded") for line in report.plan)
