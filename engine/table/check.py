@@ -179,8 +179,8 @@ def check_data(spec: TableSpec) -> Tuple[List[str], List[str]]:
         indices = dataset.indices_selected(skip, stop)
     except UserError as exc:
         return [], [f"data: {exc}"]
-    plan = [f"data: {kind or 'embedded'} {path or ''} ({len(dataset):,} images): every {skip}th"
-            f"{f' below {stop}' if stop else ''}, {len(indices)} images"]
+    plan = [f"data: {kind or 'embedded'}{f' {path}' if path else ''} ({len(dataset):,} images): indices divisible by "
+            f"{skip}{f' below {stop}' if stop else ''}, {len(indices)} images"]
     if images is not None and len(indices) != images:
         return plan, [f"data: the selection holds {len(indices)} images of {path}, the spec expects {images} "
                       f"(every {skip}th of {images * skip:,}); is it the whole {kind} test set? ({where})"]
@@ -209,19 +209,27 @@ def describe_runs(spec: TableSpec) -> List[str]:
 
 
 def check_table(spec: TableSpec, folders: Optional[Dict[str, Optional[str]]] = None) -> CheckReport:
-    """Everything the table needs, checked without drawing a sample."""
+    """Everything the table needs, checked without drawing a sample; `folders` ({"models": DIR, "data": DIR})
+    name the folders in the download hints."""
+    folders = folders or {}
     report = CheckReport(describe_runs(spec))
-    for name, folder in (folders or {}).items():
+    for name, folder in folders.items():
         if folder and not os.path.isdir(os.path.expanduser(folder)):
             report.problems.append(f"--{name} {folder}: no such folder")
+    problems = []
     for path, use in named_files(spec).items():
         problem, checked = check_file(path, use, spec)
         if problem:
-            report.problems.append(problem)
+            problems.append(problem)
         else:
             report.plan.append(f"file: {path}: {checked}")
-    report.problems += check_normalization(spec)
-    plan, problems = check_data(spec)
+    problems += check_normalization(spec)
+    plan, data_problems = check_data(spec)
     report.plan += plan
-    report.problems += problems
+    for line in problems + data_problems:           # the download hints name the user's folders
+        head, hint, where = line.partition("; get it from ")
+        for name, word in (("models", "MODELS"), ("data", "DATA")):
+            if folders.get(name):
+                where = where.replace(word, folders[name].rstrip("/") or "/")
+        report.problems.append(head + hint + where)
     return report

@@ -190,7 +190,8 @@ def test_a_file_that_is_not_weights_only_is_one_line(layout):
 
 def test_a_missing_data_folder_or_image_is_one_line(layout, tmp_path):
     models, _ = layout
-    _one_error(check(TABLE1, models, tmp_path), "missing data folder", "cifar-10-python.tar.gz")
+    _one_error(check(TABLE1, models, tmp_path), "missing data folder", "cifar-10-python.tar.gz",
+               f"extracted into {tmp_path} ({tmp_path}/cifar-10-batches-py/test_batch)")
     short = tmp_path / "cifar-10-batches-py"
     short.mkdir()
     (short / "test_batch").write_bytes(pickle.dumps({"data": np.zeros((5000, 3072), np.uint8), "labels": [0] * 5000}))
@@ -220,6 +221,34 @@ def test_every_shipped_spec_parses_and_reports_its_missing_files(spec, tmp_path)
     lines = errors(result)
     assert len(lines) == len(named_files(parsed)) + 1, result.output
     assert all(line.startswith("error: missing ") and "get it from" in line for line in lines), result.output
+
+
+def test_a_lines_source_sets_its_runs_normalisation(tmp_path):
+    """cohen: divide by the std; smoothadv: subtract the mean; beit: the timm model's own statistics, even
+    where [models] names a normalisation; a line's own `normalization` wins."""
+    folders = {"models": str(tmp_path), "data": str(tmp_path)}
+    table1 = load_spec(TABLE1, folders)
+    layers = {line.name: table1.request_options(line, 0.5).get("normalization") for line in table1.lines}
+    assert layers["Gaussian (Cohen et al.)"] == "normalize" and layers["SmoothAdv (Salman et al.)"] == "center"
+    beit_file = tmp_path / "beit.toml"
+    beit_file.write_text((ROOT / "specs" / "paper" / "imagenet-table2-beit.toml").read_text()
+                         .replace('preset = "imagenet"', 'preset = "imagenet"\nnormalization = "normalize"'))
+    beit = load_spec(beit_file, folders)
+    assert beit.models["normalization"] == "normalize"
+    assert all("normalization" not in beit.request_options(line, 0.5) for line in beit.lines)
+    own = parse_spec({"line": [{"method": "rs", "source": "smoothadv", "normalization": "none"}],
+                      "data": {"dataset": "embedded"}})
+    assert own.request_options(own.lines[0], 0.5)["normalization"] == "none"
+    with pytest.raises(UserError, match="source must be one of cohen, smoothadv, beit"):
+        parse_spec({"line": [{"method": "rs", "source": "madry"}]})
+
+
+def test_check_and_out(tmp_path):
+    """--check needs no --out; a table without --check needs one; the demo passes the check."""
+    result = CliRunner().invoke(main, ["table", "--demo"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "give --out DIR" in result.output
+    result = CliRunner().invoke(main, ["table", "--demo", "--check"])
+    assert result.exit_code == 0 and "check passed" in result.output and "run: DiffSmooth, sigma 1: diffsmooth" in result.output
 
 
 def test_a_placeholder_without_its_folder_is_one_line(tmp_path):
