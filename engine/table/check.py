@@ -23,7 +23,7 @@ from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import extract_state_dict, read_checkpoint
 from diffsmooth.engine.models.resnet import ARCHITECTURES, DEFAULT_NORMALIZATION, build_classifier_net
-from diffsmooth.engine.models.timm_models import is_timm_arch
+from diffsmooth.engine.models.timm_models import adapt_timm_state_dict, create_timm_net, is_timm_arch
 from diffsmooth.engine.models.unet import UNetModel, unet_config
 from diffsmooth.engine.table.sources import CLASSIFIER_KEYS, DATASETS, DENOISERS, SOURCES, UNET_KEYS
 from diffsmooth.engine.table.spec import TableSpec
@@ -71,9 +71,17 @@ def _shape(shape) -> str:
     return "[" + ", ".join(str(int(s)) for s in shape) + "]"
 
 
-def compare_keys(state_dict, name: str) -> Optional[str]:
-    """None when the state dict has the official names and shapes, else what differs (one line)."""
-    expected = official_shapes(name)
+@lru_cache(maxsize=None)
+def timm_net(arch: str):
+    """A timm classifier on the meta device (no weights, no memory): its state dict names the tensors a
+    checkpoint of `arch` must hold for the timm version installed."""
+    return create_timm_net(arch, device="meta")
+
+
+def compare_keys(state_dict, name: str, expected: Optional[Dict[str, Tuple[int, ...]]] = None) -> Optional[str]:
+    """None when the state dict has the official names and shapes (`expected`, else the key list `name`),
+    else what differs (one line)."""
+    expected = official_shapes(name) if expected is None else expected
     got = {k: tuple(v.shape) for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
     missing = [k for k in expected if k not in got and not k.endswith("num_batches_tracked")]
     unexpected = [k for k in got if k not in expected]
@@ -88,7 +96,8 @@ def compare_keys(state_dict, name: str) -> Optional[str]:
     if wrong:
         parts.append("mis-shaped " + ", ".join(f"{k} {_shape(got[k])} (official {_shape(expected[k])})"
                                               for k in wrong[:_SHOW]))
-    return f"does not match the official {name} key list: " + "; ".join(parts)
+    return f"does not match the {'official ' if name in CLASSIFIER_KEYS.values() or name in UNET_KEYS.values() else ''}" \
+           f"{name} key list: " + "; ".join(parts)
 
 
 def named_files(spec: TableSpec) -> Dict[str, FileUse]:
@@ -137,7 +146,15 @@ def check_file(path: str, use: FileUse, spec: TableSpec) -> Tuple[Optional[str],
             if not is_timm_arch(arch):
                 return f"{use.who()}: {path} records architecture {arch!r}, not a timm model such as " \
                        f"beit_large_patch16_224", ""
-            return None, f"loads ({arch}; no official key list for timm models)"
+            try:
+                net = timm_net(arch)
+                state_dict = adapt_timm_state_dict(net, state_dict)
+            except UserError as exc:
+                return f"{use.who()}: {path}: {exc}", ""
+            expected = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+            mismatch = compare_keys(state_dict, f"timm {arch}", expected)
+            return (f"{use.who()}: {path} {mismatch}", "") if mismatch else \
+                (None, f"matches the timm {arch} key list (no official list ships)")
         if arch not in CLASSIFIER_KEYS:
             return f"{use.who()}: {path} records architecture {arch!r}; official checkpoints of this source are " \
                    f"{', '.join(CLASSIFIER_KEYS)}", ""

@@ -264,3 +264,34 @@ def test_specs_without_the_new_keys_keep_their_fingerprint():
     assert set(spec.as_dict()["lines"][0]) == {"name", "method", "classifier", "local_sigma", "m", "local_noise"}
     report = check_table(spec)
     assert not report.problems and any(line.startswith("data: embedded") for line in report.plan)
+
+
+def test_beit_checkpoints_are_compared_with_the_timm_model(tmp_path):
+    """BEiT-L/16 has no official key list: its files must hold the installed timm model's tensors
+    (after timm's own renaming of older checkpoints), built on the meta device."""
+    from diffsmooth.engine.table.check import timm_net
+    try:
+        net = timm_net("beit_large_patch16_224")
+    except UserError as exc:
+        pytest.skip(f"timm is not installed: {exc}")
+    spec_path = ROOT / "specs" / "paper" / "imagenet-sigma-prime" / "beit-sigma-0.25.toml"
+    models = tmp_path / "m"
+    models.mkdir()
+    torch.save(state_dict_from("256x256_diffusion_uncond"), models / "256x256_diffusion_uncond.pt")
+    tensors = {f"1.{k}": torch.zeros((), dtype=v.dtype).expand(v.shape) for k, v in net.state_dict().items()}
+    spec = load_spec(spec_path, {"models": str(models), "data": str(tmp_path)})
+    files = [path for path, use in named_files(spec).items() if use.kind == "classifier"]
+    for path in files:
+        Path(path).parent.mkdir(parents=True)
+        torch.save({"arch": "beit_large_patch16_224", "state_dict": tensors}, path)
+    report = check_table(spec)
+    assert [p for p in report.problems if not p.startswith("missing data folder")] == []
+    assert sum("matches the timm beit_large_patch16_224 key list" in line for line in report.plan) == 2
+    assert any("matches the official 256x256_diffusion_uncond key list" in line for line in report.plan)
+    del tensors["1.head.weight"]
+    torch.save({"arch": "beit_large_patch16_224", "state_dict": tensors}, files[0])
+    torch.save({"arch": "resnet50", "state_dict": tensors}, files[1])
+    problems = [p for p in check_table(spec).problems if not p.startswith("missing data folder")]
+    assert len(problems) == 2
+    assert "does not match the timm beit_large_patch16_224 key list: 1 missing" in problems[0]
+    assert "records architecture 'resnet50', not a timm model" in problems[1]
