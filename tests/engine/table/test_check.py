@@ -295,3 +295,24 @@ def test_beit_checkpoints_are_compared_with_the_timm_model(tmp_path):
     assert len(problems) == 2
     assert "does not match the timm beit_large_patch16_224 key list: 1 missing" in problems[0]
     assert "records architecture 'resnet50', not a timm model" in problems[1]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: str(p.relative_to(ROOT / "specs" / "paper")))
+def test_shipped_specs_have_the_papers_settings(spec, tmp_path):
+    """n (100,000 on CIFAR-10, 10,000 on ImageNet), Cohen et al.'s 500-image selection, m = 21 outside the
+    m ablation, and every DiffSmooth line's local noise at its classifier's training level plus the
+    paper's shift (CIFAR-10 + 0.03; ImageNet + 0.01 at sigma 0.25, + 0.02 above)."""
+    parsed = load_spec(spec, {"models": str(tmp_path), "data": str(tmp_path)})
+    cifar = parsed.data["dataset"] == "cifar10"
+    assert (parsed.n_max, parsed.data["skip"]) == ((100000, 20) if cifar else (10000, 100))
+    assert parsed.sigmas == (0.25, 0.5, 1.0) or len(parsed.sigmas) == 1
+    for line in parsed.lines:
+        if line.method != "diffsmooth":
+            continue
+        for sigma in parsed.sigmas:
+            path, = line.classifier[sigma]
+            level = float(path.rsplit("noise_", 1)[1].split("/")[0].removeprefix("sd"))
+            shift = 0.03 if cifar else (0.01 if sigma == 0.25 else 0.02)
+            assert line.local_sigma[sigma] == (pytest.approx(level + shift),), (line.name, sigma)
+            assert level <= sigma
+            assert line.m[sigma] == ((int(line.name.rsplit("m = ", 1)[1]),) if "ablation" in spec.name else (21,))
