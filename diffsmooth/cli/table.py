@@ -7,6 +7,7 @@ import click
 from diffsmooth.cli.options import BATCH, SAMPLES, THREADS, Count, Number
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, command_line
+from diffsmooth.engine.table.check import check_table
 from diffsmooth.engine.table.planning import DEFAULT_MARGIN, DEFAULT_REACH, PLANS
 from diffsmooth.engine.table.race import DEFAULT_TOLERANCE
 from diffsmooth.engine.table.spec import DEMO_IMAGES, DEMO_N_MAX, demo_spec, load_spec
@@ -25,8 +26,15 @@ def _log(line: str) -> None:
               help=f"The embedded demo table instead of SPEC: Fashion-MNIST demo models, sigma 0.25 / 0.5 / 1.0, radii "
                    f"0 to 2.0, {DEMO_IMAGES} images, n-max {DEMO_N_MAX}, pilot {DEMO_PILOT} (estimated about ten "
                    f"minutes on 2 idle CPU cores with every line).")
-@click.option("--out", required=True, type=click.Path(file_okay=False),
+@click.option("--out", type=click.Path(file_okay=False),
               help="The table's folder (runs/, plan.json, cost.json, table.md, table.tex, curves.png, summary.json).")
+@click.option("--models", "models_dir", type=click.Path(file_okay=False),
+              help="The folder a spec's {models} paths start from (specs/paper/: docs/paper-tables.md).")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False), help="The folder a spec's {data} paths start from.")
+@click.option("--check", is_flag=True,
+              help="Check that every file SPEC names is in place (exists, loads weights-only, official keys and "
+                   "shapes, normalisation, data and selected images), print what would run, write nothing. "
+                   "Every table runs this check first.")
 @click.option("--plan", "plan", type=click.Choice(PLANS), default="race", show_default=True,
               help="race: the sigmas race for each radius until every cell is within --tolerance of all's; auto: a "
                    "pilot assigns each radius to the sigmas that can win it; all: every sigma settles every radius "
@@ -54,8 +62,8 @@ def _log(line: str) -> None:
               help="--demo: the compiled static-batch fast path [default: on for CUDA].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and its cost estimate (after the pilot) and stop.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def table(spec, demo, out, plan, tolerance, pilot, margin, reach, rows, images, n_max, device, threads, batch, compile_,
-          dry_run, quiet):
+def table(spec, demo, out, models_dir, data_dir, check, plan, tolerance, pilot, margin, reach, rows, images, n_max, device,
+          threads, batch, compile_, dry_run, quiet):
     """The paper's table in one command: which sigma settles which radius, the cost first, table.md/tex, curves.png.
 
     Certified accuracy per radius, best over sigma, for every line of SPEC (a TOML file; see
@@ -63,6 +71,10 @@ def table(spec, demo, out, plan, tolerance, pilot, margin, reach, rows, images, 
     table stopped at any point (Ctrl-C, SIGTERM) continues when the same command runs again."""
     if demo == (spec is not None):
         raise UserError("give SPEC or --demo (one of them)")
+    if out is None and not check:
+        raise UserError("give --out DIR (the table's folder), or --check")
+    if demo and (models_dir or data_dir):
+        raise UserError("`models_dir` and `data_dir` belong to a SPEC (the demo ships its models and data)")
     if demo:
         table_spec = demo_spec(tuple(r.strip() for r in rows.split(",") if r.strip()), images, n_max, device, threads,
                                batch, compile_)
@@ -71,8 +83,19 @@ def table(spec, demo, out, plan, tolerance, pilot, margin, reach, rows, images, 
         if (images, n_max, threads, batch, compile_) != (None,) * 5 or rows != "rs,dds,diffsmooth" or device != "cpu":
             raise UserError("`rows`, `images`, `n_max`, `device`, `threads`, `batch` and `compile` belong to `demo`; "
                             "a SPEC names them")
-        table_spec = load_spec(spec)
+        table_spec = load_spec(spec, {"models": models_dir, "data": data_dir})
         pilot = DEFAULT_PILOT if pilot is None else pilot
+    report = check_table(table_spec, {"models": models_dir, "data": data_dir})      # before any sample: seconds
+    for line in report.plan if check else ():
+        _log(line)
+    if report.problems:
+        for line in report.problems:
+            click.echo(f"error: {line}", err=True)
+        _log(f"table: {len(report.problems)} problem(s); nothing was run or written")
+        raise SystemExit(2)
+    if check:
+        _log("table: check passed; nothing was run or written")
+        return
     builder = TableBuilder(table_spec, out, plan=plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance, log=_log,
                            command=command_line(), progress=not quiet)
     try:

@@ -69,8 +69,9 @@ def _numpy_safe_globals() -> list:
     return out
 
 
-def read_checkpoint(path) -> object:
-    """torch.load(path, map_location="cpu", weights_only=True) with one-line UserErrors for bad files."""
+def read_checkpoint(path, mmap: bool = False) -> object:
+    """torch.load(path, map_location="cpu", weights_only=True) with one-line UserErrors for bad files;
+    `mmap`: map a zip-format file instead of reading it (its tensors' bytes are read only when touched)."""
     p = Path(path)
     if not p.exists():
         raise UserError(f"checkpoint not found: {p}")
@@ -88,15 +89,16 @@ def read_checkpoint(path) -> object:
     except OSError as exc:
         raise UserError(f"cannot read checkpoint {p}: {exc.strerror or exc}") from None
     is_zip = head.startswith(b"PK\x03\x04")
+    options = {"mmap": True} if mmap and is_zip else {}
 
     allow = getattr(torch.serialization, "safe_globals", None)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             if allow is None:  # older torch: no allowlist context
-                return torch.load(p, map_location="cpu", weights_only=True)
+                return torch.load(p, map_location="cpu", weights_only=True, **options)
             with allow(_numpy_safe_globals()):
-                return torch.load(p, map_location="cpu", weights_only=True)
+                return torch.load(p, map_location="cpu", weights_only=True, **options)
     except pickle.UnpicklingError as exc:
         msg = str(exc)
         glob = re.search(r"Unsupported global: GLOBAL ([\w.]+)", msg)

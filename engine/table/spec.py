@@ -11,7 +11,13 @@
     [models] denoiser, preset, unet_config, schedule, diffusion_steps, arch, normalization, stats
     [run]    device, precision, batch, compile, cuda_graphs, streams, fused_attention, backend, onnx_dir,
              threads, window
-    [[line]] name, method (rs | dds | diffsmooth), classifier, local_sigma, m, local_noise
+    [[line]] name, method (rs | dds | diffsmooth), classifier, local_sigma, m, local_noise, source, normalization
+
+Paths may start with `{models}` or `{data}`: the folders given on the command line (`--models DIR`,
+`--data DIR`), so a shipped spec (specs/paper/) needs no editing. `[data] images` is the number of
+images the selection must hold (checked by `diffsmooth table --check`). A line's `source` (cohen,
+smoothadv, beit: engine/table/sources.py) names where its classifiers come from, which fixes their
+normalisation unless the line names one (`normalization`, overriding [models]).
 
 A line's classifier / local_sigma / m is one value, a list (a one-pass sweep; the cell takes the best
 configuration), or a table keyed by sigma ("0.25" = ...). No classifier: the demo classifier for the
@@ -23,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,16 +37,19 @@ from typing import Dict, Optional, Tuple
 
 from diffsmooth.engine.choices import MAX_SAMPLES, MAX_SEED
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models.resnet import NORMALIZATION_MODES
 from diffsmooth.engine.models.shipped import DEMO_TRAINING_SIGMAS
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.table.sources import SOURCES
 
 METHODS = ("rs", "dds", "diffsmooth")
 TOP_KEYS = {"title", "sigmas", "radii", "n0", "n_max", "alpha", "seed", "data", "models", "run", "line"}
-DATA_KEYS = {"dataset", "data", "split", "skip", "max"}
+DATA_KEYS = {"dataset", "data", "split", "skip", "max", "images"}
 MODEL_KEYS = {"denoiser", "preset", "unet_config", "schedule", "diffusion_steps", "arch", "normalization", "stats"}
 RUN_KEYS = {"device", "precision", "batch", "compile", "cuda_graphs", "streams", "fused_attention", "backend",
             "onnx_dir", "threads", "window"}
-LINE_KEYS = {"name", "method", "classifier", "local_sigma", "m", "local_noise"}
+LINE_KEYS = {"name", "method", "classifier", "local_sigma", "m", "local_noise", "source", "normalization"}
+FOLDERS = ("models", "data")                    # the {models} / {data} placeholders of a spec's paths
 
 DEMO_SIGMAS = tuple(s for s in DEMO_TRAINING_SIGMAS if s > 0)
 DEMO_RADII = tuple(r / 4 for r in range(9))                          # 0, 0.25, ..., 2.0
@@ -56,6 +66,15 @@ class LineSpec:
     local_sigma: Dict[float, Tuple[float, ...]]
     m: Dict[float, Tuple[int, ...]]
     local_noise: str = "fixed"
+    source: Optional[str] = None            # engine/table/sources.py: where the classifiers come from
+    normalization: Optional[str] = None     # the classifiers' input layer; None: the source's, else [models]'
+
+    @property
+    def input_layer(self) -> Optional[str]:
+        """The normalisation this line asks for (its own, else its source's; None: [models] decides)."""
+        if self.normalization is not None:
+            return self.normalization
+        return SOURCES[self.source].normalization if self.source is not None else None
 
     @property
     def slug(self) -> str:
@@ -85,6 +104,10 @@ class TableSpec:
         d["lines"] = [dict(asdict(line), classifier={f"{k:g}": list(v) for k, v in line.classifier.items()},
                            local_sigma={f"{k:g}": list(v) for k, v in line.local_sigma.items()},
                            m={f"{k:g}": list(v) for k, v in line.m.items()}) for line in self.lines]
+        for line in d["lines"]:                 # not given: left out, so older specs keep their fingerprint
+            for key in ("source", "normalization"):
+                if line[key] is None:
+                    del line[key]
         return d
 
     def fingerprint(self) -> str:
@@ -100,6 +123,10 @@ class TableSpec:
                        skip=data.get("skip", 1), max_index=data.get("max"), quiet=True)
         options.update(self.models)
         options.update(self.run)
+        if line.input_layer is not None:
+            options["normalization"] = line.input_layer
+        elif line.source is not None:           # a timm source: the model's own input statistics
+            options.pop("normalization", None)
         return options
 
 
@@ -182,7 +209,7 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
             raise UserError(f"{where}: [{name}] must be a table")
         _unknown(f"{where}: [{name}]", table, allowed)
         sections[name] = dict(table)
-    for key in ("skip", "max"):
+    for key in ("skip", "max", "images"):
         if key in sections["data"]:
             _number(f"{where}: data.{key}", sections["data"][key], int, 1)
     raw_lines = doc.get("line")
@@ -203,12 +230,17 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
         names.add(name)
         if method != "diffsmooth" and ({"local_sigma", "m"} & set(raw)):
             raise UserError(f"{at}: local_sigma and m belong to diffsmooth lines")
+        source, layer = raw.get("source"), raw.get("normalization")
+        if source is not None and source not in SOURCES:
+            raise UserError(f"{at}: source must be one of {', '.join(SOURCES)}, got {source!r}")
+        if layer is not None and layer not in NORMALIZATION_MODES:
+            raise UserError(f"{at}: normalization must be one of {', '.join(NORMALIZATION_MODES)}, got {layer!r}")
         lines.append(LineSpec(
             name, method, _per_sigma(f"{at}.classifier", raw.get("classifier"), sigmas, _path),
             _per_sigma(f"{at}.local_sigma", raw.get("local_sigma"), sigmas,
                        lambda w, v: _number(w, v, float, 0.0, strict=True)),
             _per_sigma(f"{at}.m", raw.get("m"), sigmas, lambda w, v: _number(w, v, int, 1)),
-            str(raw.get("local_noise", "fixed"))))
+            str(raw.get("local_noise", "fixed")), source, layer))
     title = doc.get("title", "certified accuracy")
     if not isinstance(title, str):
         raise UserError(f"{where}: title must be a string, got {title!r}")
@@ -235,8 +267,40 @@ def check_requests(spec: TableSpec, where: str = "spec") -> None:
                 raise UserError(f"{where}: line {line.name!r} at sigma {sigma:g}: {exc}") from None
 
 
-def load_spec(path) -> TableSpec:
-    """Read and check a TOML spec file."""
+def resolve_folders(doc, folders: Dict[str, Optional[str]], where: str = "spec"):
+    """The document with `{models}` / `{data}` in its [data], [models], [run] values and line classifiers
+    replaced by the folders given (`--models`, `--data`); one UserError line for a placeholder whose
+    folder was not given."""
+    def fill(value, at: str):
+        if isinstance(value, str):
+            for name in FOLDERS:
+                token = "{" + name + "}"
+                if token in value:
+                    folder = folders.get(name)
+                    if not folder:
+                        raise UserError(f"{where}: {at} uses {token}: give --{name} DIR")
+                    value = value.replace(token, os.path.expanduser(str(folder)).rstrip("/") or "/")
+            return value
+        if isinstance(value, list):
+            return [fill(v, at) for v in value]
+        if isinstance(value, dict):
+            return {k: fill(v, f"{at}.{k}") for k, v in value.items()}
+        return value
+    if not isinstance(doc, dict):
+        return doc
+    out = dict(doc)
+    for section in ("data", "models", "run"):
+        if isinstance(doc.get(section), dict):
+            out[section] = fill(doc[section], f"[{section}]")
+    if isinstance(doc.get("line"), list):
+        out["line"] = [dict(raw, classifier=fill(raw["classifier"], f"line {k} classifier"))
+                       if isinstance(raw, dict) and "classifier" in raw else raw
+                       for k, raw in enumerate(doc["line"], 1)]
+    return out
+
+
+def load_spec(path, folders: Optional[Dict[str, Optional[str]]] = None) -> TableSpec:
+    """Read and check a TOML spec file; `folders` fill its {models} / {data} placeholders."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -248,7 +312,7 @@ def load_spec(path) -> TableSpec:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML ({exc})") from None
-    spec = parse_spec(doc, str(path))
+    spec = parse_spec(resolve_folders(doc, folders or {}, str(path)), str(path))
     if not spec.alpha < 1:
         raise UserError(f"{path}: alpha must be in (0, 1), got {spec.alpha}")
     return spec
