@@ -46,3 +46,20 @@ def test_import_layers_hold():
     result = subprocess.run([lint, "--no-cache"], capture_output=True, text=True, check=False, cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "0 broken" in result.stdout
+
+
+def test_every_package_folder_is_installed():
+    """A non-editable install carries only the listed packages: every folder with an __init__.py must be one."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    for name, folder in config["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(root / folder)
+            if "results" in relative.parts:
+                continue
+            package = ".".join([name, *relative.parts])
+            assert package in listed, f"{package} ({init.parent}) is not in pyproject.toml's packages"
