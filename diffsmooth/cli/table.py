@@ -40,7 +40,8 @@ def _log(line: str) -> None:
                    "pilot assigns each radius to the sigmas that can win it; all: every sigma settles every radius "
                    "(sequential); fixed: fixed-n CERTIFY at n = n-max (the paper's way).")
 @click.option("--tolerance", type=Number(0, 100, label="the tolerance"), default=DEFAULT_TOLERANCE, show_default=True,
-              help="race: the most, in points, a cell may be below --plan all's (a deterministic bound; 0: all's cells).")
+              help="race: the most, in points, a cell may be below --plan all's (a deterministic bound; 0: all's cells). "
+                   "A smaller one on a race's folder continues it.")
 @click.option("--pilot", type=Count(1), default=None,
               help=f"Pilot images (race: for the cost prediction; auto: for the plan), an even stride through the "
                    f"selection [default: {DEFAULT_PILOT}; demo: {DEMO_PILOT}].")

@@ -167,6 +167,15 @@ class TableBuilder:
                 held = json.loads(path.read_text())
             except ValueError:
                 raise UserError(f"{path} is damaged (not JSON); use another --out") from None
+            if self._tightens(held, identity):
+                self.log(f"table: race, the tolerance goes from {held['tolerance']:g} to {self.tolerance:g} points: "
+                         f"the finished rows stay, and more images are settled until every cell is within it")
+                held["tolerance"] = self.tolerance
+                plan = self.out / "plan.json"
+                if plan.exists():
+                    dataclasses.replace(TablePlan.read(plan), tolerance=self.tolerance).write(plan)
+                path.write_text(json.dumps(held, indent=1, allow_nan=False) + "\n")
+                return
             if {k: held.get(k) for k in identity} != json.loads(json.dumps(identity)):
                 changed = [name for k, name in (("spec_fingerprint", "spec"), ("plan", "plan"), ("pilot", "pilot size"),
                                                 ("margin", "margin"), ("reach", "reach"), ("tolerance", "tolerance"))
@@ -176,6 +185,15 @@ class TableBuilder:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(identity, indent=1, allow_nan=False) + "\n")
+
+    @staticmethod
+    def _tightens(held: dict, identity: dict) -> bool:
+        """A finished or interrupted race asked again with a smaller tolerance, and nothing else changed:
+        its rows stay valid (every row is about `all` on the same paths), so it continues."""
+        same = {k: held.get(k) for k in identity if k != "tolerance"} == json.loads(json.dumps(
+            {k: v for k, v in identity.items() if k != "tolerance"}))
+        return (same and identity.get("plan") == "race" and isinstance(held.get("tolerance"), (int, float))
+                and identity["tolerance"] < held["tolerance"])
 
     # -- runs ------------------------------------------------------------------------------------
 

@@ -174,6 +174,14 @@ def test_race_table_equals_the_all_table_records_its_bounds_and_resumes_to_the_s
     from diffsmooth.cli import main
     other = CliRunner().invoke(main, _table(tmp_path, "--tolerance", "1"))
     assert other.exit_code == 2 and "another tolerance" in other.output
+    # a loose race asked again with a smaller tolerance continues from its rows to all's cells
+    invoke_ok(_table(tmp_path, "--tolerance", "60", folder="loose"))     # 4 of 7 images
+    loose = json.loads((tmp_path / "loose" / "summary.json").read_text())["rows"][0]["cells"]
+    assert any(c["most_below_all"] > 0 for c in loose), "the loose race left no gap: the test does not exercise it"
+    invoke_ok(_table(tmp_path, "--tolerance", "0", folder="loose"))
+    tight = json.loads((tmp_path / "loose" / "summary.json").read_text())["rows"][0]["cells"]
+    assert [c["certified_accuracy"] for c in tight] == cells and all(c["most_below_all"] == 0 for c in tight)
+    assert json.loads((tmp_path / "loose" / "table.json").read_text())["tolerance"] == 0
 
 
 def test_the_race_is_the_default_plan_and_a_tolerance_outside_0_100_is_refused(tmp_path):
