@@ -33,4 +33,4 @@ def purify(dataset, data, sigma, local_sigma, m, images, seed, out, classifier, 
     sources = resolve_sources(classifier=classifier[0] if classifier else None, dataset_kind=kind, **model)
     path = purify_grid(out, sources=sources, dataset=ds, images=images, sigma=sigma,
                        local_sigma=local_sigma, m=m, seed=seed)
-    click.echo(f"wrote {path} (rows: clean, noisy, denoised, {m} locally-noised)")
+    click.echo(f"wrote {path} (rows, labelled in the picture: clean, noisy, denoised, {m} locally-noised)")

@@ -1,5 +1,6 @@
 """The main job end to end at a tiny n on the shipped models and data, and the purify figure."""
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -57,5 +58,11 @@ def test_purify_writes_the_figure(tmp_path):
     result = CliRunner().invoke(main, ["purify", "--images", "3", "--m", "2", "--out", str(out)])
     assert result.exit_code == 0, result.output
     image = Image.open(out)
-    # rows: clean, noisy, denoised, 2 locally noised; 32x32 tiles scaled 3x
-    assert image.size[1] == 5 * 32 * 3 and image.size[0] == 3 * (32 * 3 + 2)
+    # rows: clean, noisy, denoised, 2 locally noised; 32x32 tiles scaled 3x, after a column of labels
+    tiles = 3 * (32 * 3 + 2)
+    assert image.size[1] == 5 * 32 * 3 and image.size[0] > tiles
+    labels = np.asarray(image.convert("L"))[:, : image.size[0] - tiles]
+    inked = [labels[k * 96:(k + 1) * 96] < 128 for k in range(5)]
+    assert all(row.sum() > 20 for row in inked)                             # every row has its label
+    assert len({row.tobytes() for row in inked}) == 5                       # and the labels differ
+    assert "labelled" in result.output
