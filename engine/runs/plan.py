@@ -19,6 +19,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
+from diffsmooth.engine.models.diffusers_folder import denoiser_identity
 from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch
 from diffsmooth.engine.runs.locks import check_unlocked, hold_lock
@@ -142,6 +143,10 @@ class ResolvedRun:
         if not self.is_sweep and r.method[0] != "diffsmooth":
             for k in ("local_sigma", "m", "local_noise"):
                 settings.pop(k)
+        if r.scheduler is not None:
+            settings["scheduler"] = r.scheduler
+        # a diffusers folder: its format and the sha256 of its weights and configs (checkpoint files: nothing added)
+        settings.update(denoiser_identity(r.denoiser, r.scheduler) if self.sources.denoiser else {})
         return settings
 
     def sweep_index(self) -> dict:
@@ -213,7 +218,8 @@ def plan_run(request: RunRequest) -> ResolvedRun:
     kind, dataset, indices = open_dataset(request)
     if not indices:
         raise UserError("no images selected (check `skip` / `max`)")
-    sources = resolve_sources(denoiser=request.denoiser, classifier=request.classifier_path, preset=request.preset,
+    sources = resolve_sources(denoiser=request.denoiser, scheduler=request.scheduler,
+                              classifier=request.classifier_path, preset=request.preset,
                               unet_config=request.unet_config, schedule=request.schedule,
                               diffusion_steps=request.diffusion_steps, arch=request.arch,
                               normalization=request.normalization, stats=request.stats, dataset_kind=kind)
