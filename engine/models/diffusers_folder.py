@@ -140,7 +140,7 @@ def _locate(folder: Path, scheduler) -> Tuple[Path, Path, Optional[dict]]:
 def _check_unet_config(config: dict, where: Path) -> None:
     name = config.get("_class_name")
     if name != UNET_CLASS:
-        raise _refuse(f"{where} holds a {name or 'model without _class_name'}")
+        raise _refuse(f"{where} holds {name or 'a model without _class_name'}")
     if config.get("num_class_embeds") is not None or config.get("class_embed_type") is not None:
         raise _refuse(f"{where} is a class-conditional {UNET_CLASS} (num_class_embeds / class_embed_type set)")
     c_in, c_out = config.get("in_channels", 3), config.get("out_channels", 3)
@@ -154,7 +154,7 @@ def _check_unet_config(config: dict, where: Path) -> None:
 def _check_scheduler_config(config: dict, where: Path, unet_config: dict) -> None:
     name = config.get("_class_name")
     if name not in DDPM_SCHEDULERS + CONSISTENCY_SCHEDULERS:
-        raise _refuse(f"{where} holds a {name or 'scheduler without _class_name'}")
+        raise _refuse(f"{where} holds {name or 'a scheduler without _class_name'}")
     c_in, c_out = unet_config.get("in_channels", 3), unet_config.get("out_channels", 3)
     if c_out == 2 * c_in and name in DDPM_SCHEDULERS and config.get("variance_type") not in LEARNED_VARIANCE:
         raise UserError(f"{where}: the UNet has {c_out} = 2 x {c_in} output channels (learned variance) but the "
