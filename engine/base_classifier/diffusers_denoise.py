@@ -25,7 +25,7 @@ from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.models.diffusers_folder import DiffusersFolder, read_diffusers_folder
 from diffsmooth.engine.models.diffusers_unet import import_diffusers, load_diffusers_unet
 
-__all__ = ["DiffusersDenoiser", "load_diffusers_denoiser", "schedule_of"]
+__all__ = ["DiffusersDenoiser", "load_diffusers_denoiser", "schedule_of", "check_sigma"]
 
 
 class DiffusersDenoiser(DiffusionDenoiser):
@@ -85,6 +85,11 @@ def schedule_of(folder: DiffusersFolder):
                         f"finite; check beta_start / beta_end / trained_betas")
     return DiscreteSchedule(folder.scheduler_class, str(config.prediction_type), int(config.num_train_timesteps),
                             tuple(float(a) for a in abar.tolist()))
+
+
+def check_sigma(path, scheduler, sigma: float) -> None:
+    """UserError when the folder's schedule cannot denoise at `sigma` (read from the configs, no weights)."""
+    schedule_of(read_diffusers_folder(path, scheduler)).coefficients(sigma)
 
 
 def load_diffusers_denoiser(path, scheduler=None) -> DiffusersDenoiser:

@@ -15,11 +15,12 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 
 from diffsmooth.engine.base_classifier.configurations import Configuration, configurations
+from diffsmooth.engine.base_classifier.diffusers_denoise import check_sigma
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
-from diffsmooth.engine.models.diffusers_folder import denoiser_identity
+from diffsmooth.engine.models.diffusers_folder import denoiser_identity, is_diffusers_folder
 from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch
 from diffsmooth.engine.runs.locks import check_unlocked, hold_lock
@@ -226,6 +227,8 @@ def plan_run(request: RunRequest) -> ResolvedRun:
     paths, classifiers_for = classifier_names(request, sources)
     configs = configurations(request.method, request.sigma, request.local_sigma, request.m, request.local_noise,
                              classifiers_for)
+    if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.method.uses_denoiser for c in configs):
+        check_sigma(sources.denoiser, sources.scheduler, request.sigma)     # before any file is touched
     if request.is_sweep and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("a sweep runs in one process (not under torchrun)")
     shards = plan_from(request.shard, request.device)
