@@ -65,7 +65,8 @@ def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, 
     den_model = cls_model = den_src = cls_src = None
     if sources.denoiser and (config.uses_denoiser or also_unet):
         den_model = load_denoiser_from(sources)
-        den_src = checkpoint_source(sources.denoiser, preset=sources.preset, unet_overrides=sources.unet_config)
+        den_src = checkpoint_source(sources.denoiser, preset=sources.preset, unet_overrides=sources.unet_config,
+                                    **({"scheduler": sources.scheduler} if sources.scheduler else {}))
     if sources.classifier or demo:
         cls_model = load_classifier_from(config, sources)
         cls_src = checkpoint_source(classifier_path_for(config, sources), arch=sources.arch,
