@@ -113,3 +113,21 @@ def test_refusals_are_one_line_exit_2_and_write_nothing(diffusers_models, tmp_pa
     (latent / "model_index.json").write_text(json.dumps(dict(index, vae=["diffusers", "AutoencoderKL"])))
     assert "pixel space" in _refused(["certify", *_args(diffusers_models, latent, out, "--method", "dds")], "latent")
     assert not out.exists() and not (tmp_path / "r.tsv.settings.json").exists()
+
+
+@pytest.mark.slow
+def test_table_line_with_a_folder_reuses_the_model_across_sigmas(diffusers_models, tmp_path):
+    """A table spec's [models] denoiser is a folder; the model built at one sigma and moved to the next
+    writes the rows a table of that sigma alone writes."""
+    def spec(sigmas):
+        text = (f'title = "t"\nsigmas = {sigmas}\nradii = [0.0, 0.25]\nn0 = 10\nn_max = 60\n'
+                f'[data]\ndataset = "npz"\ndata = "{diffusers_models["data"]}"\n'
+                f'[models]\ndenoiser = "{diffusers_models["ddpm"]}"\n[run]\nbatch = 40\n'
+                f'[[line]]\nname = "DDS"\nmethod = "dds"\nclassifier = "{diffusers_models["classifier"]}"\n')
+        path = tmp_path / f"spec{len(sigmas)}.toml"
+        path.write_text(text)
+        return path
+    invoke_ok(["table", spec([0.25, 0.5]), "--out", tmp_path / "two", "--plan", "all"])
+    invoke_ok(["table", spec([0.25]), "--out", tmp_path / "one", "--plan", "all"])
+    rows = [rows_without_time(tmp_path / name / "runs" / "dds_s0.25.tsv") for name in ("two", "one")]
+    assert rows[0] == rows[1] and len(rows[0]) == 6
