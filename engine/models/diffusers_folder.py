@@ -67,6 +67,13 @@ class DiffusersFolder:
         return int(self.unet_config.get("in_channels", 3))
 
     @property
+    def image_shape(self) -> Tuple[int, int, int]:
+        """C,H,W the UNet was trained at (`in_channels`, `sample_size`: an int or [H, W])."""
+        size = self.unet_config.get("sample_size") or 32
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        return self.channels, int(h), int(w)
+
+    @property
     def format(self) -> str:
         """The format a run records: the classes the folder was saved with."""
         return f"diffusers {UNET_CLASS} + {self.scheduler_class}"
