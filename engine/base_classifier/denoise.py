@@ -100,7 +100,12 @@ def schedule_for(preset: Optional[str], schedule: Optional[str] = None,
     )
 
 
-_DEFAULT_PRESET = "cifar10"
+class _DefaultPreset(str):
+    """The preset load_denoiser assumes when none is given: equal to 'cifar10', but a diffusers folder can
+    tell it from a preset a caller names (which it refuses)."""
+
+
+_DEFAULT_PRESET = _DefaultPreset("cifar10")
 
 
 def load_denoiser(path, preset: Optional[str] = _DEFAULT_PRESET, *, schedule: Optional[str] = None,

@@ -128,8 +128,9 @@ def test_corrupt_safetensors_refused(pipeline):
 def test_options_of_checkpoint_files_refused_with_a_folder(pipeline):
     for kwargs in (dict(schedule="linear"), dict(image_size=8)):
         _refused("leave out", pipeline, **kwargs)
-    with pytest.raises(UserError, match="leave out preset"):
-        load_denoiser(pipeline, "imagenet")
+    for preset in ("imagenet", "cifar10"):
+        with pytest.raises(UserError, match="leave out preset"):
+            load_denoiser(pipeline, preset)
     unet = load_denoiser(pipeline)                  # the default preset of checkpoint files does not count
     assert unet.kind == "ddpm"
 
