@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 from diffsmooth.engine.base_classifier.methods import METHODS, MethodConfig
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, fixed_local_noise, gaussian
@@ -91,11 +91,25 @@ def _to_uint8(images: torch.Tensor, scale: int) -> np.ndarray:
     return np.concatenate(tiles, axis=1)
 
 
+def _label_column(labels: Sequence[str], row_height: int) -> np.ndarray:
+    """A white column [rows*row_height, width, 3] with each row's label in black, vertically centred."""
+    font = ImageFont.load_default()
+    probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    boxes = [probe.textbbox((0, 0), text, font=font) for text in labels]
+    width = max(b[2] - b[0] for b in boxes) + 8
+    column = Image.new("RGB", (width, row_height * len(labels)), "white")
+    draw = ImageDraw.Draw(column)
+    for k, (text, box) in enumerate(zip(labels, boxes)):
+        draw.text((4 - box[0], k * row_height + (row_height - (box[3] - box[1])) // 2 - box[1]), text,
+                  fill="black", font=font)
+    return np.asarray(column)
+
+
 @torch.inference_mode()
 def purify_grid(out_png, *, sources: Optional[ModelSources] = None, dataset=None, images: int = 8,
                 sigma: float = 0.5, local_sigma: float = 0.25, m: int = 2, seed: int = 0, scale: int = 3) -> Path:
     """One PNG: rows = clean, noisy (x + sigma*eps), one-shot denoised, denoised + sigma'*delta_i
-    for the first m local noises (the paper's purified-images figure)."""
+    for the first m local noises (the paper's purified-images figure), each labelled at its left."""
     dataset = dataset or load_dataset("embedded")
     denoiser = load_denoiser_from(sources or ModelSources.demo())
     idx = spread_indices(len(dataset), images)
@@ -105,7 +119,10 @@ def purify_grid(out_png, *, sources: Optional[ModelSources] = None, dataset=None
     denoised = denoiser.denoise(noisy, sigma)
     local = fixed_local_noise(m, tuple(clean.shape[1:]))
     rows = [clean, noisy, denoised] + [denoised + local_sigma * local[i] for i in range(m)]
+    labels = ["clean", f"noisy (sigma {sigma:g})", "one-shot denoised"] + \
+        [f"denoised + sigma' {local_sigma:g} noise {i + 1}" for i in range(m)]
     canvas = np.concatenate([_to_uint8(r, scale) for r in rows], axis=0)
+    canvas = np.concatenate([_label_column(labels, canvas.shape[0] // len(rows)), canvas], axis=1)
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(canvas).save(out)

@@ -1,5 +1,6 @@
 """The main job end to end at a tiny n on the shipped models and data, and the purify figure."""
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -56,6 +57,9 @@ def test_purify_writes_the_figure(tmp_path):
     out = tmp_path / "grid.png"
     result = CliRunner().invoke(main, ["purify", "--images", "3", "--m", "2", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    image = Image.open(out)
-    # rows: clean, noisy, denoised, 2 locally noised; 32x32 tiles scaled 3x
-    assert image.size[1] == 5 * 32 * 3 and image.size[0] == 3 * (32 * 3 + 2)
+    image = np.asarray(Image.open(out).convert("L"))
+    # rows: clean, noisy, denoised, 2 locally noised; 32x32 tiles scaled 3x, after a column of labels
+    tiles = 3 * (32 * 3 + 2)
+    assert image.shape[0] == 5 * 32 * 3 and image.shape[1] > tiles
+    labels = image[:, : image.shape[1] - tiles]
+    assert all((labels[k * 96:(k + 1) * 96] < 128).any() for k in range(5))     # every row has its label
