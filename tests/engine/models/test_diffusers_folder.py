@@ -138,3 +138,19 @@ def test_options_of_checkpoint_files_refused_with_a_folder(pipeline):
 def test_unknown_config_field_refused(pipeline):
     _edit_json(pipeline / "scheduler" / "scheduler_config.json", brand_new_field=1)
     _refused("does not know", pipeline)
+
+
+def test_sharded_and_variant_weights_load(pipeline, tmp_path):
+    """A sharded safetensors UNet (index + shards) and a single fp16 variant load like the plain file."""
+    from diffusers import UNet2DModel
+    unet = UNet2DModel.from_pretrained(str(pipeline / "unet"))
+    sharded, variant = tmp_path / "sharded", tmp_path / "variant"
+    unet.save_pretrained(str(sharded), max_shard_size="60KB")
+    assert (sharded / "diffusion_pytorch_model.safetensors.index.json").exists()
+    unet.half().save_pretrained(str(variant), variant="fp16")
+    assert (variant / "diffusion_pytorch_model.fp16.safetensors").exists()
+    x = torch.rand(2, 3, 8, 8)
+    plain = load_denoiser(pipeline, None).denoise(x, 0.5)
+    assert torch.equal(load_denoiser(sharded, None, scheduler=pipeline).denoise(x, 0.5), plain)
+    assert torch.allclose(load_denoiser(variant, None, scheduler=pipeline).denoise(x, 0.5), plain, atol=2e-2)
+    assert denoiser_identity(sharded, pipeline)["denoiser_sha256"] != denoiser_identity(pipeline)["denoiser_sha256"]
