@@ -7,7 +7,7 @@ from dataclasses import MISSING, fields
 from diffsmooth.engine.choices import MAX_DIFFUSION_STEPS
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
-from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder
+from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder, read_diffusers_folder
 from diffsmooth.engine.models.unet import UNetConfig
 from diffsmooth.engine.models.unet import unet_config as build_unet_config
 from diffsmooth.engine.runs.assemble import ModelSources, parse_unet_config
@@ -46,6 +46,7 @@ def resolve_sources(*, denoiser: str | None = None, scheduler: str | None = None
     config = parse_unet_config(unet_config)
     demo = not denoiser and not classifier
     if is_diffusers_folder(denoiser):
+        read_diffusers_folder(denoiser, scheduler)      # what it is and that its configs are supported
         check_diffusers_options(denoiser, preset=preset, unet_config=config, schedule=schedule,
                                 diffusion_steps=diffusion_steps)
     elif scheduler is not None:
