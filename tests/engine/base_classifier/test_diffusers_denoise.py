@@ -175,3 +175,13 @@ def test_one_channel_model(tmp_path):
     _, x0 = _diffusers_x0(unet, scheduler, x_rs, 0.25)
     assert denoiser.channels == 1
     assert torch.allclose(denoiser.denoise(x_rs, 0.25), (x0 + 1) / 2, atol=ATOL, rtol=0)
+
+
+def test_learned_timestep_embedding_gets_the_integer_step(tmp_path):
+    """time_embedding_type 'learned' indexes a table with t*: the engine's float timestep is rounded to it."""
+    unet = tiny_unet(8, time_embedding_type="learned", num_train_timesteps=1000)
+    scheduler = DDPMScheduler()
+    denoiser = load_denoiser(save_pipeline(tmp_path / "p", unet, scheduler), None)
+    x_rs = _x_rs(10)
+    _, x0 = _diffusers_x0(unet, scheduler, x_rs, 0.25)
+    assert torch.allclose(denoiser.denoise(x_rs, 0.25), (x0 + 1) / 2, atol=ATOL, rtol=0)
