@@ -82,6 +82,8 @@ class BenchSettings:
     threads: Optional[int] = None
     unet_overrides: Dict = field(default_factory=dict)
     arch: Optional[str] = None
+    denoiser: Optional[str] = None          # a diffusers folder instead of the set's UNet
+    scheduler: Optional[str] = None         # its scheduler folder, for a UNet folder
     measure_cpu_peak: bool = True
     progress: bool = True
     compile: Optional[bool] = None          # torch backend fast path; None: on for CUDA (engine/runs/fast_path.py)
@@ -133,8 +135,9 @@ class BenchSettings:
         d["fast_path"] = self.fast_path().as_dict()
         if not self.unet_overrides:
             d.pop("unet_overrides")
-        if self.arch is None:
-            d.pop("arch")
+        for key in ("arch", "denoiser", "scheduler"):
+            if d[key] is None:
+                d.pop(key)
         return d
 
 
@@ -207,7 +210,7 @@ def _export_graphs(config, precision, model_set, workdir) -> None:
     from ..export.onnx_export import export_models
     export_models(config, model_set.image_shape, workdir, denoiser=model_set.denoiser,
                   classifier=model_set.classifier, fp16=precision == "fp16",
-                  preset=SET_SPECS[model_set.name]["preset"])
+                  preset=None if model_set.weights == "diffusers folder" else SET_SPECS[model_set.name]["preset"])
 
 
 def _tensorrt_stages(config, precision, model_set, settings, workdir):
@@ -462,7 +465,8 @@ def run_bench(settings: BenchSettings) -> dict:
            "extrapolation": EXTRAPOLATION_NOTE, "runs": [], "skipped": [], "sweep": None}
     resolve_device(settings.device)
     model_set = build_model_set(settings.models, settings.method, settings.sigma, settings.local_sigma,
-                                settings.seed, settings.unet_overrides or None, settings.arch)
+                                settings.seed, settings.unet_overrides or None, settings.arch,
+                                denoiser_folder=settings.denoiser, scheduler=settings.scheduler)
     images = bench_images(settings.models, settings.images, model_set.image_shape, settings.seed)
     flops = count_model_flops(model_set, settings)
     calls = flops["classifier_calls_per_sample"]

@@ -16,6 +16,7 @@ from diffsmooth.engine.data import load_embedded
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped as demo_assets
 from diffsmooth.engine.models.checkpoints import load_classifier
+from diffsmooth.engine.models.diffusers_folder import read_diffusers_folder
 from diffsmooth.engine.models.resnet import NormalizedClassifier, NormalizeLayer, build_classifier_net, normalization_layer
 from diffsmooth.engine.models.timm_models import create_timm_net, is_timm_arch, timm_input_stats
 from diffsmooth.engine.models.unet import UNetModel, unet_config
@@ -118,15 +119,21 @@ def _demo_checkpoints(method: str, sigma: float, local_sigma: float):
 
 
 def build_model_set(name: str, method: str = "diffsmooth", sigma: float = 0.5, local_sigma: float = 0.25,
-                    seed: int = 0, unet_overrides: Optional[dict] = None, arch: Optional[str] = None) -> ModelSet:
+                    seed: int = 0, unet_overrides: Optional[dict] = None, arch: Optional[str] = None,
+                    denoiser_folder: Optional[str] = None, scheduler: Optional[str] = None) -> ModelSet:
     """The models of set `name` on the CPU in eval mode; the denoiser is skipped for rs.
 
     `unet_overrides`/`arch` shrink the models (the tests use tiny ones); random weights then.
+    `denoiser_folder` (a diffusers folder, with `scheduler` for a UNet folder) replaces the set's UNet.
     """
     if name not in SET_SPECS:
         raise UserError(f"unknown model set {name!r}: choose one of {', '.join(MODEL_SETS)}")
     spec = SET_SPECS[name]
     start = time.perf_counter()
+    if denoiser_folder is not None:
+        if unet_overrides:
+            raise UserError("a diffusers denoiser folder brings its own UNet config: leave out the UNet overrides")
+        return _folder_model_set(name, spec, method, seed, arch, denoiser_folder, scheduler, start)
     shape = tuple(spec["shape"])
     if unet_overrides and "image_size" in unet_overrides:
         shape = (shape[0], int(unet_overrides["image_size"]), int(unet_overrides["image_size"]))
@@ -152,6 +159,29 @@ def build_model_set(name: str, method: str = "diffsmooth", sigma: float = 0.5, l
         desc["denoiser_parameters"] = sum(p.numel() for p in denoiser.parameters())
     desc["classifier_parameters"] = sum(p.numel() for p in classifier.parameters())
     return ModelSet(name, denoiser, classifier, shape, spec["classes"], weights, desc,
+                    time.perf_counter() - start)
+
+
+# The normalisation table of a classifier put behind a diffusers denoiser with this many channels.
+_STATS_BY_CHANNELS = {1: "fashion-mnist", 3: "cifar10"}
+
+
+def _folder_model_set(name: str, spec: dict, method: str, seed: int, arch: Optional[str], folder: str,
+                      scheduler: Optional[str], start: float) -> ModelSet:
+    """A diffusers folder's denoiser (its own weights) and a random classifier of the set's kind at its image shape."""
+    shape = read_diffusers_folder(folder, scheduler).image_shape
+    stats = spec["stats"] if spec["shape"][0] == shape[0] else _STATS_BY_CHANNELS.get(shape[0])
+    if stats is None:
+        raise UserError(f"{folder}: bench pairs a diffusers denoiser with a random classifier of 1 or 3 channels, "
+                        f"not {shape[0]}")
+    denoiser = load_denoiser(folder, None, scheduler=scheduler) if method != "rs" else None
+    classifier = random_classifier(arch or spec["arch"], spec["classes"], shape, stats, seed + 1)
+    desc = {"denoiser": f"{denoiser.format} ({folder})" if denoiser is not None else None,
+            "classifier": arch or spec["arch"], "weights": "denoiser from its folder, random classifier"}
+    if denoiser is not None:
+        desc["denoiser_parameters"] = sum(p.numel() for p in denoiser.parameters())
+    desc["classifier_parameters"] = sum(p.numel() for p in classifier.parameters())
+    return ModelSet(name, denoiser, classifier, shape, spec["classes"], "diffusers folder", desc,
                     time.perf_counter() - start)
 
 

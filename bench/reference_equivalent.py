@@ -20,6 +20,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
+
 REFERENCE_BATCH = 50
 
 
@@ -38,19 +40,23 @@ class ReferenceEquivalent:
         self.m = int(m) if method == "diffsmooth" else 1
         self.local_sigma = float(local_sigma) if method == "diffsmooth" else 0.0
         self.unet = None
+        self.one_step = None                # a diffusers folder's coefficients (Python floats), else tables
         if method != "rs":
             if denoiser is None:
                 raise ValueError(f"method {method} needs a denoiser")
             self.unet = denoiser.unet.eval().to(self.device)
             self.channels = denoiser.channels
             schedule = denoiser.schedule
-            # Host-side numpy tables, as a diffusion object keeps them (float64).
-            abar = schedule.alphas_cumprod
-            self.sqrt_abar = np.sqrt(abar)
-            self.sqrt_recip_abar = np.sqrt(1.0 / abar)
-            self.sqrt_recipm1_abar = np.sqrt(1.0 / abar - 1.0)
-            self.t_star = schedule.timestep(self.sigma)
-            self.rescale = 1000.0 / schedule.num_steps if schedule.rescale_timesteps else None
+            if isinstance(schedule, DiffusionSchedule):
+                # Host-side numpy tables, as a diffusion object keeps them (float64).
+                abar = schedule.alphas_cumprod
+                self.sqrt_abar = np.sqrt(abar)
+                self.sqrt_recip_abar = np.sqrt(1.0 / abar)
+                self.sqrt_recipm1_abar = np.sqrt(1.0 / abar - 1.0)
+                self.t_star = schedule.timestep(self.sigma)
+                self.rescale = 1000.0 / schedule.num_steps if schedule.rescale_timesteps else None
+            else:
+                self.one_step = schedule.coefficients(self.sigma)
         if method == "diffsmooth":
             self._local_seed_gen = torch.Generator(device="cpu").manual_seed(local_noise_seed)
         self.local_noises = None            # drawn once on the CPU at first use, shape (m, C, H, W)
@@ -61,7 +67,18 @@ class ReferenceEquivalent:
         out = torch.from_numpy(table).to(device=t.device)[t].float()
         return out.reshape(-1, *([1] * (ndim - 1)))
 
+    def _denoise_one_step(self, x_rs: torch.Tensor) -> torch.Tensor:
+        """A diffusers denoiser the way its scheduler is called: Python-float coefficients, the timestep
+        as a fresh [B] tensor, the model output sliced, clamped."""
+        c = self.one_step
+        x_t = c.input_scale * (2.0 * x_rs - 1.0)
+        t = torch.full((x_rs.shape[0],), c.model_timestep, dtype=torch.float32, device=x_rs.device)
+        out = self.unet(c.c_in * x_t, t)[:, : self.channels]
+        return ((c.c_skip * x_t + c.c_out * out).clamp(-1.0, 1.0) + 1.0) / 2.0
+
     def _denoise(self, x_rs: torch.Tensor) -> torch.Tensor:
+        if self.one_step is not None:
+            return self._denoise_one_step(x_rs)
         t = torch.full((x_rs.shape[0],), self.t_star, dtype=torch.long, device=x_rs.device)
         x_start = 2.0 * x_rs - 1.0
         x_t = self._extract(self.sqrt_abar, t, x_rs.dim()) * x_start

@@ -31,6 +31,8 @@ PACKAGES = {
     "tensorrt": ("tensorrt", ("tensorrt", "tensorrt-cu12", "tensorrt-cu11", "tensorrt_cu12_bindings")),
     "polygraphy": ("polygraphy", ("polygraphy",)),
     "timm": ("timm", ("timm",)),
+    "diffusers": ("diffusers", ("diffusers",)),
+    "safetensors": ("safetensors", ("safetensors",)),
     "torchvision": ("torchvision", ("torchvision",)),
     "triton": ("triton", ("triton", "pytorch-triton")),
 }
@@ -190,6 +192,8 @@ def collect_env(compile_check: bool = False, compile_timeout: float = 300.0) -> 
         "tensorrt": versions["tensorrt"],
         "polygraphy": versions["polygraphy"],
         "timm": versions["timm"],
+        "diffusers": versions["diffusers"],
+        "safetensors": versions["safetensors"],
         "torchvision": versions["torchvision"],
         "numpy": versions["numpy"],
         "scipy": versions["scipy"],

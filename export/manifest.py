@@ -26,7 +26,7 @@ def manifest_path(onnx_path) -> Path:
 def package_versions() -> Dict[str, Optional[str]]:
     """Versions of the packages that shaped the graph (None for one that is not installed)."""
     out = {}
-    for name in ("diffsmooth-engine", "torch", "onnx", "onnxruntime", "onnxruntime-gpu"):
+    for name in ("diffsmooth-engine", "torch", "onnx", "onnxruntime", "onnxruntime-gpu", "diffusers"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -18,10 +18,11 @@ import torch
 from onnx.external_data_helper import load_external_data_for_model
 from torch import nn
 
-from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, OneShotPurifier
+from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.models.diffusers_folder import denoiser_identity, is_diffusers_folder
 
 from .fp16 import convert_mixed_fp16
 from .graph_passes import check_structure, fuse_affine_chains, initializer_bytes, op_counts, optimize
@@ -53,11 +54,13 @@ class ConstantTimestepUNet(nn.Module):
         return self.unet(x, self.timestep if exporting else self.timestep.expand(x.shape[0]))
 
 
-def purifier_for_export(denoiser: DiffusionDenoiser, sigma: float) -> OneShotPurifier:
-    """OneShotPurifier at `sigma` whose UNet sees a constant-foldable timestep."""
+def purifier_for_export(denoiser: DiffusionDenoiser, sigma: float) -> nn.Module:
+    """The denoiser's purifier at `sigma` (OneShotPurifier, or a diffusers folder's OneStepPurifier) whose
+    UNet sees a constant-foldable timestep."""
     coefficients = denoiser.schedule.coefficients(sigma)
-    unet = ConstantTimestepUNet(denoiser.unet, coefficients.model_timestep)
-    return OneShotPurifier(unet, coefficients, denoiser.channels).eval()
+    purifier = denoiser.purifier(sigma)
+    purifier.unet = ConstantTimestepUNet(denoiser.unet, coefficients.model_timestep)
+    return purifier.eval()
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,7 +175,13 @@ def _jsonable(value):
 
 
 def checkpoint_source(path: Optional[str], **how) -> dict:
-    """Where a model came from: checkpoint path + sha256 and how to read it (None for in-memory)."""
+    """Where a model came from: checkpoint path + sha256 and how to read it (None for in-memory). A
+    diffusers folder records its format and the sha256 of its weights and configs instead."""
+    if path and is_diffusers_folder(path):
+        scheduler = how.pop("scheduler", None)
+        identity = denoiser_identity(path, scheduler)
+        return {"path": str(Path(path).resolve()), "sha256": None, **identity,
+                "scheduler": str(Path(scheduler).resolve()) if scheduler else None, **_jsonable(how)}
     if path:
         p = Path(path).resolve()
         return {"path": str(p), "sha256": sha256_file(p), **_jsonable(how)}

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
 from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
 from diffsmooth.engine.backends.torch_backend import TorchStage
-from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
+from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
@@ -22,6 +22,7 @@ from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.checkpoints import load_classifier, load_unet
+from diffsmooth.engine.models.diffusers_folder import denoiser_identity
 
 from .manifest import update_manifest
 
@@ -291,8 +292,16 @@ def _check_source(manifest: dict, what: str) -> str:
 
 
 def load_denoiser_for(manifest: dict):
-    """The torch denoiser a denoiser/unet manifest was exported from (checkpoint hash checked)."""
+    """The torch denoiser a denoiser/unet manifest was exported from (checkpoint hash checked; a diffusers
+    folder's weights and configs hashes checked)."""
     path = _check_source(manifest, "UNet")
+    src = manifest["source"]
+    if src.get("denoiser_format"):
+        now = denoiser_identity(path, src.get("scheduler"))
+        if any(now.get(k) != src.get(k) for k in now):
+            raise UserError(f"{manifest.get('onnx_file')}: the diffusers folder {path} changed since export "
+                            f"(its weights' or configs' sha256 differs)")
+        return load_denoiser(path, None, scheduler=src.get("scheduler"))
     cfg = dict(manifest.get("unet_config") or {})
     if not cfg:
         raise UserError(f"{manifest.get('onnx_file')}: the manifest records no UNet config")

@@ -48,6 +48,11 @@ def _check_choices(values, allowed, name):
               help="demo: embedded demo models (random same-architecture weights until trained); cifar10 / "
                    "imagenet: full-size UNet + cifar_resnet110 / resnet50 with random weights (imagenet is "
                    "very slow on CPU).")
+@click.option("--denoiser", type=click.Path(exists=True, file_okay=False), default=None,
+              help="A diffusers denoiser folder to time instead of the set's UNet (its own weights; the classifier "
+                   "stays the set's, random, at the folder's image shape).")
+@click.option("--scheduler", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Scheduler folder of a diffusers UNet folder given as --denoiser.")
 @click.option("--arch", default=None,
               help="Classifier architecture instead of the set's (e.g. beit_large_patch16_224, timm:<name>; random weights).")
 @click.option("--method", type=click.Choice(METHODS), default="diffsmooth", show_default=True)
@@ -112,6 +117,7 @@ def bench(**kw):
         sweep=kw["sweep"], sweep_batches=kw["sweep_batches"], sweep_ms=kw["sweep_ms"], sweep_n=kw["sweep_n"],
         plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"],
         compile=kw["compile"], cuda_graphs=kw["cuda_graphs"], streams=kw["streams"], arch=kw["arch"],
+        denoiser=kw["denoiser"], scheduler=kw["scheduler"],
         fused_attention=kw["fused_attention"], fused_conv=kw["fused_conv"], profile=kw["profile"])
     with contextlib.redirect_stdout(sys.stderr):      # stray prints (exporters) must not mix into --json
         doc = to_jsonable(run_bench(settings))

@@ -7,6 +7,7 @@ import click
 from diffsmooth.cli.options import BATCH, method_options, model_options, validation_options
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder, read_diffusers_folder
 from diffsmooth.engine.runs.assemble import (
     classifier_path_for,
     load_classifier_from,
@@ -38,7 +39,8 @@ def _err(line):
 @click.command("export")
 @model_options(sweep=False)
 @method_options(sweep=False)
-@click.option("--image-shape", help="C,H,W [default: from the preset: cifar10 3,32,32; imagenet 3,224,224; demo 1,32,32].")
+@click.option("--image-shape", help="C,H,W [default: from the preset: cifar10 3,32,32; imagenet 3,224,224; demo 1,32,32; "
+                                   "a diffusers folder: in_channels and sample_size of its UNet config].")
 @click.option("--out", required=True, type=click.Path(), help="Folder for the .onnx graphs and their manifests.")
 @click.option("--fp16", is_flag=True, help="Also write mixed-fp16 graphs (half, except fp32 norms/softmax/reductions/IO).")
 @click.option("--also-unet", is_flag=True, help="Also write the plain UNet graph (x_t, t) -> out.")
@@ -49,22 +51,25 @@ def _err(line):
               help="Batch the plans are optimised for (profile: 1..--trt-max-batch).")
 @click.option("--trt-max-batch", type=BATCH, default=None, help="Largest batch the plans take [default: --trt-batch].")
 @click.option("--device", default="cuda", show_default=True, help="GPU for --trt.")
-def export(denoiser, preset, unet_config, schedule, diffusion_steps, classifier, arch, normalization, stats,
+def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, classifier, arch, normalization, stats,
            method, sigma, m, local_sigma, local_noise, image_shape, out, fp16, also_unet, no_validate,
            samples, dataset, data, seed, trt, trt_batch, trt_max_batch, device):
     """Export the denoiser (at --sigma) and the classifier head to ONNX, validated against torch."""
     if trt_max_batch is not None and trt_max_batch < trt_batch:
         raise click.BadParameter(f"must be >= --trt-batch ({trt_batch}), got {trt_max_batch}", param_hint="--trt-max-batch")
     config = MethodConfig(method, sigma, m, local_sigma, local_noise)
-    sources = resolve_sources(denoiser=denoiser, classifier=classifier, preset=preset, unet_config=unet_config,
+    sources = resolve_sources(denoiser=denoiser, scheduler=scheduler, classifier=classifier, preset=preset,
+                              unet_config=unet_config,
                               schedule=schedule, diffusion_steps=diffusion_steps, arch=arch,
                               normalization=normalization, stats=stats, dataset_kind=dataset)
     demo = not denoiser and not classifier
-    shape = parse_image_shape(image_shape, sources.preset, sources.stats)
+    shape = parse_image_shape(image_shape, sources.preset, sources.stats) if image_shape or not \
+        is_diffusers_folder(denoiser) else read_diffusers_folder(denoiser, scheduler).image_shape
     den_model = cls_model = den_src = cls_src = None
     if sources.denoiser and (config.uses_denoiser or also_unet):
         den_model = load_denoiser_from(sources)
-        den_src = checkpoint_source(sources.denoiser, preset=sources.preset, unet_overrides=sources.unet_config)
+        den_src = checkpoint_source(sources.denoiser, preset=sources.preset, unet_overrides=sources.unet_config,
+                                    **({"scheduler": sources.scheduler} if sources.scheduler else {}))
     if sources.classifier or demo:
         cls_model = load_classifier_from(config, sources)
         cls_src = checkpoint_source(classifier_path_for(config, sources), arch=sources.arch,

@@ -122,7 +122,10 @@ def precision_option(choices=PRECISIONS):
 def model_options(sweep: bool = True):
     """The models; with neither checkpoint the embedded demo models are used."""
     return group(
-        click.option("--denoiser", type=click.Path(), help="UNet checkpoint (improved-/guided-diffusion state dict)."),
+        click.option("--denoiser", type=click.Path(),
+                     help="UNet checkpoint (improved-/guided-diffusion state dict), or a diffusers folder (a pipeline "
+                          "folder, or a UNet folder with --scheduler)."),
+        click.option("--scheduler", type=click.Path(), help="Scheduler folder of a diffusers UNet folder given as --denoiser."),
         click.option("--preset", type=click.Choice(PRESETS),
                      help="UNet architecture + schedule [default: cifar10, or demo for the embedded models]."),
         click.option("--unet-config", default=None, help="JSON of UNet config fields overriding the preset."),

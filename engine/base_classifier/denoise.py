@@ -14,6 +14,7 @@ from torch import nn
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, OneShotCoefficients
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import load_unet
+from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder
 
 # The diffusion schedule each UNet preset was trained with.
 PRESET_SCHEDULES = {
@@ -99,13 +100,34 @@ def schedule_for(preset: Optional[str], schedule: Optional[str] = None,
     )
 
 
-def load_denoiser(path, preset: Optional[str] = "cifar10", *, schedule: Optional[str] = None,
+class _DefaultPreset(str):
+    """The preset load_denoiser assumes when none is given: equal to 'cifar10', but a diffusers folder can
+    tell it from a preset a caller names (which it refuses)."""
+
+
+_DEFAULT_PRESET = _DefaultPreset("cifar10")
+
+
+def load_denoiser(path, preset: Optional[str] = _DEFAULT_PRESET, *, schedule: Optional[str] = None,
                   diffusion_steps: Optional[int] = None, rescale_timesteps: Optional[bool] = None,
-                  **config) -> DiffusionDenoiser:
-    """Load an improved-/guided-diffusion UNet state dict as a one-shot denoiser (eval mode, CPU).
+                  scheduler=None, **config) -> DiffusionDenoiser:
+    """Load an improved-/guided-diffusion UNet state dict as a one-shot denoiser (eval mode, CPU), or a
+    diffusers folder: a pipeline folder, or a UNet folder with its `scheduler` folder.
 
     `preset` picks the architecture and schedule ('cifar10', 'imagenet', 'demo'); keyword
-    arguments override UNet config fields, or give the whole config when preset is None.
+    arguments override UNet config fields, or give the whole config when preset is None. A diffusers
+    folder brings its own config and schedule: it takes none of them.
     """
+    if is_diffusers_folder(path):
+        given = [name for name, value in (("preset", None if preset is _DEFAULT_PRESET else preset),
+                                          ("schedule", schedule), ("diffusion_steps", diffusion_steps),
+                                          ("rescale_timesteps", rescale_timesteps)) if value is not None]
+        if given or config:
+            raise UserError(f"{path} is a diffusers folder, whose configs give the UNet and its schedule: leave out "
+                            f"{', '.join([*given, *sorted(config)])}")
+        from diffsmooth.engine.base_classifier.diffusers_denoise import load_diffusers_denoiser  # imports this module
+        return load_diffusers_denoiser(path, scheduler)
+    if scheduler is not None:
+        raise UserError("`scheduler` is for a diffusers UNet folder; a checkpoint file takes `preset` / `schedule`")
     unet = load_unet(path, preset, **config)
     return DiffusionDenoiser(unet, schedule_for(preset, schedule, diffusion_steps, rescale_timesteps))

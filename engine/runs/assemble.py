@@ -48,6 +48,7 @@ class ModelSources:
     schedule: Optional[str] = None
     diffusion_steps: Optional[int] = None
     rescale_timesteps: Optional[bool] = None
+    scheduler: Optional[str] = None             # a diffusers UNet folder's scheduler folder
     classifier: Optional[str] = None
     arch: Optional[str] = None
     normalization: Optional[str] = None
@@ -87,7 +88,8 @@ def load_denoiser_from(sources: ModelSources):
         raise UserError("give `denoiser` CHECKPOINT")
     return load_denoiser(sources.denoiser, sources.preset, schedule=sources.schedule,
                          diffusion_steps=sources.diffusion_steps,
-                         rescale_timesteps=sources.rescale_timesteps, **sources.unet_config)
+                         rescale_timesteps=sources.rescale_timesteps, scheduler=sources.scheduler,
+                         **sources.unet_config)
 
 
 def classifier_path_for(config: MethodConfig, sources: ModelSources) -> str:

@@ -15,10 +15,12 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 
 from diffsmooth.engine.base_classifier.configurations import Configuration, configurations
+from diffsmooth.engine.base_classifier.diffusers_denoise import check_sigma
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
+from diffsmooth.engine.models.diffusers_folder import denoiser_identity, is_diffusers_folder
 from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch
 from diffsmooth.engine.runs.locks import check_unlocked, hold_lock
@@ -142,6 +144,10 @@ class ResolvedRun:
         if not self.is_sweep and r.method[0] != "diffsmooth":
             for k in ("local_sigma", "m", "local_noise"):
                 settings.pop(k)
+        if r.scheduler is not None:
+            settings["scheduler"] = r.scheduler
+        # a diffusers folder: its format and the sha256 of its weights and configs (checkpoint files: nothing added)
+        settings.update(denoiser_identity(r.denoiser, r.scheduler) if self.sources.denoiser else {})
         return settings
 
     def sweep_index(self) -> dict:
@@ -213,13 +219,16 @@ def plan_run(request: RunRequest) -> ResolvedRun:
     kind, dataset, indices = open_dataset(request)
     if not indices:
         raise UserError("no images selected (check `skip` / `max`)")
-    sources = resolve_sources(denoiser=request.denoiser, classifier=request.classifier_path, preset=request.preset,
+    sources = resolve_sources(denoiser=request.denoiser, scheduler=request.scheduler,
+                              classifier=request.classifier_path, preset=request.preset,
                               unet_config=request.unet_config, schedule=request.schedule,
                               diffusion_steps=request.diffusion_steps, arch=request.arch,
                               normalization=request.normalization, stats=request.stats, dataset_kind=kind)
     paths, classifiers_for = classifier_names(request, sources)
     configs = configurations(request.method, request.sigma, request.local_sigma, request.m, request.local_noise,
                              classifiers_for)
+    if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.method.uses_denoiser for c in configs):
+        check_sigma(sources.denoiser, sources.scheduler, request.sigma)     # before any file is touched
     if request.is_sweep and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError("a sweep runs in one process (not under torchrun)")
     shards = plan_from(request.shard, request.device)

@@ -113,7 +113,7 @@ def _distinct(name: str, values: tuple) -> None:
 
 
 # Options holding a name or a path: a string, or None where not given.
-_TEXT = ("out", "denoiser", "preset", "unet_config", "schedule", "arch", "normalization", "stats", "dataset",
+_TEXT = ("out", "denoiser", "scheduler", "preset", "unet_config", "schedule", "arch", "normalization", "stats", "dataset",
          "data", "split", "onnx_dir", "device", "shard")
 _FLAGS = ("compile", "cuda_graphs", "fused_attention")       # None: the device's default
 
@@ -131,6 +131,7 @@ class RunRequest:
     unet_config: Optional[str] = None
     schedule: Optional[str] = None
     diffusion_steps: Optional[int] = None
+    scheduler: Optional[str] = None                # a diffusers UNet folder's scheduler folder
     classifier: Tuple[str, ...] = ()
     arch: Optional[str] = None
     normalization: Optional[str] = None

@@ -7,6 +7,7 @@ from dataclasses import MISSING, fields
 from diffsmooth.engine.choices import MAX_DIFFUSION_STEPS
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
+from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder, read_diffusers_folder
 from diffsmooth.engine.models.unet import UNetConfig
 from diffsmooth.engine.models.unet import unet_config as build_unet_config
 from diffsmooth.engine.runs.assemble import ModelSources, parse_unet_config
@@ -34,16 +35,24 @@ def default_stats(preset: str | None, dataset_kind: str | None) -> str:
     return DATASET_STATS.get(dataset_kind, "cifar10")
 
 
-def resolve_sources(*, denoiser: str | None = None, classifier: str | None = None,
+def resolve_sources(*, denoiser: str | None = None, scheduler: str | None = None, classifier: str | None = None,
                     preset: str | None = None, unet_config: str | None = None,
                     schedule: str | None = None, diffusion_steps: int | None = None,
                     arch: str | None = None, normalization: str | None = None,
                     stats: str | None = None, dataset_kind: str | None = None) -> ModelSources:
     """ModelSources from the model options (--unet-config as JSON text); neither checkpoint given
-    means the shipped demo models. A denoiser without preset or --unet-config is a cifar10 one."""
+    means the shipped demo models. A denoiser without preset or --unet-config is a cifar10 one; a
+    diffusers folder brings its own configs (and takes `scheduler` when it is a UNet folder)."""
     config = parse_unet_config(unet_config)
     demo = not denoiser and not classifier
-    if preset is None:
+    if is_diffusers_folder(denoiser):
+        read_diffusers_folder(denoiser, scheduler)      # what it is and that its configs are supported
+        check_diffusers_options(denoiser, preset=preset, unet_config=config, schedule=schedule,
+                                diffusion_steps=diffusion_steps)
+    elif scheduler is not None:
+        raise UserError("`scheduler` is for a diffusers UNet folder given as `denoiser`; a checkpoint file takes "
+                        "`preset` / `schedule`")
+    elif preset is None:
         if demo:
             preset = shipped.DEMO_PRESET
         elif denoiser and not config:
@@ -57,7 +66,15 @@ def resolve_sources(*, denoiser: str | None = None, classifier: str | None = Non
              "arch": arch, "normalization": normalization, "stats": stats or default_stats(preset, dataset_kind)}
     if demo:
         return ModelSources.demo(**{k: v for k, v in given.items() if v not in (None, {})})
-    return ModelSources(denoiser=denoiser, classifier=classifier, **given)
+    return ModelSources(denoiser=denoiser, scheduler=scheduler, classifier=classifier, **given)
+
+
+def check_diffusers_options(denoiser: str, **options) -> None:
+    """A diffusers folder's configs give its UNet and schedule: the options for checkpoint files are refused."""
+    given = [name for name, value in options.items() if value not in (None, {})]
+    if given:
+        raise UserError(f"{denoiser} is a diffusers folder, whose configs give the UNet and its schedule: leave out "
+                        f"{', '.join(f'`{g}`' for g in given)}")
 
 
 def check_unet_config(preset: str | None, config: dict) -> None:

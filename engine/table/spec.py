@@ -8,7 +8,8 @@
     alpha = 0.001
     seed = 0
     [data]   dataset, data, split, skip, max      (as `certify`)
-    [models] denoiser, preset, unet_config, schedule, diffusion_steps, arch, normalization, stats
+    [models] denoiser (a checkpoint or a diffusers folder), scheduler, preset, unet_config, schedule,
+             diffusion_steps, arch, normalization, stats
     [run]    device, precision, batch, compile, cuda_graphs, streams, fused_attention, backend, onnx_dir,
              threads, window
     [[line]] name, method (rs | dds | diffsmooth), classifier, local_sigma, m, local_noise, source, normalization
@@ -45,7 +46,8 @@ from diffsmooth.engine.table.sources import SOURCES
 METHODS = ("rs", "dds", "diffsmooth")
 TOP_KEYS = {"title", "sigmas", "radii", "n0", "n_max", "alpha", "seed", "data", "models", "run", "line"}
 DATA_KEYS = {"dataset", "data", "split", "skip", "max", "images"}
-MODEL_KEYS = {"denoiser", "preset", "unet_config", "schedule", "diffusion_steps", "arch", "normalization", "stats"}
+MODEL_KEYS = {"denoiser", "scheduler", "preset", "unet_config", "schedule", "diffusion_steps", "arch", "normalization",
+              "stats"}
 RUN_KEYS = {"device", "precision", "batch", "compile", "cuda_graphs", "streams", "fused_attention", "backend",
             "onnx_dir", "threads", "window"}
 LINE_KEYS = {"name", "method", "classifier", "local_sigma", "m", "local_noise", "source", "normalization"}

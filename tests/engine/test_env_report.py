@@ -15,7 +15,7 @@ from diffsmooth.cli import main
 from diffsmooth.engine import env_report
 
 TOP_KEYS = {"diffsmooth_engine", "python", "os", "cpu", "torch", "onnx", "onnxruntime", "tensorrt", "polygraphy",
-            "timm", "torchvision", "numpy", "scipy", "torch_compile"}
+            "timm", "diffusers", "safetensors", "torchvision", "numpy", "scipy", "torch_compile"}
 
 
 def test_json_keys_and_values():
