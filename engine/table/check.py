@@ -22,6 +22,8 @@ import torch
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import extract_state_dict, read_checkpoint
+from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder, read_diffusers_folder
+from diffsmooth.engine.models.diffusers_unet import load_diffusers_unet
 from diffsmooth.engine.models.resnet import ARCHITECTURES, DEFAULT_NORMALIZATION, build_classifier_net
 from diffsmooth.engine.models.timm_models import adapt_timm_state_dict, create_timm_net, is_timm_arch
 from diffsmooth.engine.models.unet import UNetModel, unet_config
@@ -126,6 +128,13 @@ def check_file(path: str, use: FileUse, spec: TableSpec) -> Tuple[Optional[str],
     """(problem or None, what was checked) for one checkpoint."""
     if not os.path.exists(path):
         return f"missing {use.who()}: {path}; get it from {_where(path, use)}", ""
+    if use.kind == "denoiser" and is_diffusers_folder(path):
+        try:        # configs read, kind detected, weights loaded strictly against the config's shapes
+            folder = read_diffusers_folder(path, spec.models.get("scheduler"))
+            load_diffusers_unet(folder)
+        except UserError as exc:
+            return f"{use.who()}: {exc}", ""
+        return None, f"a diffusers folder ({folder.kind}); its weights match its config"
     try:
         state_dict, arch = extract_state_dict(read_checkpoint(path, mmap=True))
     except UserError as exc:
