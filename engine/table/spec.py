@@ -11,13 +11,16 @@
     [models] denoiser, preset, unet_config, schedule, diffusion_steps, arch, normalization, stats
     [run]    device, precision, batch, compile, cuda_graphs, streams, fused_attention, backend, onnx_dir,
              threads, window
-    [[line]] name, method (rs | dds | diffsmooth), classifier, local_sigma, m, local_noise, source, normalization
+    [[line]] name, method (rs | dds | diffsmooth), classifier, local_sigma, m, local_noise, source, normalization,
+             group
 
 Paths may start with `{models}` or `{data}`: the folders given on the command line (`--models DIR`,
 `--data DIR`), so a shipped spec (specs/paper/) needs no editing. `[data] images` is the number of
 images the selection must hold (checked by `diffsmooth table --check`). A line's `source` (cohen,
 smoothadv, beit: engine/table/sources.py) names where its classifiers come from, which fixes their
-normalisation unless the line names one (`normalization`, overriding [models]).
+normalisation unless the line names one (`normalization`, overriding [models]). A line's `group` names
+the block it belongs to in the per-configuration layout (table_by_config.md: the best per group and sigma
+in bold; engine/table/by_config.py); it changes no run.
 
 A line's classifier / local_sigma / m is one value, a list (a one-pass sweep; the cell takes the best
 configuration), or a table keyed by sigma ("0.25" = ...). No classifier: the demo classifier for the
@@ -48,7 +51,7 @@ DATA_KEYS = {"dataset", "data", "split", "skip", "max", "images"}
 MODEL_KEYS = {"denoiser", "preset", "unet_config", "schedule", "diffusion_steps", "arch", "normalization", "stats"}
 RUN_KEYS = {"device", "precision", "batch", "compile", "cuda_graphs", "streams", "fused_attention", "backend",
             "onnx_dir", "threads", "window"}
-LINE_KEYS = {"name", "method", "classifier", "local_sigma", "m", "local_noise", "source", "normalization"}
+LINE_KEYS = {"name", "method", "classifier", "local_sigma", "m", "local_noise", "source", "normalization", "group"}
 FOLDERS = ("models", "data")                    # the {models} / {data} placeholders of a spec's paths
 
 DEMO_SIGMAS = tuple(s for s in DEMO_TRAINING_SIGMAS if s > 0)
@@ -68,6 +71,7 @@ class LineSpec:
     local_noise: str = "fixed"
     source: Optional[str] = None            # engine/table/sources.py: where the classifiers come from
     normalization: Optional[str] = None     # the classifiers' input layer; None: the source's, else [models]'
+    group: Optional[str] = None             # the per-configuration layout's block (None: one block for the table)
 
     @property
     def input_layer(self) -> Optional[str]:
@@ -105,7 +109,7 @@ class TableSpec:
                            local_sigma={f"{k:g}": list(v) for k, v in line.local_sigma.items()},
                            m={f"{k:g}": list(v) for k, v in line.m.items()}) for line in self.lines]
         for line in d["lines"]:                 # not given: left out, so older specs keep their fingerprint
-            for key in ("source", "normalization"):
+            for key in ("source", "normalization", "group"):
                 if line[key] is None:
                     del line[key]
         return d
@@ -235,12 +239,15 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
             raise UserError(f"{at}: source must be one of {', '.join(SOURCES)}, got {source!r}")
         if layer is not None and layer not in NORMALIZATION_MODES:
             raise UserError(f"{at}: normalization must be one of {', '.join(NORMALIZATION_MODES)}, got {layer!r}")
+        group = raw.get("group")
+        if group is not None and (not isinstance(group, str) or not group.strip()):
+            raise UserError(f"{at}: group must be a non-empty string, got {group!r}")
         lines.append(LineSpec(
             name, method, _per_sigma(f"{at}.classifier", raw.get("classifier"), sigmas, _path),
             _per_sigma(f"{at}.local_sigma", raw.get("local_sigma"), sigmas,
                        lambda w, v: _number(w, v, float, 0.0, strict=True)),
             _per_sigma(f"{at}.m", raw.get("m"), sigmas, lambda w, v: _number(w, v, int, 1)),
-            str(raw.get("local_noise", "fixed")), source, layer))
+            str(raw.get("local_noise", "fixed")), source, layer, group))
     title = doc.get("title", "certified accuracy")
     if not isinstance(title, str):
         raise UserError(f"{where}: title must be a string, got {title!r}")
