@@ -92,14 +92,15 @@ def _order(parsed: tuple) -> tuple:
 
 def _mark_best(block: List[ConfigRow], columns: int) -> None:
     """Bold: per radius the rows with the most certified images (every one of a tie; none where no row
-    of the block certified an image there), and the rows with the largest ACR as printed."""
+    of the block certified an image there), and the rows with the largest ACR as printed (none where
+    every ACR is 0)."""
     for k in range(columns):
         top = max((row.counts[k] for row in block if row.counts[k] is not None), default=None)
         for row in block:
             row.best.append(bool(top) and row.counts[k] == top)
     shown = [round(row.acr, ACR_DECIMALS) for row in block if row.acr is not None]
     for row in block:
-        row.best_acr = bool(shown) and row.acr is not None and round(row.acr, ACR_DECIMALS) == max(shown)
+        row.best_acr = bool(shown) and max(shown) > 0 and row.acr is not None and round(row.acr, ACR_DECIMALS) == max(shown)
 
 
 def no_acr_reason(plan: str) -> Optional[str]:

@@ -29,6 +29,7 @@ method's noise level.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -36,7 +37,7 @@ import os
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from diffsmooth.engine.choices import MAX_SAMPLES, MAX_SEED
 from diffsmooth.engine.errors import UserError
@@ -362,3 +363,34 @@ def demo_spec(rows=("rs", "dds", "diffsmooth"), images: Optional[int] = None, n_
                      data={"dataset": "embedded", "skip": skip, "max": skip * images}, run=run)
     check_requests(spec, "--demo")
     return spec
+
+
+SMOKE_IMAGES = 2
+SMOKE_N0 = 1
+SMOKE_N = 2
+SMOKE_BATCH = SMOKE_N0 + SMOKE_N       # one image's samples: a larger batch would compute (and pad) samples no run needs
+CPU_RUN_KEYS = ("threads", "batch", "window")     # the [run] keys a smoke run on the CPU keeps
+
+
+def smoke_spec(spec: TableSpec, cuda: bool) -> Tuple[TableSpec, List[str]]:
+    """The spec at a smoke size, and what changed: the first SMOKE_IMAGES images of its selection,
+    n0 SMOKE_N0, n / n-max SMOKE_N and batch SMOKE_BATCH, every line, sigma, configuration and file as the spec names
+    them. Where the spec asks for CUDA and the machine has none (`cuda` False), the runs go to the CPU
+    in fp32 without the compiled path. A smoke table checks the files, models and outputs end to end;
+    its numbers mean nothing (at n = 2 no image certifies at alpha 0.001)."""
+    data = dict(spec.data)
+    skip = int(data.get("skip", 1))
+    stop = data.get("max")
+    data["max"] = min(int(stop), skip * SMOKE_IMAGES) if stop not in (None, -1) else skip * SMOKE_IMAGES
+    data["images"] = SMOKE_IMAGES
+    run = dict(spec.run, batch=SMOKE_BATCH)
+    notes = [f"smoke: {SMOKE_IMAGES} images, n0 {SMOKE_N0}, n {SMOKE_N}: every run end to end; the numbers mean nothing"]
+    if str(run.get("device", "cpu")).startswith("cuda") and not cuda:
+        run = {k: v for k, v in run.items() if k in CPU_RUN_KEYS}
+        run["device"] = "cpu"
+        notes.append(f"smoke: no CUDA device here, so the runs go to the CPU (fp32, eager) instead of "
+                     f"{spec.run.get('device')}")
+    title = f"{spec.title} [smoke: {SMOKE_IMAGES} images, n {SMOKE_N}; not the paper's numbers]"
+    smoke = dataclasses.replace(spec, title=title, n0=SMOKE_N0, n_max=SMOKE_N, data=data, run=run)
+    check_requests(smoke, "--smoke")
+    return smoke, notes

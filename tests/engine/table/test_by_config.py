@@ -78,6 +78,10 @@ def test_acr_ties_are_bold_as_printed_and_a_column_nobody_certified_has_no_bold(
     assert [row.counts for row in rows] == [[3, 3, 0], [3, 3, 0]]
     assert [row.best for row in rows] == [[True, True, False]] * 2
     assert rows[0].acr < rows[1].acr and [row.best_acr for row in rows] == [True, True]   # 0.375 both, printed
+    nothing = {"A": {1.0: {"rs__a": _rows([], wrong=2)}}, "B": {1.0: {"rs__b": _rows([0.0004]) + _rows([], wrong=1)}}}
+    rows = config_rows([("A", None), ("B", None)], nothing, (0.0, 0.5), 2, lambda s, r: True, with_acr=True)
+    assert [row.counts for row in rows] == [[0, 0], [1, 0]] and [row.best for row in rows] == [[False, False], [True, False]]
+    assert [round(row.acr, 3) for row in rows] == [0.0, 0.0] and not any(row.best_acr for row in rows)
 
 
 def test_groups_each_have_their_own_best_per_sigma():
