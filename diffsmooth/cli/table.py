@@ -10,7 +10,7 @@ from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, comman
 from diffsmooth.engine.table.check import check_table
 from diffsmooth.engine.table.planning import DEFAULT_MARGIN, DEFAULT_REACH, PLANS
 from diffsmooth.engine.table.race import DEFAULT_TOLERANCE
-from diffsmooth.engine.table.spec import DEMO_IMAGES, DEMO_N_MAX, demo_spec, load_spec
+from diffsmooth.engine.table.spec import DEMO_IMAGES, DEMO_N_MAX, SMOKE_IMAGES, SMOKE_N, demo_spec, load_spec, smoke_spec
 
 DEFAULT_PILOT = 25
 DEMO_PILOT = 4
@@ -35,6 +35,9 @@ def _log(line: str) -> None:
               help="Check that every file SPEC names is in place (exists, loads weights-only, official keys and "
                    "shapes, normalisation, data and selected images), print what would run, write nothing. "
                    "Every table runs this check first.")
+@click.option("--smoke", is_flag=True,
+              help=f"After the check, run SPEC at a smoke size ({SMOKE_IMAGES} images, n {SMOKE_N}; on the CPU where "
+                   f"CUDA is missing): every line, sigma and file end to end in minutes; the numbers mean nothing.")
 @click.option("--plan", "plan", type=click.Choice(PLANS), default="race", show_default=True,
               help="race: the sigmas race for each radius until every cell is within --tolerance of all's; auto: a "
                    "pilot assigns each radius to the sigmas that can win it; all: every sigma settles every radius "
@@ -63,7 +66,7 @@ def _log(line: str) -> None:
               help="--demo: the compiled static-batch fast path [default: on for CUDA].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and its cost estimate (after the pilot) and stop.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def table(spec, demo, out, models_dir, data_dir, check, plan, tolerance, pilot, margin, reach, rows, images, n_max, device,
+def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, pilot, margin, reach, rows, images, n_max, device,
           threads, batch, compile_, dry_run, quiet):
     """The paper's table in one command: which sigma settles which radius, the cost first, table.md/tex, curves.png.
 
@@ -74,6 +77,8 @@ def table(spec, demo, out, models_dir, data_dir, check, plan, tolerance, pilot, 
         raise UserError("give SPEC or --demo (one of them)")
     if out is None and not check:
         raise UserError("give --out DIR (the table's folder), or --check")
+    if demo and smoke:
+        raise UserError("`smoke` belongs to a SPEC (the demo is small already)")
     if demo and (models_dir or data_dir):
         raise UserError("`models_dir` and `data_dir` belong to a SPEC (the demo ships its models and data)")
     if demo:
@@ -97,6 +102,11 @@ def table(spec, demo, out, models_dir, data_dir, check, plan, tolerance, pilot, 
     if check:
         _log("table: check passed; nothing was run or written")
         return
+    if smoke:
+        import torch
+        table_spec, notes = smoke_spec(table_spec, torch.cuda.is_available())
+        for line in notes:
+            _log(f"table: {line}")
     builder = TableBuilder(table_spec, out, plan=plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance, log=_log,
                            command=command_line(), progress=not quiet)
     try:

@@ -7,6 +7,7 @@ DIR/race.json    race: the extensions so far and each cell's bound (engine/table
 DIR/cost.json    predicted samples and seconds of the main phase; measured ones as runs finish or stop
 DIR/runs/        one ordinary resumable result file per run (a folder per run for sweeps)
 DIR/table.md, table.tex, curves.png, summary.json
+DIR/table_by_config.md, table_by_config.tex   a row per sigma and configuration (engine/table/by_config.py)
 DIR/.lock        held while a `diffsmooth table` runs on DIR: a second one on the same folder is refused
 
 Every run is an ordinary result file, so a table killed at any point and rerun with the same command
@@ -34,6 +35,7 @@ from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import plan_run
 from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.runs.results import read_rows
+from diffsmooth.engine.table import by_config as layout
 from diffsmooth.engine.table.cost import RunCost, predict_race, predict_run
 from diffsmooth.engine.table.pilot_rate import timed_batches
 from diffsmooth.engine.table.planning import (
@@ -446,6 +448,7 @@ class TableBuilder:
         (self.out / "table.md").write_text(markdown(table, acr, spec.radii, text, gaps))
         (self.out / "table.tex").write_text(latex(table, acr, spec.radii, text))
         plot(self.out / "curves.png", spec.title, rows_by_line, table, spec.radii, images, settles)
+        by_config = self._write_by_config(images, rows_by_line, settles)
         runs = len(spec.lines) * len(spec.sigmas)
         measured = costs.get("measured", {})
         extra = {"plan": dataclasses.asdict(plan),
@@ -457,10 +460,22 @@ class TableBuilder:
                  "builds": self.model_set.builds, "compiles": self.model_set.compiles,
                  "images": images, "version": _version(), "command": self.command, "seed": spec.seed,
                  "device": spec.run.get("device", "cpu"), "host": socket.gethostname(), "spec": spec.as_dict()}
-        write_summary(self.out / "summary.json", table, acr, extra, gaps)
-        self.log(f"table: wrote {self.out / 'table.md'}, table.tex, curves.png, summary.json "
+        write_summary(self.out / "summary.json", table, acr, dict(extra, by_config=by_config), gaps)
+        self.log(f"table: wrote {self.out / 'table.md'}, table.tex, table_by_config.md, table_by_config.tex, "
+                 f"curves.png, summary.json "
                  f"({extra['samples']['total']:,} samples; fixed-n would draw {extra['samples']['fixed_n']:,})")
         return extra
+
+    def _write_by_config(self, images: int, rows_by_line: Dict[str, LineRows], settles) -> dict:
+        """table_by_config.md / .tex: a row per sigma and configuration (the paper's sigma x sigma' layout);
+        returns summary.json's `by_config`."""
+        spec = self.spec
+        rows = layout.config_rows([(line.name, line.group) for line in spec.lines], rows_by_line, spec.radii, images,
+                                  settles, with_acr=self.mode == "fixed")
+        text = layout.by_config_caption(spec.title, images, self.mode, spec.n_max, any(line.group for line in spec.lines))
+        (self.out / "table_by_config.md").write_text(layout.by_config_markdown(rows, spec.radii, text))
+        (self.out / "table_by_config.tex").write_text(layout.by_config_latex(rows, spec.radii, text))
+        return layout.by_config_summary(rows, spec.radii, text, self.mode)
 
     # -- the race plan ---------------------------------------------------------------------------
 

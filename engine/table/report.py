@@ -112,22 +112,27 @@ def latex(table: Dict[str, List[Cell]], acr: Dict[str, Optional[float]], radii: 
     with_acr = any(v is not None for v in acr.values())
     columns = "l" + "c" * (len(radii) + with_acr)
     head = " & ".join(["Method"] + [f"{r:g}" for r in radii] + (["ACR"] if with_acr else []))
-    out = ["\\begin{table}[t]", "\\centering", f"\\caption{{{_tex(text)}}}", f"\\begin{{tabular}}{{{columns}}}",
+    out = ["\\begin{table}[t]", "\\centering", f"\\caption{{{tex_text(text)}}}", f"\\begin{{tabular}}{{{columns}}}",
            "\\toprule", f"& \\multicolumn{{{len(radii)}}}{{c}}{{Certified accuracy (\\%) at $\\ell_2$ radius $r$}}"
            + (" &" if with_acr else "") + " \\\\", head + " \\\\", "\\midrule"]
     for name, cells in table.items():
         values = [f"\\textbf{{{100 * c.accuracy:.1f}}}" if c.certified == best[k] else f"{100 * c.accuracy:.1f}"
                   for k, c in enumerate(cells)]
         tail = [f"{acr[name]:.3f}"] if with_acr else []
-        out.append(" & ".join([_tex(name)] + values + tail) + " \\\\")
+        out.append(" & ".join([tex_text(name)] + values + tail) + " \\\\")
     out += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
     return "\n".join(out) + "\n"
 
 
-def _tex(text: str) -> str:
-    for a, b in (("&", "\\&"), ("%", "\\%"), ("_", "\\_"), ("#", "\\#")):
-        text = text.replace(a, b)
-    return text.replace("sigma", "$\\sigma$")
+_TEX = {"\\": "\\textbackslash{}", "&": "\\&", "%": "\\%", "$": "\\$", "#": "\\#", "_": "\\_", "{": "\\{",
+        "}": "\\}", "~": "\\textasciitilde{}", "^": "\\textasciicircum{}", "|": "\\textbar{}",
+        "<": "\\textless{}", ">": "\\textgreater{}"}
+
+
+def tex_text(text: str) -> str:
+    """Text as LaTeX: its special characters escaped, then sigma' and sigma as symbols."""
+    text = "".join(_TEX.get(c, c) for c in text).replace("sigma'", "\0")
+    return text.replace("sigma", "$\\sigma$").replace("\0", "$\\sigma'$")
 
 
 def plot(path: Path, title: str, rows_by_line: Dict[str, LineRows], table: Dict[str, List[Cell]],

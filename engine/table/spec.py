@@ -12,13 +12,16 @@
              diffusion_steps, arch, normalization, stats
     [run]    device, precision, batch, compile, cuda_graphs, streams, fused_attention, backend, onnx_dir,
              threads, window
-    [[line]] name, method (rs | dds | diffsmooth), classifier, local_sigma, m, local_noise, source, normalization
+    [[line]] name, method (rs | dds | diffsmooth), classifier, local_sigma, m, local_noise, source, normalization,
+             group
 
 Paths may start with `{models}` or `{data}`: the folders given on the command line (`--models DIR`,
 `--data DIR`), so a shipped spec (specs/paper/) needs no editing. `[data] images` is the number of
 images the selection must hold (checked by `diffsmooth table --check`). A line's `source` (cohen,
 smoothadv, beit: engine/table/sources.py) names where its classifiers come from, which fixes their
-normalisation unless the line names one (`normalization`, overriding [models]).
+normalisation unless the line names one (`normalization`, overriding [models]). A line's `group` names
+the block it belongs to in the per-configuration layout (table_by_config.md: the best per group and sigma
+in bold; engine/table/by_config.py); it changes no run.
 
 A line's classifier / local_sigma / m is one value, a list (a one-pass sweep; the cell takes the best
 configuration), or a table keyed by sigma ("0.25" = ...). No classifier: the demo classifier for the
@@ -27,6 +30,7 @@ method's noise level.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -34,7 +38,7 @@ import os
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from diffsmooth.engine.choices import MAX_SAMPLES, MAX_SEED
 from diffsmooth.engine.errors import UserError
@@ -50,7 +54,7 @@ MODEL_KEYS = {"denoiser", "scheduler", "preset", "unet_config", "schedule", "dif
               "stats"}
 RUN_KEYS = {"device", "precision", "batch", "compile", "cuda_graphs", "streams", "fused_attention", "backend",
             "onnx_dir", "threads", "window"}
-LINE_KEYS = {"name", "method", "classifier", "local_sigma", "m", "local_noise", "source", "normalization"}
+LINE_KEYS = {"name", "method", "classifier", "local_sigma", "m", "local_noise", "source", "normalization", "group"}
 FOLDERS = ("models", "data")                    # the {models} / {data} placeholders of a spec's paths
 
 DEMO_SIGMAS = tuple(s for s in DEMO_TRAINING_SIGMAS if s > 0)
@@ -70,6 +74,7 @@ class LineSpec:
     local_noise: str = "fixed"
     source: Optional[str] = None            # engine/table/sources.py: where the classifiers come from
     normalization: Optional[str] = None     # the classifiers' input layer; None: the source's, else [models]'
+    group: Optional[str] = None             # the per-configuration layout's block (None: one block for the table)
 
     @property
     def input_layer(self) -> Optional[str]:
@@ -107,7 +112,7 @@ class TableSpec:
                            local_sigma={f"{k:g}": list(v) for k, v in line.local_sigma.items()},
                            m={f"{k:g}": list(v) for k, v in line.m.items()}) for line in self.lines]
         for line in d["lines"]:                 # not given: left out, so older specs keep their fingerprint
-            for key in ("source", "normalization"):
+            for key in ("source", "normalization", "group"):
                 if line[key] is None:
                     del line[key]
         return d
@@ -237,12 +242,15 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
             raise UserError(f"{at}: source must be one of {', '.join(SOURCES)}, got {source!r}")
         if layer is not None and layer not in NORMALIZATION_MODES:
             raise UserError(f"{at}: normalization must be one of {', '.join(NORMALIZATION_MODES)}, got {layer!r}")
+        group = raw.get("group")
+        if group is not None and (not isinstance(group, str) or not group.strip()):
+            raise UserError(f"{at}: group must be a non-empty string, got {group!r}")
         lines.append(LineSpec(
             name, method, _per_sigma(f"{at}.classifier", raw.get("classifier"), sigmas, _path),
             _per_sigma(f"{at}.local_sigma", raw.get("local_sigma"), sigmas,
                        lambda w, v: _number(w, v, float, 0.0, strict=True)),
             _per_sigma(f"{at}.m", raw.get("m"), sigmas, lambda w, v: _number(w, v, int, 1)),
-            str(raw.get("local_noise", "fixed")), source, layer))
+            str(raw.get("local_noise", "fixed")), source, layer, group))
     title = doc.get("title", "certified accuracy")
     if not isinstance(title, str):
         raise UserError(f"{where}: title must be a string, got {title!r}")
@@ -357,3 +365,34 @@ def demo_spec(rows=("rs", "dds", "diffsmooth"), images: Optional[int] = None, n_
                      data={"dataset": "embedded", "skip": skip, "max": skip * images}, run=run)
     check_requests(spec, "--demo")
     return spec
+
+
+SMOKE_IMAGES = 2
+SMOKE_N0 = 1
+SMOKE_N = 1
+SMOKE_BATCH = SMOKE_N0 + SMOKE_N       # one image's samples: a larger batch would compute (and pad) samples no run needs
+CPU_RUN_KEYS = ("threads", "batch", "window")     # the [run] keys a smoke run on the CPU keeps
+
+
+def smoke_spec(spec: TableSpec, cuda: bool) -> Tuple[TableSpec, List[str]]:
+    """The spec at a smoke size, and what changed: the first SMOKE_IMAGES images of its selection,
+    n0 SMOKE_N0, n / n-max SMOKE_N and batch SMOKE_BATCH, every line, sigma, configuration and file as the spec names
+    them. Where the spec asks for CUDA and the machine has none (`cuda` False), the runs go to the CPU
+    in fp32 without the compiled path. A smoke table checks the files, models and outputs end to end;
+    its numbers mean nothing (at n = 1 no image certifies at alpha 0.001)."""
+    data = dict(spec.data)
+    skip = int(data.get("skip", 1))
+    stop = data.get("max")
+    data["max"] = min(int(stop), skip * SMOKE_IMAGES) if stop not in (None, -1) else skip * SMOKE_IMAGES
+    data["images"] = SMOKE_IMAGES
+    run = dict(spec.run, batch=SMOKE_BATCH)
+    notes = [f"smoke: {SMOKE_IMAGES} images, n0 {SMOKE_N0}, n {SMOKE_N}: every run end to end; the numbers mean nothing"]
+    if str(run.get("device", "cpu")).startswith("cuda") and not cuda:
+        run = {k: v for k, v in run.items() if k in CPU_RUN_KEYS}
+        run["device"] = "cpu"
+        notes.append(f"smoke: no CUDA device here, so the runs go to the CPU (fp32, eager) instead of "
+                     f"{spec.run.get('device')}")
+    title = f"{spec.title} [smoke: {SMOKE_IMAGES} images, n {SMOKE_N}; not the paper's numbers]"
+    smoke = dataclasses.replace(spec, title=title, n0=SMOKE_N0, n_max=SMOKE_N, data=data, run=run)
+    check_requests(smoke, "--smoke")
+    return smoke, notes

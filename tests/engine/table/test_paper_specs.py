@@ -1,0 +1,196 @@
+"""Every shipped spec (specs/paper/) against files laid out as docs/paper-tables.md says, built from the
+official key lists with random weights: `--dry-run --plan fixed` predicts each table's samples, and the
+CIFAR-10 specs run end to end with `--smoke` on the real architectures (the CIFAR-10 UNet, ResNet-110)
+and write every output in its layout. The ImageNet specs do not run here: one sample of the ImageNet
+UNet takes tens of seconds on these CPUs (docs/paper-tables.md, "Smoke runs")."""
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from cli_helpers import invoke_ok
+from click.testing import CliRunner
+
+from diffsmooth.cli import main
+from diffsmooth.engine.table.check import named_files
+from diffsmooth.engine.table.spec import SMOKE_BATCH, SMOKE_IMAGES, SMOKE_N, SMOKE_N0, load_spec, smoke_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+KEYS = ROOT / "tests" / "data" / "keys"
+SPECS = sorted((ROOT / "specs" / "paper").rglob("*.toml"))
+CIFAR = [p for p in SPECS if p.name.startswith("cifar10") or p.parent.name.startswith("cifar10")]
+IMAGENET = [p for p in SPECS if p not in CIFAR]
+# A smoke run costs about 30 CPU-seconds per line and sigma with the full-size CIFAR-10 models on these
+# CPUs, so every CIFAR-10 spec (78 runs) takes tens of CPU-minutes: the suite runs the smallest one (6 runs, both
+# classifier sources, groups); DIFFSMOOTH_PAPER_SMOKE=all runs them all.
+SMOKE_DEFAULT = "sigma-0.25.toml"
+SMOKE_ALL = os.environ.get("DIFFSMOOTH_PAPER_SMOKE") == "all"
+
+
+def _entries(name):
+    return json.loads((KEYS / f"{name}.json").read_text())["entries"]
+
+
+def random_state_dict(name, seed=0):
+    """The official names, shapes and dtypes with random weights (BatchNorm statistics mean 0, variance 1),
+    so the classifier's votes depend on its input."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for key, shape, dtype in _entries(name):
+        if dtype != "float32":
+            out[key] = torch.zeros(shape, dtype=getattr(torch, dtype))
+        elif key.endswith("running_var"):
+            out[key] = torch.ones(shape)
+        elif key.endswith("running_mean"):
+            out[key] = torch.zeros(shape)
+        else:
+            out[key] = 0.2 * torch.randn(shape, generator=g)
+    return out
+
+
+def zero_state_dict(name):
+    """The official names and shapes, zeros (a UNet whose noise estimate is 0: the pipeline runs as with
+    trained weights, the denoised image is the rescaled noisy one)."""
+    return {k: torch.zeros(shape, dtype=getattr(torch, dtype)) for k, shape, dtype in _entries(name)}
+
+
+@pytest.fixture(scope="module")
+def cifar_layout(tmp_path_factory):
+    """MODELS and DATA for every CIFAR-10 spec: the official UNet's tensors (zero, 210 MB), one random-weight
+    Cohen-format ResNet-110 linked under every classifier name, and a random CIFAR-10 test batch."""
+    root = tmp_path_factory.mktemp("paper")
+    models, data = root / "models", root / "data"
+    models.mkdir()
+    torch.save(zero_state_dict("cifar10_uncond_50M_500K"), models / "cifar10_uncond_50M_500K.pt")
+    torch.save({"arch": "cifar_resnet110", "state_dict": random_state_dict("cohen_cifar_resnet110"), "epoch": 90},
+               root / "resnet110.pth.tar")
+    for spec in CIFAR:
+        for path, use in named_files(load_spec(spec, {"models": str(models), "data": str(data)})).items():
+            if use.kind == "classifier" and not Path(path).exists():
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                Path(path).symlink_to(root / "resnet110.pth.tar")
+    batches = data / "cifar-10-batches-py"
+    batches.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (10000, 3072), dtype=np.uint8)
+    (batches / "test_batch").write_bytes(pickle.dumps({"data": images, "labels": list(range(10)) * 1000}))
+    return models, data
+
+
+@pytest.fixture(scope="module")
+def imagenet_layout(tmp_path_factory):
+    """MODELS and DATA for every ImageNet spec, enough for the check and a dry run (nothing runs a model):
+    the official UNet's and ResNet-50's tensors (zero, each one element expanded), BEiT-L/16's as the
+    installed timm model has them (the BEiT specs skip without timm), and a validation folder of 1,000
+    classes x 50 images, each a link to one small PNG."""
+    from PIL import Image
+
+    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.table.check import timm_net
+    root = tmp_path_factory.mktemp("imagenet")
+    models, data = root / "models", root / "data"
+    models.mkdir()
+    expanded = lambda name: {k: torch.zeros((), dtype=getattr(torch, d)).expand(shape) for k, shape, d in _entries(name)}
+    torch.save(expanded("256x256_diffusion_uncond"), models / "256x256_diffusion_uncond.pt")
+    torch.save({"arch": "resnet50", "state_dict": expanded("cohen_imagenet_resnet50")}, root / "resnet50.pth.tar")
+    try:
+        net = timm_net("beit_large_patch16_224")
+        beit = {f"1.{k}": torch.zeros((), dtype=v.dtype).expand(v.shape) for k, v in net.state_dict().items()}
+        torch.save({"arch": "beit_large_patch16_224", "state_dict": beit}, root / "beit.pth.tar")
+    except UserError:
+        pass
+    for spec in IMAGENET:
+        for path, use in named_files(load_spec(spec, {"models": str(models), "data": str(data)})).items():
+            source = root / ("beit.pth.tar" if "beit" in path else "resnet50.pth.tar")
+            if use.kind == "classifier" and source.exists() and not Path(path).exists():
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                Path(path).symlink_to(source)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(root / "image.png")
+    for k in range(1000):
+        folder = data / "imagenet" / "val" / f"n{k:08d}"
+        folder.mkdir(parents=True)
+        for j in range(50):
+            (folder / f"{j:02d}.png").symlink_to(root / "image.png")
+    return models, data
+
+
+def _table(spec, layout, out, *extra):
+    models, data = layout
+    return invoke_ok(["table", str(spec), "--models", str(models), "--data", str(data), "--out", str(out), "--quiet",
+                      *extra])
+
+
+@pytest.mark.parametrize("spec", CIFAR, ids=lambda p: str(p.relative_to(ROOT / "specs" / "paper")))
+def test_dry_run_predicts_the_fixed_n_samples_of_every_cifar10_spec(spec, cifar_layout, tmp_path):
+    parsed = load_spec(spec, {"models": "m", "data": "d"})
+    result = _table(spec, cifar_layout, tmp_path / "t", "--plan", "fixed", "--dry-run")
+    runs = len(parsed.lines) * len(parsed.sigmas)
+    samples = 500 * (parsed.n0 + parsed.n_max) * runs
+    assert f"main phase predicted {samples:,} samples" in result.output
+    assert not (tmp_path / "t" / "table.md").exists() and not list((tmp_path / "t" / "runs").iterdir())
+
+
+@pytest.mark.slow                   # the check and the dry run each decode the 500 selected images: seconds each
+@pytest.mark.parametrize("spec", IMAGENET, ids=lambda p: str(p.relative_to(ROOT / "specs" / "paper")))
+def test_dry_run_predicts_the_fixed_n_samples_of_every_imagenet_spec(spec, imagenet_layout, tmp_path):
+    parsed = load_spec(spec, {"models": "m", "data": "d"})
+    if any(line.source == "beit" for line in parsed.lines) and not list(imagenet_layout[0].glob("beit*")):
+        pytest.skip("timm is not installed (the BEiT specs need it)")
+    result = _table(spec, imagenet_layout, tmp_path / "t", "--plan", "fixed", "--dry-run")
+    runs = len(parsed.lines) * len(parsed.sigmas)
+    assert f"main phase predicted {500 * (parsed.n0 + parsed.n_max) * runs:,} samples" in result.output
+    assert not (tmp_path / "t" / "table.md").exists()
+
+
+def test_the_smoke_size_keeps_every_run_and_file_and_moves_to_the_cpu_without_cuda():
+    spec = load_spec(ROOT / "specs" / "paper" / "cifar10-table1.toml", {"models": "/m", "data": "/d"})
+    smoke, notes = smoke_spec(spec, cuda=False)
+    assert (smoke.n0, smoke.n_max, smoke.data["images"], smoke.data["max"]) == (SMOKE_N0, SMOKE_N, SMOKE_IMAGES, 40)
+    assert smoke.lines == spec.lines and smoke.sigmas == spec.sigmas and smoke.radii == spec.radii
+    assert smoke.models == spec.models and smoke.run == {"device": "cpu", "batch": SMOKE_BATCH}
+    assert "not the paper's numbers" in smoke.title and smoke.fingerprint() != spec.fingerprint()
+    assert len(notes) == 2 and "no CUDA device here" in notes[1]
+    on_gpu, notes = smoke_spec(spec, cuda=True)
+    assert on_gpu.run == {"device": "cuda", "batch": SMOKE_BATCH} and len(notes) == 1
+    result = CliRunner().invoke(main, ["table", "--demo", "--smoke", "--out", "x"])
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "--smoke belongs to a SPEC" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", CIFAR, ids=lambda p: str(p.relative_to(ROOT / "specs" / "paper")))
+def test_every_cifar10_spec_runs_end_to_end_at_the_smoke_size(spec, cifar_layout, tmp_path):
+    if not SMOKE_ALL and spec.name != SMOKE_DEFAULT:
+        pytest.skip("tens of CPU-minutes for every spec: DIFFSMOOTH_PAPER_SMOKE=all runs them")
+    parsed = load_spec(spec, {"models": "m", "data": "d"})
+    out = tmp_path / "t"
+    result = _table(spec, cifar_layout, out, "--plan", "fixed", "--smoke")
+    assert "smoke: no CUDA device here" in result.output or torch.cuda.is_available()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["images"] == SMOKE_IMAGES
+    runs = len(parsed.lines) * len(parsed.sigmas)
+    assert summary["samples"]["total"] == SMOKE_IMAGES * (SMOKE_N0 + SMOKE_N) * runs
+    # table.md: a row per line, a column per radius and the ACR (fixed-n)
+    assert [row["name"] for row in summary["rows"]] == [line.name for line in parsed.lines]
+    assert all([c["radius"] for c in row["cells"]] == list(parsed.radii) and row["acr"] is not None
+               for row in summary["rows"])
+    md = (out / "table.md").read_text().splitlines()
+    assert md[2] == "| method | " + " | ".join(f"r = {r:g}" for r in parsed.radii) + " | ACR |"
+    # table_by_config: a row per sigma and line (no shipped line sweeps), sigma' and m as the spec says
+    layout = summary["by_config"]
+    diffsmooth = lambda line, values, sigma: values[sigma][0] if line.method == "diffsmooth" else None
+    expected = [(line.group, sigma, line.name, diffsmooth(line, line.local_sigma, sigma), diffsmooth(line, line.m, sigma))
+                for group in dict.fromkeys(line.group for line in parsed.lines)
+                for sigma in parsed.sigmas for line in parsed.lines if line.group == group]
+    got = [(r["group"], r["sigma"], r["line"], r["local_sigma"], r["m"]) for r in layout["rows"]]
+    assert got == expected
+    assert layout["no_acr"] is None and all(r["acr"] is not None for r in layout["rows"])
+    by_config = (out / "table_by_config.md").read_text()
+    assert by_config.count("\n| ") == 1 + len(got) and f"[smoke: {SMOKE_IMAGES} images" in by_config
+    tex = (out / "table_by_config.tex").read_text()
+    assert tex.count("\\midrule") == len({(g, s) for g, s, *_ in got}) and "\\end{tabular}" in tex
+    for name in ("table.tex", "curves.png", "table.json", "cost.json"):
+        assert (out / name).is_file(), name
