@@ -13,9 +13,9 @@ pytest.importorskip("diffusers")
 pytest.importorskip("safetensors")
 
 from cli_helpers import invoke_ok, rows_without_time  # noqa: E402
-from conftest import SIGMA, centroid_classifier, tiny_images  # noqa: E402
 from diffusers import CMStochasticIterativeScheduler, DDPMScheduler  # noqa: E402
 from diffusers_fixtures import save_pipeline, tiny_unet  # noqa: E402
+from tiny_fixtures import SIGMA, centroid_classifier, tiny_images  # noqa: E402
 
 from diffsmooth.cli import main  # noqa: E402
 from diffsmooth.engine.base_classifier.denoise import load_denoiser  # noqa: E402
