@@ -226,6 +226,9 @@ def load_weights(module: nn.Module, state_dict: Mapping[str, torch.Tensor], what
         if bad_values:
             parts.append("non-tensor values at " + ", ".join(bad_values[:_SHOW]))
         raise UserError("; ".join(parts))
+    if assign:      # assigned tensors become the parameters: one with overlapping memory (an expanded
+        # tensor, stride 0) could never be written in place, as a table's next run copies its weights
+        state_dict = {k: v if v.is_contiguous() else v.contiguous() for k, v in state_dict.items()}
     try:
         module.load_state_dict(state_dict, strict=True, assign=assign)
     except RuntimeError as exc:  # e.g. a dtype that cannot be copied

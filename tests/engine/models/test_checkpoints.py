@@ -288,3 +288,16 @@ def test_wrong_preset_hints_the_matching_one(tmp_path):
     msg = _user_error(load_unet, path, preset="cifar10")
     assert msg.endswith("the checkpoint fits preset 'demo'")
     assert isinstance(load_unet(path, preset="demo"), UNetModel)
+
+
+def test_assigned_weights_stay_writable_in_place_when_the_file_held_expanded_tensors():
+    """A file may hold a tensor expanded from one element (stride 0); assigned as a parameter it could
+    not take a table's next run's weights in place (model_set.copy_weights)."""
+    from diffsmooth.engine.models.checkpoints import load_weights
+
+    module = torch.nn.Linear(4, 3)
+    state = {"weight": torch.zeros(1).expand(3, 4), "bias": torch.zeros(3)}
+    load_weights(module, state, "a linear layer", assign=True)
+    with torch.no_grad():
+        module.weight.copy_(torch.arange(12.0).reshape(3, 4))
+    assert module.weight[2, 3] == 11 and module.weight[0, 0] == 0
