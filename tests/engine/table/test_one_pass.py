@@ -33,7 +33,7 @@ m = 2
 
 
 def _build(out, one=True, log=lambda line: None):
-    TableBuilder(parse_spec(tomllib.loads(SPEC)), out, pilot=2, log=log, progress=False, one_pass=one).build()
+    TableBuilder(parse_spec(tomllib.loads(SPEC)), out, plan="race", pilot=2, log=log, progress=False, one_pass=one).build()
     return _outputs(out)
 
 
@@ -74,7 +74,7 @@ def test_one_pass_rows_equal_separate_runs(separate, tmp_path):
     _same_table(got, separate)
     # each sigma's pilot and first run: one pass for both lines; separate runs share none
     assert (got["summary"]["shared_passes"], separate["summary"]["shared_passes"]) == (4, 0)
-    assert sum("one pass" in line for line in said) == 4
+    assert sum("one pass: the denoiser runs once" in line for line in said) == 4
 
 
 @needs_demo
