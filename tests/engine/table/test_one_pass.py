@@ -144,3 +144,22 @@ def test_a_pass_holds_only_the_lines_configurations_and_refuses_a_name_twice(tmp
     assert list(shared.result_files().values()) == [runs[0].out, runs[1].out / f"{runs[1].configurations[0].name}.tsv",
                                                     runs[1].out / f"{runs[1].configurations[1].name}.tsv"]
     assert one_pass.shared_run(runs[1:]) is None         # the same configuration twice: each line runs alone
+
+
+@needs_demo
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", ["auto", "all"])
+def test_the_other_plans_share_their_full_runs_with_the_rows_of_separate_runs(tmp_path, plan):
+    spec = parse_spec(tomllib.loads(SPEC.replace("sigmas = [0.25, 0.5]", "sigmas = [0.5]")
+                                    .replace("skip = 83", "skip = 125")))
+    got = {}
+    for one in (True, False):
+        out = tmp_path / str(one)
+        builder = TableBuilder(spec, out, plan=plan, pilot=2, log=lambda line: None, progress=False, one_pass=one)
+        builder.build()
+        got[one] = {p.name: sorted(({k: v for k, v in r.items() if k != "time"} for r in read_rows(p)),
+                                   key=lambda r: int(r["idx"])) for p in sorted((out / "runs").glob("*.tsv"))}
+        got[one]["table.md"] = (out / "table.md").read_text()
+        got[one]["shared"] = builder.shared_passes
+    assert got[True] == dict(got[False], shared=2 if plan == "auto" else 1)      # auto: its pilot and its main runs
+    assert len(got[True]) == (4 if plan == "all" else 6)
