@@ -53,6 +53,12 @@ class SharedPass(ResolvedRun):
     def result_files(self):
         return dict(zip(self.configurations, self.files))
 
+    def recorded(self) -> dict:
+        raise TypeError("a shared pass has no settings of its own: each line's run records its file's")
+
+    def lock_targets(self):
+        raise TypeError("a shared pass holds no lock of its own: each line's run locks its file")
+
 
 def pass_key(builder, phase) -> Optional[tuple]:
     """What phases must share to run as one pass (None: the phase runs alone)."""
