@@ -64,10 +64,13 @@ def _log(line: str) -> None:
 @click.option("--batch", type=BATCH, default=None, help="--demo: samples per forward batch.")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="--demo: the compiled static-batch fast path [default: on for CUDA].")
+@click.option("--one-pass/--no-one-pass", "one_pass", default=True, show_default=True,
+              help="Lines that denoise at the same sigma (dds, diffsmooth) run their full runs as one pass: the "
+                   "denoiser runs once per batch and each line's rows equal its separate run's.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and its cost estimate (after the pilot) and stop.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, pilot, margin, reach, rows, images, n_max, device,
-          threads, batch, compile_, dry_run, quiet):
+          threads, batch, compile_, one_pass, dry_run, quiet):
     """The paper's table in one command: which sigma settles which radius, the cost first, table.md/tex, curves.png.
 
     Certified accuracy per radius, best over sigma, for every line of SPEC (a TOML file; see
@@ -108,7 +111,7 @@ def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, 
         for line in notes:
             _log(f"table: {line}")
     builder = TableBuilder(table_spec, out, plan=plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance, log=_log,
-                           command=command_line(), progress=not quiet)
+                           command=command_line(), progress=not quiet, one_pass=one_pass)
     try:
         builder.build(dry_run=dry_run)
     except TableInterrupted as stop:

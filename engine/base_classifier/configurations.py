@@ -68,22 +68,44 @@ class ConfigurationHeads(nn.Module):
     """(noisy and/or denoised samples [B,C,H,W], + fresh local noise [B,M,C,H,W]) -> scores [B, E, K].
 
     Local smoothing of one classifier at one sigma' runs once on the largest m's noises; smaller m
-    average a prefix of its softmax outputs, so m in {1,3,5,11,21} costs one call at m = 21."""
+    average a prefix of its softmax outputs, so m in {1,3,5,11,21} costs one call at m = 21.
+
+    What the forward pass does is in plain attributes (`plan`: per configuration its method, the index
+    of its classifier, of its local-smoothing call and of its noise group, and m) and in tensors (the
+    classifiers' weights, each call's sigma' and the fixed noises are buffers), never in a sigma,
+    a sigma' or a file name: the heads of another sigma or sigma' have the same architecture, so a
+    table's model set copies them into one built (and compiled) stage (engine/runs/model_set.py)."""
 
     def __init__(self, configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], image_shape,
                  local_noise: str = "fixed", local_noise_seed: int = 42):
         super().__init__()
-        self.configs = list(configs)
-        self.names = sorted({c.classifier for c in self.configs})
-        self.classifiers = nn.ModuleList(classifiers[name] for name in self.names)
-        self.inputs = inputs_of(self.configs)
+        configs = list(configs)
+        names = sorted({c.classifier for c in configs})
+        self.classifiers = nn.ModuleList(classifiers[name] for name in names)
+        self.inputs = inputs_of(configs)
         self.local_noise = local_noise
         self.image_shape = tuple(int(d) for d in image_shape)
-        ms = sorted({c.method.m for c in self.configs if c.method.method == "diffsmooth"})
+        ms = sorted({c.method.m for c in configs if c.method.method == "diffsmooth"})
         self.largest_m = ms[-1] if ms else None
-        self.groups = self._noise_groups(ms, local_noise_seed)
-        for k, (_, _, noise) in enumerate(self.groups):
+        groups = self._noise_groups(ms, local_noise_seed)
+        self.groups = [(big_m, members) for big_m, members, _ in groups]
+        for k, (_, _, noise) in enumerate(groups):
             self.register_buffer(f"noise_{k}", noise, persistent=False)
+        calls: List[Tuple[str, float, int]] = []            # (classifier, sigma', noise group) of each call
+        plan = []
+        for c in configs:
+            index = names.index(c.classifier)
+            if c.method.method != "diffsmooth":
+                plan.append((c.method.method, index, None, None, None))
+                continue
+            k = next(k for k, (_, members) in enumerate(self.groups) if c.method.m in members)
+            call = (c.classifier, float(c.method.local_sigma), k)
+            if call not in calls:
+                self.register_buffer(f"local_sigma_{len(calls)}", torch.tensor(call[1], dtype=torch.float32),
+                                     persistent=False)
+                calls.append(call)
+            plan.append((c.method.method, index, calls.index(call), k, int(c.method.m)))
+        self.plan = tuple(plan)
 
     @property
     def takes_noise(self) -> bool:
@@ -105,21 +127,20 @@ class ConfigurationHeads(nn.Module):
         fresh = inputs[len(self.inputs)] if self.takes_noise else None
         probabilities = {}
         scores = []
-        for c in self.configs:
-            classifier = self.classifiers[self.names.index(c.classifier)]
-            if c.method.method == "rs":
+        for method, index, call, k, m in self.plan:
+            classifier = self.classifiers[index]
+            if method == "rs":
                 score = classifier(samples["noisy"]).float()
-            elif c.method.method == "dds":
+            elif method == "dds":
                 score = classifier(samples["denoised"]).float()
             else:
-                k = next(k for k, (_, members, _) in enumerate(self.groups) if c.method.m in members)
                 big_m = self.groups[k][0]
-                key = (c.classifier, c.method.local_sigma, k)
-                if key not in probabilities:
+                if call not in probabilities:
                     delta = fresh if fresh is not None else getattr(self, f"noise_{k}").unsqueeze(0)
-                    probabilities[key] = local_probabilities(classifier, samples["denoised"], delta, c.method.local_sigma)
-                p = probabilities[key]
-                score = p.mean(dim=1) if c.method.m == big_m else p[:, :c.method.m].contiguous().mean(dim=1)
+                    probabilities[call] = local_probabilities(classifier, samples["denoised"], delta,
+                                                              getattr(self, f"local_sigma_{call}"))
+                p = probabilities[call]
+                score = p.mean(dim=1) if m == big_m else p[:, :m].contiguous().mean(dim=1)
             scores.append(score)
         return torch.stack(scores, dim=1)
 

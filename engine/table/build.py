@@ -37,6 +37,7 @@ from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table import by_config as layout
 from diffsmooth.engine.table.cost import RunCost, predict_race, predict_run
+from diffsmooth.engine.table.one_pass import run_phases
 from diffsmooth.engine.table.pilot_rate import timed_batches
 from diffsmooth.engine.table.planning import (
     DEFAULT_MARGIN,
@@ -144,9 +145,11 @@ class TableBuilder:
 
     def __init__(self, spec: TableSpec, out, plan: str = "auto", pilot: int = 25, margin: float = DEFAULT_MARGIN,
                  log: Callable[[str], None] = print, command: str = "", progress: bool = True,
-                 reach: float = DEFAULT_REACH, tolerance: float = DEFAULT_TOLERANCE):
+                 reach: float = DEFAULT_REACH, tolerance: float = DEFAULT_TOLERANCE, one_pass: bool = True):
         self.spec, self.out, self.mode, self.pilot_size, self.margin = spec, Path(out), plan, pilot, margin
         self.reach, self.tolerance = reach, tolerance
+        self.one_pass = one_pass                # lines sharing the denoiser at a sigma draw it once (table/one_pass.py)
+        self.shared_passes = 0                  # passes this invocation ran for several lines at once
         self.log, self.command, self.progress = log, command, progress
         self.voters: Dict[tuple, object] = {}
         self.model_set = ModelSet()             # the stages built so far, reused by every run of the same architecture
@@ -298,10 +301,8 @@ class TableBuilder:
             if self.mode == "auto":
                 pilot = pilot_indices(indices, self.pilot_size)
                 self.log(f"table: pilot of {len(pilot)} of {len(indices)} images settles every radius for every sigma")
-                for line in spec.lines:
-                    for sigma in spec.sigmas:
-                        pilot_results[(line.name, sigma)] = self._step(Phase(
-                            line, sigma, pilot, spec.radii, self.phase_path(line, sigma, "pilot"), "pilot"))
+                pilot_results = run_phases(self, [Phase(line, sigma, pilot, spec.radii, self.phase_path(line, sigma, "pilot"),
+                                                        "pilot") for line in spec.lines for sigma in spec.sigmas])
                 plan = self._plan_from(indices, pilot, pilot_results)
             else:
                 plan = plan_without_pilot(self.mode, indices, spec.sigmas, spec.radii)
@@ -311,15 +312,12 @@ class TableBuilder:
             costs = self._predict(plan, pilot_results)
             if dry_run:
                 return None
-            main_results: Dict[tuple, PhaseResult] = {}
             # the main phase runs in reverse, so its first run keeps the last pilot run's models (one compile less)
-            for line, sigma in reversed([(line, sigma) for line in spec.lines for sigma in spec.sigmas]):
-                radii = plan.radii_for(sigma)
-                if not radii or not plan.main:
-                    continue
-                main_results[(line.name, sigma)] = self._step(Phase(
-                    line, sigma, plan.main, None if self.mode == "fixed" else radii,
-                    self.phase_path(line, sigma, "main"), "main"), costs)
+            main_results: Dict[tuple, PhaseResult] = run_phases(self, [
+                Phase(line, sigma, plan.main, None if self.mode == "fixed" else plan.radii_for(sigma),
+                      self.phase_path(line, sigma, "main"), "main")
+                for line, sigma in reversed([(line, sigma) for line in spec.lines for sigma in spec.sigmas])
+                if plan.radii_for(sigma) and plan.main], costs)
         return self._report(plan, indices, pilot_results, main_results, costs)
 
     def _step(self, phase: Phase, costs: Optional[dict] = None) -> PhaseResult:
@@ -457,7 +455,7 @@ class TableBuilder:
                  "seconds": {"predicted": costs["predicted"]["seconds"],
                              "measured": sum(m["seconds"] for m in measured.values()) if measured else None,
                              "pilot": costs.get("pilot_seconds")},
-                 "builds": self.model_set.builds, "compiles": self.model_set.compiles,
+                 "builds": self.model_set.builds, "compiles": self.model_set.compiles, "shared_passes": self.shared_passes,
                  "images": images, "version": _version(), "command": self.command, "seed": spec.seed,
                  "device": spec.run.get("device", "cpu"), "host": socket.gethostname(), "spec": spec.as_dict()}
         write_summary(self.out / "summary.json", table, acr, dict(extra, by_config=by_config), gaps)
@@ -490,20 +488,17 @@ class TableBuilder:
         self._fix_plan(plan)
         for text in plan.lines():
             self.log(text)
-        pilot_results = {}
-        for line in spec.lines:
-            for sigma in spec.sigmas:
-                pilot_results[(line.name, sigma)] = self._step(Phase(
-                    line, sigma, pilot, first[sigma], self.phase_path(line, sigma, "main"), "pilot"))
+        pilot_results = run_phases(self, [Phase(line, sigma, pilot, first[sigma], self.phase_path(line, sigma, "main"),
+                                                "pilot") for line in spec.lines for sigma in spec.sigmas])
         costs = self._predict_race(pilot, len(indices), pilot_results)
         if dry_run:
             return None
         chosen = set(pilot)
-        main, rest = {}, [i for i in indices if i not in chosen]
+        rest = [i for i in indices if i not in chosen]
         # reversed, so the first run keeps the last pilot run's models (one compile less)
-        for line, sigma in reversed([(line, sigma) for line in spec.lines for sigma in spec.sigmas]):
-            main[(line.name, sigma)] = self._step(Phase(line, sigma, rest, first[sigma],
-                                                        self.phase_path(line, sigma, "main"), "first"), costs)
+        main = run_phases(self, [Phase(line, sigma, rest, first[sigma], self.phase_path(line, sigma, "main"), "first")
+                                 for line, sigma in reversed([(line, sigma) for line in spec.lines for sigma in spec.sigmas])],
+                          costs)
         rows_by_line, bounds, extensions = {}, {}, 0
         for line in spec.lines:
             rules = {sigma: self.request(Phase(line, sigma, (), spec.radii, self.out / "runs" / "rule.tsv", "")).sequential

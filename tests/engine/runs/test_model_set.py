@@ -124,16 +124,36 @@ def test_a_classifier_stage_shared_by_rs_and_dds_compiles_one_graph():
     assert (models.builds, models.compiles) == (2, 2)
 
 
-def test_a_sweep_shares_its_purifier_across_sigmas_and_builds_its_score_stage_per_sigma():
-    """A sweep's score stage names each configuration's sigma and sigma' (Python values a graph could
-    bake in), so another sigma builds it anew; the purifier has only tensors that differ."""
+def test_a_sweeps_stages_serve_every_sigma_and_sigma_prime_and_vote_as_a_fresh_build():
+    """A sweep's score stage holds each sigma' as a buffer and names no sigma, sigma' or file (its plan
+    is indices and m), so another sigma with other sigma' values and weights reuses the built stage,
+    like the purifier, and counts the votes of stages built for that sigma."""
+    torch.set_num_threads(1)
     _, denoiser, classifier = build_tiny_stages()
+    classifier_b = other_weights(classifier, 2)
     models = ModelSet()
 
-    def sweep(sigma):
-        configs = configurations(["dds", "diffsmooth"], sigma, [0.25, 0.5], [1], "fixed", lambda method, ls: ["c"])
-        return torch_configuration_stages(configs, {"c": classifier}, other_weights(denoiser, 1),
-                                          models.backend(TorchBackend()), SHAPE)
+    def sweep(sigma, local_sigmas, clf, model_set):
+        configs = configurations(["dds", "diffsmooth"], sigma, local_sigmas, [1, 3], "fixed", lambda method, ls: ["c"])
+        runner = model_set.backend(TorchBackend()) if model_set is not None else TorchBackend()
+        return torch_configuration_stages(configs, {"c": copy.deepcopy(clf)}, other_weights(denoiser, 1), runner, SHAPE)
 
-    first, second = sweep(0.25), sweep(0.5)
-    assert second.purify is first.purify and second.score is not first.score and models.builds == 3
+    x = torch.rand(*SHAPE)
+    first = sweep(0.25, [0.25, 0.5], classifier, models)
+    votes_first = _votes_all(first, 0.25, x)
+    second = sweep(0.5, [0.12, 0.5], classifier_b, models)
+    assert second.purify is first.purify and second.score is first.score and models.builds == 2
+    fresh = sweep(0.5, [0.12, 0.5], classifier_b, None)
+    votes_reused, votes_fresh = _votes_all(second, 0.5, x), _votes_all(fresh, 0.5, x)
+    assert votes_fresh.shape[0] == 5 and (votes_fresh > 0).sum(axis=1).min() >= 2, votes_fresh   # votes spread
+    assert np.array_equal(votes_reused, votes_fresh), (votes_reused, votes_fresh)
+    assert not np.array_equal(votes_first, votes_fresh)
+    # another set of configurations (other m) is another plan: built anew
+    other = torch_configuration_stages(configurations(["diffsmooth"], 0.5, [0.25], [1], "fixed", lambda method, ls: ["c"]),
+                                       {"c": classifier}, other_weights(denoiser, 1), models.backend(TorchBackend()), SHAPE)
+    assert other.score is not first.score and models.builds == 3
+
+
+def _votes_all(stages, sigma: float, x: torch.Tensor) -> np.ndarray:
+    """Every configuration's vote counts [E, K]."""
+    return MonteCarloPipeline(stages, sigma, seed=3, static_batch=True).count(x, 11, 0, 256, 64)
