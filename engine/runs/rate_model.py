@@ -2,8 +2,8 @@
 
 Jeffreys' estimate (engine/runs/simulation.py) replays an image that stopped with all n of n votes at
 p = (n + 1/2) / (n + 1): it then misses a vote within a few n more samples. Measured images say
-otherwise: of the 58 DiffSmooth demo images with 371 of 371 votes at sigma 0.25 that the race reran
-to r / sigma = 3, 54 kept every vote to 6,306 samples (Jeffreys' estimate expects none;
+otherwise: of the 104 DiffSmooth demo images with every vote that the race reran to r / sigma = 3,
+96 kept every vote to 6,306 samples (Jeffreys' estimate expects 6; the mixture below 103;
 bench/results/table_race_sim/rate_calibration.md). Many images' true rate is 1 or so close to it
 that no table's n-max tells the difference. The prior here mixes a point mass at p = 1 (weight w)
 with Jeffreys' Beta(1/2, 1/2); w is fitted to the rows by maximum marginal likelihood (EM), and a
