@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, OneShotCoefficients
+from diffsmooth.engine.base_classifier.purifier_buffers import BufferedPurifier
+from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import load_unet
 from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder
@@ -26,24 +27,12 @@ PRESET_SCHEDULES = {
 COEFFICIENT_BUFFERS = ("sigma", "model_timestep", "sqrt_abar", "sqrt_recip_abar", "sqrt_recipm1_abar")
 
 
-class OneShotPurifier(nn.Module):
+class OneShotPurifier(BufferedPurifier):
     """The denoiser at one sigma, x_rs -> x_hat (exports with its constants folded in). t* and the
     schedule's scale factors are buffers, not Python floats: a compiled graph or CUDA graph reads
     them at run time, so `set_coefficients` moves a built purifier to another sigma in place."""
 
-    def __init__(self, unet: nn.Module, coefficients: OneShotCoefficients, channels: int):
-        super().__init__()
-        self.unet = unet
-        self.channels = channels
-        for name in COEFFICIENT_BUFFERS:
-            self.register_buffer(name, torch.zeros((), dtype=torch.float32), persistent=False)
-        self.set_coefficients(coefficients)
-
-    def set_coefficients(self, coefficients: OneShotCoefficients) -> None:
-        """Write another sigma's t* and scale factors into the buffers (same tensors, new values)."""
-        with torch.inference_mode():
-            for name in COEFFICIENT_BUFFERS:
-                getattr(self, name).fill_(float(getattr(coefficients, name)))
+    BUFFERS = COEFFICIENT_BUFFERS
 
     def forward(self, x_rs: torch.Tensor) -> torch.Tensor:
         x_t = self.sqrt_abar * (2.0 * x_rs - 1.0)

@@ -25,8 +25,8 @@ from typing import Optional
 
 import numpy as np
 import torch
-from torch import nn
 
+from diffsmooth.engine.base_classifier.purifier_buffers import BufferedPurifier
 from diffsmooth.engine.errors import UserError
 
 __all__ = ["OneStepCoefficients", "DiscreteSchedule", "ConsistencySchedule", "OneStepPurifier",
@@ -122,22 +122,11 @@ class ConsistencySchedule:
             c_skip=sd * sd / ((s - s_min) ** 2 + sd * sd), c_out=(s - s_min) * sd / math.sqrt(s * s + sd * sd))
 
 
-class OneStepPurifier(nn.Module):
+class OneStepPurifier(BufferedPurifier):
     """A diffusers denoiser at one sigma, x_rs -> x_hat in [0, 1]. The coefficients are buffers, not
     Python floats, so `set_coefficients` moves a built (or compiled) purifier to another sigma in place."""
 
-    def __init__(self, unet: nn.Module, coefficients: OneStepCoefficients, channels: int):
-        super().__init__()
-        self.unet = unet
-        self.channels = channels
-        for name in ONE_STEP_BUFFERS:
-            self.register_buffer(name, torch.zeros((), dtype=torch.float32), persistent=False)
-        self.set_coefficients(coefficients)
-
-    def set_coefficients(self, coefficients: OneStepCoefficients) -> None:
-        with torch.inference_mode():
-            for name in ONE_STEP_BUFFERS:
-                getattr(self, name).fill_(float(getattr(coefficients, name)))
+    BUFFERS = ONE_STEP_BUFFERS
 
     def forward(self, x_rs: torch.Tensor) -> torch.Tensor:
         x_t = self.input_scale * (2.0 * x_rs - 1.0)
