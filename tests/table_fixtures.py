@@ -20,3 +20,15 @@ batch = 100
 name = "RS"
 method = "rs"
 """
+
+
+def write_cifar10_test_batch(data) -> None:
+    """DATA/cifar-10-batches-py/test_batch as the CIFAR-10 download holds it: 10,000 random images, labels 0-9."""
+    import pickle
+
+    import numpy as np
+
+    batches = data / "cifar-10-batches-py"
+    batches.mkdir(parents=True)
+    images = np.random.default_rng(0).integers(0, 256, (10000, 3072), dtype=np.uint8)
+    (batches / "test_batch").write_bytes(pickle.dumps({"data": images, "labels": list(range(10)) * 1000}))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from table_fixtures import write_cifar10_test_batch
 
 from diffsmooth.cli import main
 from diffsmooth.engine.errors import UserError
@@ -58,11 +59,7 @@ def layout(tmp_path_factory):
         if use.kind == "classifier":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).symlink_to(root / "resnet110.pth.tar")
-    batches = data / "cifar-10-batches-py"
-    batches.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (10000, 3072), dtype=np.uint8)
-    (batches / "test_batch").write_bytes(pickle.dumps({"data": images, "labels": list(range(10)) * 1000}))
+    write_cifar10_test_batch(data)
     return models, data
 
 

@@ -6,7 +6,6 @@ UNet takes tens of seconds on these CPUs (docs/paper-tables.md, "Smoke runs").""
 
 import json
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 import torch
 from cli_helpers import invoke_ok
 from click.testing import CliRunner
+from table_fixtures import write_cifar10_test_batch
 
 from diffsmooth.cli import main
 from diffsmooth.engine.table.check import named_files
@@ -73,11 +73,7 @@ def cifar_layout(tmp_path_factory):
             if use.kind == "classifier" and not Path(path).exists():
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 Path(path).symlink_to(root / "resnet110.pth.tar")
-    batches = data / "cifar-10-batches-py"
-    batches.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (10000, 3072), dtype=np.uint8)
-    (batches / "test_batch").write_bytes(pickle.dumps({"data": images, "labels": list(range(10)) * 1000}))
+    write_cifar10_test_batch(data)
     return models, data
 
 
