@@ -6,6 +6,7 @@ import json
 
 import pytest
 from cli_helpers import invoke_ok
+from table_fixtures import small_table_spec
 
 from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.runs.analyze import average_certified_radius
@@ -165,23 +166,7 @@ def test_group_is_a_line_key_that_keeps_older_specs_fingerprints():
 
 # -- the outputs of a table on the demo models ------------------------------------------------------
 
-SPEC = """
-title = "layout | test"
-sigmas = [0.25, 0.5]
-radii = [0.25, 0.5, 0.75]
-n0 = 20
-n_max = 100
-[data]
-dataset = "embedded"
-skip = 72
-max = 500
-[run]
-threads = 1
-batch = 100
-[[line]]
-name = "RS"
-method = "rs"
-[[line]]
+SPEC = small_table_spec(title="layout | test", n_max=100, skip=72) + """[[line]]
 name = "DiffSmooth_sweep"
 method = "diffsmooth"
 local_sigma = { "0.25" = 0.25, "0.5" = [0.25, 0.5] }
