@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: one command per part on a machine with one CUDA GPU, torch already installed, no network.
-#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|all]
+#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|all]
 #   DRY_RUN=1 bash bench/gpu_check.sh OUT_DIR PART     # print the steps and their limits, run nothing
 # Each part fits one 600 s call on a fresh H100 or H200, its own install included: the step limits of a
 # part (install, import check, its steps, summary) add up to at most 540 s (tests/engine/runs/test_gpu_readiness.py
@@ -15,12 +15,14 @@
 #        (bench/table_gpu.py); and one `certify --sequential --device cuda` run in fp16 with the
 #        fast path's agreement check on (the two-lane continuous batching on a GPU).
 # ablation: CIFAR-10 without fused attention.
+# fixes: the paths no GPU has run yet, in one call: the demo's fixed-n vs --sequential comparison (the two-lane
+#        fix), the demo table on CPU and CUDA, and `certify --sequential --device cuda` (no timing runs).
 # all: every part in a row (more than one call's time).
 # Everything goes under OUT_DIR: one log per step, steps.tsv (step, exit status, seconds, limit),
 # gpu_check.log (this script's whole output), summary.md. bench.jsonl records peak GPU memory per run;
 # agreement.json is rewritten after each variant.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|all]}
+OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|all]}
 PART=${2:-speed}
 DRY_RUN=${DRY_RUN:-0}
 mkdir -p "$OUT"
@@ -104,6 +106,17 @@ part_table() {
         --out "$OUT/sequential_cuda.tsv"
 }
 
+part_fixes() {
+    run_step sequential-demo ${FIX_SEQUENTIAL_LIMIT:-170} sequential.txt \
+        $PY -m diffsmooth.bench.sequential --device cuda --precision fp16 --quiet --out "$OUT/sequential"
+    run_step table-demo ${FIX_TABLE_LIMIT:-200} table_gpu.txt \
+        $PY -m diffsmooth.bench.table_gpu --out "$OUT/table" --images ${TABLE_IMAGES:-8} --n-max 500
+    run_step sequential-cuda ${FIX_SEQUENTIAL_CUDA_LIMIT:-110} sequential_cuda.txt \
+        $PY -m diffsmooth.cli certify --sequential --radii 0.25,0.5,0.75,1.0 --n-max 10000 --method diffsmooth \
+        --sigma 0.5 --local-sigma 0.25 --m 5 --skip 25 --device cuda --precision fp16 --compile --quiet \
+        --out "$OUT/sequential_cuda.tsv"
+}
+
 part_ablation() {
     run_step cifar10-no-fused-attention ${ABLATION_LIMIT:-200} bench_cifar10_no_fused_attention.txt \
         $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 --n 100000 --m 5 \
@@ -116,9 +129,9 @@ summary() {
 }
 
 case "$PART" in
-    speed|sequential|table|ablation) ;;
+    speed|sequential|table|ablation|fixes) ;;
     all) ;;
-    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation or all)"; exit 2 ;;
+    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation, fixes or all)"; exit 2 ;;
 esac
 setup
 case "$PART" in
@@ -126,6 +139,7 @@ case "$PART" in
     sequential) part_sequential ;;
     table) part_table ;;
     ablation) part_ablation ;;
+    fixes) part_fixes ;;
     all) part_speed; part_sequential; part_table; part_ablation ;;
 esac
 summary

@@ -37,13 +37,78 @@ def _steps(out: Path):
     return [line.split("\t") for line in path.read_text().splitlines() if line.count("\t") == 3]
 
 
+def _gpu_name(out: Path, runs) -> str:
+    """The GPU as the bench runs recorded it, else as the import step printed it ('... gpu NAME')."""
+    if runs and runs[0]["machine"].get("gpu"):
+        return runs[0]["machine"]["gpu"]
+    log = out / "import.log"
+    for line in log.read_text().splitlines() if log.exists() else []:
+        if " gpu " in line:
+            return line.split(" gpu ", 1)[1].strip()
+    return "unknown"
+
+
+def _table_variants(path: Path) -> list:
+    """bench.table_gpu's variants: wall time, samples, builds and compiles, rows and cells against the first."""
+    if not path.exists():
+        return []
+    try:
+        variants = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return ["", "demo table: no result (see table_gpu.txt)"]
+    lines = ["", "demo table per variant (rows and cells against the first variant's, the same noise):", "",
+             "| variant | wall s | samples | builds | compiles | rows equal | cells equal |", "|---|---|---|---|---|---|---|"]
+    first = variants[0]["cells"] if variants else {}
+    for v in variants:
+        against = v.get("against_first")
+        rows = f"{against['equal']} of {against['rows']}" if against else "(reference)"
+        cells = "yes" if v["cells"] == first else "NO"
+        lines.append(f"| {v['name']} | {v['wall_s']:.1f} | {v['samples']:,} | {v['builds']} | {v['compiles']} | "
+                     f"{rows} | {cells} |")
+    return lines
+
+
 def summarize(out_dir) -> str:
     out = Path(out_dir)
     lines = []
     runs = _runs(out / "bench.jsonl")
-    gpu = runs[0]["machine"].get("gpu") if runs else None
-    lines.append(f"GPU: {gpu or 'unknown'}")
-    lines.append("")
+    lines.append(f"GPU: {_gpu_name(out, runs)}")
+    if runs:
+        lines += ["", *_bench_table(runs)]
+    for line in runs:
+        profile = line["run"].get("kernel_profile")
+        if profile:
+            conv = " (fused conv)" if (line["run"].get("fast_path") or {}).get("fused_conv") else ""
+            lines += ["", f"{line['run']['models']}{conv}: " + summary_lines(profile)[0]]
+    for line in _runs(out / "ablation.jsonl"):
+        run, n = line["run"], str(line["settings"]["n"])
+        fp = run.get("fast_path") or {}
+        label = "with" if fp.get("fused_attention") else "without"
+        lines += ["", f"ablation, {run['models']} {label} fused attention: "
+                      f"{run['extrapolated']['seconds_per_image'][n]:.2f} s per image at n={int(n):,} "
+                      f"(UNet {run['rates']['denoiser_samples_per_s'] / 1e3:.1f} ksamples/s)"]
+    sequential = out / "sequential" / "sequential.md"
+    if sequential.exists():
+        lines += ["", "sequential vs fixed-n CERTIFY:", "", sequential.read_text().strip()]
+    lines += _table_variants(out / "table_gpu.txt")
+    agreement = out / "agreement.json"
+    if agreement.exists():
+        lines += ["", table(json.loads(agreement.read_text()))]
+    steps = _steps(out)
+    if steps:
+        lines += ["", "| step | exit | seconds | limit s |", "|---|---|---|---|"]
+        lines += [f"| {name} | {'timed out' if code == '124' else code} | {sec} | {limit} |"
+                  for name, code, sec, limit in steps]
+    tests = out / "gpu_tests.log"
+    if tests.exists():
+        tail = [l for l in tests.read_text().splitlines() if " passed" in l or " failed" in l or " error" in l]
+        lines += ["", f"GPU tests: {tail[-1].strip('= ') if tail else 'no summary line (see gpu_tests.log)'}"]
+    return "\n".join(lines)
+
+
+def _bench_table(runs) -> list:
+    """One row per bench run: seconds per image, the reference-equivalent baseline, targets, peak memory."""
+    lines = []
     lines.append("| models | n | engine path | warm-up (compile) s | engine s/image | reference-equivalent s/image | "
                  "ratio | target | met | peak GPU memory GiB (allocated / reserved) |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
@@ -72,34 +137,7 @@ def summarize(out_dir) -> str:
                      f"{'%.1f' % ref_s if ref_s else '-'} | {'%.1fx' % ratio if ratio else '-'} | "
                      f"{', '.join(goals) or '-'} | {('yes' if all(met) else 'NO') if met else '-'} | "
                      f"{_memory(run.get('peak_memory'))} |")
-    for line in runs:
-        profile = line["run"].get("kernel_profile")
-        if profile:
-            conv = " (fused conv)" if (line["run"].get("fast_path") or {}).get("fused_conv") else ""
-            lines += ["", f"{line['run']['models']}{conv}: " + summary_lines(profile)[0]]
-    for line in _runs(out / "ablation.jsonl"):
-        run, n = line["run"], str(line["settings"]["n"])
-        fp = run.get("fast_path") or {}
-        label = "with" if fp.get("fused_attention") else "without"
-        lines += ["", f"ablation, {run['models']} {label} fused attention: "
-                      f"{run['extrapolated']['seconds_per_image'][n]:.2f} s per image at n={int(n):,} "
-                      f"(UNet {run['rates']['denoiser_samples_per_s'] / 1e3:.1f} ksamples/s)"]
-    sequential = out / "sequential" / "sequential.md"
-    if sequential.exists():
-        lines += ["", "sequential vs fixed-n CERTIFY:", "", sequential.read_text().strip()]
-    agreement = out / "agreement.json"
-    if agreement.exists():
-        lines += ["", table(json.loads(agreement.read_text()))]
-    steps = _steps(out)
-    if steps:
-        lines += ["", "| step | exit | seconds | limit s |", "|---|---|---|---|"]
-        lines += [f"| {name} | {'timed out' if code == '124' else code} | {sec} | {limit} |"
-                  for name, code, sec, limit in steps]
-    tests = out / "gpu_tests.log"
-    if tests.exists():
-        tail = [l for l in tests.read_text().splitlines() if " passed" in l or " failed" in l or " error" in l]
-        lines += ["", f"GPU tests: {tail[-1].strip('= ') if tail else 'no summary line (see gpu_tests.log)'}"]
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

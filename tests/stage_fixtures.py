@@ -50,10 +50,10 @@ def image(seed=0):
 
 
 
-def randomized_bn_resnet(arch: str, seed: int = 0) -> NormalizedClassifier:
+def randomized_bn_resnet(arch: str, seed: int = 0, channels: int = 3) -> NormalizedClassifier:
     """A ResNet with non-trivial BatchNorm statistics (folding must use them) whose votes spread."""
     torch.manual_seed(seed)
-    net = build_classifier_net(arch, 10, 3)
+    net = build_classifier_net(arch, 10, channels)
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
@@ -62,4 +62,5 @@ def randomized_bn_resnet(arch: str, seed: int = 0) -> NormalizedClassifier:
                 m.weight.uniform_(0.5, 1.0)
                 m.bias.normal_(0, 0.05)
         net.fc.weight.normal_(0, 1.0)
-    return NormalizedClassifier(normalization_layer("normalize", "cifar10"), net).eval()
+    norm = normalization_layer("normalize", "cifar10") if channels == 3 else torch.nn.Identity()
+    return NormalizedClassifier(norm, net).eval()

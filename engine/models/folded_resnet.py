@@ -191,12 +191,20 @@ class FoldedNet(nn.Module):
         super().__init__()
         self.stem, self.pool, self.blocks, self.avgpool, self.fc = stem, pool, nn.ModuleList(blocks), avgpool, fc
 
+    # Feed the convolutions NHWC: None = on CUDA only (where cuDNN's fused kernels need it); tests set True.
+    nhwc: Optional[bool] = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dim() == 4:      # cuDNN's fused kernels need NHWC, whatever layout the stage feeds
+        nhwc = (x.is_cuda if self.nhwc is None else self.nhwc) and x.dim() == 4
+        if nhwc:
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.stem(x)
         if self.pool is not None:
             x = self.pool(x)
+        if nhwc:
+            # A one-channel image is NCHW and NHWC at once, so the stem's output comes back NCHW and no
+            # later convolution would be fused (the H200 GPU test caught it on the Fashion-MNIST demo).
+            x = x.contiguous(memory_format=torch.channels_last)
         for block in self.blocks:
             x = block(x)
         return self.fc(torch.flatten(self.avgpool(x), 1).to(self.fc.weight.dtype))

@@ -321,6 +321,24 @@ def test_gpu_summary_reads_every_part_of_the_gpu_check(tmp_path):
     assert "ablation, demo without fused attention:" in text and "5,050,000" in text
 
 
+def test_gpu_summary_of_the_fixes_part_names_the_gpu_and_the_table_variants(tmp_path):
+    """A part without bench runs takes the GPU's name from the import step; the demo table's variants
+    show rows and cells against the first, a variant whose cells moved says NO."""
+    import json
+
+    from diffsmooth.bench.gpu_summary import summarize
+    (tmp_path / "import.log").write_text("torch 2.11.0+cu130 cuda 13.0 gpu NVIDIA H200\n")
+    cells = {"RS": [1.0, 0.5]}
+    variants = [{"name": "0-cpu-fp32", "wall_s": 30.4, "samples": 34940, "builds": 4, "compiles": 0, "cells": cells},
+                {"name": "1-cuda-fp16-compile", "wall_s": 53.8, "samples": 34840, "builds": 4, "compiles": 5,
+                 "cells": {"RS": [1.0, 0.25]}, "against_first": {"rows": 100, "equal": 97}}]
+    (tmp_path / "table_gpu.txt").write_text(json.dumps(variants))
+    text = summarize(tmp_path)
+    assert text.startswith("GPU: NVIDIA H200") and "| models |" not in text
+    assert "| 0-cpu-fp32 | 30.4 | 34,940 | 4 | 0 | (reference) | yes |" in text
+    assert "| 1-cuda-fp16-compile | 53.8 | 34,840 | 4 | 5 | 97 of 100 | NO |" in text
+
+
 @pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
 def test_agreement_bench_judges_every_variant_and_checks_the_fast_path(monkeypatch):
     """The GPU check's agreement step end to end on the CPU (fp32 in place of the GPU precisions)."""

@@ -410,6 +410,27 @@ def test_fold_leaves_other_classifiers_alone():
     assert fold_classifier(other) is None
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_folded_net_feeds_every_convolution_after_the_stem_nhwc(channels, monkeypatch):
+    """cuDNN fuses only NHWC convolutions. A one-channel image is NCHW and NHWC at once, so the stem's
+    output came back NCHW and nothing was fused on the Fashion-MNIST demo (caught on an H200)."""
+    from diffsmooth.engine.models import folded_resnet
+    folded = folded_resnet.fold_classifier(randomized_bn_resnet("cifar_resnet20", channels=channels))
+    folded = folded.to(memory_format=torch.channels_last)            # as the fast path's stage does
+    folded.net.nhwc = True                                           # what CUDA does, here on the CPU
+    fusable, op = [], folded_resnet.conv_bias_add_relu
+
+    def spy(x, weight, *rest):
+        fusable.append(folded_resnet._fusable(x, weight))
+        return op(x, weight, *rest)
+    monkeypatch.setattr(folded_resnet, "conv_bias_add_relu", spy)
+    x = torch.rand(2, channels, 16, 16)
+    with torch.no_grad():
+        folded(x)
+    assert len(fusable) == sum(isinstance(m, folded_resnet.FoldedConv) for m in folded.modules())
+    assert fusable[0] is False and all(fusable[1:]), fusable        # the stem (channels % 8) only
+
+
 def test_folded_op_compiles_with_channels_last_on_cpu():
     """The custom op's fake implementation lets torch.compile trace it; layout and values kept."""
     from diffsmooth.engine.models.folded_resnet import fold_classifier
