@@ -3,6 +3,7 @@
 from diffsmooth.engine.models.shipped import (  # noqa: F401
     ASSETS,
     DEMO_DATASET,
+    DEMO_DDPM,
     DEMO_MANIFEST,
     DEMO_PRESET,
     DEMO_STATS,

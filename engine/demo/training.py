@@ -8,6 +8,7 @@ official formats plus a `MODELS.json` manifest recording how they were made and 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import multiprocessing
@@ -43,6 +44,8 @@ CLASSIFIER_SIGMAS = DEMO_TRAINING_SIGMAS   # the one list (models/shipped.py); a
 # Noise levels of the denoiser's recorded metrics (one-shot MSE, one-sample DDS accuracy): the UNet's own
 # evaluation grid, not the classifiers' list, so adding a classifier leaves the UNet's entry as it is.
 DENOISE_EVAL_SIGMAS = (0.25, 0.5)
+DDPM_EVAL_SIGMAS = (0.25, 0.5, 1.0)        # the diffusers denoiser's grid (the demo table's sigmas)
+DDPM_FOLDER = "demo_ddpm_diffusers"         # the diffusers pipeline folder (engine/demo/diffusers_training.py)
 EVAL_NOISE_SEED = 20230  # seed of every evaluation noise tensor (see seeded_noise)
 
 # Timesteps the one-shot denoiser is used at: t* for sigma 0.12 .. 1.0 is 573 .. 2809 (docs/compatibility.md).
@@ -305,6 +308,23 @@ def mse(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a.double() - b.double()) ** 2).mean())
 
 
+def model_sha256(path: Path) -> str:
+    """sha256 of a checkpoint file, or of a folder: over each file's relative path and sha256, in order."""
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
+    return digest.hexdigest()
+
+
+def model_bytes(path: Path) -> int:
+    """Size of a checkpoint file, or of every file in a folder."""
+    path = Path(path)
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
 # --------------------------------------------------------------------------------------------
 # The whole demo
 
@@ -354,6 +374,18 @@ def _train_job(job: dict) -> tuple[str, dict]:
     budget, out = job["budget"], Path(job["out"])
     x_train, y_train = _load_split(job["data_dir"], "train", budget.train_limit)
     n = x_train.shape[0]
+    if job["kind"] == "diffusers-denoiser":
+        from diffsmooth.engine.demo.diffusers_training import save_ddpm_folder, train_diffusers_ddpm
+        res, scheduler = train_diffusers_ddpm(x_train, steps=budget.unet_steps, batch_size=budget.unet_batch_size,
+                                              seed=job["seed"], progress=job["progress"])
+        save_ddpm_folder(out / DDPM_FOLDER, res.model, scheduler)
+        return DDPM_FOLDER, dict(
+            kind="denoiser", format="diffusers pipeline folder (DDPMPipeline.save_pretrained: model_index.json, "
+                                    "unet/ with safetensors weights, scheduler/), EMA weights",
+            parameters=sum(p.numel() for p in res.model.parameters()),
+            training=dict(res.settings, steps=res.steps, batch_size=res.batch_size,
+                          epochs=round(res.steps * res.batch_size / n, 4), threads=job["threads"],
+                          final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
     if job["kind"] == "denoiser":
         res = train_denoiser(x_train, config="demo", schedule=PRESET_SCHEDULES["demo"],
                              steps=budget.unet_steps, batch_size=budget.unet_batch_size,
@@ -385,18 +417,22 @@ def _train_job(job: dict) -> tuple[str, dict]:
 
 
 def _jobs(seed: int) -> list[dict]:
-    """The demo's training jobs in manifest order: the UNet (seed `seed`), then the classifier at each
-    sigma of CLASSIFIER_SIGMAS (seed `seed + 1 + its index`: the list is append-only)."""
+    """The demo's training jobs in manifest order: the UNet (seed `seed`), the classifier at each
+    sigma of CLASSIFIER_SIGMAS (seed `seed + 1 + its index`: the list is append-only), then the
+    diffusers DDPM (seed `seed + DDPM_SEED_OFFSET`)."""
+    from diffsmooth.engine.demo.diffusers_training import DDPM_SEED_OFFSET
     return [dict(name="demo_unet.pt", kind="denoiser", seed=seed)] + [
         dict(name=classifier_file(s), kind="classifier", sigma=s, seed=seed + 1 + i)
-        for i, s in enumerate(CLASSIFIER_SIGMAS)]
+        for i, s in enumerate(CLASSIFIER_SIGMAS)] + [
+        dict(name=DDPM_FOLDER, kind="diffusers-denoiser", seed=seed + DDPM_SEED_OFFSET)]
 
 
 def _description() -> str:
     return ("Embedded demo models of diffsmooth-engine: a 1-channel diffusion UNet (preset "
             "'demo', cosine schedule T=4000, rescaled timesteps) and cifar_resnet20 classifiers "
             f"trained with Gaussian augmentation at sigma {demo_sigmas_text(CLASSIFIER_SIGMAS)}, on Fashion-MNIST "
-            "(60k train images, 28x28 zero-padded to 32x32, [0,1]).")
+            "(60k train images, 28x28 zero-padded to 32x32, [0,1]); and a diffusers DDPM denoiser "
+            f"({DDPM_FOLDER}/: UNet2DModel + DDPMScheduler, cosine, 1000 steps) trained on the same images.")
 
 
 def _kept_manifest(out: Path, present: list[str], jobs: list[dict], seed: int, budget: DemoBudget,
@@ -424,7 +460,7 @@ def _kept_manifest(out: Path, present: list[str], jobs: list[dict], seed: int, b
         entry = old.get("models", {}).get(name)
         if entry is None:
             raise UserError(f"--only-missing: {out / name} is not recorded in {path}")
-        if entry.get("sha256") != sha256_file(out / name):
+        if entry.get("sha256") != model_sha256(out / name):
             raise UserError(f"--only-missing: {out / name} is not the file {path} records (sha256 differs)")
         if old.get("seeds", {}).get(name) != seeds[name]:
             raise UserError(f"--only-missing: {path} records seed {old.get('seeds', {}).get(name)} for {name}, "
@@ -521,11 +557,17 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
                 test_dds_accuracy_s0_00=classifier_accuracy(clean, t_den, y_test))
             log(f"denoiser sigma {s}: {dmetrics[f'{s:.2f}']}")
         models["demo_unet.pt"]["metrics"] = dmetrics
+    if DDPM_FOLDER in models:
+        models[DDPM_FOLDER]["metrics"] = _ddpm_metrics(out, x_sub, y_sub, x_test, y_test)
+        models[DDPM_FOLDER]["evaluation"] = (
+            "load_denoiser(folder).denoise(noisy, sigma) and, for *_demo_unet_*, the demo UNet on the same noisy "
+            "images; noise, MSE and DDS accuracy as in `evaluation` above")
+        log(f"diffusers denoiser: {models[DDPM_FOLDER]['metrics']}")
     eval_wall = time.perf_counter() - t_eval
 
     for name in models:
-        models[name]["file_bytes"] = (out / name).stat().st_size
-        models[name]["sha256"] = sha256_file(out / name)
+        models[name]["file_bytes"] = model_bytes(out / name)
+        models[name]["sha256"] = model_sha256(out / name)
     software = dict(python=platform.python_version(), torch=torch.__version__,
                     numpy=np.__version__, workers=workers, threads_per_worker=threads,
                     machine=platform.machine())
@@ -568,6 +610,27 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
     os.replace(tmp, out / "MODELS.json")
     log(f"wrote {out / 'MODELS.json'} ({time.perf_counter() - t_all:.0f} s in all)")
     return manifest
+
+
+def _ddpm_metrics(out: Path, x_sub, y_sub, x_test, y_test) -> dict:
+    """The diffusers denoiser's one-shot MSE and one-sample DDS accuracy (s0.00 classifier) at each sigma of
+    DDPM_EVAL_SIGMAS, read back with load_denoiser, beside the demo UNet's on the same noise."""
+    from diffsmooth.engine.base_classifier.denoise import load_denoiser
+    clean = load_classifier(out / classifier_file(0.0), dataset="fashion-mnist")
+    ddpm = load_denoiser(out / DDPM_FOLDER)
+    unet = DiffusionDenoiser(load_unet(out / "demo_unet.pt", "demo"), PRESET_SCHEDULES["demo"])
+    metrics = {}
+    for s in DDPM_EVAL_SIGMAS:
+        row = dict(t_star=int(ddpm.timestep(s)))
+        for name, images, labels in (("embedded", x_sub, y_sub), ("test", x_test, y_test)):
+            noisy, den = one_shot_denoise(ddpm, images, s)
+            _, reference = one_shot_denoise(unet, images, s)
+            row.update({f"{name}_denoised_mse": mse(den, images), f"{name}_noisy_mse": mse(noisy, images),
+                        f"{name}_dds_accuracy_s0_00": classifier_accuracy(clean, den, labels),
+                        f"{name}_demo_unet_denoised_mse": mse(reference, images),
+                        f"{name}_demo_unet_dds_accuracy_s0_00": classifier_accuracy(clean, reference, labels)})
+        metrics[f"{s:.2f}"] = row
+    return metrics
 
 
 def _merged_manifest(old: dict, new_models: dict[str, dict], out: Path, data_dir, seed: int,

@@ -14,6 +14,7 @@ from diffsmooth.engine.errors import UserError
 
 ASSETS = Path(__file__).resolve().parent.parent / "demo" / "assets"
 DEMO_UNET = ASSETS / "demo_unet.pt"
+DEMO_DDPM = ASSETS / "demo_ddpm_diffusers"     # a diffusers DDPM pipeline folder (train-demo)
 DEMO_MANIFEST = ASSETS / "MODELS.json"
 DEMO_PRESET = "demo"
 DEMO_DATASET = "embedded"

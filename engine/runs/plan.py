@@ -121,6 +121,8 @@ class ResolvedRun:
         r = self.request
         settings = {k: getattr(r, k) for k in RECORDED if k not in ("batch", "fast_path")}
         settings.update(batch=self.batch, fast_path=self.fast.as_dict())
+        if r.image_size is not None:        # recorded only when asked, so older settings files stay equal
+            settings["image_size"] = r.image_size
         if self.is_sweep:
             settings.update(method=list(r.method), local_sigma=list(r.local_sigma), m=list(r.m),
                             classifier=list(r.classifier))
@@ -186,7 +188,13 @@ def open_dataset(request: RunRequest) -> Tuple[str, object, List[int]]:
     kind = request.dataset or ("embedded" if not request.data else None)
     if kind is None:
         raise UserError("`data` given without `dataset`: say which layout it is (cifar10, imagenet, npz, idx)")
-    dataset = load_dataset(kind, request.data, split=request.split)
+    options = {}
+    if request.image_size is not None:
+        if kind != "imagenet":
+            raise UserError(f"`image_size` is for ImageNet-style folders (dataset imagenet), not {kind}")
+        # the standard Resize 256 + CenterCrop 224, scaled to the asked size
+        options = dict(resize=max(request.image_size, round(request.image_size * 256 / 224)), crop=request.image_size)
+    dataset = load_dataset(kind, request.data, split=request.split, **options)
     indices = dataset.indices_selected(request.skip, request.max_index)
     dataset.verify(indices)                 # a damaged image is refused before any row is written
     return kind, dataset, indices

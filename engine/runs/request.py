@@ -115,6 +115,7 @@ def _distinct(name: str, values: tuple) -> None:
 # Options holding a name or a path: a string, or None where not given.
 _TEXT = ("out", "denoiser", "scheduler", "preset", "unet_config", "schedule", "arch", "normalization", "stats", "dataset",
          "data", "split", "onnx_dir", "device", "shard")
+MAX_IMAGE_SIZE = 4096
 _FLAGS = ("compile", "cuda_graphs", "fused_attention")       # None: the device's default
 
 
@@ -152,6 +153,7 @@ class RunRequest:
     batch: Optional[int] = None
     skip: int = 1
     max_index: Optional[int] = None
+    image_size: Optional[int] = None               # ImageNet-style folders: crop to this size (smoke runs)
     seed: int = 0
     # execution
     backend: str = "torch"
@@ -212,6 +214,7 @@ class RunRequest:
         for name in ("n0", "n", "skip"):
             _positive(name, getattr(self, name))
         for name, high in (("batch", MAX_BATCH), ("window", MAX_WINDOW), ("threads", MAX_THREADS), ("max_index", None),
+                           ("image_size", MAX_IMAGE_SIZE),
                            ("diffusion_steps", MAX_DIFFUSION_STEPS), ("validate_images", None)):
             _positive(name, getattr(self, name), allow_none=name != "validate_images", high=high)
         _positive("seed", self.seed, low=0, high=MAX_SEED)

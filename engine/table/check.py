@@ -49,6 +49,7 @@ class FileUse:
     kind: str                               # "denoiser" | "classifier"
     users: List[str] = field(default_factory=list)
     source: Optional[str] = None            # the line's source (classifiers)
+    settings: Dict[str, object] = field(default_factory=dict)   # how a denoiser is read: [models]' or a line's own
 
     def who(self) -> str:
         more = f" and {len(self.users) - 1} more" if len(self.users) > 1 else ""
@@ -106,9 +107,12 @@ def named_files(spec: TableSpec) -> Dict[str, FileUse]:
     """Every checkpoint the spec names, with its users ("line L at sigma s")."""
     files: Dict[str, FileUse] = {}
     denoiser = spec.models.get("denoiser")
-    if denoiser:
-        files[str(denoiser)] = FileUse("denoiser", ["[models]"])
+    if denoiser and any(line.denoiser is None and line.method != "rs" for line in spec.lines):
+        files[str(denoiser)] = FileUse("denoiser", ["[models]"], settings=dict(spec.models))
     for line in spec.lines:
+        if line.denoiser is not None:
+            use = files.setdefault(str(line.denoiser), FileUse("denoiser", settings={"scheduler": line.scheduler}))
+            use.users.append(f"line {line.name!r}")
         for sigma in spec.sigmas:
             for path in line.classifier.get(sigma, ()):
                 use = files.setdefault(str(path), FileUse("classifier", source=line.source))
@@ -130,7 +134,7 @@ def check_file(path: str, use: FileUse, spec: TableSpec) -> Tuple[Optional[str],
         return f"missing {use.who()}: {path}; get it from {_where(path, use)}", ""
     if use.kind == "denoiser" and is_diffusers_folder(path):
         try:        # configs read, kind detected, weights loaded strictly against the config's shapes
-            folder = read_diffusers_folder(path, spec.models.get("scheduler"))
+            folder = read_diffusers_folder(path, use.settings.get("scheduler"))
             load_diffusers_unet(folder)
         except UserError as exc:
             return f"{use.who()}: {exc}", ""
@@ -141,10 +145,11 @@ def check_file(path: str, use: FileUse, spec: TableSpec) -> Tuple[Optional[str],
         return f"{use.who()}: {exc}", ""
     if use.kind == "denoiser":
         official = DENOISERS.get(Path(path).name)
-        preset = spec.models.get("preset") or (None if spec.models.get("unet_config") else "cifar10")
+        settings = use.settings
+        preset = settings.get("preset") or (None if settings.get("unet_config") else "cifar10")
         if official and preset != official[0]:
             return f"{use.who()}: {path} is the official {official[0]} model, but [models] preset is {preset!r}", ""
-        if preset not in UNET_KEYS or spec.models.get("unet_config"):
+        if preset not in UNET_KEYS or settings.get("unet_config"):
             return None, "loads (no official key list for this UNet)"
         name = UNET_KEYS[preset]
     else:

@@ -13,7 +13,7 @@
     [run]    device, precision, batch, compile, cuda_graphs, streams, fused_attention, backend, onnx_dir,
              threads, window
     [[line]] name, method (rs | dds | diffsmooth), classifier, local_sigma, m, local_noise, source, normalization,
-             group
+             group, denoiser, scheduler
 
 Paths may start with `{models}` or `{data}`: the folders given on the command line (`--models DIR`,
 `--data DIR`), so a shipped spec (specs/paper/) needs no editing. `[data] images` is the number of
@@ -21,7 +21,9 @@ images the selection must hold (checked by `diffsmooth table --check`). A line's
 smoothadv, beit: engine/table/sources.py) names where its classifiers come from, which fixes their
 normalisation unless the line names one (`normalization`, overriding [models]). A line's `group` names
 the block it belongs to in the per-configuration layout (table_by_config.md: the best per group and sigma
-in bold; engine/table/by_config.py); it changes no run.
+in bold; engine/table/by_config.py); it changes no run. A line's `denoiser` (a diffusers folder or a
+checkpoint; `scheduler` for a diffusers UNet folder) replaces [models]' denoiser and its settings (preset,
+unet_config, schedule, diffusion_steps, scheduler) for that line only: DDS with two denoisers side by side.
 
 A line's classifier / local_sigma / m is one value, a list (a one-pass sweep; the cell takes the best
 configuration), or a table keyed by sigma ("0.25" = ...). No classifier: the demo classifier for the
@@ -42,6 +44,7 @@ from typing import Dict, List, Optional, Tuple
 
 from diffsmooth.engine.choices import MAX_SAMPLES, MAX_SEED
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.resnet import NORMALIZATION_MODES
 from diffsmooth.engine.models.shipped import DEMO_TRAINING_SIGMAS
 from diffsmooth.engine.runs.request import RunRequest
@@ -49,17 +52,24 @@ from diffsmooth.engine.table.sources import SOURCES
 
 METHODS = ("rs", "dds", "diffsmooth")
 TOP_KEYS = {"title", "sigmas", "radii", "n0", "n_max", "alpha", "seed", "data", "models", "run", "line"}
-DATA_KEYS = {"dataset", "data", "split", "skip", "max", "images"}
+DATA_KEYS = {"dataset", "data", "split", "skip", "max", "images", "image_size"}
 MODEL_KEYS = {"denoiser", "scheduler", "preset", "unet_config", "schedule", "diffusion_steps", "arch", "normalization",
               "stats"}
 RUN_KEYS = {"device", "precision", "batch", "compile", "cuda_graphs", "streams", "fused_attention", "backend",
             "onnx_dir", "threads", "window"}
-LINE_KEYS = {"name", "method", "classifier", "local_sigma", "m", "local_noise", "source", "normalization", "group"}
+LINE_KEYS = {"name", "method", "classifier", "local_sigma", "m", "local_noise", "source", "normalization", "group",
+             "denoiser", "scheduler"}
+# [models] keys that describe its denoiser: a line with a denoiser of its own takes none of them
+DENOISER_SETTINGS = ("denoiser", "preset", "unet_config", "schedule", "diffusion_steps", "scheduler")
 FOLDERS = ("models", "data")                    # the {models} / {data} placeholders of a spec's paths
+LINE_PATHS = ("classifier", "denoiser", "scheduler")      # a line's keys that hold paths
 
 DEMO_SIGMAS = tuple(s for s in DEMO_TRAINING_SIGMAS if s > 0)
 DEMO_RADII = tuple(r / 4 for r in range(9))                          # 0, 0.25, ..., 2.0
 DEMO_LINES = {"rs": "RS (Cohen et al.)", "dds": "DDS (denoise, m=1)", "diffsmooth": "DiffSmooth"}
+# --rows of the demo table: a method's line, or DDS with the demo's diffusers DDPM as its denoiser
+DEMO_ROWS = {**{m: m for m in METHODS}, "dds-ddpm": "dds"}
+DEMO_ROW_NAMES = {"dds-ddpm": "DDS (diffusers DDPM)"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class LineSpec:
     source: Optional[str] = None            # engine/table/sources.py: where the classifiers come from
     normalization: Optional[str] = None     # the classifiers' input layer; None: the source's, else [models]'
     group: Optional[str] = None             # the per-configuration layout's block (None: one block for the table)
+    denoiser: Optional[str] = None          # this line's own denoiser (None: [models]')
+    scheduler: Optional[str] = None         # the scheduler folder of this line's diffusers UNet folder
 
     @property
     def input_layer(self) -> Optional[str]:
@@ -112,7 +124,7 @@ class TableSpec:
                            local_sigma={f"{k:g}": list(v) for k, v in line.local_sigma.items()},
                            m={f"{k:g}": list(v) for k, v in line.m.items()}) for line in self.lines]
         for line in d["lines"]:                 # not given: left out, so older specs keep their fingerprint
-            for key in ("source", "normalization", "group"):
+            for key in ("source", "normalization", "group", "denoiser", "scheduler"):
                 if line[key] is None:
                     del line[key]
         return d
@@ -127,8 +139,13 @@ class TableSpec:
                        local_sigma=line.local_sigma.get(sigma, (sigma / 2,)), m=line.m.get(sigma, (5,)),
                        local_noise=line.local_noise, n0=self.n0, n=self.n_max, alpha=self.alpha, seed=self.seed,
                        dataset=data.get("dataset"), data=data.get("data"), split=data.get("split", "test"),
-                       skip=data.get("skip", 1), max_index=data.get("max"), quiet=True)
+                       skip=data.get("skip", 1), max_index=data.get("max"), image_size=data.get("image_size"),
+                       quiet=True)
         options.update(self.models)
+        if line.denoiser is not None:
+            for key in DENOISER_SETTINGS:
+                options.pop(key, None)
+            options.update(denoiser=line.denoiser, scheduler=line.scheduler)
         options.update(self.run)
         if line.input_layer is not None:
             options["normalization"] = line.input_layer
@@ -216,7 +233,7 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
             raise UserError(f"{where}: [{name}] must be a table")
         _unknown(f"{where}: [{name}]", table, allowed)
         sections[name] = dict(table)
-    for key in ("skip", "max", "images"):
+    for key in ("skip", "max", "images", "image_size"):
         if key in sections["data"]:
             _number(f"{where}: data.{key}", sections["data"][key], int, 1)
     raw_lines = doc.get("line")
@@ -245,12 +262,19 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
         group = raw.get("group")
         if group is not None and (not isinstance(group, str) or not group.strip()):
             raise UserError(f"{at}: group must be a non-empty string, got {group!r}")
+        if method == "rs" and ({"denoiser", "scheduler"} & set(raw)):
+            raise UserError(f"{at}: an rs line does not denoise: denoiser and scheduler belong to dds and "
+                            "diffsmooth lines")
+        if "scheduler" in raw and "denoiser" not in raw:
+            raise UserError(f"{at}: scheduler goes with the line's own denoiser (a diffusers UNet folder)")
+        denoiser = _path(f"{at}.denoiser", raw["denoiser"]) if "denoiser" in raw else None
+        scheduler = _path(f"{at}.scheduler", raw["scheduler"]) if "scheduler" in raw else None
         lines.append(LineSpec(
             name, method, _per_sigma(f"{at}.classifier", raw.get("classifier"), sigmas, _path),
             _per_sigma(f"{at}.local_sigma", raw.get("local_sigma"), sigmas,
                        lambda w, v: _number(w, v, float, 0.0, strict=True)),
             _per_sigma(f"{at}.m", raw.get("m"), sigmas, lambda w, v: _number(w, v, int, 1)),
-            str(raw.get("local_noise", "fixed")), source, layer, group))
+            str(raw.get("local_noise", "fixed")), source, layer, group, denoiser, scheduler))
     title = doc.get("title", "certified accuracy")
     if not isinstance(title, str):
         raise UserError(f"{where}: title must be a string, got {title!r}")
@@ -278,9 +302,9 @@ def check_requests(spec: TableSpec, where: str = "spec") -> None:
 
 
 def resolve_folders(doc, folders: Dict[str, Optional[str]], where: str = "spec"):
-    """The document with `{models}` / `{data}` in its [data], [models], [run] values and line classifiers
-    replaced by the folders given (`--models`, `--data`); one UserError line for a placeholder whose
-    folder was not given."""
+    """The document with `{models}` / `{data}` in its [data], [models], [run] values and a line's paths
+    (classifier, denoiser, scheduler) replaced by the folders given (`--models`, `--data`); one UserError
+    line for a placeholder whose folder was not given."""
     def fill(value, at: str):
         if isinstance(value, str):
             for name in FOLDERS:
@@ -303,9 +327,8 @@ def resolve_folders(doc, folders: Dict[str, Optional[str]], where: str = "spec")
         if isinstance(doc.get(section), dict):
             out[section] = fill(doc[section], f"[{section}]")
     if isinstance(doc.get("line"), list):
-        out["line"] = [dict(raw, classifier=fill(raw["classifier"], f"line {k} classifier"))
-                       if isinstance(raw, dict) and "classifier" in raw else raw
-                       for k, raw in enumerate(doc["line"], 1)]
+        out["line"] = [dict(raw, **{key: fill(raw[key], f"line {k} {key}") for key in LINE_PATHS if key in raw})
+                       if isinstance(raw, dict) else raw for k, raw in enumerate(doc["line"], 1)]
     return out
 
 
@@ -341,6 +364,20 @@ def demo_local_sigma(sigma: float) -> float:
     return max(below) if below else min(levels)
 
 
+def _demo_line(row: str) -> LineSpec:
+    """One line of the demo table (a --rows name)."""
+    method = DEMO_ROWS[row]
+    name = DEMO_ROW_NAMES.get(row, DEMO_LINES[method])
+    if row == "dds-ddpm":
+        if not shipped.DEMO_DDPM.exists():
+            raise UserError(f"--rows dds-ddpm: the demo's diffusers denoiser is missing ({shipped.DEMO_DDPM}); "
+                            f"run `diffsmooth train-demo --only-missing` to create it")
+        clean = (str(shipped.demo_classifier_for("dds", 0.0, 0.0)),)     # DDS's classifier, as the demo's dds line
+        return LineSpec(name, method, {s: clean for s in DEMO_SIGMAS}, {}, {}, denoiser=str(shipped.DEMO_DDPM))
+    local = {s: (demo_local_sigma(s),) for s in DEMO_SIGMAS} if method == "diffsmooth" else {}
+    return LineSpec(name, method, {}, local, {s: (1,) for s in DEMO_SIGMAS} if local else {})
+
+
 def demo_spec(rows=("rs", "dds", "diffsmooth"), images: Optional[int] = None, n_max: Optional[int] = None,
               device: str = "cpu", threads: Optional[int] = None, batch: Optional[int] = None,
               compile: Optional[bool] = None) -> TableSpec:
@@ -348,13 +385,12 @@ def demo_spec(rows=("rs", "dds", "diffsmooth"), images: Optional[int] = None, n_
     with m = 1 and sigma' from `demo_local_sigma` keeps the default size near ten minutes on 2 CPU cores."""
     images = DEMO_IMAGES if images is None else images
     lines = []
-    for method in rows:
-        if method not in METHODS:
-            raise UserError(f"--rows: unknown line {method!r} (rs, dds, diffsmooth)")
-        local = {s: (demo_local_sigma(s),) for s in DEMO_SIGMAS} if method == "diffsmooth" else {}
-        lines.append(LineSpec(DEMO_LINES[method], method, {}, local, {s: (1,) for s in DEMO_SIGMAS} if local else {}))
+    for row in rows:
+        if row not in DEMO_ROWS:
+            raise UserError(f"--rows: unknown line {row!r} ({', '.join(DEMO_ROWS)})")
+        lines.append(_demo_line(row))
     if len(set(rows)) != len(rows) or not rows:
-        raise UserError(f"--rows: name each of rs, dds, diffsmooth at most once, got {','.join(rows)}")
+        raise UserError(f"--rows: name each of {', '.join(DEMO_ROWS)} at most once, got {','.join(rows)}")
     skip = max(1, 500 // images)
     run = {"device": device}
     for key, value in (("threads", threads), ("batch", batch), ("compile", compile)):
@@ -372,6 +408,10 @@ SMOKE_N0 = 1
 SMOKE_N = 1
 SMOKE_BATCH = SMOKE_N0 + SMOKE_N       # one image's samples: a larger batch would compute (and pad) samples no run needs
 CPU_RUN_KEYS = ("threads", "batch", "window")     # the [run] keys a smoke run on the CPU keeps
+# An ImageNet smoke run on the CPU crops its images to this size: the official UNet and ResNet-50 take any
+# size a multiple of 32 (their downsampling), and at 224 one UNet sample costs about a minute on 2 cores.
+# BEiT-L/16's position tables fix its input at 224, so specs with a BEiT line keep 224.
+SMOKE_IMAGENET_SIZE = 32
 
 
 def smoke_spec(spec: TableSpec, cuda: bool) -> Tuple[TableSpec, List[str]]:
@@ -392,6 +432,11 @@ def smoke_spec(spec: TableSpec, cuda: bool) -> Tuple[TableSpec, List[str]]:
         run["device"] = "cpu"
         notes.append(f"smoke: no CUDA device here, so the runs go to the CPU (fp32, eager) instead of "
                      f"{spec.run.get('device')}")
+    if (data.get("dataset") == "imagenet" and run["device"] == "cpu" and "image_size" not in data
+            and not any(line.source == "beit" for line in spec.lines)):
+        data["image_size"] = SMOKE_IMAGENET_SIZE
+        notes.append(f"smoke: ImageNet images cropped to {SMOKE_IMAGENET_SIZE}x{SMOKE_IMAGENET_SIZE} on the CPU "
+                     f"(the same models and weights; 224 costs about a minute per UNet sample here)")
     title = f"{spec.title} [smoke: {SMOKE_IMAGES} images, n {SMOKE_N}; not the paper's numbers]"
     smoke = dataclasses.replace(spec, title=title, n0=SMOKE_N0, n_max=SMOKE_N, data=data, run=run)
     check_requests(smoke, "--smoke")

@@ -131,3 +131,29 @@ def test_table_line_with_a_folder_reuses_the_model_across_sigmas(diffusers_model
     invoke_ok(["table", spec([0.25]), "--out", tmp_path / "one", "--plan", "all"])
     rows = [rows_without_time(tmp_path / name / "runs" / "dds_s0.25.tsv") for name in ("two", "one")]
     assert rows[0] == rows[1] and len(rows[0]) == 6
+
+
+@pytest.mark.slow
+def test_a_line_with_its_own_denoiser_writes_the_rows_of_a_table_with_that_denoiser(diffusers_models, tmp_path):
+    """Two DDS lines side by side, [models]' consistency model and a line's own DDPM folder: the DDPM line's
+    rows are those of a table whose [models] denoiser is the DDPM folder, and the two lines differ."""
+    def spec(name, models_denoiser, line_denoiser=None):
+        own = f'denoiser = "{line_denoiser}"\n' if line_denoiser else ""
+        text = (f'title = "t"\nsigmas = [0.25]\nradii = [0.0, 0.25]\nn0 = 10\nn_max = 60\n'
+                f'[data]\ndataset = "npz"\ndata = "{diffusers_models["data"]}"\n'
+                f'[models]\ndenoiser = "{models_denoiser}"\n[run]\nbatch = 40\n'
+                f'[[line]]\nname = "DDS"\nmethod = "dds"\nclassifier = "{diffusers_models["classifier"]}"\n'
+                + (f'[[line]]\nname = "DDS own"\nmethod = "dds"\nclassifier = "{diffusers_models["classifier"]}"\n'
+                   + own if line_denoiser else ""))
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text)
+        return path
+    invoke_ok(["table", spec("both", diffusers_models["cm"], diffusers_models["ddpm"]), "--out", tmp_path / "both",
+               "--plan", "all"])
+    invoke_ok(["table", spec("ddpm", diffusers_models["ddpm"]), "--out", tmp_path / "ddpm", "--plan", "all"])
+    own = rows_without_time(tmp_path / "both" / "runs" / "dds-own_s0.25.tsv")
+    assert own == rows_without_time(tmp_path / "ddpm" / "runs" / "dds_s0.25.tsv") and len(own) == 6
+    assert len({row["predict"] for row in own}) >= 2, own                 # votes spread over classes
+    assert own != rows_without_time(tmp_path / "both" / "runs" / "dds_s0.25.tsv")
+    settings = json.loads((tmp_path / "both" / "runs" / "dds-own_s0.25.tsv.settings.json").read_text())
+    assert "ddpm" in json.dumps(settings)

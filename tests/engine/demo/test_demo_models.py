@@ -10,6 +10,7 @@ import dataclasses
 import gzip
 import json
 import shlex
+import shutil
 import struct
 import subprocess
 import sys
@@ -69,7 +70,11 @@ def test_manifest_matches_files(manifest):
         assert entry["file_bytes"] == path.stat().st_size
         assert entry["training"]["wall_time_s"] > 0
         total += path.stat().st_size
-    assert total < 9_000_000
+    ddpm = manifest["models"][demo_assets.DEMO_DDPM.name]
+    assert ddpm["sha256"] == training.model_sha256(demo_assets.DEMO_DDPM)
+    assert ddpm["file_bytes"] == training.model_bytes(demo_assets.DEMO_DDPM) and ddpm["training"]["wall_time_s"] > 0
+    total += ddpm["file_bytes"]
+    assert total < 12_000_000
     assert len(manifest["data"]["sha256"]) == 4 and manifest["data"]["train_images"] == 60000
     assert "train-demo" in manifest["equivalent_command"]
 
@@ -110,6 +115,25 @@ def test_shipped_denoiser_denoises(manifest, subset):
     assert mse(den, x) < 0.5 * mse(noisy, x)
     rec = manifest["models"]["demo_unet.pt"]["metrics"]["0.50"]
     assert mse(den, x) == pytest.approx(rec["embedded_denoised_mse"], rel=MSE_RTOL)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not demo_assets.DEMO_DDPM.exists(), reason="the demo's diffusers denoiser is not built")
+def test_shipped_diffusers_denoiser_denoises(manifest, subset):
+    """The diffusers pipeline folder loads through load_denoiser (safetensors, diffusers' configs), its
+    t* is the paper's rule on its own schedule, and one-shot denoising reproduces MODELS.json and beats
+    the noisy input at every recorded sigma."""
+    pytest.importorskip("diffusers")
+    from diffsmooth.engine.base_classifier.denoise import load_denoiser
+    entry = manifest["models"][demo_assets.DEMO_DDPM.name]
+    denoiser = load_denoiser(demo_assets.DEMO_DDPM)
+    x, _ = subset
+    for key, rec in entry["metrics"].items():
+        sigma = float(key)
+        assert int(denoiser.timestep(sigma)) == rec["t_star"]
+        noisy, den = one_shot_denoise(denoiser, x, sigma, manifest["evaluation"]["noise_seed"])
+        assert mse(den, x) < 0.5 * mse(noisy, x)
+        assert mse(den, x) == pytest.approx(rec["embedded_denoised_mse"], rel=MSE_RTOL)
 
 
 def _toy_data(n: int = 32, size: int = 8):
@@ -175,7 +199,7 @@ def test_demo_sigmas_are_one_list(manifest):
     names = [demo_assets.demo_classifier_name(s) for s in SIGMAS]
     assert 1.0 in SIGMAS and list(SIGMAS) == sorted(SIGMAS) and len(set(SIGMAS)) == len(SIGMAS)
     assert training.CLASSIFIER_SIGMAS == SIGMAS
-    assert [job["name"] for job in training._jobs(0)] == ["demo_unet.pt", *names]
+    assert [job["name"] for job in training._jobs(0)] == ["demo_unet.pt", *names, training.DDPM_FOLDER]
     for i, s in enumerate(SIGMAS):
         path = demo_assets.demo_classifier_at(s)
         assert path == demo_assets.ASSETS / names[i] and path.is_file(), path
@@ -255,6 +279,9 @@ def test_train_demo_only_missing(tmp_path, tiny_idx_dir, one_thread):
     newest = demo_assets.demo_classifier_name(SIGMAS[-1])
     newest_bytes = (out / newest).read_bytes()
     (out / newest).unlink()
+    ddpm = out / training.DDPM_FOLDER
+    ddpm_sha = training.model_sha256(ddpm)
+    shutil.rmtree(ddpm)                                 # a folder is trained again like a file
     # a kept classifier that retraining would change: s0.50's weights under s0.25's name, as recorded
     swapped = demo_assets.demo_classifier_name(SIGMAS[1])
     (out / swapped).write_bytes((out / demo_assets.demo_classifier_name(SIGMAS[2])).read_bytes())
@@ -267,8 +294,12 @@ def test_train_demo_only_missing(tmp_path, tiny_idx_dir, one_thread):
     assert set(after) == set(before) | {newest}
     assert all(after[name] == before[name] for name in before)
     assert after[newest][0] == newest_bytes             # the seed scheme gives the same weights as a full run
+    assert training.model_sha256(ddpm) == ddpm_sha      # diffusers' training and save_pretrained too
     manifest = json.loads((out / "MODELS.json").read_text())
-    assert list(manifest["models"]) == ["demo_unet.pt", *(demo_assets.demo_classifier_name(s) for s in SIGMAS)]
+    assert list(manifest["models"]) == ["demo_unet.pt", *(demo_assets.demo_classifier_name(s) for s in SIGMAS),
+                                        training.DDPM_FOLDER]
+    assert manifest["models"][training.DDPM_FOLDER]["sha256"] == ddpm_sha
+    assert set(manifest["models"][training.DDPM_FOLDER]["metrics"]) == {"0.25", "0.50", "1.00"}
     assert all(manifest["models"][name] == full["models"][name] for name in before)
     entry, like = manifest["models"][newest], full["models"][swapped]
     assert entry["sha256"] == sha256_file(out / newest) and entry["file_bytes"] == len(newest_bytes)
@@ -279,7 +310,7 @@ def test_train_demo_only_missing(tmp_path, tiny_idx_dir, one_thread):
     for key in ("budget", "data", "evaluation", "software", "seed"):
         assert manifest[key] == full[key], key
     (run,) = manifest["only_missing_runs"]
-    assert run["models"] == [newest] and "--only-missing" in run["equivalent_command"]
+    assert run["models"] == [newest, training.DDPM_FOLDER] and "--only-missing" in run["equivalent_command"]
     assert "--only-missing" not in manifest["command"] and "train-demo" in manifest["command"]
 
     mtime = (out / "MODELS.json").stat().st_mtime_ns

@@ -1,8 +1,9 @@
 """Every shipped spec (specs/paper/) against files laid out as docs/paper-tables.md says, built from the
 official key lists with random weights: `--dry-run --plan fixed` predicts each table's samples, and the
 CIFAR-10 specs run end to end with `--smoke` on the real architectures (the CIFAR-10 UNet, ResNet-110)
-and write every output in its layout. The ImageNet specs do not run here: one sample of the ImageNet
-UNet takes tens of seconds on these CPUs (docs/paper-tables.md, "Smoke runs")."""
+and write every output in its layout. The ImageNet specs run with the official UNet and ResNet-50 on images
+cropped to 32x32 (at 224 one UNet sample takes about a minute on these CPUs); the BEiT ones keep 224 and run
+only with DIFFSMOOTH_PAPER_SMOKE=all (docs/paper-tables.md, "Smoke runs")."""
 
 import json
 import os
@@ -17,7 +18,7 @@ from table_fixtures import write_cifar10_test_batch
 
 from diffsmooth.cli import main
 from diffsmooth.engine.table.check import named_files
-from diffsmooth.engine.table.spec import SMOKE_BATCH, SMOKE_IMAGES, SMOKE_N, SMOKE_N0, load_spec, smoke_spec
+from diffsmooth.engine.table.spec import SMOKE_BATCH, SMOKE_IMAGENET_SIZE, SMOKE_IMAGES, SMOKE_N, SMOKE_N0, load_spec, smoke_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 KEYS = ROOT / "tests" / "data" / "keys"
@@ -28,6 +29,7 @@ IMAGENET = [p for p in SPECS if p not in CIFAR]
 # CPUs, so every CIFAR-10 spec (78 runs) takes tens of CPU-minutes: the suite runs the smallest one (6 runs, both
 # classifier sources, groups); DIFFSMOOTH_PAPER_SMOKE=all runs them all.
 SMOKE_DEFAULT = "sigma-0.25.toml"
+SMOKE_IMAGENET_DEFAULT = "resnet50-sigma-0.25.toml"     # the smallest ImageNet spec (2 lines, 1 sigma)
 SMOKE_ALL = os.environ.get("DIFFSMOOTH_PAPER_SMOKE") == "all"
 
 
@@ -156,14 +158,53 @@ def test_the_smoke_size_keeps_every_run_and_file_and_moves_to_the_cpu_without_cu
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "--smoke belongs to a SPEC" in result.output
 
 
+def test_imagenet_smoke_runs_crop_to_a_small_size_on_the_cpu_only_and_never_for_beit():
+    folders = {"models": "/m", "data": "/d"}
+    resnet = load_spec(ROOT / "specs" / "paper" / "imagenet-table2-resnet50.toml", folders)
+    smoke, notes = smoke_spec(resnet, cuda=False)
+    assert smoke.data["image_size"] == SMOKE_IMAGENET_SIZE and "cropped to 32x32" in notes[-1]
+    assert smoke.request_options(smoke.lines[0], smoke.sigmas[0])["image_size"] == SMOKE_IMAGENET_SIZE
+    assert "image_size" not in smoke_spec(resnet, cuda=True)[0].data
+    beit = load_spec(ROOT / "specs" / "paper" / "imagenet-table2-beit.toml", folders)
+    assert "image_size" not in smoke_spec(beit, cuda=False)[0].data
+    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.runs.plan import open_dataset
+    from diffsmooth.engine.runs.request import RunRequest
+    with pytest.raises(UserError, match="`image_size` is for ImageNet-style folders"):
+        open_dataset(RunRequest.parse("certify", out="x.tsv", image_size=16))
+    with pytest.raises(UserError, match="image_size"):
+        RunRequest.parse("certify", out="x.tsv", image_size=0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", CIFAR, ids=lambda p: str(p.relative_to(ROOT / "specs" / "paper")))
 def test_every_cifar10_spec_runs_end_to_end_at_the_smoke_size(spec, cifar_layout, tmp_path):
     if not SMOKE_ALL and spec.name != SMOKE_DEFAULT:
         pytest.skip("tens of CPU-minutes for every spec: DIFFSMOOTH_PAPER_SMOKE=all runs them")
+    _smoke_and_check_layout(spec, cifar_layout, tmp_path / "t")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", IMAGENET, ids=lambda p: str(p.relative_to(ROOT / "specs" / "paper")))
+def test_every_imagenet_spec_runs_end_to_end_at_the_smoke_size(spec, imagenet_layout, tmp_path):
+    """The official ImageNet UNet and ResNet-50 (their real shapes) on images cropped to SMOKE_IMAGENET_SIZE;
+    the BEiT specs keep 224 (BEiT's position tables fix it), where one UNet sample takes about a minute."""
     parsed = load_spec(spec, {"models": "m", "data": "d"})
-    out = tmp_path / "t"
-    result = _table(spec, cifar_layout, out, "--plan", "fixed", "--smoke")
+    beit = any(line.source == "beit" for line in parsed.lines)
+    if beit and not list(imagenet_layout[0].glob("beit*")):
+        pytest.skip("timm is not installed (the BEiT specs need it)")
+    if not SMOKE_ALL and spec.name != SMOKE_IMAGENET_DEFAULT:
+        pytest.skip("minutes of CPU per spec (the BEiT ones tens): DIFFSMOOTH_PAPER_SMOKE=all runs them")
+    result = _smoke_and_check_layout(spec, imagenet_layout, tmp_path / "t")
+    assert (f"cropped to {SMOKE_IMAGENET_SIZE}x{SMOKE_IMAGENET_SIZE}" in result.output) != beit or torch.cuda.is_available()
+    settings = json.loads(next((tmp_path / "t" / "runs").glob("*.settings.json")).read_text())
+    assert settings.get("image_size") == (None if beit else SMOKE_IMAGENET_SIZE)
+
+
+def _smoke_and_check_layout(spec, files, out):
+    """`--plan fixed --smoke` on SPEC, then every output's layout: rows, radii, ACR, the per-configuration table."""
+    parsed = load_spec(spec, {"models": "m", "data": "d"})
+    result = _table(spec, files, out, "--plan", "fixed", "--smoke")
     assert "smoke: no CUDA device here" in result.output or torch.cuda.is_available()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["images"] == SMOKE_IMAGES
@@ -190,3 +231,4 @@ def test_every_cifar10_spec_runs_end_to_end_at_the_smoke_size(spec, cifar_layout
     assert tex.count("\\midrule") == len({(g, s) for g, s, *_ in got}) and "\\end{tabular}" in tex
     for name in ("table.tex", "curves.png", "table.json", "cost.json"):
         assert (out / name).is_file(), name
+    return result

@@ -1,0 +1,127 @@
+"""The demo's diffusers-format denoiser: diffusers' own `UNet2DModel` and `DDPMScheduler` trained as a
+DDPM on the demo's Fashion-MNIST training images and saved with `save_pretrained` (safetensors), so
+the demo can put DDS with a diffusers denoiser beside DDS with the engine's UNet.
+
+The recipe is the demo UNet's (training.train_denoiser): MSE on eps, AdamW with warmup and cosine
+decay, EMA weights, random flips, and timesteps drawn mostly where one-shot denoising uses them; only
+the model, the noise schedule (diffusers' cosine, 1000 steps) and the noising call are diffusers'.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from diffsmooth.engine.demo.training import (
+    FOCUS_PROB,
+    TrainResult,
+    _batches,
+    _check_images,
+    _random_flip,
+    _warmup_cosine,
+    sample_timesteps,
+)
+from diffsmooth.engine.errors import UserError
+
+DDPM_SEED_OFFSET = 100                # its seed: train-demo's --seed + 100 (the classifiers take seed + 1 + i)
+FOCUS_SIGMAS = (0.12, 1.0)            # the smoothing noise levels whose t* bound the focused timesteps
+
+# diffusers' UNet2DModel at the demo UNet's size (about 0.8 M parameters): three levels, one res block
+# each, attention at the lowest resolution.
+UNET_CONFIG = dict(sample_size=32, in_channels=1, out_channels=1, layers_per_block=1,
+                   block_out_channels=(32, 32, 64), down_block_types=("DownBlock2D", "DownBlock2D", "AttnDownBlock2D"),
+                   up_block_types=("AttnUpBlock2D", "UpBlock2D", "UpBlock2D"), norm_num_groups=8,
+                   attention_head_dim=16)
+SCHEDULER_CONFIG = dict(num_train_timesteps=1000, beta_schedule="squaredcos_cap_v2", prediction_type="epsilon",
+                        clip_sample=True)
+
+
+def _diffusers():
+    try:
+        import diffusers
+    except ImportError:
+        raise UserError("the demo's diffusers denoiser needs diffusers and safetensors: "
+                        "pip install 'diffsmooth-engine[diffusers]'") from None
+    return diffusers
+
+
+def t_star(alphas_cumprod: np.ndarray, sigma: float) -> int:
+    """The paper's t*: the first t with (1 - abar_t) / abar_t >= (2 sigma)^2."""
+    ratio = (1.0 - alphas_cumprod) / alphas_cumprod
+    return int(np.argmax(ratio >= (2.0 * sigma) ** 2))
+
+
+def focus_range(alphas_cumprod: np.ndarray, sigmas: Sequence[float] = FOCUS_SIGMAS) -> Tuple[int, int]:
+    """[t*(lowest sigma), t*(highest sigma) + 1): where one-shot denoising queries the model."""
+    return t_star(alphas_cumprod, min(sigmas)), t_star(alphas_cumprod, max(sigmas)) + 1
+
+
+def train_diffusers_ddpm(images: torch.Tensor, *, steps: int = 300, batch_size: int = 128, lr: float = 2e-3,
+                         warmup: int = 50, ema_decay: float = 0.995, grad_clip: float = 1.0, flip: bool = True,
+                         seed: int = DDPM_SEED_OFFSET, progress: bool = True) -> Tuple[TrainResult, object]:
+    """Train diffusers' UNet2DModel on [0, 1] images (x0 = 2x - 1) to predict eps under diffusers'
+    DDPMScheduler; returns (the EMA model's TrainResult, the scheduler)."""
+    diffusers = _diffusers()
+    _check_images(images, "train_diffusers_ddpm")
+    if images.shape[1] != UNET_CONFIG["in_channels"]:
+        raise UserError(f"train_diffusers_ddpm: images have {images.shape[1]} channels, the UNet takes "
+                        f"{UNET_CONFIG['in_channels']}")
+    scheduler = diffusers.DDPMScheduler(**SCHEDULER_CONFIG)
+    torch.manual_seed(seed)                       # weight init
+    gen = torch.Generator().manual_seed(seed)     # data order, flips, t and eps
+    model = diffusers.UNet2DModel(**UNET_CONFIG).train()
+    ema = diffusers.UNet2DModel(**UNET_CONFIG).eval()
+    ema.load_state_dict(model.state_dict())
+    ema.requires_grad_(False)
+    focus = focus_range(scheduler.alphas_cumprod.numpy())
+    warm = min(warmup, max(1, steps // 5))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _warmup_cosine(s, steps, warm, floor=0.05))
+    losses = []
+    start = time.perf_counter()
+    bar = tqdm(_batches(images.shape[0], batch_size, steps, gen), total=steps, disable=not progress,
+               desc="diffusers ddpm", unit="step", mininterval=5.0, dynamic_ncols=True)
+    for n, idx in enumerate(bar):
+        x = _random_flip(images[idx], gen) if flip else images[idx]
+        x0 = 2.0 * x - 1.0
+        t = sample_timesteps(x0.shape[0], scheduler.config.num_train_timesteps, gen, focus, FOCUS_PROB)
+        eps = torch.randn(x0.shape, generator=gen)
+        loss = F.mse_loss(model(scheduler.add_noise(x0, eps, t), t).sample, eps)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        sched.step()
+        decay = min(ema_decay, (1.0 + n) / (10.0 + n))
+        with torch.no_grad():
+            for pe, pm in zip(ema.parameters(), model.parameters()):
+                pe.lerp_(pm, 1.0 - decay)
+        losses.append(loss.item())
+        if n % 10 == 0:
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+    bar.close()
+    settings = dict(library=f"diffusers {diffusers.__version__}", model="UNet2DModel", unet_config=UNET_CONFIG,
+                    scheduler="DDPMScheduler", scheduler_config=SCHEDULER_CONFIG, optimizer="AdamW", lr=lr,
+                    lr_schedule=f"linear warmup {warm} steps, cosine to 5%", ema_decay=ema_decay,
+                    ema_warmup="decay = min(ema_decay, (1+n)/(10+n))", grad_clip=grad_clip,
+                    loss="MSE between predicted and true eps; x_t = scheduler.add_noise(x0, eps, t)",
+                    data_range="x0 = 2*x - 1 in [-1, 1]", random_flip=flip,
+                    timestep_sampling=(f"uniform integer t in [{focus[0]}, {focus[1]}) with probability {FOCUS_PROB:g} "
+                                       f"(t* for sigma {FOCUS_SIGMAS[0]}..{FOCUS_SIGMAS[1]}), else uniform in [0, "
+                                       f"{scheduler.config.num_train_timesteps})"),
+                    seed=seed)
+    result = TrainResult(ema, losses, steps, min(batch_size, images.shape[0]), time.perf_counter() - start, settings)
+    return result, scheduler
+
+
+def save_ddpm_folder(folder: Path, unet, scheduler) -> None:
+    """A diffusers pipeline folder (model_index.json, unet/ with safetensors weights, scheduler/)."""
+    diffusers = _diffusers()
+    diffusers.DDPMPipeline(unet=unet, scheduler=scheduler).save_pretrained(str(folder), safe_serialization=True)
