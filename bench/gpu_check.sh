@@ -15,8 +15,9 @@
 #        (bench/table_gpu.py); and one `certify --sequential --device cuda` run in fp16 with the
 #        fast path's agreement check on (the two-lane continuous batching on a GPU).
 # ablation: CIFAR-10 without fused attention.
-# fixes: the paths no GPU has run yet, in one call: the demo's fixed-n vs --sequential comparison (the two-lane
-#        fix), the demo table on CPU and CUDA, and `certify --sequential --device cuda` (no timing runs).
+# fixes: the paths no GPU had run, in one call (no timing runs): the demo's fixed-n vs --sequential comparison
+#        (the two-lane fix), the demo table on CPU and CUDA, `certify --sequential --device cuda`, and DDS with
+#        the demo's diffusers DDPM on CUDA in fp16 (fast path, agreement check on) and bf16.
 # all: every part in a row (more than one call's time).
 # Everything goes under OUT_DIR: one log per step, steps.tsv (step, exit status, seconds, limit),
 # gpu_check.log (this script's whole output), summary.md. bench.jsonl records peak GPU memory per run;
@@ -107,14 +108,22 @@ part_table() {
 }
 
 part_fixes() {
-    run_step sequential-demo ${FIX_SEQUENTIAL_LIMIT:-170} sequential.txt \
+    run_step sequential-demo ${FIX_SEQUENTIAL_LIMIT:-150} sequential.txt \
         $PY -m diffsmooth.bench.sequential --device cuda --precision fp16 --quiet --out "$OUT/sequential"
-    run_step table-demo ${FIX_TABLE_LIMIT:-200} table_gpu.txt \
+    run_step table-demo ${FIX_TABLE_LIMIT:-150} table_gpu.txt \
         $PY -m diffsmooth.bench.table_gpu --out "$OUT/table" --images ${TABLE_IMAGES:-8} --n-max 500
-    run_step sequential-cuda ${FIX_SEQUENTIAL_CUDA_LIMIT:-110} sequential_cuda.txt \
+    run_step sequential-cuda ${FIX_SEQUENTIAL_CUDA_LIMIT:-80} sequential_cuda.txt \
         $PY -m diffsmooth.cli certify --sequential --radii 0.25,0.5,0.75,1.0 --n-max 10000 --method diffsmooth \
         --sigma 0.5 --local-sigma 0.25 --m 5 --skip 25 --device cuda --precision fp16 --compile --quiet \
         --out "$OUT/sequential_cuda.tsv"
+    run_step diffusers-cuda ${FIX_DIFFUSERS_LIMIT:-100} diffusers_cuda.txt bash -c "
+        $PY -m diffsmooth.cli certify --denoiser engine/demo/assets/demo_ddpm_diffusers \
+            --classifier engine/demo/assets/demo_classifier_s0.00.pt --dataset embedded --method dds --sigma 0.5 \
+            --n0 100 --n 2000 --skip 25 --device cuda --precision fp16 --out $OUT/diffusers_fp16.tsv &&
+        $PY -m diffsmooth.cli certify --denoiser engine/demo/assets/demo_ddpm_diffusers \
+            --classifier engine/demo/assets/demo_classifier_s0.00.pt --dataset embedded --method dds --sigma 0.5 \
+            --n0 100 --n 2000 --skip 25 --device cuda --precision bf16 --no-compile --out $OUT/diffusers_bf16.tsv &&
+        $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k diffusers"
 }
 
 part_ablation() {

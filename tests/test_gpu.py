@@ -62,6 +62,36 @@ def test_demo_pipeline_on_cuda(precision):
     assert report.ok, report.problems
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_the_demo_diffusers_ddpm_on_cuda(precision):
+    """DDS with the demo's diffusers DDPM folder on CUDA, the default fast path (compiled, CUDA graphs,
+    streams): votes spread, an identical run repeats, and the votes agree with eager fp32 within the
+    flip budget (issue: diffusers denoisers on every path the official UNets have)."""
+    pytest.importorskip("diffusers")
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
+    from diffsmooth.engine.data import load_dataset
+    from diffsmooth.engine.demo import shipped as demo_assets
+    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_models
+    from diffsmooth.engine.runs.fast_path import FastPath, measure_agreement
+    if not demo_assets.DEMO_DDPM.exists():
+        pytest.skip("the demo's diffusers denoiser is not built")
+    config = MethodConfig("dds", 0.5)
+    sources = ModelSources(denoiser=str(demo_assets.DEMO_DDPM), stats=demo_assets.DEMO_STATS,
+                           classifier=str(demo_assets.demo_classifier_path(0.0)))
+    models = load_models(config, sources)
+    fast = build_smooth(config, sources, (1, 32, 32), 10, device="cuda", precision=precision,
+                        fast=FastPath.resolve("cuda"), models=models).pipeline
+    fp32 = build_smooth(config, sources, (1, 32, 32), 10, device="cuda", precision="fp32", fast=FastPath(),
+                        models=models).pipeline
+    x, _ = load_dataset("embedded")[2]
+    counts = fast.count(x, 2, 0, 1000, 250)
+    assert (counts > 0).sum() >= 2, f"votes do not spread: {counts}"
+    np.testing.assert_array_equal(counts, fast.count(x, 2, 0, 1000, 250))
+    report = measure_agreement(fast, fp32, [(2, x), (9, load_dataset("embedded")[9][0])], 1000, 250,
+                               FLIP_RATE[precision])
+    assert report.ok, report.problems
+
+
 def test_two_streams_count_like_one():
     from diffsmooth.engine.data import load_dataset
     two, _ = _demo_pipelines("fp32", streams=2, static_batch=True)
