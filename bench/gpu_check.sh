@@ -52,6 +52,13 @@ run_step() {
     return "$code"
 }
 
+# Steps that two parts share (sequential and fixes; table and fixes), each written once.
+SEQUENTIAL_DEMO=($PY -m diffsmooth.bench.sequential --device cuda --precision fp16 --quiet --out "$OUT/sequential")
+TABLE_DEMO=($PY -m diffsmooth.bench.table_gpu --out "$OUT/table" --images ${TABLE_IMAGES:-8} --n-max 500)
+SEQUENTIAL_CUDA=($PY -m diffsmooth.cli certify --sequential --radii 0.25,0.5,0.75,1.0 --n-max 10000 --method diffsmooth \
+    --sigma 0.5 --local-sigma 0.25 --m 5 --skip 25 --device cuda --precision fp16 --compile --quiet \
+    --out "$OUT/sequential_cuda.tsv")
+
 stop() { echo "gpu_check: $1 failed, stopping (see $OUT/$2)"; exit 1; }
 
 setup() {
@@ -87,7 +94,7 @@ part_speed() {
 
 part_sequential() {
     run_step sequential-demo ${SEQUENTIAL_LIMIT:-300} sequential.txt \
-        $PY -m diffsmooth.bench.sequential --device cuda --precision fp16 --quiet --out "$OUT/sequential"
+        "${SEQUENTIAL_DEMO[@]}"
     # The packed sequential CIFAR-10 run (fast path, n-max 100,000, 50 images): full-size UNet + ResNet-110
     # (random weights) whose images ask for what the measured 100k demo rows' images needed, timed
     # against fixed-n at the same measured rate (bench/packing.py --replay-rows).
@@ -100,22 +107,18 @@ part_sequential() {
 
 part_table() {
     run_step table-demo ${TABLE_LIMIT:-330} table_gpu.txt \
-        $PY -m diffsmooth.bench.table_gpu --out "$OUT/table" --images ${TABLE_IMAGES:-8} --n-max 500
+        "${TABLE_DEMO[@]}"
     run_step sequential-cuda ${SEQUENTIAL_CUDA_LIMIT:-150} sequential_cuda.txt \
-        $PY -m diffsmooth.cli certify --sequential --radii 0.25,0.5,0.75,1.0 --n-max 10000 --method diffsmooth \
-        --sigma 0.5 --local-sigma 0.25 --m 5 --skip 25 --device cuda --precision fp16 --compile --quiet \
-        --out "$OUT/sequential_cuda.tsv"
+        "${SEQUENTIAL_CUDA[@]}"
 }
 
 part_fixes() {
     run_step sequential-demo ${FIX_SEQUENTIAL_LIMIT:-150} sequential.txt \
-        $PY -m diffsmooth.bench.sequential --device cuda --precision fp16 --quiet --out "$OUT/sequential"
+        "${SEQUENTIAL_DEMO[@]}"
     run_step table-demo ${FIX_TABLE_LIMIT:-150} table_gpu.txt \
-        $PY -m diffsmooth.bench.table_gpu --out "$OUT/table" --images ${TABLE_IMAGES:-8} --n-max 500
+        "${TABLE_DEMO[@]}"
     run_step sequential-cuda ${FIX_SEQUENTIAL_CUDA_LIMIT:-80} sequential_cuda.txt \
-        $PY -m diffsmooth.cli certify --sequential --radii 0.25,0.5,0.75,1.0 --n-max 10000 --method diffsmooth \
-        --sigma 0.5 --local-sigma 0.25 --m 5 --skip 25 --device cuda --precision fp16 --compile --quiet \
-        --out "$OUT/sequential_cuda.tsv"
+        "${SEQUENTIAL_CUDA[@]}"
     run_step diffusers-cuda ${FIX_DIFFUSERS_LIMIT:-100} diffusers_cuda.txt bash -c "
         $PY -m diffsmooth.cli certify --denoiser engine/demo/assets/demo_ddpm_diffusers \
             --classifier engine/demo/assets/demo_classifier_s0.00.pt --dataset embedded --method dds --sigma 0.5 \

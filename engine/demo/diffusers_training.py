@@ -26,6 +26,7 @@ from diffsmooth.engine.demo.training import (
     _random_flip,
     _warmup_cosine,
     sample_timesteps,
+    step_with_ema,
 )
 from diffsmooth.engine.errors import UserError
 
@@ -93,16 +94,7 @@ def train_diffusers_ddpm(images: torch.Tensor, *, steps: int = 300, batch_size: 
         t = sample_timesteps(x0.shape[0], scheduler.config.num_train_timesteps, gen, focus, FOCUS_PROB)
         eps = torch.randn(x0.shape, generator=gen)
         loss = F.mse_loss(model(scheduler.add_noise(x0, eps, t), t).sample, eps)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        opt.step()
-        sched.step()
-        decay = min(ema_decay, (1.0 + n) / (10.0 + n))
-        with torch.no_grad():
-            for pe, pm in zip(ema.parameters(), model.parameters()):
-                pe.lerp_(pm, 1.0 - decay)
+        step_with_ema(model, ema, opt, sched, loss, n, grad_clip, ema_decay)
         losses.append(loss.item())
         if n % 10 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")

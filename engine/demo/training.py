@@ -134,6 +134,23 @@ def sample_timesteps(batch: int, num_steps: int, gen: torch.Generator,
     return torch.where(pick, in_focus, anywhere)
 
 
+def step_with_ema(model, ema, opt, sched, loss: torch.Tensor, n: int, grad_clip: float, ema_decay: float) -> None:
+    """One optimiser step on `loss` (gradients clipped to `grad_clip` when set, the LR schedule
+    advanced), then the EMA weights (decay min(ema_decay, (1+n)/(10+n)) at step n; buffers copied)."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    sched.step()
+    decay = min(ema_decay, (1.0 + n) / (10.0 + n))
+    with torch.no_grad():
+        for pe, pm in zip(ema.parameters(), model.parameters()):
+            pe.lerp_(pm, 1.0 - decay)
+        for be, bm in zip(ema.buffers(), model.buffers()):
+            be.copy_(bm)
+
+
 def train_denoiser(images: torch.Tensor, *, config: UNetConfig | str = "demo",
                    schedule: DiffusionSchedule = PRESET_SCHEDULES["demo"], steps: int = 1000,
                    batch_size: int = 128, lr: float = 2e-3, weight_decay: float = 0.0,
@@ -176,18 +193,7 @@ def train_denoiser(images: torch.Tensor, *, config: UNetConfig | str = "demo",
         a = abar[t][:, None, None, None]
         x_t = a.sqrt() * x0 + (1.0 - a).sqrt() * eps
         loss = F.mse_loss(model(x_t, t.float() * t_scale), eps)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        opt.step()
-        sched.step()
-        decay = min(ema_decay, (1.0 + n) / (10.0 + n))
-        with torch.no_grad():
-            for pe, pm in zip(ema.parameters(), model.parameters()):
-                pe.lerp_(pm, 1.0 - decay)
-            for be, bm in zip(ema.buffers(), model.buffers()):
-                be.copy_(bm)
+        step_with_ema(model, ema, opt, sched, loss, n, grad_clip, ema_decay)
         losses.append(loss.item())
         if n % 10 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
