@@ -157,3 +157,26 @@ def test_a_sweeps_stages_serve_every_sigma_and_sigma_prime_and_vote_as_a_fresh_b
 def _votes_all(stages, sigma: float, x: torch.Tensor) -> np.ndarray:
     """Every configuration's vote counts [E, K]."""
     return MonteCarloPipeline(stages, sigma, seed=3, static_batch=True).count(x, 11, 0, 256, 64)
+
+
+def test_a_diffusers_purifier_is_built_once_and_moved_to_the_next_sigma(tmp_path):
+    """diffusers' attention modules hold a processor object without state; two loads of one folder are one
+    architecture, so a table builds the diffusers UNet once and the moved purifier denoises as a fresh one."""
+    pytest.importorskip("diffusers")
+    from diffusers import DDPMScheduler
+    from diffusers_fixtures import save_pipeline, tiny_unet
+
+    from diffsmooth.engine.base_classifier.denoise import load_denoiser
+    folder = save_pipeline(tmp_path / "ddpm", tiny_unet(0), DDPMScheduler())
+    models = ModelSet()
+    backend = models.backend(TorchBackend())
+    first = backend.stage(load_denoiser(folder).purifier(0.25), "denoiser")
+    again = backend.stage(load_denoiser(folder).purifier(1.0), "denoiser")
+    assert again is first and (models.builds, models.reuses) == (1, 1)
+    x = torch.rand(2, 3, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(first(x), load_denoiser(folder).purifier(1.0)(x))
+        assert not torch.equal(first(x), load_denoiser(folder).purifier(0.25)(x))
+    other = backend.stage(load_denoiser(save_pipeline(tmp_path / "wide", tiny_unet(1, block_out_channels=(8, 24)),
+                                                      DDPMScheduler())).purifier(1.0), "denoiser")
+    assert other is not first and models.builds == 2
