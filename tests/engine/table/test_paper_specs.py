@@ -81,10 +81,10 @@ def cifar_layout(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def imagenet_layout(tmp_path_factory):
-    """MODELS and DATA for every ImageNet spec, enough for the check and a dry run (nothing runs a model):
-    the official UNet's and ResNet-50's tensors (zero, each one element expanded), BEiT-L/16's as the
-    installed timm model has them (the BEiT specs skip without timm), and a validation folder of 1,000
-    classes x 50 images, each a link to one small PNG."""
+    """MODELS and DATA for every ImageNet spec: the official UNet's tensors (zero, each one element expanded:
+    2.2 GB otherwise), a random-weight ResNet-50 with the official names and shapes, BEiT-L/16's tensors as
+    the installed timm model has them (zero, expanded; the BEiT specs skip without timm), and a validation
+    folder of 1,000 classes x 50 images, each a link to one small PNG."""
     from PIL import Image
 
     from diffsmooth.engine.errors import UserError
@@ -94,7 +94,7 @@ def imagenet_layout(tmp_path_factory):
     models.mkdir()
     expanded = lambda name: {k: torch.zeros((), dtype=getattr(torch, d)).expand(shape) for k, shape, d in _entries(name)}
     torch.save(expanded("256x256_diffusion_uncond"), models / "256x256_diffusion_uncond.pt")
-    torch.save({"arch": "resnet50", "state_dict": expanded("cohen_imagenet_resnet50")}, root / "resnet50.pth.tar")
+    torch.save({"arch": "resnet50", "state_dict": random_state_dict("cohen_imagenet_resnet50")}, root / "resnet50.pth.tar")
     try:
         net = timm_net("beit_large_patch16_224")
         beit = {f"1.{k}": torch.zeros((), dtype=v.dtype).expand(v.shape) for k, v in net.state_dict().items()}
