@@ -17,6 +17,7 @@ from typing import Dict, List, Tuple
 
 import click
 
+from diffsmooth.engine.runs.fast_path import tf32_off
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table.build import TableBuilder
 from diffsmooth.engine.table.spec import demo_spec
@@ -53,23 +54,6 @@ def compare(reference: Dict[Key, tuple], other: Dict[Key, tuple]) -> dict:
             "only_reference": len(set(reference) - set(other)), "only_this": len(set(other) - set(reference))}
 
 
-@contextlib.contextmanager
-def strict_fp32(on: bool):
-    """TF32 off for CUDA's fp32 variant (torch lets cuDNN convolutions use TF32 by default), so its rows
-    differ from the CPU's only where fp32 reductions in another order flip a vote: the H200 run with TF32
-    on differed in 2 of 100 rows."""
-    if not on:
-        yield
-        return
-    import torch
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 def run_variant(out: Path, number: int, rows: Tuple[str, ...], images: int, n_max: int, device: str, precision: str,
                 compiled: bool, plan: str) -> dict:
     """One variant's table into OUT/K-DEVICE-PRECISION[-compile] (a folder of its own, never a resumed
@@ -78,7 +62,9 @@ def run_variant(out: Path, number: int, rows: Tuple[str, ...], images: int, n_ma
     spec = demo_spec(rows, images, n_max, device, batch=500, compile=compiled)
     spec = dataclasses.replace(spec, run={**spec.run, "precision": precision})
     start = time.perf_counter()
-    with strict_fp32(device == "cuda" and precision == "fp32"):
+    # TF32 off for CUDA's fp32 variant (torch lets cuDNN use TF32 by default), so its rows differ from the
+    # CPU's only where fp32 reductions in another order flip a vote (with TF32 on: 2 of 100 rows on an H200)
+    with tf32_off() if device == "cuda" and precision == "fp32" else contextlib.nullcontext():
         TableBuilder(spec, out / name, plan=plan, pilot=2, log=lambda line: None, progress=False).build()
     wall = time.perf_counter() - start
     summary = json.loads((out / name / "summary.json").read_text())

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from diffsmooth.engine.base_classifier.one_step import DiscreteSchedule
 from diffsmooth.engine.demo.training import (
     FOCUS_PROB,
     TrainResult,
@@ -52,15 +53,11 @@ def _diffusers():
     return diffusers
 
 
-def t_star(alphas_cumprod: np.ndarray, sigma: float) -> int:
-    """The paper's t*: the first t with (1 - abar_t) / abar_t >= (2 sigma)^2."""
-    ratio = (1.0 - alphas_cumprod) / alphas_cumprod
-    return int(np.argmax(ratio >= (2.0 * sigma) ** 2))
-
-
 def focus_range(alphas_cumprod: np.ndarray, sigmas: Sequence[float] = FOCUS_SIGMAS) -> Tuple[int, int]:
-    """[t*(lowest sigma), t*(highest sigma) + 1): where one-shot denoising queries the model."""
-    return t_star(alphas_cumprod, min(sigmas)), t_star(alphas_cumprod, max(sigmas)) + 1
+    """[t*(lowest sigma), t*(highest sigma) + 1): where one-shot denoising queries the model (t* by the
+    rule the engine's diffusers denoiser uses)."""
+    schedule = DiscreteSchedule("DDPMScheduler", "epsilon", len(alphas_cumprod), tuple(float(a) for a in alphas_cumprod))
+    return schedule.timestep(min(sigmas)), schedule.timestep(max(sigmas)) + 1
 
 
 def train_diffusers_ddpm(images: torch.Tensor, *, steps: int = 300, batch_size: int = 128, lr: float = 2e-3,

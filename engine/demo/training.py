@@ -8,7 +8,6 @@ official formats plus a `MODELS.json` manifest recording how they were made and 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import multiprocessing
@@ -32,7 +31,7 @@ from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.data import load_arrays, load_dataset
 from diffsmooth.engine.data.idx import find_idx
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.hashing import sha256_file, sha256_path
 from diffsmooth.engine.models.checkpoints import load_classifier, load_unet, save_cohen_checkpoint, save_unet_state
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.models.shipped import DEMO_TRAINING_SIGMAS, demo_classifier_name, demo_sigmas_text
@@ -314,17 +313,6 @@ def mse(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a.double() - b.double()) ** 2).mean())
 
 
-def model_sha256(path: Path) -> str:
-    """sha256 of a checkpoint file, or of a folder: over each file's relative path and sha256, in order."""
-    path = Path(path)
-    if path.is_file():
-        return sha256_file(path)
-    digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
-    return digest.hexdigest()
-
-
 def model_bytes(path: Path) -> int:
     """Size of a checkpoint file, or of every file in a folder."""
     path = Path(path)
@@ -466,7 +454,7 @@ def _kept_manifest(out: Path, present: list[str], jobs: list[dict], seed: int, b
         entry = old.get("models", {}).get(name)
         if entry is None:
             raise UserError(f"--only-missing: {out / name} is not recorded in {path}")
-        if entry.get("sha256") != model_sha256(out / name):
+        if entry.get("sha256") != sha256_path(out / name):
             raise UserError(f"--only-missing: {out / name} is not the file {path} records (sha256 differs)")
         if old.get("seeds", {}).get(name) != seeds[name]:
             raise UserError(f"--only-missing: {path} records seed {old.get('seeds', {}).get(name)} for {name}, "
@@ -573,7 +561,7 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
 
     for name in models:
         models[name]["file_bytes"] = model_bytes(out / name)
-        models[name]["sha256"] = model_sha256(out / name)
+        models[name]["sha256"] = sha256_path(out / name)
     software = dict(python=platform.python_version(), torch=torch.__version__,
                     numpy=np.__version__, workers=workers, threads_per_worker=threads,
                     machine=platform.machine())

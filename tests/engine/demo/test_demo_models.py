@@ -29,7 +29,7 @@ from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.demo import training
 from diffsmooth.engine.demo.training import classifier_accuracy, mse, one_shot_denoise, train_classifier, train_denoiser
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.hashing import sha256_file, sha256_path
 from diffsmooth.engine.models.checkpoints import (
     load_classifier,
     load_unet,
@@ -71,7 +71,7 @@ def test_manifest_matches_files(manifest):
         assert entry["training"]["wall_time_s"] > 0
         total += path.stat().st_size
     ddpm = manifest["models"][demo_assets.DEMO_DDPM.name]
-    assert ddpm["sha256"] == training.model_sha256(demo_assets.DEMO_DDPM)
+    assert ddpm["sha256"] == sha256_path(demo_assets.DEMO_DDPM)
     assert ddpm["file_bytes"] == training.model_bytes(demo_assets.DEMO_DDPM) and ddpm["training"]["wall_time_s"] > 0
     total += ddpm["file_bytes"]
     assert total < 12_000_000
@@ -280,7 +280,7 @@ def test_train_demo_only_missing(tmp_path, tiny_idx_dir, one_thread):
     newest_bytes = (out / newest).read_bytes()
     (out / newest).unlink()
     ddpm = out / training.DDPM_FOLDER
-    ddpm_sha = training.model_sha256(ddpm)
+    ddpm_sha = sha256_path(ddpm)
     shutil.rmtree(ddpm)                                 # a folder is trained again like a file
     # a kept classifier that retraining would change: s0.50's weights under s0.25's name, as recorded
     swapped = demo_assets.demo_classifier_name(SIGMAS[1])
@@ -294,7 +294,7 @@ def test_train_demo_only_missing(tmp_path, tiny_idx_dir, one_thread):
     assert set(after) == set(before) | {newest}
     assert all(after[name] == before[name] for name in before)
     assert after[newest][0] == newest_bytes             # the seed scheme gives the same weights as a full run
-    assert training.model_sha256(ddpm) == ddpm_sha      # diffusers' training and save_pretrained too
+    assert sha256_path(ddpm) == ddpm_sha      # diffusers' training and save_pretrained too
     manifest = json.loads((out / "MODELS.json").read_text())
     assert list(manifest["models"]) == ["demo_unet.pt", *(demo_assets.demo_classifier_name(s) for s in SIGMAS),
                                         training.DDPM_FOLDER]
