@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import click
 import numpy as np
@@ -114,14 +114,15 @@ def study(folder: Path, n_max: int, seeds: int, tolerance: float, pilot: int, ra
     return out
 
 
-def estimate(doc: dict, seconds_per_image: float, images: int, warmup_s: float, overhead: float, builds: int) -> dict:
+def estimate(doc: dict, seconds_per_image: float, images: int, warmup_s: float, overhead: float, builds: int,
+             plans: Sequence[str] = PLANS) -> dict:
     """ESTIMATED: a line of `images` images on a GPU from the simulated samples per image, a measured
     fixed-n rate (seconds per image at n = n-max), the sequential path's overhead per sample and one
     compile warm-up per model build."""
     per_sample = seconds_per_image / (doc["n0"] + doc["n_max"])
     out = {"images": images, "seconds_per_image_fixed": seconds_per_image, "warmup_s": warmup_s, "builds": builds,
            "overhead": overhead}
-    for plan in PLANS:
+    for plan in plans:
         samples = doc["plans"][plan]["samples"] / doc["images"] * images
         rate = per_sample * (1.0 if plan == "fixed" else overhead)
         out[plan] = {"samples": samples, "seconds": samples * rate + builds * warmup_s}
