@@ -19,7 +19,7 @@ back, so one job certifies one configuration or every configuration of a sweep a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generator, List, Optional, Sequence
 
 import numpy as np
@@ -41,6 +41,7 @@ class Certificate:
     radius: float
     samples: int
     top_votes: Optional[int] = None     # estimation votes for the selected class (nA), where known
+    state: Optional[object] = field(default=None, compare=False)   # sequential: where it stopped (SequentialState)
 
     def __iter__(self):
         return iter((self.prediction, self.radius))

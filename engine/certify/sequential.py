@@ -28,6 +28,7 @@ whose budget may be extended later. docs/sequential-rules.md compares the two (s
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -363,6 +364,13 @@ class SequentialRule:
                                PACE_RULES[self.futility_rule])
         return self.projected_lower(successes, trials) < np.asarray(self.thresholds)[pending]
 
+    @property
+    def schedule_key(self) -> str:
+        """Everything that fixes the looks, their levels and the stops, except the radii settled: two
+        rules with the same key look at the same sample counts with the same bounds."""
+        return json.dumps([self.bound, self.alpha, self.n_max, self.sigma, self.growth, self.futility_rule,
+                           self.futility, self.unanimity, list(self.schedule_radii)])
+
     def describe_futility(self) -> Optional[str]:
         """'pace-floor:0.13', 'pace:0.13', 'projection:1.25' or None (off): the recorded setting."""
         return None if self.futility is None else f"{self.futility_rule}:{self.futility:g}"
@@ -420,6 +428,39 @@ def radius_from_lower(lower, sigma: float) -> np.ndarray:
     return np.where(lower > 0.5, sigma * norm.ppf(np.clip(lower, 0.5, 1.0)), 0.0)
 
 
+@dataclass(frozen=True)
+class SequentialState:
+    """Where one row's sequential certificate stopped, so that a rule settling more radii can go on
+    from that look instead of from the first sample (the table's race extends images this way): the
+    selected class, its votes among the estimation samples, the estimation samples, the running
+    bounds, the radii the row's rule settled and that rule's `schedule_key`."""
+
+    selected: int
+    successes: int
+    samples: int
+    lower: float
+    upper: float
+    radii: Tuple[float, ...]
+    schedule: str
+
+    def to_json(self) -> dict:
+        return {"selected": self.selected, "successes": self.successes, "samples": self.samples,
+                "lower": self.lower, "upper": self.upper, "radii": list(self.radii), "schedule": self.schedule}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "SequentialState":
+        return cls(int(doc["selected"]), int(doc["successes"]), int(doc["samples"]), float(doc["lower"]),
+                   float(doc["upper"]), tuple(float(r) for r in doc["radii"]), str(doc["schedule"]))
+
+
+def continues(rule: "SequentialRule", state: SequentialState) -> bool:
+    """True when `rule` can go on from `state` exactly as if it had run from the first sample: the same
+    looks and levels, a superset of the radii (such a rule had not stopped before this look: a rule
+    settling fewer radii stops no later on the same path; docs/table.md), and the state on a look."""
+    return (state.schedule == rule.schedule_key and set(state.radii) <= set(rule.radii)
+            and state.samples in rule.looks() and 0 <= state.successes <= state.samples)
+
+
 class SequentialCertificate:
     """The running state of one image: votes for cA so far and the bounds; `add` says when to stop.
 
@@ -437,6 +478,20 @@ class SequentialCertificate:
         self.look = 0                   # index of the next look
         self.lower, self.upper = 0.0, 1.0
         self.done = False
+
+    @classmethod
+    def resume(cls, rule: SequentialRule, state: SequentialState) -> "SequentialCertificate":
+        """The certificate at the look where `state` stopped, with `rule`'s decision at that look (the
+        same bounds, so the decision a run of `rule` from the first sample takes there)."""
+        if not continues(rule, state):
+            raise ValueError("this state is not from a run of this rule's schedule with a subset of its radii")
+        cert = cls(rule)
+        cert.successes, cert.samples = state.successes, state.samples
+        look = cert.looks.index(state.samples)
+        lower, upper, stop = look_decision(rule, np.array([float(state.successes)]), np.array([float(state.samples)]),
+                                           look, np.array([state.lower]), np.array([state.upper]))
+        cert.lower, cert.upper, cert.look, cert.done = float(lower[0]), float(upper[0]), look + 1, bool(stop[0])
+        return cert
 
     def certified(self, threshold: float) -> bool:
         return self.lower > 0.5 and self.lower >= threshold
@@ -465,19 +520,27 @@ class SequentialCertificate:
     def result(self, c_a: int, n0: int) -> Certificate:
         """cA with radius sigma * Phi^-1(L), or ABSTAIN when L <= 1/2; samples = n0 + those used;
         top_votes = cA's votes among the estimation samples (what a simulator needs to replay the image)."""
+        state = SequentialState(int(c_a), self.successes, self.samples, self.lower, self.upper, self.rule.radii,
+                                self.rule.schedule_key)
         if self.lower <= 0.5:
-            return Certificate(ABSTAIN, 0.0, n0 + self.samples, self.successes)
-        return Certificate(int(c_a), float(self.rule.sigma * norm.ppf(self.lower)), n0 + self.samples, self.successes)
+            return Certificate(ABSTAIN, 0.0, n0 + self.samples, self.successes, state)
+        return Certificate(int(c_a), float(self.rule.sigma * norm.ppf(self.lower)), n0 + self.samples, self.successes,
+                           state)
 
 
-def sequential_job(n0: int, rule: SequentialRule) -> Generator:
+def sequential_job(n0: int, rule: SequentialRule, start: Optional[Sequence[SequentialState]] = None) -> Generator:
     """Sequential CERTIFY as a job, for every configuration voting on the image's samples (one count
     row each). Samples 0..n0-1 select each row's cA as in CERTIFY; the estimation looks follow from
     sample n0 on, exactly on `rule.chunks()`. Sampling goes on while any row is undecided; each row
     stops at its own look, so a sweep's row equals its single-configuration run. Returns a list of
-    Certificates (samples: the n0 selection samples plus the estimation samples the row used)."""
+    Certificates (samples: the n0 selection samples plus the estimation samples the row used).
+    `start` (one state per row) goes on from where an earlier run of the same image stopped when every
+    state `continues` with this rule (else the job starts afresh): the rows equal a run from the first
+    sample, without drawing those samples again."""
     if n0 < 1:
         raise UserError(f"n0 must be >= 1, got {n0}")
+    if start is not None and all(continues(rule, s) for s in start):
+        return (yield from _continued_job(n0, rule, start))
     chunks = rule.chunks()
     # The first look does not depend on the selection (all classes are counted): ask for both.
     selection, votes = yield Request(0, n0), Request(n0, chunks[0])
@@ -494,6 +557,26 @@ def sequential_job(n0: int, rule: SequentialRule) -> Generator:
         if all(state.done for state in states):
             break
     return [state.result(c, n0) for c, state in zip(c_a, states)]
+
+
+def _continued_job(n0: int, rule: SequentialRule, start: Sequence[SequentialState]) -> Generator:
+    """sequential_job from each row's state: the rows' decisions at their own looks under `rule`, then
+    the samples from the earliest undecided row's look on (a row further on skips the chunks it counted)."""
+    states = [SequentialCertificate.resume(rule, s) for s in start]
+    chunks, looks = rule.chunks(), rule.looks()
+    pending = [state.look for state in states if not state.done]
+    if pending:
+        first_look = min(pending)
+        first = n0 + (looks[first_look - 1] if first_look > 0 else 0)
+        for look in range(first_look, len(chunks)):
+            votes = yield Request(first, chunks[look])
+            first += chunks[look]
+            for row, state in enumerate(states):
+                if not state.done and state.look == look:
+                    state.add(int(votes[row][start[row].selected]), chunks[look])
+            if all(state.done for state in states):
+                break
+    return [state.result(s.selected, n0) for s, state in zip(start, states)]
 
 
 def certify_sequential(count: Callable[[int, int], np.ndarray], n0: int, rule: SequentialRule) -> List[Certificate]:

@@ -18,13 +18,13 @@ import threading
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Mapping, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
 from diffsmooth.engine.certify.cohen import Certificate, certify_job, predict_job
 from diffsmooth.engine.certify.scheduler import Finished, Work
-from diffsmooth.engine.certify.sequential import SequentialRule, sequential_job
+from diffsmooth.engine.certify.sequential import SequentialRule, SequentialState, sequential_job
 from diffsmooth.engine.errors import Terminated
 from diffsmooth.engine.runs.results import (
     CERTIFY_COLUMNS,
@@ -34,6 +34,7 @@ from diffsmooth.engine.runs.results import (
     format_radius,
     format_time,
 )
+from diffsmooth.engine.runs.row_states import append_state, states_path
 
 TERMINATED = ("terminated (SIGTERM): the images in flight were dropped; every finished row is kept: run the same "
               "command again to continue")
@@ -93,11 +94,11 @@ def stop_after_current_image():
         signal.signal(signal.SIGTERM, previous_term)
 
 
-def image_works(dataset, indices: Iterable[int], make_job: Callable[[], object]) -> Iterable[Work]:
+def image_works(dataset, indices: Iterable[int], make_job: Callable[[int], object]) -> Iterable[Work]:
     """Work items for the scheduler, loading each image only when it joins the window."""
     for index in indices:
         x, label = dataset[index]
-        yield Work(index, x, make_job(), tag=int(label))
+        yield Work(index, x, make_job(index), tag=int(label))
 
 
 @dataclass(frozen=True)
@@ -120,13 +121,16 @@ class RunSummary:
 
 
 def job_factory(mode: str, n0: int, n: int, alpha: float, sigma: float,
-                sequential: Optional[SequentialRule] = None) -> Callable[[], object]:
-    """A new job per image: sequential CERTIFY, CERTIFY or PREDICT (certify/cohen.py, certify/sequential.py)."""
+                sequential: Optional[SequentialRule] = None,
+                starts: Optional[Mapping[int, Sequence[SequentialState]]] = None) -> Callable[[int], object]:
+    """A new job per image index: sequential CERTIFY (from the image's `starts` where given), CERTIFY or
+    PREDICT (certify/cohen.py, certify/sequential.py)."""
     if sequential is not None:
-        return lambda: sequential_job(n0, sequential)
+        starts = starts or {}
+        return lambda index: sequential_job(n0, sequential, starts.get(index))
     if mode == "certify":
-        return lambda: certify_job(n0, n, alpha, sigma)
-    return lambda: predict_job(n, alpha)
+        return lambda index: certify_job(n0, n, alpha, sigma)
+    return lambda index: predict_job(n, alpha)
 
 
 def columns_of(mode: str, sequential: bool) -> Tuple[str, ...]:
@@ -152,17 +156,21 @@ def run_dataset(voter, dataset, indices: Sequence[int], files: Sequence, *, mode
                 n0: int = 100, n: int = 10000, alpha: float = 0.001, batch: int = 1000,
                 progress: bool = True, on_row: Optional[Callable[[dict], None]] = None,
                 sequential: Optional[SequentialRule] = None, window: Optional[int] = None,
-                claim: Optional[Callable[[Sequence[int]], Iterable[int]]] = None, skip=()) -> RunSummary:
+                claim: Optional[Callable[[Sequence[int]], Iterable[int]]] = None, skip=(),
+                starts: Optional[Mapping[int, Sequence[SequentialState]]] = None,
+                keep_states: bool = False) -> RunSummary:
     """Certify (or predict) dataset[i] for i in indices on `voter` (certify/monte_carlo.py), appending
     each configuration's row to its file in `files` (one per configuration, in the voter's order) as
     images finish. With `sequential`, certify stops early per image and rows get trailing `samples`
     and `top_votes` columns. `window` bounds the images in flight (1: one image at a time). `claim(todo)` hands out the
     images this process runs (default: all of todo, in order; under torchrun, pulled from a shared
-    counter); `skip` holds indices finished elsewhere."""
+    counter); `skip` holds indices finished elsewhere. Sequential only: `starts` continues images from
+    the states of an earlier run (rows as from the first sample); `keep_states` keeps each row's state
+    beside its result file (engine/runs/row_states.py)."""
     if len(files) != voter.num_configs:
         raise ValueError(f"{voter.num_configs} configurations vote, {len(files)} result files given")
     columns = columns_of(mode, sequential is not None)
-    make_job = job_factory(mode, n0, n, alpha, voter.sigma, sequential)
+    make_job = job_factory(mode, n0, n, alpha, voter.sigma, sequential, starts)
     written = 0
     with ExitStack() as stack:
         writers = [stack.enter_context(ResultWriter(f, columns)) for f in files]
@@ -185,6 +193,8 @@ def run_dataset(voter, dataset, indices: Sequence[int], files: Sequence, *, mode
                     writer.write(**row)
                     if on_row:
                         on_row(row)
+                    if keep_states and getattr(result, "state", None) is not None:
+                        append_state(states_path(Path(writer.path)), done.work.index, result.state)
                 written += 1
             if bar is not None:
                 bar.update(1)

@@ -60,14 +60,15 @@ def loaded_models(run: ResolvedRun):
     return load_models(run.configurations[0].method, run.sources)
 
 
-def execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None]) -> RunSummary:
+def execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None], **continuation) -> RunSummary:
     """Certify (or predict) this process's images; `log` takes the progress lines. Holds the run's
-    locks (one writer per result file or sweep folder) from before its settings are recorded."""
+    locks (one writer per result file or sweep folder) from before its settings are recorded.
+    `continuation`: run_dataset's `starts` and `states_file` (a table's sequential runs)."""
     with run.hold_locks():
-        return _execute(run, voter, log)
+        return _execute(run, voter, log, **continuation)
 
 
-def _execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None]) -> RunSummary:
+def _execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None], **continuation) -> RunSummary:
     r, plan = run.request, run.shards
     run.check_resumable(record=True)
     files = list(run.result_files().values())
@@ -78,7 +79,7 @@ def _execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], N
         wait_for_all(plan)              # every rank has read the files before any rank writes
     summary = run_dataset(voter, run.dataset, indices, files, mode=r.mode, n0=r.n0, n=r.n, alpha=r.alpha,
                           batch=run.batch, progress=not r.quiet, sequential=run.sequential, window=r.window,
-                          claim=claim, skip=skip)
+                          claim=claim, skip=skip, **continuation)
     log(summary.line())
     wait_for_all(plan)
     if plan.is_merger and not summary.interrupted:

@@ -28,6 +28,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
+from diffsmooth.engine.certify.sequential import SequentialState
 from diffsmooth.engine.errors import Terminated, UserError
 from diffsmooth.engine.runs.execute import build_voter, execute
 from diffsmooth.engine.runs.locks import hold_lock
@@ -63,6 +64,19 @@ from diffsmooth.engine.table.report import (
 from diffsmooth.engine.table.spec import LineSpec, TableSpec
 
 
+def _ordered_starts(phase: Phase, configurations) -> Dict[int, List[SequentialState]]:
+    """The phase's starts as each image's states in the run's configuration order (`configurations`: the
+    run's names, in order); an image lacking the state of any configuration starts afresh."""
+    names = list(configurations)
+    out = {}
+    for image, named in (phase.starts or {}).items():
+        if len(names) == 1 and len(named) == 1:
+            out[image] = list(named.values())
+        elif all(name in named for name in names):
+            out[image] = [named[name] for name in names]
+    return out
+
+
 class TableInterrupted(Exception):
     """Ctrl-C or SIGTERM stopped the table (finished rows are kept; rerun the command to continue)."""
 
@@ -81,6 +95,7 @@ class Phase:
     radii: Optional[Sequence[float]]
     path: Path
     kind: str                               # "pilot" or "main"
+    starts: Optional[Dict[int, Dict[str, SequentialState]]] = None   # {image: {configuration: state}}: go on from there
 
 
 @dataclass
@@ -228,9 +243,11 @@ class TableBuilder:
         if not all(self._done(path) >= set(phase.indices) for path in files.values()):
             voter = self._voter(phase, run)
             start = time.perf_counter()
+            continuation = {} if phase.radii is None or self.mode != "race" else \
+                {"keep_states": True, "starts": _ordered_starts(phase, files)}      # the race's extensions go on from states
             try:
                 with timed_batches(voter, predicting) as clock:
-                    summary = execute(run, voter, self.log)
+                    summary = execute(run, voter, self.log, **continuation)
             except Terminated:                  # SIGTERM inside a run (engine/runs/dataset_run.py): the whole table stops
                 raise TableInterrupted(f"stopped by SIGTERM during {phase.line.name} sigma {phase.sigma:g} "
                                        f"({phase.kind})", time.perf_counter() - start) from None
@@ -267,7 +284,8 @@ class TableBuilder:
             else set()
 
     def _samples(self, rows: Dict[str, List[dict]], phase: Phase) -> int:
-        """Samples the phase's images drew (a file may hold other phases' images too)."""
+        """Samples the phase's images drew (a file may hold other phases' images too); an image that went
+        on from an earlier run's states drew only the samples after the earliest of them."""
         if phase.radii is None:
             return len(phase.indices) * (self.spec.n0 + self.spec.n_max)
         mine = set(phase.indices)
@@ -276,7 +294,9 @@ class TableBuilder:
             for r in config_rows:
                 if int(r["idx"]) in mine:
                     per_image[int(r["idx"])] = max(per_image.get(int(r["idx"]), 0), int(r["samples"]))
-        return sum(per_image.values())
+        starts = _ordered_starts(phase, rows)
+        return sum(samples - (self.spec.n0 + min(s.samples for s in starts[i]) if i in starts else 0)
+                   for i, samples in per_image.items())
 
     def phase_path(self, line: LineSpec, sigma: float, kind: str) -> Path:
         return phase_path(self.out, line, sigma, kind)
@@ -505,10 +525,10 @@ class TableBuilder:
                      for sigma in spec.sigmas}
             race = LineRace(spec, line, indices, rules, self.phase_path)
 
-            def run_extension(sigma, radii, images, kind, line=line):
+            def run_extension(sigma, radii, images, kind, line=line, race=race):
                 nonlocal extensions
                 extensions += self._step(Phase(line, sigma, images, radii, self.phase_path(line, sigma, kind),
-                                               kind), costs).samples
+                                               kind, race.starts(sigma, radii, images)), costs).samples
             bounds[line.name] = run_race(race, self.tolerance, run_extension, self.log, self.out / "race.json")
             rows_by_line[line.name] = race.rows_by_sigma()
         pilot_samples = sum(r.samples for r in pilot_results.values())

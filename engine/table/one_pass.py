@@ -176,7 +176,8 @@ def shared_step(builder, phases: Sequence, costs: Optional[dict]) -> Dict[tuple,
         try:
             summary = run_dataset(voter, shared.dataset, list(shared.indices), list(shared.files), mode=r.mode, n0=r.n0,
                                   n=r.n, alpha=r.alpha, batch=shared.batch, progress=not r.quiet,
-                                  sequential=shared.sequential, window=r.window)
+                                  sequential=shared.sequential, window=r.window,
+                                  keep_states=shared.sequential is not None and builder.mode == "race")
         except Terminated:
             raise stopped(f"stopped by SIGTERM during {names} sigma {phase.sigma:g} ({phase.kind})") from None
     seconds = time.perf_counter() - start

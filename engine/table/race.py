@@ -16,8 +16,9 @@ radius needs). At S's stop both have the same running bounds, so for each radius
   undecided  otherwise: `all` goes on, and only running it (radii R up to r) tells.
 For a cell (the best over sigmas) that gives the deterministic interval
 [max_s certified_s, max_s (certified_s + undecided_s)] for `all`'s value; the table reports the
-lower end. An extension reruns an undecided image with the radii of R up to r from its first
-sample (counter-based noise: the same samples `all` draws), which settles it exactly.
+lower end. An extension settles an undecided image with the radii of R up to r, going on from the
+look where its row stopped (the row's state; counter-based noise: the samples `all` draws), which
+settles it exactly.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ image, then the extensions the race asks for, one line at a time, until every ce
 tolerance of `--plan all`'s.
 
 DIR/runs/LINE_sSIGMA.tsv          every image, the sigma's first radii (0 and the largest r <= 2.5 sigma)
-DIR/runs/LINE_sSIGMA_toR.tsv      images rerun with the table's radii up to R (an extension)
+DIR/runs/LINE_sSIGMA_toR.tsv      images extended to the table's radii up to R (going on from their
+                                  rows' states, FILE.tsv.states.jsonl: engine/runs/row_states.py)
 DIR/race.json                     the extensions so far, and each cell's bound
 
 An image's row is the one of its largest extension (else its first run). Every decision follows from
@@ -13,13 +14,15 @@ the result files resume.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence, Tuple
 
-from diffsmooth.engine.certify.sequential import SequentialRule
+from diffsmooth.engine.certify.sequential import SequentialRule, SequentialState, continues
 from diffsmooth.engine.runs.results import read_rows
+from diffsmooth.engine.runs.row_states import read_states, state_of, states_path
 from diffsmooth.engine.table.race import (
     CellBound,
     Extension,
@@ -121,6 +124,28 @@ class LineRace:
             for image, (k, _) in config.items():
                 out[image] = max(out.get(image, first), k if k >= 0 else first)
         return out
+
+    def starts(self, sigma: float, radii: Sequence[float], images: Sequence[int]) -> Dict[int, Dict[str, SequentialState]]:
+        """{image: {configuration: state}}: where each image's latest rows stopped, for the images whose
+        every row kept a state that a run settling `radii` can go on from (engine/runs/row_states.py)."""
+        rule = dataclasses.replace(self.rules[sigma], radii=tuple(radii))
+        paths = dict((k, path) for k, path in self.files(sigma))
+        kept: Dict[Path, Dict[int, SequentialState]] = {}
+        out: Dict[int, Dict[str, SequentialState]] = {}
+        wanted = set(images)
+        for config, per in self.latest(sigma).items():
+            for image, (k, row) in per.items():
+                if image not in wanted:
+                    continue
+                path = paths[k] if config == "" else paths[k] / f"{config}.tsv"
+                if path not in kept:
+                    kept[path] = read_states(states_path(path))
+                state = state_of(row, kept[path], self.spec.n0)
+                if state is not None and continues(rule, state):
+                    out.setdefault(image, {})[config] = state
+                else:
+                    out.setdefault(image, {})[config] = None
+        return {image: named for image, named in out.items() if all(s is not None for s in named.values())}
 
     def bounds(self) -> List[CellBound]:
         rows = self.contenders()

@@ -92,9 +92,10 @@ class RaceOutcome:
     extended: Dict[float, float]              # per sigma: the extensions' samples (n0 included)
 
 
-def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int) -> RaceOutcome:
-    """Run the race to the end on simulated rows; an extension reruns its images from their first sample
-    (n0 selection samples included)."""
+def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, continued: bool = True) -> RaceOutcome:
+    """Run the race to the end on simulated rows; an extension goes on from where each image's row
+    stopped (as the table does with the rows' states), or with `continued` off reruns it from its
+    first sample (n0 selection samples included). The rows are the same either way."""
     order = sorted(sims)
     rules = {s: sims[s].rule for s in order}
     initial = {s: sims[s].samples() for s in order}
@@ -113,8 +114,9 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int) ->
         sim = sims[ext.contender]
         for i in ext.images:
             radii = prefix(sim.radii, max(ext.k, sim.radii.index(max(sim.sets[i]))))
+            before = float(sim.run(sim.sets[i])[1][i]) if continued else -n0
             sim.sets[i] = radii
-            samples[ext.contender] += float(sim.run(radii)[1][i]) + n0
+            samples[ext.contender] += float(sim.run(radii)[1][i]) - before
         extensions += 1
         history.append((ext.contender, ext.k))
     rows = {s: sims[s].rows() for s in order}

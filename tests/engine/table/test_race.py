@@ -192,3 +192,37 @@ def test_the_race_is_the_default_plan_and_a_tolerance_outside_0_100_is_refused(t
     assert "[default: race]" in result.output and "--tolerance" in result.output
     result = CliRunner().invoke(main, ["table", "--demo", "--out", str(tmp_path / "t"), "--tolerance", "-1"])
     assert result.exit_code == 2 and "tolerance" in result.output and not (tmp_path / "t").exists()
+
+
+@needs_demo
+@pytest.mark.slow
+def test_extensions_go_on_from_the_rows_states_with_the_rows_of_reruns_and_fewer_samples(tmp_path, monkeypatch):
+    """The race's extensions continue each image from its row's state (engine/runs/row_states.py): every
+    result file equals that of a race whose extensions rerun their images from the first sample, the
+    decisions are the same, and the table drew fewer samples."""
+    from cli_helpers import assert_rows_spread
+
+    from diffsmooth.engine.table.race_build import LineRace
+
+    path = tmp_path / "spec.toml"
+    path.write_text(small_table_spec(radii=(0.25, 0.5, 0.75, 1.0, 1.25), n_max=1000))
+
+    def table(folder):
+        invoke_ok(["table", str(path), "--out", str(tmp_path / folder), "--pilot", "2", "--quiet", "--tolerance", "0"])
+        return json.loads((tmp_path / folder / "summary.json").read_text())
+
+    went_on = table("on")
+    monkeypatch.setattr(LineRace, "starts", lambda self, sigma, radii, images: {})
+    rerun = table("rerun")
+    files = sorted(p.name for p in (tmp_path / "rerun" / "runs").glob("*.tsv"))
+    assert any("_to" in name for name in files), "no extension ran: the test does not exercise continuation"
+    assert files == sorted(p.name for p in (tmp_path / "on" / "runs").glob("*.tsv"))
+    for name in files:
+        assert rows_without_time(tmp_path / "on" / "runs" / name) == rows_without_time(tmp_path / "rerun" / "runs" / name), name
+    assert_rows_spread(tmp_path / "on" / "runs" / "rs_s0.25.tsv", min_classes=3)
+    assert (tmp_path / "on" / "runs" / "rs_s0.25.tsv.states.jsonl").is_file()
+    decisions = [json.loads((tmp_path / f / "race.json").read_text())["RS"]["extensions"] for f in ("on", "rerun")]
+    assert decisions[0] == decisions[1]
+    assert went_on["samples"]["total"] < rerun["samples"]["total"]
+    assert [c["certified_accuracy"] for c in went_on["rows"][0]["cells"]] == \
+        [c["certified_accuracy"] for c in rerun["rows"][0]["cells"]]
