@@ -226,3 +226,23 @@ def test_extensions_go_on_from_the_rows_states_with_the_rows_of_reruns_and_fewer
     assert went_on["samples"]["total"] < rerun["samples"]["total"]
     assert [c["certified_accuracy"] for c in went_on["rows"][0]["cells"]] == \
         [c["certified_accuracy"] for c in rerun["rows"][0]["cells"]]
+
+
+def test_the_simulated_race_going_on_from_rows_draws_fewer_samples_for_the_same_cells():
+    from diffsmooth.engine.table.race_sim import simulate_race
+
+    rng = np.random.default_rng(8)
+    images = 200
+    rates = {s: _rates(rng, images) for s in (0.25, 0.5, 1.0)}
+    correct = {s: rng.random(images) < 0.85 for s in rates}
+    outcomes = []
+    for continued in (True, False):
+        paths = np.random.default_rng(3)
+        sims = {s: SimulatedSigma(s, rates[s], correct[s], RADII, 0.001, 10_000, paths, initial_radii(RADII, s))
+                for s in sorted(rates)}
+        outcomes.append(simulate_race(sims, 0, 100, continued=continued))
+    went_on, rerun = outcomes
+    np.testing.assert_array_equal(went_on.cells, rerun.cells)
+    assert len(set(went_on.cells.tolist())) >= 4 and went_on.extensions == rerun.extensions > 0
+    assert sum(went_on.samples.values()) < sum(rerun.samples.values())
+    assert went_on.first == rerun.first
