@@ -16,7 +16,6 @@ bound on the samples of any valid rule that certifies those cells.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -24,7 +23,16 @@ import click
 import numpy as np
 from scipy.stats import norm
 
-from diffsmooth.bench.race_study import RATE_MODELS, RATE_TEXT, estimate, rates_from, seed_rates, tiled
+from diffsmooth.bench.race_study import (
+    RATE_TEXT,
+    estimate,
+    estimate_lines,
+    publish,
+    rates_from,
+    seed_rates,
+    simulation_options,
+    tiled,
+)
 from diffsmooth.engine.table.race import INITIAL_REACH, initial_radii, tolerance_images
 from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_race
 
@@ -126,38 +134,18 @@ def markdown(doc: dict) -> str:
               f"may stop on a radius before `all` certifies a won one).", "",
               "Each cell's winner (radius: sigma) under `all`, and in how many seeds:", ""]
     lines += [f"- {key}: {n}" for key, n in sorted(patterns.items(), key=lambda kv: -kv[1])]
-    if "estimate" in doc:
-        e = doc["estimate"]
-        lines += ["", f"## ESTIMATED: {e['images']} images on one GPU", "",
-                  f"{e['seconds_per_image_fixed']} s per image fixed-n at n = {doc['n_max']:,} (measured), the sequential "
-                  f"path's {e['overhead']:.2f}x time per sample (measured), {e['builds']} model build(s) of "
-                  f"{e['warmup_s']:.0f} s warm-up:", "", "| plan | samples | minutes |", "|---|---|---|"]
-        lines += [f"| {plan} | {e[plan]['samples']:,.0f} | {e[plan]['seconds'] / 60:.1f} |" for plan in PLANS]
+    lines += estimate_lines(doc, PLANS)
     return "\n".join(lines) + "\n"
 
 
 @click.command()
-@click.option("--rows", "folder", type=click.Path(exists=True, file_okay=False), required=True,
-              help="A table folder (any plan): its first line's rows give each image's vote rate per sigma.")
-@click.option("--n-max", type=click.IntRange(1), default=100_000, show_default=True)
-@click.option("--seeds", type=click.IntRange(1), default=20, show_default=True)
-@click.option("--tolerance", type=click.FloatRange(0, 100), default=0.5, show_default=True)
-@click.option("--rates", type=click.Choice(RATE_MODELS), default="mixture", show_default=True)
-@click.option("--images", type=click.IntRange(1), default=None,
-              help="Repeat the rows' images in order up to this many (each copy on its own paths).")
-@click.option("--estimate", "estimate_", nargs=2, type=(float, click.IntRange(1)), default=None,
-              help="SECONDS IMAGES: a GPU line of IMAGES images from a measured fixed-n rate at n = --n-max.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown (and FILE.json) here.")
-def main(folder, n_max, seeds, tolerance, rates, images, estimate_, out: Optional[str]):
+@simulation_options
+def main(folder, n_max, seeds, tolerance, estimate_, warmup_s, overhead, builds, rates, images, out: Optional[str]):
     """Prints the ceilings as markdown."""
     doc = study(Path(folder), n_max, seeds, tolerance, rates, images)
-    if estimate_:           # race_study's measured defaults: 1.12x time per sample, one 60 s build
-        doc["estimate"] = estimate(doc, estimate_[0], estimate_[1], 60.0, 1.12, 1, plans=PLANS)
-    text = markdown(doc)
-    click.echo(text)
-    if out:
-        Path(out).write_text(text)
-        Path(out).with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    if estimate_:
+        doc["estimate"] = estimate(doc, estimate_[0], estimate_[1], warmup_s, overhead, builds, plans=PLANS)
+    publish(doc, markdown(doc), out)
 
 
 if __name__ == "__main__":

@@ -154,44 +154,64 @@ def markdown(doc: dict) -> str:
         for sigma, by in plans[plan]["by_sigma"].items():
             lines.append(f"| {plan} | {sigma} | " + " | ".join(f"{by[w]:,.0f}" for w in REASONS)
                          + f" | {sum(by.values()):,.0f} |")
-    if "estimate" in doc:
-        e = doc["estimate"]
-        lines += ["", f"## ESTIMATED: {e['images']} images on one GPU", "",
-                  f"{e['seconds_per_image_fixed']} s per image fixed-n at n = {doc['n_max']:,} (measured), the sequential "
-                  f"path's {e['overhead']:.2f}x time per sample (measured), {e['builds']} model build(s) of "
-                  f"{e['warmup_s']:.0f} s warm-up (measured per build):", "", "| plan | samples | minutes |", "|---|---|---|"]
-        for plan in PLANS:
-            lines.append(f"| {plan} | {e[plan]['samples']:,.0f} | {e[plan]['seconds'] / 60:.1f} |")
+    lines += estimate_lines(doc, PLANS)
     return "\n".join(lines) + "\n"
 
 
+def estimate_lines(doc: dict, plans: Sequence[str]) -> List[str]:
+    """The markdown of doc['estimate'] (none without one): samples and minutes per plan."""
+    if "estimate" not in doc:
+        return []
+    e = doc["estimate"]
+    return ["", f"## ESTIMATED: {e['images']} images on one GPU", "",
+            f"{e['seconds_per_image_fixed']} s per image fixed-n at n = {doc['n_max']:,} (measured), the sequential "
+            f"path's {e['overhead']:.2f}x time per sample (measured), {e['builds']} model build(s) of "
+            f"{e['warmup_s']:.0f} s warm-up (measured per build):", "", "| plan | samples | minutes |", "|---|---|---|",
+            *(f"| {plan} | {e[plan]['samples']:,.0f} | {e[plan]['seconds'] / 60:.1f} |" for plan in plans)]
+
+
+def simulation_options(command):
+    """The options every study of simulated table plans takes (this one and bench/plan_ceilings.py)."""
+    options = [
+        click.option("--rows", "folder", type=click.Path(exists=True, file_okay=False), required=True,
+                     help="A table folder (any plan): its first line's rows give each image's vote rate per sigma."),
+        click.option("--n-max", type=click.IntRange(1), default=100_000, show_default=True),
+        click.option("--seeds", type=click.IntRange(1), default=20, show_default=True),
+        click.option("--tolerance", type=click.FloatRange(0, 100), default=0.5, show_default=True),
+        click.option("--estimate", "estimate_", nargs=2, type=(float, click.IntRange(1)), default=None,
+                     help="SECONDS IMAGES: a GPU line of IMAGES images from a measured fixed-n rate at n = --n-max."),
+        click.option("--warmup-s", type=click.FloatRange(0), default=60.0, show_default=True),
+        click.option("--overhead", type=click.FloatRange(0), default=1.12, show_default=True),
+        click.option("--builds", type=click.IntRange(0), default=1, show_default=True),
+        click.option("--rates", type=click.Choice(RATE_MODELS), default="mixture", show_default=True,
+                     help="How a seed gets each image's vote rate from its row (engine/runs/rate_model.py)."),
+        click.option("--images", type=click.IntRange(1), default=None,
+                     help="Repeat the rows' images in order up to this many (each copy on its own paths)."),
+        click.option("--out", type=click.Path(dir_okay=False), default=None,
+                     help="Write the markdown (and FILE.json) here."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def publish(doc: dict, text: str, out: Optional[str]) -> None:
+    """Prints the markdown; with `out`, writes it there and the study beside it as FILE.json."""
+    click.echo(text)
+    if out:
+        Path(out).write_text(text)
+        Path(out).with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
 @click.command()
-@click.option("--rows", "folder", type=click.Path(exists=True, file_okay=False), required=True,
-              help="A table folder (any plan): its first line's rows give each image's vote rate per sigma.")
-@click.option("--n-max", type=click.IntRange(1), default=100_000, show_default=True)
-@click.option("--seeds", type=click.IntRange(1), default=20, show_default=True)
-@click.option("--tolerance", type=click.FloatRange(0, 100), default=0.5, show_default=True)
+@simulation_options
 @click.option("--pilot", type=click.IntRange(1), default=25, show_default=True, help="The pilot plan's pilot images.")
-@click.option("--estimate", "estimate_", nargs=2, type=(float, click.IntRange(1)), default=None,
-              help="SECONDS IMAGES: a GPU line of IMAGES images from a measured fixed-n rate at n = --n-max.")
-@click.option("--warmup-s", type=click.FloatRange(0), default=60.0, show_default=True)
-@click.option("--overhead", type=click.FloatRange(0), default=1.12, show_default=True)
-@click.option("--builds", type=click.IntRange(0), default=1, show_default=True)
-@click.option("--rates", type=click.Choice(RATE_MODELS), default="mixture", show_default=True,
-              help="How a seed gets each image's vote rate from its row (engine/runs/rate_model.py).")
-@click.option("--images", type=click.IntRange(1), default=None,
-              help="Repeat the rows' images in order up to this many (each copy on its own paths).")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the markdown (and FILE.json) here.")
 def main(folder, n_max, seeds, tolerance, pilot, estimate_, warmup_s, overhead, builds, rates, images, out: Optional[str]):
     """Prints the study as markdown."""
     doc = study(Path(folder), n_max, seeds, tolerance, pilot, rates, images)
     if estimate_:
         doc["estimate"] = estimate(doc, estimate_[0], estimate_[1], warmup_s, overhead, builds)
-    text = markdown(doc)
-    click.echo(text)
-    if out:
-        Path(out).write_text(text)
-        Path(out).with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    publish(doc, markdown(doc), out)
 
 
 if __name__ == "__main__":
