@@ -28,6 +28,7 @@ whose budget may be extended later. docs/sequential-rules.md compares the two (s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -442,15 +443,18 @@ class SequentialState:
     upper: float
     radii: Tuple[float, ...]
     schedule: str
+    started: int = 0            # the estimation sample this run drew first (0: from the first; else it went on)
 
     def to_json(self) -> dict:
         return {"selected": self.selected, "successes": self.successes, "samples": self.samples,
-                "lower": self.lower, "upper": self.upper, "radii": list(self.radii), "schedule": self.schedule}
+                "lower": self.lower, "upper": self.upper, "radii": list(self.radii), "schedule": self.schedule,
+                "started": self.started}
 
     @classmethod
     def from_json(cls, doc: dict) -> "SequentialState":
         return cls(int(doc["selected"]), int(doc["successes"]), int(doc["samples"]), float(doc["lower"]),
-                   float(doc["upper"]), tuple(float(r) for r in doc["radii"]), str(doc["schedule"]))
+                   float(doc["upper"]), tuple(float(r) for r in doc["radii"]), str(doc["schedule"]),
+                   int(doc.get("started", 0)))
 
 
 def continues(rule: "SequentialRule", state: SequentialState) -> bool:
@@ -565,9 +569,11 @@ def _continued_job(n0: int, rule: SequentialRule, start: Sequence[SequentialStat
     states = [SequentialCertificate.resume(rule, s) for s in start]
     chunks, looks = rule.chunks(), rule.looks()
     pending = [state.look for state in states if not state.done]
+    started = max(s.samples for s in start)                 # nothing to draw: the rows are the states' own
     if pending:
         first_look = min(pending)
-        first = n0 + (looks[first_look - 1] if first_look > 0 else 0)
+        started = looks[first_look - 1]
+        first = n0 + started
         for look in range(first_look, len(chunks)):
             votes = yield Request(first, chunks[look])
             first += chunks[look]
@@ -576,7 +582,8 @@ def _continued_job(n0: int, rule: SequentialRule, start: Sequence[SequentialStat
                     state.add(int(votes[row][start[row].selected]), chunks[look])
             if all(state.done for state in states):
                 break
-    return [state.result(s.selected, n0) for s, state in zip(start, states)]
+    out = [state.result(s.selected, n0) for s, state in zip(start, states)]
+    return [dataclasses.replace(c, state=dataclasses.replace(c.state, started=started)) for c in out]
 
 
 def certify_sequential(count: Callable[[int, int], np.ndarray], n0: int, rule: SequentialRule) -> List[Certificate]:

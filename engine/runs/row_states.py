@@ -56,3 +56,9 @@ def state_of(row: dict, states: Dict[int, SequentialState], n0: int) -> Optional
             or int(row["top_votes"]) != state.successes:
         return None
     return state
+
+
+def drawn_samples(row: dict, states: Dict[int, SequentialState], n0: int) -> int:
+    """The samples the row's run drew: all of them, or those after the look it went on from."""
+    state = state_of(row, states, n0)
+    return int(row["samples"]) - (n0 + state.started if state is not None and state.started > 0 else 0)

@@ -36,6 +36,7 @@ from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import plan_run
 from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.runs.results import read_rows
+from diffsmooth.engine.runs.row_states import drawn_samples, read_states, states_path
 from diffsmooth.engine.table import by_config as layout
 from diffsmooth.engine.table.cost import RunCost, predict_race, predict_run
 from diffsmooth.engine.table.one_pass import run_phases
@@ -268,7 +269,7 @@ class TableBuilder:
             rate = probe_rate(self._voter(phase, run), run.dataset[index][0], index, run.batch)
             self.log(f"table: timing probe, {phase.line.name} sigma {phase.sigma:g}: {rate:,.0f} samples/s "
                      f"at batch {run.batch}")
-        return PhaseResult(rows, seconds, self._samples(rows, phase), rate)
+        return PhaseResult(rows, seconds, self._samples(rows, phase, files), rate)
 
     def _voter(self, phase: Phase, run):
         """The line-sigma's voter; its stages come from the table's model set (built once per
@@ -283,20 +284,21 @@ class TableBuilder:
         return {int(r["idx"]) for r in read_rows(path, torn_tail="ignore")} if path.is_file() and path.stat().st_size \
             else set()
 
-    def _samples(self, rows: Dict[str, List[dict]], phase: Phase) -> int:
-        """Samples the phase's images drew (a file may hold other phases' images too); an image that went
-        on from an earlier run's states drew only the samples after the earliest of them."""
+    def _samples(self, rows: Dict[str, List[dict]], phase: Phase, files: Optional[Dict[str, Path]] = None) -> int:
+        """Samples the phase's images drew (a file may hold other phases' images too); a row that went on
+        from an earlier row's state drew only the samples after it (its own state says from where;
+        `files`: each configuration's result file)."""
         if phase.radii is None:
             return len(phase.indices) * (self.spec.n0 + self.spec.n_max)
         mine = set(phase.indices)
         per_image: Dict[int, int] = {}
-        for config_rows in rows.values():
+        for name, config_rows in rows.items():
+            states = read_states(states_path(files[name])) if files else {}
             for r in config_rows:
                 if int(r["idx"]) in mine:
-                    per_image[int(r["idx"])] = max(per_image.get(int(r["idx"]), 0), int(r["samples"]))
-        starts = _ordered_starts(phase, rows)
-        return sum(samples - (self.spec.n0 + min(s.samples for s in starts[i]) if i in starts else 0)
-                   for i, samples in per_image.items())
+                    per_image[int(r["idx"])] = max(per_image.get(int(r["idx"]), 0),
+                                                   drawn_samples(r, states, self.spec.n0))
+        return sum(per_image.values())
 
     def phase_path(self, line: LineSpec, sigma: float, kind: str) -> Path:
         return phase_path(self.out, line, sigma, kind)

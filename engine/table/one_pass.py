@@ -196,7 +196,8 @@ def shared_step(builder, phases: Sequence, costs: Optional[dict]) -> Dict[tuple,
         rows = {c.name: sorted(read_rows(path, torn_tail="ignore"), key=lambda row: int(row["idx"]))
                 for c, path in run.result_files().items()}
         share = seconds / len(todo) if k in todo else 0.0
-        result = PhaseResult(rows, share, builder._samples(rows, p), rate)
+        result = PhaseResult(rows, share, builder._samples(rows, p, {c.name: path for c, path in run.result_files().items()}),
+                             rate)
         builder._measured(costs, p, share, result.samples)
         out[(p.line.name, p.sigma)] = result
     return out

@@ -1,6 +1,8 @@
 """Going on from a stopped row (SequentialState): a job settling more radii from where an earlier run
 of the same image stopped gives the rows of a run from the first sample, and draws fewer samples."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -44,10 +46,13 @@ def test_a_continued_sweep_gives_the_rows_of_a_fresh_run_with_fewer_samples(seed
     fresh = drive(sequential_job(100, wide), _counter(labels, fresh_drawn))
     continued = drive(sequential_job(100, wide, [c.state for c in first]), _counter(labels, continued_drawn))
     assert continued == fresh                                     # class, radius, samples and votes of every row
-    assert [c.state for c in continued] == [c.state for c in fresh]
+    assert [replace(c.state, started=0) for c in continued] == [c.state for c in fresh]     # where each stopped
     assert len({c.prediction for c in fresh}) == 3                # the rows' classes spread
     assert sum(n for _, n in continued_drawn) < sum(n for _, n in fresh_drawn)
     assert min(f for f, _ in continued_drawn) >= 100 + min(c.state.samples for c in first)
+    # each row says where its run started drawing: the table counts a row's samples from there
+    assert {c.state.started for c in continued} == {min(f for f, _ in continued_drawn) - 100}
+    assert {c.state.started for c in fresh} == {0}
 
 
 def test_a_row_the_wider_rule_would_stop_at_once_draws_nothing():
@@ -58,6 +63,7 @@ def test_a_row_the_wider_rule_would_stop_at_once_draws_nothing():
     drawn = []
     again = drive(sequential_job(100, _rule(TABLE), [first[0].state]), _counter(labels, drawn))
     assert drawn == [] and again == drive(sequential_job(100, _rule(TABLE)), _counter(labels, []))
+    assert again[0].state.started == first[0].state.samples                 # it drew nothing after its start
 
 
 def test_a_state_from_another_schedule_or_more_radii_starts_afresh():

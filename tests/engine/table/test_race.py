@@ -226,6 +226,12 @@ def test_extensions_go_on_from_the_rows_states_with_the_rows_of_reruns_and_fewer
     assert went_on["samples"]["total"] < rerun["samples"]["total"]
     assert [c["certified_accuracy"] for c in went_on["rows"][0]["cells"]] == \
         [c["certified_accuracy"] for c in rerun["rows"][0]["cells"]]
+    # an extension killed with its last row lost: the resumed table has the same rows and counts the same samples
+    monkeypatch.undo()
+    extension = next(p for p in sorted((tmp_path / "on" / "runs").glob("rs_s*_to*.tsv")))
+    before = rows_without_time(extension)
+    extension.write_text("".join(extension.read_text().splitlines(keepends=True)[:-1]))
+    assert table("on")["samples"] == went_on["samples"] and rows_without_time(extension) == before
 
 
 def test_the_simulated_race_going_on_from_rows_draws_fewer_samples_for_the_same_cells():
