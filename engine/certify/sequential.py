@@ -446,15 +446,12 @@ class SequentialState:
     started: int = 0            # the estimation sample this run drew first (0: from the first; else it went on)
 
     def to_json(self) -> dict:
-        return {"selected": self.selected, "successes": self.successes, "samples": self.samples,
-                "lower": self.lower, "upper": self.upper, "radii": list(self.radii), "schedule": self.schedule,
-                "started": self.started}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, doc: dict) -> "SequentialState":
-        return cls(int(doc["selected"]), int(doc["successes"]), int(doc["samples"]), float(doc["lower"]),
-                   float(doc["upper"]), tuple(float(r) for r in doc["radii"]), str(doc["schedule"]),
-                   int(doc.get("started", 0)))
+        fields = {f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc}
+        return cls(**dict(fields, radii=tuple(float(r) for r in doc["radii"])))
 
 
 def continues(rule: "SequentialRule", state: SequentialState) -> bool:

@@ -63,7 +63,7 @@ def loaded_models(run: ResolvedRun):
 def execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None], **continuation) -> RunSummary:
     """Certify (or predict) this process's images; `log` takes the progress lines. Holds the run's
     locks (one writer per result file or sweep folder) from before its settings are recorded.
-    `continuation`: run_dataset's `starts` and `states_file` (a table's sequential runs)."""
+    `continuation`: run_dataset's `starts` and `keep_states` (a table's race)."""
     with run.hold_locks():
         return _execute(run, voter, log, **continuation)
 

@@ -132,11 +132,10 @@ class LineRace:
         paths = dict((k, path) for k, path in self.files(sigma))
         kept: Dict[Path, Dict[int, SequentialState]] = {}
         out: Dict[int, Dict[str, SequentialState]] = {}
-        wanted = set(images)
+        lacking = set()
         for config, per in self.latest(sigma).items():
-            for image, (k, row) in per.items():
-                if image not in wanted:
-                    continue
+            for image in set(images) & set(per):
+                k, row = per[image]
                 path = paths[k] if config == "" else paths[k] / f"{config}.tsv"
                 if path not in kept:
                     kept[path] = read_states(states_path(path))
@@ -144,8 +143,8 @@ class LineRace:
                 if state is not None and continues(rule, state):
                     out.setdefault(image, {})[config] = state
                 else:
-                    out.setdefault(image, {})[config] = None
-        return {image: named for image, named in out.items() if all(s is not None for s in named.values())}
+                    lacking.add(image)
+        return {image: named for image, named in out.items() if image not in lacking}
 
     def bounds(self) -> List[CellBound]:
         rows = self.contenders()
