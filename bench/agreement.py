@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import click
 import numpy as np
@@ -23,6 +23,7 @@ from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian
 from diffsmooth.engine.data import load_dataset
+from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_models
 from diffsmooth.engine.runs.fast_path import FastPath, judge_each_configuration, production_arrays, reference_arrays
 
@@ -33,7 +34,19 @@ VARIANTS = (  # name, precision, FastPath fields (None: the device's default fas
     ("eager bf16", "bf16", {}),
     ("compiled fp16 (fast path)", "fp16", None),
     ("compiled fp16 + fused conv", "fp16", {"resolve": {"fused_conv": True}}),
+    ("compiled bf16 (fast path)", "bf16", None),
 )
+DEFAULT_VARIANTS = ("eager fp16", "eager bf16", "compiled fp16 (fast path)", "compiled fp16 + fused conv")
+
+# What is smoothed: the check's design rates were measured on `diffsmooth`; the DDS setups (m = 1, a classifier
+# trained on clean images) show how far a method's own sensitivity moves them, and the diffusers one whether
+# the diffusers adapter adds to it (the same method on the engine's UNet and on diffusers' UNet2DModel).
+SETUPS = {
+    "diffsmooth": ("diffsmooth sigma 0.5, m=5, sigma' 0.25 (demo models)",
+                   MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)),
+    "dds": ("dds sigma 0.5 (demo UNet, classifier trained on clean images)", MethodConfig("dds", 0.5)),
+    "dds-diffusers": ("dds sigma 0.5 (demo diffusers DDPM, classifier trained on clean images)", MethodConfig("dds", 0.5)),
+}
 
 
 def _fast_path(device: str, fields):
@@ -44,39 +57,55 @@ def _fast_path(device: str, fields):
     return FastPath(**fields)
 
 
-def _pipelines(device: str):
-    config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
-    sources = ModelSources.demo()
+def _sources(setup: str) -> ModelSources:
+    if setup == "diffsmooth":
+        return ModelSources.demo()
+    classifier = str(demo_assets.demo_classifier_path(0.0))
+    if setup == "dds":
+        return ModelSources.demo(classifier=classifier)
+    return ModelSources(denoiser=str(demo_assets.DEMO_DDPM), stats=demo_assets.DEMO_STATS, classifier=classifier)
+
+
+def _pipelines(device: str, setup: str, variants):
+    config = SETUPS[setup][1]
+    sources = _sources(setup)
     models = load_models(config, sources)
 
     def build(precision, fast):
         return build_smooth(config, sources, (1, 32, 32), 10, device=device, precision=precision, fast=fast,
                             models=models, log=lambda m: print(m, file=sys.stderr)).pipeline
     reference = build("fp32", FastPath())
-    variants = [(name, build(precision, _fast_path(device, fields))) for name, precision, fields in VARIANTS]
-    return reference, variants
+    chosen = [(name, precision, build(precision, _fast_path(device, fields)))
+              for name, precision, fields in VARIANTS if name in variants]
+    return reference, chosen, type(models[0]).__name__ if models[0] is not None else None
 
 
 FLIP_RATES = {"fp16": 1.3e-4, "bf16": 1.7e-3, "fp32": 1.3e-4}    # per-sample, H200 (the check's design rates)
 
 
 def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int = 1000,
-        on_update: Optional[Callable[[dict], None]] = None) -> dict:
-    """Every variant's production counts and per-sample scores against eager fp32 (TF32 off) on the
-    same samples, judged like the run-time check; `on_update(doc)` after each variant and the checks."""
+        on_update: Optional[Callable[[dict], None]] = None, setup: str = "diffsmooth",
+        variants: Optional[Sequence[str]] = None) -> dict:
+    """The chosen variants' (default DEFAULT_VARIANTS) production counts and per-sample scores against
+    eager fp32 (TF32 off) on the same samples of `setup`, judged like the run-time check; `on_update(doc)`
+    after each variant and the fast path's checks (run on the first compiled variant, if any)."""
+    variants = tuple(variants or DEFAULT_VARIANTS)
+    unknown = sorted(set(variants) - {name for name, _, _ in VARIANTS})
+    if unknown:
+        raise click.BadParameter(f"unknown variant(s) {unknown}: pick from {[v[0] for v in VARIANTS]}")
     dataset = load_dataset("embedded")
     indices = [int(i * len(dataset) / images) for i in range(images)]
     check = [(i, dataset[i][0]) for i in indices]
     gpu = torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda" else "cpu"
     doc = {"device": gpu, "images": len(indices), "samples_per_image": samples, "batch": batch,
-           "method": "diffsmooth sigma 0.5, m=5, sigma' 0.25 (demo models)",
+           "setup": setup, "method": SETUPS[setup][0],
            "reference": "eager fp32, TF32 off", "rows": [], "checks": None}
     notify = on_update or (lambda d: None)
-    reference, variants = _pipelines(device)
+    reference, built, doc["denoiser"] = _pipelines(device, setup, variants)
     start = time.perf_counter()
     reference_scores = reference_arrays(reference, check, samples, batch)
     doc["reference_seconds"] = time.perf_counter() - start
-    for (name, pipe), (_, precision, _) in zip(variants, VARIANTS):
+    for name, precision, pipe in built:
         reset_gpu_peak_memory(device)
         start = time.perf_counter()
         counts, scores = production_arrays(pipe, check, samples, batch)
@@ -90,7 +119,12 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
                             "peak_memory": gpu_peak_memory(device),
                             "seconds_incl_warmup": time.perf_counter() - start})
         notify(doc)
-    fast = dict(variants)["compiled fp16 (fast path)"]
+    compiled = [pipe for name, _, pipe in built if name.startswith("compiled")]
+    if not compiled:
+        doc["checks"] = "no compiled variant judged"
+        notify(doc)
+        return doc
+    fast = compiled[0]
     x = dataset[indices[1]][0]
     first = fast.count(x, indices[1], 0, 3 * batch + 7, batch)
     again = fast.count(x, indices[1], 0, 3 * batch + 7, batch)
@@ -124,7 +158,9 @@ def table(doc: dict) -> str:
                      f"{r.get('verdict', '-')} | {memory} |")
     c = doc.get("checks")
     lines.append("")
-    if c:
+    if isinstance(c, str):
+        lines.append(f"fast path invariants: not checked ({c})")
+    elif c:
         lines.append(f"fast path: repeated run identical {c['repeat_identical']}; two streams == one stream "
                      f"{c['two_streams_equal_one']} (votes over {c['votes_spread_classes']} classes); compiled noise "
                      f"identical to eager {c['compiled_noise_identical']} "
@@ -139,13 +175,17 @@ def table(doc: dict) -> str:
 @click.option("--images", type=int, default=20, show_default=True)
 @click.option("--samples", type=int, default=2000, show_default=True)
 @click.option("--batch", type=int, default=1000, show_default=True)
+@click.option("--setup", type=click.Choice(list(SETUPS)), default="diffsmooth", show_default=True,
+              help="What is smoothed: the demo DiffSmooth, or DDS on the demo UNet or the demo diffusers DDPM.")
+@click.option("--variant", "variants", multiple=True, type=click.Choice([v[0] for v in VARIANTS]),
+              help="A variant to judge (repeatable); default: " + ", ".join(DEFAULT_VARIANTS) + ".")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
-def main(device, images, samples, batch, out):
+def main(device, images, samples, batch, setup, variants, out):
     """Agreement of eager fp16/bf16 and the compiled fast path with eager fp32 (demo models)."""
     def write(doc):
         if out:
             Path(out).write_text(json.dumps(doc, indent=1) + "\n")
-    doc = run(device, images, samples, batch, on_update=write)
+    doc = run(device, images, samples, batch, on_update=write, setup=setup, variants=variants)
     click.echo(table(doc))
 
 

@@ -24,6 +24,7 @@ from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import ResolvedRun
 from diffsmooth.engine.runs.results import merge_results, read_rows, shard_path
 from diffsmooth.engine.runs.sharding import finish, pull_from_store, wait_for_all
+from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 
 
 def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optional[ModelSet] = None) -> MonteCarloPipeline:
@@ -49,7 +50,8 @@ def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optiona
     voter = build_pipeline(stages(run.fast, r.precision, models, model_set), r.sigma, r.seed, run.fast, log)
     if check:
         reference = build_pipeline(stages(FastPath(), "fp32", models), r.sigma, r.seed, FastPath(), log)
-        check_against_eager(voter, reference, check_images, run.batch, r.validate_samples, r.expected_flip_rate, log)
+        rate = r.expected_flip_rate or design_flip_rate(r.precision, [c.method.method for c in run.configurations])
+        check_against_eager(voter, reference, check_images, run.batch, r.validate_samples, rate, log)
     return voter
 
 

@@ -167,7 +167,7 @@ class RunRequest:
     fused_conv: bool = False
     validate_samples: int = 500
     validate_images: int = 4
-    expected_flip_rate: float = 1.3e-4
+    expected_flip_rate: Optional[float] = None      # None: the measured rate of the run's methods and precision
     shard: Optional[str] = None
     window: Optional[int] = None
     threads: Optional[int] = None
@@ -219,7 +219,8 @@ class RunRequest:
             _positive(name, getattr(self, name), allow_none=name != "validate_images", high=high)
         _positive("seed", self.seed, low=0, high=MAX_SEED)
         _positive("validate_samples", self.validate_samples, low=0, high=MAX_SAMPLES)
-        _finite("expected_flip_rate", self.expected_flip_rate, 0.0, low_open=True, high=1.0)
+        if self.expected_flip_rate is not None:
+            _finite("expected_flip_rate", self.expected_flip_rate, 0.0, low_open=True, high=1.0)
         samples = self.n if self.mode == "predict" else self.n0 + (self.n if self.sequential is None
                                                                    else self.sequential.n_max)
         if samples > MAX_SAMPLES:

@@ -1,10 +1,11 @@
 """Judging a fast path against eager fp32 from arrays alone: production vote counts per image,
 per-sample scores of both paths. Plain numpy/scipy, so any scheduler that yields counts can be judged.
 
-Sizing: a correct fp16 path flips a vote with probability ~1.3e-4 per sample (measured on an H200).
-Each of the two comparisons (production counts, per-sample votes) allows the number of flips that
-such a path exceeds with probability <= half the false-refusal rate, so a correct path is refused
-less than once in 1 / FALSE_REFUSAL runs; a wrong image, noise or batch moves far more votes.
+Sizing: a correct path flips a vote with a per-sample probability that depends on its precision and on
+the method (DESIGN_FLIP_RATES, measured on an H200). Each of the two comparisons (production counts,
+per-sample votes) allows the number of flips that such a path exceeds with probability <= half the
+false-refusal rate, so a correct path is refused less than once in 1 / FALSE_REFUSAL runs; a wrong
+image, noise or batch moves far more votes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,18 @@ from typing import List, Optional, Sequence
 import numpy as np
 from scipy.stats import binom
 
-FP16_FLIP_RATE = 1.3e-4      # per-sample vote flips, compiled fp16 vs eager fp32 (H200, 5 + 6 of 40,000)
+# Per-sample vote flips of a correct path against eager fp32 (TF32 off), measured on an H200 on the demo
+# models (bench.agreement; bench/results/h200-2026-11-26/, h200-2026-11-27/). The rate is the method's: DDS
+# puts a classifier trained on clean images behind the one-shot denoiser, and more of its inputs lie near a
+# decision boundary than a noise-trained classifier's do (the same on the engine's UNet and a diffusers DDPM).
+# RS has not been measured on its own; it uses the noise-trained classifiers' rates.
+DESIGN_FLIP_RATES = {
+    ("noise-trained", "fp16"): 1.3e-4,   # DiffSmooth m = 5, compiled fp16: 5 + 6 of 40,000
+    ("noise-trained", "bf16"): 1.7e-3,   # DiffSmooth m = 5, eager bf16
+    ("dds", "fp16"): 1.1e-3,             # eager fp16: 18 of 16,000 (diffusers DDPM), 10 (demo UNet)
+    ("dds", "bf16"): 7.1e-3,             # eager bf16: 114 of 16,000 (diffusers DDPM), 101 (demo UNet)
+}
+FP16_FLIP_RATE = DESIGN_FLIP_RATES[("noise-trained", "fp16")]
 FALSE_REFUSAL = 1e-4         # a correct path at the design flip rate is refused less often than this
 SCORE_TOLERANCE = 0.05       # max |score difference| / (1 + max |reference score|): fp16 measured 1e-3
 
@@ -28,6 +40,13 @@ def flip_budget(samples: int, flip_rate: float = FP16_FLIP_RATE, false_refusal: 
     while binom.sf(budget, samples, flip_rate) > false_refusal:
         budget += 1
     return budget
+
+
+def design_flip_rate(precision: str, methods: Sequence[str]) -> float:
+    """The flip rate the check expects of a run: the largest measured rate among its methods at its precision
+    (an fp32 fast path counts as fp16: cuDNN's TF32 convolutions keep fp16's 10 mantissa bits)."""
+    bits = "bf16" if precision == "bf16" else "fp16"
+    return max(DESIGN_FLIP_RATES[("dds" if method == "dds" else "noise-trained", bits)] for method in methods)
 
 
 def moved_votes(a: np.ndarray, b: np.ndarray) -> int:

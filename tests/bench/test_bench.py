@@ -3,6 +3,7 @@ run, the reference-equivalent baseline (same maths, every sample counted for its
 
 import json
 
+import click
 import pytest
 import torch
 from torch import nn
@@ -344,8 +345,24 @@ def test_agreement_bench_judges_every_variant_and_checks_the_fast_path(monkeypat
     """The GPU check's agreement step end to end on the CPU (fp32 in place of the GPU precisions)."""
     from diffsmooth.bench import agreement
     monkeypatch.setattr(agreement, "VARIANTS", (("compiled fp16 (fast path)", "fp32", None),))
-    doc = agreement.run("cpu", images=2, samples=24, batch=8)
+    doc = agreement.run("cpu", images=2, samples=24, batch=8, variants=["compiled fp16 (fast path)"])
     row, = doc["rows"]
     assert row["verdict"] == "ok" and row["samples"] == 48 and row["differ"] == 0
     assert doc["checks"]["repeat_identical"] and doc["checks"]["two_streams_equal_one"]
     assert "fast path: repeated run identical True" in agreement.table(doc)
+
+
+@pytest.mark.skipif(not demo_assets.DEMO_DDPM.exists(), reason="the demo's diffusers denoiser is not built")
+def test_agreement_bench_judges_dds_on_either_denoiser(monkeypatch):
+    """The DDS setups smooth the clean-image classifier behind the demo UNet or the diffusers DDPM; a variant
+    that is eager fp32 again agrees exactly, and without a compiled variant the fast-path checks are skipped."""
+    pytest.importorskip("diffusers")
+    from diffsmooth.bench import agreement
+    monkeypatch.setattr(agreement, "VARIANTS", (("eager fp32 again", "fp32", {}),))
+    for setup, denoiser in (("dds", "DiffusionDenoiser"), ("dds-diffusers", "DiffusersDenoiser")):
+        doc = agreement.run("cpu", images=2, samples=24, batch=8, setup=setup, variants=["eager fp32 again"])
+        row, = doc["rows"]
+        assert doc["denoiser"] == denoiser and row["pipeline"].startswith("dds:")
+        assert row["verdict"] == "ok" and row["differ"] == 0 and doc["checks"] == "no compiled variant judged"
+    with pytest.raises(click.BadParameter, match="unknown variant"):
+        agreement.run("cpu", images=2, samples=24, batch=8, variants=["eager fp64"])
