@@ -161,7 +161,7 @@ def run_options(f):
         click.option("--expected-flip-rate", type=Number(0, 1, low_open=True, label="the flip rate"), default=None,
                      help="Per-sample vote flip rate a correct fast path shows; the check refuses a run that exceeds "
                           "it with 1-in-10,000 odds [default: measured on an H200, by precision and method: fp16 "
-                          "1.3e-4, bf16 1.7e-3; DDS (a clean-trained classifier) fp16 1.1e-3, bf16 7.1e-3]."),
+                          "1.3e-4, bf16 1.7e-3; DDS (a clean-trained classifier) fp16 1.1e-3, bf16 1.7e-2]."),
         click.option("--out", type=click.Path(), required=True, help="Result TSV (resumed if it exists)."),
         click.option("--shard", default=None, metavar="I/K",
                      help="Certify only a static shard I of K of the selected images (e.g. Slurm arrays); "

@@ -25,7 +25,10 @@ DESIGN_FLIP_RATES = {
     ("noise-trained", "fp16"): 1.3e-4,   # DiffSmooth m = 5, compiled fp16: 5 + 6 of 40,000
     ("noise-trained", "bf16"): 1.7e-3,   # DiffSmooth m = 5, eager bf16
     ("dds", "fp16"): 1.1e-3,             # eager fp16: 18 of 16,000 (diffusers DDPM), 10 (demo UNet)
-    ("dds", "bf16"): 7.1e-3,             # eager bf16: 114 of 16,000 (diffusers DDPM), 101 (demo UNet)
+    # bf16 DDS: 0.6-0.7% over 8 images (114 of 16,000 diffusers DDPM, 101 demo UNet), but the check's own four
+    # images (the first selected) flipped 34 and 29 of 2,000: flips cluster on images near a boundary, so the
+    # rate is the check's worst measured one, not the spread images' average.
+    ("dds", "bf16"): 1.7e-2,
 }
 FP16_FLIP_RATE = DESIGN_FLIP_RATES[("noise-trained", "fp16")]
 FALSE_REFUSAL = 1e-4         # a correct path at the design flip rate is refused less often than this

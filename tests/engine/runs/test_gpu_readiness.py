@@ -156,14 +156,15 @@ def test_flip_budget_refuses_a_correct_fp16_path_less_than_once_in_10000_runs():
 def test_design_flip_rate_follows_precision_and_the_most_sensitive_method():
     """DDS (a clean-trained classifier behind the denoiser) flips more than the noise-trained classifiers, bf16
     more than fp16; an fp32 fast path is judged like fp16; a sweep takes its most sensitive method's rate, and
-    the DDS bf16 check (2,000 samples) allows the 0.6-0.7% the H200 showed, which the fp16 rate refuses."""
+    the DDS bf16 check (2,000 samples) allows the 34 flips the H200 showed on the check's images, which the fp16
+    rate refuses."""
     from diffsmooth.engine.runs.vote_agreement import DESIGN_FLIP_RATES, FP16_FLIP_RATE, design_flip_rate, flip_budget
     assert design_flip_rate("fp16", ["diffsmooth"]) == design_flip_rate("fp32", ["rs"]) == FP16_FLIP_RATE
     assert design_flip_rate("bf16", ["diffsmooth"]) == DESIGN_FLIP_RATES[("noise-trained", "bf16")]
     assert design_flip_rate("fp16", ["dds"]) > design_flip_rate("fp16", ["diffsmooth"])
     assert design_flip_rate("bf16", ["dds"]) > design_flip_rate("fp16", ["dds"])
     assert design_flip_rate("bf16", ["diffsmooth", "dds"]) == design_flip_rate("bf16", ["dds"])
-    assert flip_budget(2000, design_flip_rate("bf16", ["dds"])) >= 0.007 * 2000 > flip_budget(2000)
+    assert flip_budget(2000, design_flip_rate("bf16", ["dds"])) >= 34 > flip_budget(2000)
 
 
 def test_judge_allows_the_budget_and_refuses_one_flip_more():
