@@ -177,3 +177,42 @@ def test_issuing_a_packed_batch_never_blocks_the_host():
         torch.cuda.set_sync_debug_mode(0)
     torch.cuda.synchronize()
     assert int(sched._counts.sum()) == 4 * 64 and len(active) >= 6
+
+
+def test_python_api_on_cuda_certifies_like_the_cpu():
+    """`DiffSmooth(device="cuda")` (compiled fp16 by default, the agreement check on its first image) certifies
+    the demo images it certifies on the CPU in fp32: the same Philox noise, so the same predictions, and
+    radii within fp16's reach of the CPU's."""
+    from diffsmooth import DiffSmooth, load_dataset, load_demo_classifier, load_demo_denoiser
+    data = load_dataset("embedded")
+    models = dict(denoiser=load_demo_denoiser(), classifier=load_demo_classifier(0.25), sigma=0.5, local_sigma=0.25,
+                  m=5)
+    gpu, cpu = DiffSmooth(**models, device="cuda", precision="fp16"), DiffSmooth(**models)
+    predictions, radii = [], []
+    for index in (0, 7, 25, 50, 75, 100):
+        x, _ = data[index]
+        a, b = gpu.certify(x, n0=100, n=500, alpha=0.001, image_index=index), \
+            cpu.certify(x, n0=100, n=500, alpha=0.001, image_index=index)
+        predictions.append((a.prediction, b.prediction))
+        radii.append((a.radius, b.radius))
+    assert len({b for _, b in predictions}) >= 3, f"predictions do not spread: {predictions}"
+    assert sum(a == b for a, b in predictions) >= 5, predictions
+    assert all(abs(a - b) < 0.05 for (a, b), (p, q) in zip(radii, predictions) if p == q), radii
+
+
+def test_a_sweep_on_cuda_counts_like_the_cpu(tmp_path):
+    """A certify sweep (rs, dds, diffsmooth at m = 1 and 3: one score stage on the one voter) in CUDA fp32
+    eager writes every configuration's rows as the CPU does: the same noise, so rows equal but for
+    TF32's reductions (at most one row in ten), and the predictions spread over classes."""
+    from tests.cli_helpers import assert_rows_spread, invoke_ok, rows_without_time
+    common = ["certify", "--method", "rs", "--method", "dds", "--method", "diffsmooth", "--m", "1", "--m", "3",
+              "--sigma", "0.5", "--n0", "50", "--n", "400", "--max", "100", "--skip", "10", "--quiet"]
+    invoke_ok([*common, "--device", "cpu", "--out", tmp_path / "cpu"])
+    invoke_ok([*common, "--device", "cuda", "--no-compile", "--out", tmp_path / "cuda"])
+    files = sorted(p.name for p in (tmp_path / "cpu").glob("*.tsv"))
+    assert len(files) == 4 and files == sorted(p.name for p in (tmp_path / "cuda").glob("*.tsv"))
+    for name in files:
+        cpu, cuda = rows_without_time(tmp_path / "cpu" / name), rows_without_time(tmp_path / "cuda" / name)
+        assert len(cpu) == len(cuda) == 10
+        assert sum(a == b for a, b in zip(cpu, cuda)) >= 9, (name, cpu, cuda)
+    assert_rows_spread(tmp_path / "cpu" / files[-1])
