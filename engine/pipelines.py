@@ -33,6 +33,7 @@ from diffsmooth.engine.runs.dataset_run import RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings
+from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 
 
 class SmoothedClassifier:
@@ -69,7 +70,8 @@ class SmoothedClassifier:
             pipeline = self._pipeline(shape, self.fast, self.precision)
             if (self.fast.changes_arithmetic or self.precision != "fp32") and first is not None:
                 reference = self._pipeline(shape, FastPath(), "fp32")
-                check_against_eager(pipeline, reference, [first], self.batch_for(shape))
+                check_against_eager(pipeline, reference, [first], self.batch_for(shape),
+                                    expected_flip_rate=design_flip_rate(self.precision, [self.config.method]))
             self._smooth[shape] = Smooth(pipeline)
         return self._smooth[shape]
 

@@ -75,3 +75,21 @@ def test_api_refuses_a_missing_image_index_and_bad_inputs():
         from diffsmooth import DiffSmooth
         DiffSmooth(denoiser=None, classifier=load_demo_classifier(0.5), sigma=0.5)
     assert model.predict(x, n=50, alpha=0.001, image_index=3) >= -1
+
+
+def test_api_checks_a_fast_path_at_its_methods_flip_rate(monkeypatch):
+    """The API's once-per-shape agreement check expects the measured flip rate of its method and precision:
+    DDS's (a clean-trained classifier) is higher than the noise-trained classifiers' (RS, DiffSmooth)."""
+    import torch
+
+    from diffsmooth import DenoisedSmoothing, RandomizedSmoothing, load_demo_classifier, load_demo_denoiser
+    from diffsmooth.engine import pipelines
+    from diffsmooth.engine.runs.vote_agreement import design_flip_rate
+    seen = []
+    monkeypatch.setattr(pipelines, "check_against_eager",
+                        lambda *args, expected_flip_rate, **kw: seen.append(expected_flip_rate))
+    x = torch.rand(1, 32, 32)
+    DenoisedSmoothing(denoiser=load_demo_denoiser(), classifier=load_demo_classifier(0.0), sigma=0.5,
+                      compile=True).smooth_for(x.shape, (0, x))
+    RandomizedSmoothing(classifier=load_demo_classifier(0.5), sigma=0.5, compile=True).smooth_for(x.shape, (0, x))
+    assert seen == [design_flip_rate("fp32", ["dds"]), design_flip_rate("fp32", ["rs"])] and seen[0] > seen[1]

@@ -167,6 +167,29 @@ def test_design_flip_rate_follows_precision_and_the_most_sensitive_method():
     assert flip_budget(2000, design_flip_rate("bf16", ["dds"])) >= 34 > flip_budget(2000)
 
 
+def test_a_run_checks_at_its_methods_rate_unless_given_one(monkeypatch, tmp_path):
+    """certify's check expects the most sensitive method's measured rate (a sweep with DDS: DDS's), and
+    `--expected-flip-rate` replaces it."""
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    from diffsmooth.engine.errors import UserError
+    from diffsmooth.engine.runs import execute
+    from diffsmooth.engine.runs.vote_agreement import design_flip_rate
+    seen = []
+
+    def record(voter, reference, images, batch, samples, rate, log):
+        seen.append(rate)
+        raise UserError("stopped by the test")
+    monkeypatch.setattr(execute, "check_against_eager", record)
+    common = ["certify", "--sigma", "0.5", "--n0", "10", "--n", "20", "--max", "1", "--compile", "--quiet"]
+    for extra in (["--method", "rs"], ["--method", "rs", "--method", "dds"],
+                  ["--method", "dds", "--expected-flip-rate", "0.3"]):
+        result = CliRunner().invoke(main, [*common, *extra, "--out", str(tmp_path / f"run{len(seen)}")])
+        assert "stopped by the test" in result.output, result.output
+    assert seen == [design_flip_rate("fp32", ["rs"]), design_flip_rate("fp32", ["dds"]), 0.3]
+
+
 def test_judge_allows_the_budget_and_refuses_one_flip_more():
     from diffsmooth.engine.runs.vote_agreement import flip_budget, judge_agreement
     rng = np.random.default_rng(1)
