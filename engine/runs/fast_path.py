@@ -149,5 +149,5 @@ def validate_fast_path(fast, reference, images: Sequence[Tuple[int, torch.Tensor
     if not report.ok:
         raise UserError(f"the fast path disagrees with eager fp32: {report.problems[0]}; use `precision` fp32 or "
                         f"`compile` off, or raise `expected_flip_rate` (this check expected {flip_rate:.2g} per "
-                        f"sample; measured rates: docs/status.md)")
+                        f"sample; measured rates: docs/gpu-check.md)")
     return report
