@@ -204,7 +204,7 @@ def test_a_sweep_on_cuda_counts_like_the_cpu(tmp_path):
     """A certify sweep (rs, dds, diffsmooth at m = 1 and 3: one score stage on the one voter) in CUDA fp32
     eager writes every configuration's rows as the CPU does: the same noise, so rows equal but for
     TF32's reductions (at most one row in ten), and the predictions spread over classes."""
-    from tests.cli_helpers import assert_rows_spread, invoke_ok, rows_without_time
+    from cli_helpers import assert_rows_spread, invoke_ok, rows_without_time
     common = ["certify", "--method", "rs", "--method", "dds", "--method", "diffsmooth", "--m", "1", "--m", "3",
               "--sigma", "0.5", "--n0", "50", "--n", "400", "--max", "100", "--skip", "10", "--quiet"]
     invoke_ok([*common, "--device", "cpu", "--out", tmp_path / "cpu"])
