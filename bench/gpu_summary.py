@@ -1,6 +1,7 @@
 """One table from bench/gpu_check.sh's outputs: seconds per image of the engine and of the
 reference-equivalent baseline (same process, same GPU), the targets, peak GPU memory, the vote
-agreement report, and each step's exit status and time against its limit.
+agreement report, each step's exit status and time against its limit, the run-time agreement checks
+the certify steps printed, and each GPU test log's result.
 
     python -m diffsmooth.bench.gpu_summary OUT_DIR
 """
@@ -99,11 +100,21 @@ def summarize(out_dir) -> str:
         lines += ["", "| step | exit | seconds | limit s |", "|---|---|---|---|"]
         lines += [f"| {name} | {'timed out' if code == '124' else code} | {sec} | {limit} |"
                   for name, code, sec, limit in steps]
-    tests = out / "gpu_tests.log"
-    if tests.exists():
+    lines += _check_lines(out)
+    for tests in sorted(out.glob("*tests*.log")):
         tail = [l for l in tests.read_text().splitlines() if " passed" in l or " failed" in l or " error" in l]
-        lines += ["", f"GPU tests: {tail[-1].strip('= ') if tail else 'no summary line (see gpu_tests.log)'}"]
+        lines += ["", f"GPU tests ({tests.name}): {tail[-1].strip('= ') if tail else 'no summary line'}"]
     return "\n".join(lines)
+
+
+CHECK_PREFIXES = ("# fast path vs eager fp32", "error: the fast path disagrees")
+
+
+def _check_lines(out: Path) -> list:
+    """The run-time agreement check's verdicts that the steps' logs printed (certify runs), by log."""
+    found = [f"- {log.name}: {line.strip()}" for log in sorted(out.glob("*.txt"))
+             for line in log.read_text(errors="replace").splitlines() if line.startswith(CHECK_PREFIXES)]
+    return ["", "run-time agreement checks:", *found] if found else []
 
 
 def _bench_table(runs) -> list:

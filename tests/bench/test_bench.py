@@ -340,6 +340,26 @@ def test_gpu_summary_of_the_fixes_part_names_the_gpu_and_the_table_variants(tmp_
     assert "| 1-cuda-fp16-compile | 53.8 | 34,840 | 4 | 5 | 97 of 100 | NO |" in text
 
 
+def test_gpu_summary_lists_the_run_time_checks_and_every_test_log(tmp_path):
+    """The certify steps' agreement-check verdicts (passed and refused) are listed by log, other lines are
+    not, and each pytest log's last summary line is shown."""
+    from diffsmooth.bench.gpu_summary import summarize
+    (tmp_path / "diffusers_certify.txt").write_text(
+        "# CUDA graph of denoiser at [2000, 1, 32, 32]: replay checked\n"
+        "# fast path vs eager fp32 (TF32 off): 4 images x 500 samples: ... budget 10 flips each — ok\n"
+        "wrote 20 rows (0 already done) to x.tsv\n"
+        "# fast path vs eager fp32 (TF32 off): 4 images x 500 samples: ... budget 59 flips each — REFUSED\n"
+        "error: the fast path disagrees with eager fp32: 70 of 2000 per-sample votes differ (budget 59)\n")
+    (tmp_path / "diffusers_tests.log").write_text("tests/test_gpu.py::a PASSED\n=== 2 passed in 91.0s ===\n")
+    (tmp_path / "gpu_tests_new.log").write_text("=== 1 failed, 3 passed in 120.2s ===\n")
+    text = summarize(tmp_path)
+    checks = [line for line in text.splitlines() if line.startswith("- diffusers_certify.txt: ")]
+    assert len(checks) == 3 and checks[0].endswith("— ok") and "REFUSED" in checks[1] and "error:" in checks[2]
+    assert "replay checked" not in text and "wrote 20 rows" not in text
+    assert "GPU tests (diffusers_tests.log): 2 passed in 91.0s" in text
+    assert "GPU tests (gpu_tests_new.log): 1 failed, 3 passed in 120.2s" in text
+
+
 @pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
 def test_agreement_bench_judges_every_variant_and_checks_the_fast_path(monkeypatch):
     """The GPU check's agreement step end to end on the CPU (fp32 in place of the GPU precisions)."""
