@@ -114,23 +114,14 @@ part_table() {
 }
 
 part_fixes() {
-    # diffusers is not on every GPU machine: say so in one line instead of failing inside the steps.
-    $PY -c "import diffusers" 2>/dev/null || echo "diffusers not importable: the diffusers steps will fail (pip install diffusers, or carry its wheel)"
-    run_step diffusers-certify ${FIX_DIFFUSERS_LIMIT:-110} diffusers_certify.txt bash -c "
-        for precision in fp16 bf16; do
-            $PY -m diffsmooth.cli certify --denoiser engine/demo/assets/demo_ddpm_diffusers \
-                --classifier engine/demo/assets/demo_classifier_s0.00.pt --dataset embedded --method dds --sigma 0.5 \
-                --n0 100 --n 2000 --skip 25 --device cuda --precision \$precision --quiet \
-                --out $OUT/diffusers_\$precision.tsv || exit
-        done"
-    run_step diffusers-tests ${FIX_DIFFUSERS_TESTS_LIMIT:-150} diffusers_tests.log \
-        $PY -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/test_gpu.py -k diffusers
-    run_step gpu-tests-new ${FIX_TESTS_LIMIT:-150} gpu_tests_new.log \
+    # The three GPU tests an H200 failed (docs/status.md, "Found on an H200 and fixed") and the API's weights
+    # seal on CUDA first, then every other GPU test (the diffusers ones need diffusers: docs/gpu-check.md).
+    FIXED="python_api or fused_conv or fake_stage"
+    run_step gpu-tests-fixed ${FIX_TESTS_LIMIT:-150} gpu_tests_fixed.log \
         $PY -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/test_gpu.py tests/engine/backends/test_tensorrt.py \
-        -k "python_api or sweep_on_cuda or fused_conv or fake_stage"
-    run_step sweep-cuda ${FIX_SWEEP_LIMIT:-80} sweep_cuda.txt \
-        $PY -m diffsmooth.cli certify --method rs --method dds --method diffsmooth --m 1 --m 3 --m 5 --sigma 0.5 \
-        --n0 100 --n 2000 --skip 25 --device cuda --precision fp16 --compile --quiet --out "$OUT/sweep_cuda"
+        -k "$FIXED"
+    run_step gpu-tests-rest ${FIX_REST_LIMIT:-320} gpu_tests_rest.log \
+        $PY -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/ -k "not ($FIXED)"
 }
 
 part_ablation() {

@@ -8,18 +8,20 @@ and of diffusers' pipelines.
 `RandomizedSmoothing` (Cohen et al.: no denoiser), `DenoisedSmoothing` (DDS: one-shot denoise, plain
 classifier) and `DiffSmooth` (denoise, then local smoothing over m noises of std sigma') run on the
 same engine as the command line: noise keyed by (seed, image index, sample index), continuous
-batching, and on a compiled or reduced-precision path the agreement check against eager fp32.
+batching, and on a compiled or reduced-precision path the agreement check against eager fp32. Each
+object runs its own copy of the modules it is given (SmoothedClassifier says what that means).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.backends.weights import OwnedModule
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.certify.cohen import Certificate, check_certify_parameters
@@ -30,7 +32,7 @@ from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager
 from diffsmooth.engine.runs.dataset_run import RunSummary, run_dataset
-from diffsmooth.engine.runs.fast_path import FastPath, default_batch
+from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath, default_batch
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
@@ -40,8 +42,15 @@ class SmoothedClassifier:
     """g(x) = the most probable vote of a base classifier under N(x, sigma^2 I), on the engine.
 
     `device`, `precision` and `compile` choose the torch execution (compile defaults to on for CUDA;
-    a compiled or fp16/bf16 path is checked against eager fp32 on the first image it sees); `seed`
-    keys the noise; `batch` is the number of noisy samples per batch (default: the device's)."""
+    a compiled or fp16/bf16 path is checked against eager fp32 on the first VALIDATE_IMAGES images it
+    certifies); `seed` keys the noise; `batch` is the number of noisy samples per batch (default: the
+    device's).
+
+    The object certifies its own eval-mode copy of `classifier` and `denoiser`, taken when it is built:
+    building and running it never move, convert or switch the modules passed in, so one module can back
+    several objects on different devices or precisions. Once the modules passed in hold other weights
+    than the copy (trained further, loaded, cast), every call refuses with one line: build a new object
+    to certify them. Moving them to another device changes nothing and is allowed."""
 
     method = ""
 
@@ -53,26 +62,42 @@ class SmoothedClassifier:
         if self.method != "rs" and not isinstance(denoiser, DiffusionDenoiser):
             raise UserError(f"{type(self).__name__} needs `denoiser` (see diffsmooth.load_denoiser)")
         self.config = MethodConfig(self.method, float(sigma), int(m), float(local_sigma), local_noise)
-        self.classifier, self.denoiser = classifier.eval(), denoiser
+        given = {"classifier": classifier, "denoiser": denoiser if self.method != "rs" else None}
+        self._given = {name: OwnedModule(name, module) for name, module in given.items() if module is not None}
+        self.classifier = self._given["classifier"].copy
+        self.denoiser = self._given["denoiser"].copy if "denoiser" in self._given else None
         self.device, self.precision, self.seed = device, precision, int(seed)
         self.fast = FastPath.resolve(device, compile)
         self.batch = batch
         self._smooth: Dict[Tuple[int, ...], Smooth] = {}
+        self._reference: Dict[Tuple[int, ...], MonteCarloPipeline] = {}
+        self._checked: Dict[Tuple[int, ...], List[int]] = {}
 
     @property
     def sigma(self) -> float:
         return self.config.sigma
 
     def smooth_for(self, image_shape: Tuple[int, ...], first: Optional[Tuple[int, torch.Tensor]] = None) -> Smooth:
-        """The Smooth of one image shape, built (and, on a fast path, checked on `first`) once."""
+        """The Smooth of one image shape, built once; on a fast path, `first` (index, image) is checked
+        against eager fp32 until VALIDATE_IMAGES images of this shape have been."""
+        for owned in self._given.values():
+            owned.refuse_if_changed(type(self).__name__)
         shape = tuple(int(d) for d in image_shape)
         if shape not in self._smooth:
             pipeline = self._pipeline(shape, self.fast, self.precision)
-            if (self.fast.changes_arithmetic or self.precision != "fp32") and first is not None:
-                reference = self._pipeline(shape, FastPath(), "fp32")
-                check_against_eager(pipeline, reference, [first], self.batch_for(shape),
-                                    expected_flip_rate=design_flip_rate(self.precision, [self.config.method]))
+            pipeline.seal_weights()         # no certificate from weights other than those built (and checked)
             self._smooth[shape] = Smooth(pipeline)
+            self._checked[shape] = []
+        checks = self.fast.changes_arithmetic or self.precision != "fp32"
+        checked = self._checked[shape]
+        if checks and first is not None and len(checked) < VALIDATE_IMAGES and first[0] not in checked:
+            if shape not in self._reference:
+                self._reference[shape] = self._pipeline(shape, FastPath(), "fp32")
+            check_against_eager(self._smooth[shape].pipeline, self._reference[shape], [first], self.batch_for(shape),
+                                expected_flip_rate=design_flip_rate(self.precision, [self.config.method]))
+            checked.append(first[0])
+            if len(checked) == VALIDATE_IMAGES:
+                del self._reference[shape]          # its memory back; the weights stay sealed
         return self._smooth[shape]
 
     def _pipeline(self, shape: Tuple[int, ...], fast: FastPath, precision: str) -> MonteCarloPipeline:
@@ -117,7 +142,8 @@ class SmoothedClassifier:
         settings[RADIUS_FORMAT_KEY] = RADIUS_FORMAT
         with hold_lock(out):                    # one writer per result file (engine/runs/locks.py)
             check_or_record_settings(out, settings, record=False)
-            smooth = self.smooth_for(shape, (indices[0], dataset[indices[0]][0]))
+            for index in indices[:VALIDATE_IMAGES]:     # the check's images: the first selected, as the CLI's
+                smooth = self.smooth_for(shape, (index, dataset[index][0]))
             check_or_record_settings(out, settings)
             return run_dataset(smooth.pipeline, dataset, indices, [Path(out)], n0=n0, n=n, alpha=alpha,
                                batch=self.batch_for(shape), progress=progress)

@@ -10,6 +10,8 @@ from typing import Optional, Protocol, Tuple
 
 import torch
 
+from diffsmooth.engine.backends.weights import Marks, mark_module
+
 
 class Stage(Protocol):
     """One compiled graph: `stage(*inputs) -> output`, inputs/outputs fp32 on `stage.device`."""
@@ -52,6 +54,16 @@ class BaseClassifierStages:
     @property
     def device(self) -> torch.device:
         return self.score.device
+
+    def weight_marks(self) -> Marks:
+        """The marks (backends/weights.py) of every torch stage's weights; exported graphs and plans hold
+        theirs inside the engine and show none."""
+        marks: Marks = {}
+        for stage in (self.purify, self.score):
+            module = getattr(stage, "weights", None)
+            if module is not None:
+                marks.update(mark_module(module, f"{stage.name}: "))
+        return marks
 
     def describe(self) -> str:
         parts = [s.name for s in (self.purify, self.score) if s is not None]

@@ -34,6 +34,7 @@ class CudaGraphStage:
         self.stage = stage
         self.name, self.device, self.precision = stage.name, stage.device, stage.precision
         self.eager = getattr(stage, "eager", stage)
+        self.weights = getattr(stage, "weights", None)      # what the captured graphs read (backends/weights.py)
         self.log = log or (lambda message: None)
         self.graphs: Dict[tuple, tuple] = {}
         self.fallback: Dict[tuple, str] = {}

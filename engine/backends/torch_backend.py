@@ -49,7 +49,8 @@ class _ChannelsLast(nn.Module):
 
 
 class TorchStage:
-    """A module as a Stage: fp32 tensors in, fp32 tensor out."""
+    """A module as a Stage: fp32 tensors in, fp32 tensor out. The stage takes the module over: it moves
+    it to the device (and to channels_last) in place; `weights` is that module, for engine/backends/weights.py."""
 
     def __init__(self, module: nn.Module, name: str, device: torch.device, precision: str = "fp32",
                  channels_last: bool = False, compile: bool = False, log=None):
@@ -60,10 +61,11 @@ class TorchStage:
         self.name, self.device, self.precision = name, device, precision
         self.compiled = bool(compile)
         module = module.eval().to(device)
+        self.weights = module
         # The uncompiled stage: for one-off calls (shape probes) that must not compile a new graph.
         self.eager = TorchStage(module, name, device, precision) if (compile or channels_last) else self
         if channels_last:
-            module = _ChannelsLast(module)
+            module = _ChannelsLast(module)          # converts `weights` in place
         self.log = log or (lambda message: print(message, file=sys.stderr))
         self._uncompiled = module
         if compile:

@@ -24,18 +24,23 @@ import torch
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.eager_fallback import eager_fallback
+from diffsmooth.engine.backends.weights import Marks, first_change
 from diffsmooth.engine.certify.jobs import count_job
 from diffsmooth.engine.certify.lanes import lanes_for
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, NoiseKeys, gaussian_rows
 from diffsmooth.engine.certify.scheduler import BatchRows, NonFiniteScores, Scheduler, Work
 from diffsmooth.engine.errors import UserError
 
-__all__ = ["MonteCarloPipeline", "NonFiniteScores", "initial_score_chunks", "divisors"]
+__all__ = ["MonteCarloPipeline", "NonFiniteScores", "WeightsChanged", "initial_score_chunks", "divisors"]
 
 # Rough working set of one classifier image, in units of its input size (fp32): a conservative
 # stand-in for the activations of ResNet-50/110 at inference; only the first chunk count uses it,
 # an out-of-memory error halves the chunk and retries that batch.
 ACTIVATION_FACTOR = 64
+
+
+class WeightsChanged(UserError):
+    """The weights of a checked pipeline changed under it: its counts would certify another model."""
 
 
 def divisors(n: int) -> List[int]:
@@ -75,6 +80,26 @@ class MonteCarloPipeline:
         self._keys = {}
         self.log = log or (lambda message: print(message, file=sys.stderr))
         self.batch_hooks: List[Callable[[int], None]] = []     # told each classified batch's rows (a table times its pilot)
+        self._sealed: Optional[Marks] = None     # the stages' weights as the agreement check saw them
+
+    def seal_weights(self) -> None:
+        """Mark the stages' weights as they are now (after the agreement check judged them): from here on
+        the scheduler refuses counts read after any of them moved, was re-allocated or written."""
+        self._sealed = self.stages.weight_marks()
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed is not None
+
+    def verify_weights(self) -> None:
+        """A UserError when a sealed pipeline's weights changed since the seal (backends/weights.py)."""
+        if self._sealed is None:
+            return
+        change = first_change(self._sealed, self.stages.weight_marks())
+        if change is not None:
+            raise WeightsChanged(f"the models changed under a checked run ({change}) after the agreement check "
+                                 f"judged them; the votes read since are refused and no row was written from them. "
+                                 f"Nothing may move, replace or write a model's weights while it certifies")
 
     @property
     def num_classes(self) -> int:

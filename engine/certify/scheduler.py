@@ -139,8 +139,9 @@ class Scheduler:
     """Runs jobs on a voter (certify/monte_carlo.py) with continuous batching.
 
     The voter provides `device`, `num_classes`, `num_configs` (E), `static_batch`, `lanes`,
-    `produce(x_rows, rows)`, `classify(h, rows) -> (votes [E, B], finite [E, B])` and
-    `describe_config(e)`; a job is sent the counts [E, K] of each request."""
+    `produce(x_rows, rows)`, `classify(h, rows) -> (votes [E, B], finite [E, B])`, `describe_config(e)`
+    and `verify_weights()` (raises when what it computes with changed under the run: no result read
+    after the change is handed out); a job is sent the counts [E, K] of each request."""
 
     TRASH = 0       # count row 0 takes the votes of padded rows and is never read
 
@@ -338,6 +339,7 @@ class Scheduler:
             stop: Callable[[], bool] = lambda: False) -> SchedulerStats:
         """Run every work item's job to its end; on_finish gets each result as its image completes
         (completion order). After stop() turns True no new image joins; those in flight finish."""
+        self.voter.verify_weights()             # weights changed before the run: refused before they compute
         source: Iterator[Work] = iter(works)
         active: Dict[int, _Slot] = {}
         exhausted = False
@@ -428,7 +430,7 @@ class Scheduler:
         self.stats.syncs += 1
         now = time.perf_counter()
         self._share_time(active, now - mark)
-        again = []
+        again, verified = [], False
         for slot in ready:
             got = []
             for p in slot.pending:
@@ -442,6 +444,9 @@ class Scheduler:
             try:
                 ask = slot.work.job.send(tuple(got) if slot.ask_is_tuple else got[0])
             except StopIteration as finished:
+                if not verified:        # once per read that finishes an image: its counts came from the sealed weights
+                    self.voter.verify_weights()
+                    verified = True
                 del active[slot.number]
                 self._free_slots.append(slot.number)
                 on_finish(Finished(slot.work, finished.value, slot.seconds, slot.counted))

@@ -30,7 +30,8 @@ from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optional[ModelSet] = None) -> MonteCarloPipeline:
     """The run's voter: one configuration's stages or a sweep's, on the asked backend. A compiled or
     reduced-precision torch path is first checked against the same stages in eager fp32 on the first
-    selected images (every configuration of a sweep included), a reused one too. `model_set`: stages
+    selected images (every configuration of a sweep included), a reused one too. Its weights are sealed:
+    a run refuses counts read after they change (MonteCarloPipeline.seal_weights). `model_set`: stages
     built by earlier runs (a table's), reused where the architecture matches."""
     r = run.request
     first = run.shards.take(run.indices) or list(run.indices)
@@ -48,6 +49,7 @@ def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optiona
     check = r.backend == "torch" and (run.fast.changes_arithmetic or r.precision != "fp32") and r.validate_samples > 0
     models = loaded_models(run) if check else None
     voter = build_pipeline(stages(run.fast, r.precision, models, model_set), r.sigma, r.seed, run.fast, log)
+    voter.seal_weights()        # a row is written only from the weights built (and checked) here
     if check:
         reference = build_pipeline(stages(FastPath(), "fp32", models), r.sigma, r.seed, FastPath(), log)
         rate = r.expected_flip_rate or design_flip_rate(r.precision, [c.method.method for c in run.configurations])

@@ -141,7 +141,13 @@ def validate_fast_path(fast, reference, images: Sequence[Tuple[int, torch.Tensor
                        flip_rate: float = FP16_FLIP_RATE,
                        log: Callable[[str], None] = print) -> AgreementReport:
     """Check a compiled / reduced-precision pipeline against eager fp32 before it counts (measure_agreement);
-    a UserError naming the first problem when the check refuses it."""
+    a UserError naming the first problem when the check refuses it. The weights it judges are those sealed
+    when the pipeline was built (sealed here if they were not; MonteCarloPipeline.seal_weights): weights that
+    changed since are refused, and so is a run whose weights change after the check."""
+    if fast.sealed:
+        fast.verify_weights()
+    else:
+        fast.seal_weights()
     report = measure_agreement(fast, reference, images, samples, batch, flip_rate)
     log(f"# fast path vs eager fp32 (TF32 off): {report.line()} — {'ok' if report.ok else 'REFUSED'}")
     if max(report.spread) < 2:

@@ -342,6 +342,34 @@ def test_fake_stage_binds_torch_buffers_and_enqueues_on_the_current_stream(tmp_p
         stage(x, x)
 
 
+def assert_one_context_per_stream(stage, handles, calls_per_stream: int) -> None:
+    """Each stream the stage was called on has a context of its own that enqueued every one of that
+    stream's calls (warm-ups included) there and nowhere else."""
+    contexts = stage.engine.contexts
+    assert len(contexts) == len(handles), [ctx.streams for ctx in contexts]
+    assert sorted(ctx.streams for ctx in contexts) == sorted([h] * calls_per_stream for h in handles)
+
+
+def test_the_gpu_stream_tests_calls_keep_one_context_per_stream(tmp_path, fake_trt):
+    """The call pattern of test_fake_stage_on_gpu_enqueues_on_the_callers_stream_without_sync (a warm-up
+    call on each of two streams, then one call on each), judged by the same assertion on CPU: its
+    bookkeeping runs here before a GPU sees it (it once expected one call per stream after warm-ups)."""
+    plan = tmp_path / "g.plan"
+    plan.write_bytes(fake_plan({"x": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)]}, scale=3.0))
+    stage = TrtStage(plan, "denoiser", "cpu", "fp16")
+    streams = [_Stream(111), _Stream(222)]
+    x = torch.randn(8, 1, 4, 4)
+    for s in streams:                       # warm-up
+        fake_trt["stream"] = s
+        stage(x)
+    for i, s in enumerate(streams):         # the calls under test
+        fake_trt["stream"] = s
+        assert torch.equal(stage(x * (i + 1)), 3.0 * x * (i + 1))
+    assert_one_context_per_stream(stage, [111, 222], calls_per_stream=2)
+    with pytest.raises(AssertionError):     # one call per stream, as the assertion once read, is not what happened
+        assert_one_context_per_stream(stage, [111, 222], calls_per_stream=1)
+
+
 def test_fake_stage_refuses_bad_plans(tmp_path, fake_trt):
     plan = tmp_path / "g.plan"
     plan.write_bytes(b"\x00not a plan")
@@ -495,8 +523,7 @@ def test_fake_stage_on_gpu_enqueues_on_the_callers_stream_without_sync(tmp_path,
     torch.cuda.synchronize()
     for i, out in enumerate(outs):
         torch.testing.assert_close(out, 3.0 * base * (i + 1))
-    handles = sorted(h for ctx in stage.engine.contexts for h in ctx.streams)
-    assert handles == sorted(int(s.cuda_stream) for s in streams) and len(stage.engine.contexts) == 2
+    assert_one_context_per_stream(stage, [int(s.cuda_stream) for s in streams], calls_per_stream=2)
     name, cc = trt_backend.gpu_identity(stage.device)
     print(f"gpu identity: {name!r} sm{cc}")
     assert name and cc.count(".") == 1
