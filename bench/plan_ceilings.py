@@ -33,7 +33,8 @@ from diffsmooth.bench.race_study import (
     simulation_options,
     tiled,
 )
-from diffsmooth.engine.table.race import INITIAL_REACH, initial_radii, tolerance_images
+from diffsmooth.engine.table.defaults import RACE_REACH_SIGMAS
+from diffsmooth.engine.table.race import initial_radii, tolerance_images
 from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_race
 
 PLANS = ("fixed", "all", "race", "winner known", "information bound")
@@ -66,7 +67,7 @@ def one_seed(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], r
     """{plan: samples (n0 included)} and the winners, every plan on the same paths."""
     sigmas = sorted(rates)
     images = len(rates[sigmas[0]])
-    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng, initial_radii(radii, s, INITIAL_REACH))
+    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng, initial_radii(radii, s, RACE_REACH_SIGMAS))
             for s in sigmas}
     out = {"fixed": float(images * len(sigmas) * (n0 + n_max)), "all": 0.0, "winner known": 0.0, "information bound": 0.0}
     counts, certified, full = {}, {}, {}

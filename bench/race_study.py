@@ -21,6 +21,7 @@ import numpy as np
 from diffsmooth.engine.runs.rate_model import draw_rates, fit_unanimous_weight
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import image_from_row
+from diffsmooth.engine.table.defaults import PILOT_IMAGES, TOLERANCE_POINTS
 from diffsmooth.engine.table.race_sim import STOP_REASONS, simulate_plans
 from diffsmooth.engine.table.spec import LineSpec
 
@@ -177,7 +178,7 @@ def simulation_options(command):
                      help="A table folder (any plan): its first line's rows give each image's vote rate per sigma."),
         click.option("--n-max", type=click.IntRange(1), default=100_000, show_default=True),
         click.option("--seeds", type=click.IntRange(1), default=20, show_default=True),
-        click.option("--tolerance", type=click.FloatRange(0, 100), default=0.5, show_default=True),
+        click.option("--tolerance", type=click.FloatRange(0, 100), default=TOLERANCE_POINTS, show_default=True),
         click.option("--estimate", "estimate_", nargs=2, type=(float, click.IntRange(1)), default=None,
                      help="SECONDS IMAGES: a GPU line of IMAGES images from a measured fixed-n rate at n = --n-max."),
         click.option("--warmup-s", type=click.FloatRange(0), default=60.0, show_default=True),
@@ -205,7 +206,7 @@ def publish(doc: dict, text: str, out: Optional[str]) -> None:
 
 @click.command()
 @simulation_options
-@click.option("--pilot", type=click.IntRange(1), default=25, show_default=True, help="The pilot plan's pilot images.")
+@click.option("--pilot", type=click.IntRange(1), default=PILOT_IMAGES, show_default=True, help="The pilot plan's pilot images.")
 def main(folder, n_max, seeds, tolerance, pilot, estimate_, warmup_s, overhead, builds, rates, images, out: Optional[str]):
     """Prints the study as markdown."""
     doc = study(Path(folder), n_max, seeds, tolerance, pilot, rates, images)

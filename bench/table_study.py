@@ -29,7 +29,8 @@ from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import chunk_votes, image_from_row, shared_paths, simulate_sequential
 from diffsmooth.engine.table.build import phase_path
 from diffsmooth.engine.table.cost import predict_run
-from diffsmooth.engine.table.planning import DEFAULT_REACH, assign_radii
+from diffsmooth.engine.table.defaults import MARGIN, RACE_REACH_SIGMAS
+from diffsmooth.engine.table.planning import assign_radii
 from diffsmooth.engine.table.spec import LineSpec
 
 
@@ -53,7 +54,7 @@ def _main_rows(folder: Path, line: LineSpec, sigma: float) -> List[dict]:
 
 def simulate_table(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float],
                    assigned: Optional[Dict[float, Sequence[float]]], pilot_mask: np.ndarray, n_max: int, n0: int,
-                   alpha: float, seeds: int, margin: float = 0.05, reach: float = DEFAULT_REACH, seed: int = 0) -> dict:
+                   alpha: float, seeds: int, margin: float = MARGIN, reach: float = RACE_REACH_SIGMAS, seed: int = 0) -> dict:
     """{plan: {'cells': [%], 'samples': mean total}} for fixed-n, all and auto on paired paths.
     `assigned` None: each seed plans auto as the table would, from its own simulated pilot rows
     (assign_radii on the pilot images' certified counts); the plans chosen are counted."""

@@ -1,7 +1,8 @@
-"""The names a user picks from (methods, dataset kinds, presets, precisions, ...), defined once here.
+"""The names a user picks from (methods, dataset kinds, presets, precisions, ...), the defaults of a run's
+numbers and the ranges they must lie in, defined once here.
 
-Plain tuples without torch, so the command line can build its options from them without loading
-the models; the modules that act on a name import it from here.
+Plain values without torch, so the command line can build its options from them without loading
+the models; the modules that act on a name or a number import it from here.
 """
 
 from __future__ import annotations
@@ -27,3 +28,17 @@ MAX_WINDOW = 2 ** 20                # images in flight
 MAX_THREADS = 1024                  # torch / worker threads (more would only be spawned, never used)
 MAX_LOCAL_NOISES = 1024             # DiffSmooth's m: m classifier calls per sample, an m x C x H x W noise tensor
 MAX_DIFFUSION_STEPS = 100_000       # a schedule's steps (the papers' checkpoints use 1000 or 4000)
+
+# The defaults of a run's numbers, the paper's: `certify`'s options, RunRequest and a table spec
+# (engine/table/spec.py; the table's own defaults are engine/table/defaults.py) read them from here.
+DEFAULT_METHOD = "diffsmooth"
+DEFAULT_N0 = 100                    # selection samples (CERTIFY's n0)
+DEFAULT_N = 10_000                  # estimation samples (CERTIFY's n; a table's n_max)
+DEFAULT_ALPHA = 0.001               # failure probability of CERTIFY and PREDICT
+DEFAULT_SEED = 0
+DEFAULT_SIGMA = 0.5                 # the smoothing noise of `certify` without --sigma
+DEFAULT_LOCAL_SIGMA = 0.25          # DiffSmooth's sigma' of `certify` without --local-sigma
+DEFAULT_M = 5                       # DiffSmooth's local noises per sample (m)
+DEFAULT_LOCAL_NOISE = LOCAL_NOISE_MODES[0]              # "fixed": drawn once
+DEFAULT_SPLIT = "test"
+DEFAULT_SKIP = 1                    # every image of the split

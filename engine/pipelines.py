@@ -27,11 +27,20 @@ from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_
 from diffsmooth.engine.certify.cohen import Certificate, check_certify_parameters
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.smooth import Smooth, require_image_index
+from diffsmooth.engine.choices import (
+    DEFAULT_ALPHA,
+    DEFAULT_LOCAL_NOISE,
+    DEFAULT_LOCAL_SIGMA,
+    DEFAULT_M,
+    DEFAULT_N,
+    DEFAULT_N0,
+    DEFAULT_SEED,
+)
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager
-from diffsmooth.engine.runs.dataset_run import RunSummary, run_dataset
+from diffsmooth.engine.runs.dataset_run import Images, Jobs, RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath, default_batch
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings
@@ -55,8 +64,9 @@ class SmoothedClassifier:
     method = ""
 
     def __init__(self, *, classifier: nn.Module, sigma: float, denoiser: Optional[DiffusionDenoiser] = None,
-                 local_sigma: float = 0.25, m: int = 5, local_noise: str = "fixed", device: str = "cpu",
-                 precision: str = "fp32", compile: Optional[bool] = None, seed: int = 0, batch: Optional[int] = None):
+                 local_sigma: float = DEFAULT_LOCAL_SIGMA, m: int = DEFAULT_M, local_noise: str = DEFAULT_LOCAL_NOISE,
+                 device: str = "cpu", precision: str = "fp32", compile: Optional[bool] = None, seed: int = DEFAULT_SEED,
+                 batch: Optional[int] = None):
         if not isinstance(classifier, nn.Module):
             raise UserError("`classifier` must be a torch module (see diffsmooth.load_classifier)")
         if self.method != "rs" and not isinstance(denoiser, DiffusionDenoiser):
@@ -109,7 +119,7 @@ class SmoothedClassifier:
     def batch_for(self, image_shape: Tuple[int, ...]) -> int:
         return self.batch or default_batch(self.device, tuple(image_shape))
 
-    def certify(self, x: torch.Tensor, *, n0: int = 100, n: int = 10_000, alpha: float = 0.001,
+    def certify(self, x: torch.Tensor, *, n0: int = DEFAULT_N0, n: int = DEFAULT_N, alpha: float = DEFAULT_ALPHA,
                 image_index: Optional[int] = None) -> Certificate:
         """CERTIFY x ([C,H,W] in [0,1]): the prediction and a radius valid with probability >= 1 - alpha
         (prediction -1 and radius 0.0 when it abstains). `image_index` keys the noise: give each image
@@ -119,13 +129,14 @@ class SmoothedClassifier:
         x = _image(x)
         return self.smooth_for(x.shape, (index, x)).certify(x, n0, n, alpha, self.batch_for(x.shape), image_index=index)
 
-    def predict(self, x: torch.Tensor, *, n: int = 1000, alpha: float = 0.001, image_index: Optional[int] = None) -> int:
+    def predict(self, x: torch.Tensor, *, n: int = 1000, alpha: float = DEFAULT_ALPHA, image_index: Optional[int] = None) -> int:
         """PREDICT x: the class, or -1 (abstain); wrong with probability at most alpha otherwise."""
         index = require_image_index(image_index)
         x = _image(x)
         return self.smooth_for(x.shape, (index, x)).predict(x, n, alpha, self.batch_for(x.shape), image_index=index)
 
-    def certify_dataset(self, dataset, out, *, n0: int = 100, n: int = 10_000, alpha: float = 0.001, skip: int = 1,
+    def certify_dataset(self, dataset, out, *, n0: int = DEFAULT_N0, n: int = DEFAULT_N, alpha: float = DEFAULT_ALPHA,
+                        skip: int = 1,
                         max_index: Optional[int] = None, progress: bool = False) -> RunSummary:
         """CERTIFY every `skip`-th image of a dataset (diffsmooth.load_dataset) below `max_index` into
         the reference TSV `out` (idx label predict radius correct time), one row per finished image;
@@ -145,8 +156,8 @@ class SmoothedClassifier:
             for index in indices[:VALIDATE_IMAGES]:     # the check's images: the first selected, as the CLI's
                 smooth = self.smooth_for(shape, (index, dataset[index][0]))
             check_or_record_settings(out, settings)
-            return run_dataset(smooth.pipeline, dataset, indices, [Path(out)], n0=n0, n=n, alpha=alpha,
-                               batch=self.batch_for(shape), progress=progress)
+            return run_dataset(smooth.pipeline, Images(dataset, indices, self.batch_for(shape), progress=progress),
+                               [Path(out)], Jobs("certify", n0, n, alpha, self.sigma))
 
 
 class RandomizedSmoothing(SmoothedClassifier):
@@ -173,8 +184,9 @@ class DiffSmooth(SmoothedClassifier):
 
     method = "diffsmooth"
 
-    def __init__(self, *, denoiser: DiffusionDenoiser, classifier: nn.Module, sigma: float, local_sigma: float = 0.25,
-                 m: int = 5, local_noise: str = "fixed", **execution):
+    def __init__(self, *, denoiser: DiffusionDenoiser, classifier: nn.Module, sigma: float,
+                 local_sigma: float = DEFAULT_LOCAL_SIGMA, m: int = DEFAULT_M, local_noise: str = DEFAULT_LOCAL_NOISE,
+                 **execution):
         super().__init__(classifier=classifier, sigma=sigma, denoiser=denoiser, local_sigma=local_sigma, m=m,
                          local_noise=local_noise, **execution)
 

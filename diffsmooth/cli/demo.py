@@ -5,7 +5,15 @@ from __future__ import annotations
 import click
 
 from diffsmooth.cli.options import ALPHA, BATCH, LOCAL_NOISES, LOCAL_SIGMA, SAMPLES, SEED, SIGMA, THREADS, Count, precision_option
-from diffsmooth.engine.choices import MAX_SAMPLES
+from diffsmooth.engine.choices import (
+    DEFAULT_ALPHA,
+    DEFAULT_LOCAL_SIGMA,
+    DEFAULT_M,
+    DEFAULT_N0,
+    DEFAULT_SEED,
+    DEFAULT_SIGMA,
+    MAX_SAMPLES,
+)
 from diffsmooth.engine.demo.run import run_demo
 from diffsmooth.engine.errors import UserError, check_alpha
 from diffsmooth.engine.runs.fast_path import FastPath
@@ -18,13 +26,13 @@ from diffsmooth.engine.runs.plan import set_threads
               help="K test images (spread over the 500 shipped ones).")
 @click.option("--n", "n", type=SAMPLES, default=500, show_default=True,
               help="Monte Carlo samples per image (the largest certifiable radius grows with n).")
-@click.option("--n0", type=SAMPLES, default=100, show_default=True)
-@click.option("--alpha", type=ALPHA, default=0.001, show_default=True)
-@click.option("--sigma", type=SIGMA, default=0.5, show_default=True)
-@click.option("--local-sigma", type=LOCAL_SIGMA, default=0.25, show_default=True)
-@click.option("--m", "m", type=LOCAL_NOISES, default=5, show_default=True)
+@click.option("--n0", type=SAMPLES, default=DEFAULT_N0, show_default=True)
+@click.option("--alpha", type=ALPHA, default=DEFAULT_ALPHA, show_default=True)
+@click.option("--sigma", type=SIGMA, default=DEFAULT_SIGMA, show_default=True)
+@click.option("--local-sigma", type=LOCAL_SIGMA, default=DEFAULT_LOCAL_SIGMA, show_default=True)
+@click.option("--m", "m", type=LOCAL_NOISES, default=DEFAULT_M, show_default=True)
 @click.option("--batch", type=BATCH, default=200, show_default=True)
-@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=DEFAULT_SEED, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @precision_option()
 @click.option("--compile/--no-compile", "compile", default=None,

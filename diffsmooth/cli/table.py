@@ -8,12 +8,26 @@ from diffsmooth.cli.options import BATCH, SAMPLES, THREADS, Count, Number
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, command_line
 from diffsmooth.engine.table.check import check_table
-from diffsmooth.engine.table.planning import DEFAULT_MARGIN, DEFAULT_REACH, PLANS
-from diffsmooth.engine.table.race import DEFAULT_TOLERANCE
-from diffsmooth.engine.table.spec import DEMO_IMAGES, DEMO_N_MAX, SMOKE_IMAGES, SMOKE_N, demo_spec, load_spec, smoke_spec
-
-DEFAULT_PILOT = 25
-DEMO_PILOT = 4
+from diffsmooth.engine.table.defaults import (
+    DEMO_PILOT_IMAGES,
+    MARGIN,
+    PILOT_IMAGES,
+    PLAN,
+    RACE_REACH_SIGMAS,
+    RADII,
+    TOLERANCE_POINTS,
+)
+from diffsmooth.engine.table.planning import PLANS
+from diffsmooth.engine.table.spec import (
+    DEMO_IMAGES,
+    DEMO_N_MAX,
+    DEMO_SIGMAS,
+    SMOKE_IMAGES,
+    SMOKE_N,
+    demo_spec,
+    load_spec,
+    smoke_spec,
+)
 
 
 def _log(line: str) -> None:
@@ -23,9 +37,10 @@ def _log(line: str) -> None:
 @click.command()
 @click.argument("spec", required=False, type=click.Path(dir_okay=False))
 @click.option("--demo", is_flag=True,
-              help=f"The embedded demo table instead of SPEC: Fashion-MNIST demo models, sigma 0.25 / 0.5 / 1.0, radii "
-                   f"0 to 2.0, {DEMO_IMAGES} images, n-max {DEMO_N_MAX}, pilot {DEMO_PILOT} (estimated about ten "
-                   f"minutes on 2 idle CPU cores with every line).")
+              help=f"The embedded demo table instead of SPEC: Fashion-MNIST demo models, sigma "
+                   f"{' / '.join(str(s) for s in DEMO_SIGMAS)}, radii 0 to {max(RADII)}, {DEMO_IMAGES} images, "
+                   f"n-max {DEMO_N_MAX}, pilot {DEMO_PILOT_IMAGES} (estimated about ten minutes on 2 idle CPU cores "
+                   f"with every line).")
 @click.option("--out", type=click.Path(file_okay=False),
               help="The table's folder (runs/, plan.json, cost.json, table.md, table.tex, curves.png, summary.json).")
 @click.option("--models", "models_dir", type=click.Path(file_okay=False),
@@ -38,20 +53,20 @@ def _log(line: str) -> None:
 @click.option("--smoke", is_flag=True,
               help=f"After the check, run SPEC at a smoke size ({SMOKE_IMAGES} images, n {SMOKE_N}; on the CPU where "
                    f"CUDA is missing): every line, sigma and file end to end in minutes; the numbers mean nothing.")
-@click.option("--plan", "plan", type=click.Choice(PLANS), default="race", show_default=True,
+@click.option("--plan", "plan", type=click.Choice(PLANS), default=PLAN, show_default=True,
               help="race: the sigmas race for each radius until every cell is within --tolerance of all's; auto: a "
                    "pilot assigns each radius to the sigmas that can win it; all: every sigma settles every radius "
                    "(sequential); fixed: fixed-n CERTIFY at n = n-max (the paper's way).")
-@click.option("--tolerance", type=Number(0, 100, label="the tolerance"), default=DEFAULT_TOLERANCE, show_default=True,
+@click.option("--tolerance", type=Number(0, 100, label="the tolerance"), default=TOLERANCE_POINTS, show_default=True,
               help="race: the most, in points, a cell may be below --plan all's (a deterministic bound; 0: all's cells). "
                    "A smaller one on a race's folder continues it.")
 @click.option("--pilot", type=Count(1), default=None,
               help=f"Pilot images (race: for the cost prediction; auto: for the plan), an even stride through the "
-                   f"selection [default: {DEFAULT_PILOT}; demo: {DEMO_PILOT}].")
-@click.option("--margin", type=Number(0, 1, label="the margin"), default=DEFAULT_MARGIN, show_default=True,
+                   f"selection [default: {PILOT_IMAGES}; demo: {DEMO_PILOT_IMAGES}].")
+@click.option("--margin", type=Number(0, 1, label="the margin"), default=MARGIN, show_default=True,
               help="auto: a sigma also settles a radius where its pilot count is within max(1 image, MARGIN x pilot) "
                    "of the best sigma's.")
-@click.option("--reach", type=Number(0, None, low_open=True, label="the reach"), default=DEFAULT_REACH,
+@click.option("--reach", type=Number(0, None, low_open=True, label="the reach"), default=RACE_REACH_SIGMAS,
               show_default=True,
               help="auto: a sigma other than the pilot's best settles a radius r only where r <= REACH x sigma (further "
                    "out, a larger sigma reaches r for a fraction of the samples); 100 lifts the cap.")
@@ -89,13 +104,13 @@ def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, 
     if demo:
         table_spec = demo_spec(tuple(r.strip() for r in rows.split(",") if r.strip()), images, n_max, device, threads,
                                batch, compile_)
-        pilot = DEMO_PILOT if pilot is None else pilot
+        pilot = DEMO_PILOT_IMAGES if pilot is None else pilot
     else:
         if (images, n_max, threads, batch, compile_) != (None,) * 5 or rows != "rs,dds,diffsmooth" or device != "cpu":
             raise UserError("`rows`, `images`, `n_max`, `device`, `threads`, `batch` and `compile` belong to `demo`; "
                             "a SPEC names them")
         table_spec = load_spec(spec, {"models": models_dir, "data": data_dir})
-        pilot = DEFAULT_PILOT if pilot is None else pilot
+        pilot = PILOT_IMAGES if pilot is None else pilot
     report = check_table(table_spec, {"models": models_dir, "data": data_dir})      # before any sample: seconds
     for line in report.plan if check else ():
         _log(line)

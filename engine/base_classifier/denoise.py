@@ -1,92 +1,26 @@
-"""The one-shot diffusion denoiser of DiffSmooth / DDS: x_rs in [0,1] -> purified image in [0,1].
-
-x_t = sqrt(abar*) (2 x_rs - 1);  x0 = clamp(sqrt(1/abar*) x_t - sqrt(1/abar* - 1) eps(x_t, t*), -1, 1);
-returned as (x0 + 1) / 2. eps = the UNet's first C output channels (docs/compatibility.md).
+"""Loading a one-shot diffusion denoiser: an improved-/guided-diffusion UNet checkpoint
+(engine/base_classifier/diffusion_denoiser.py has the denoiser and its equations) or a diffusers
+folder (engine/base_classifier/diffusers_denoise.py).
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-import torch
-from torch import nn
-
-from diffsmooth.engine.base_classifier.purifier_buffers import BufferedPurifier
-from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
+from diffsmooth.engine.base_classifier.diffusers_denoise import load_diffusers_denoiser
+from diffsmooth.engine.base_classifier.diffusion_denoiser import (
+    COEFFICIENT_BUFFERS,
+    PRESET_SCHEDULES,
+    DiffusionDenoiser,
+    OneShotPurifier,
+    schedule_for,
+)
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import load_unet
 from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder
 
-# The diffusion schedule each UNet preset was trained with.
-PRESET_SCHEDULES = {
-    "cifar10": DiffusionSchedule("cosine", 4000, rescale_timesteps=True),    # improved-diffusion
-    "imagenet": DiffusionSchedule("linear", 1000, rescale_timesteps=False),  # guided-diffusion
-    "demo": DiffusionSchedule("cosine", 4000, rescale_timesteps=True),       # the embedded model
-}
-# The sigma-dependent inputs of the one-shot denoiser, held as fp32 buffers (OneShotPurifier).
-COEFFICIENT_BUFFERS = ("sigma", "model_timestep", "sqrt_abar", "sqrt_recip_abar", "sqrt_recipm1_abar")
-
-
-class OneShotPurifier(BufferedPurifier):
-    """The denoiser at one sigma, x_rs -> x_hat (exports with its constants folded in). t* and the
-    schedule's scale factors are buffers, not Python floats: a compiled graph or CUDA graph reads
-    them at run time, so `set_coefficients` moves a built purifier to another sigma in place."""
-
-    BUFFERS = COEFFICIENT_BUFFERS
-
-    def forward(self, x_rs: torch.Tensor) -> torch.Tensor:
-        x_t = self.sqrt_abar * (2.0 * x_rs - 1.0)
-        t = self.model_timestep.expand(x_rs.shape[0])
-        eps = self.unet(x_t, t)[:, : self.channels].to(x_t.dtype)
-        x0 = (self.sqrt_recip_abar * x_t - self.sqrt_recipm1_abar * eps).clamp(-1.0, 1.0)
-        return (x0 + 1.0) / 2.0
-
-
-class DiffusionDenoiser(nn.Module):
-    """A noise-predicting UNet with its schedule; `.denoise(x_rs, sigma)` is one-shot denoising."""
-
-    def __init__(self, unet: nn.Module, schedule: DiffusionSchedule, channels: Optional[int] = None):
-        super().__init__()
-        self.unet = unet.eval()
-        self.schedule = schedule
-        self.channels = channels if channels is not None else unet.config.in_channels
-
-    def timestep(self, sigma: float) -> int:
-        """t*: the first timestep whose noise level reaches 2*sigma in [-1, 1] image units."""
-        return self.schedule.timestep(sigma)
-
-    def purifier(self, sigma: float, fused_attention: bool = False) -> OneShotPurifier:
-        """An nn.Module computing denoise(., sigma), sharing this UNet's weights; `fused_attention`
-        runs the UNet's attention through scaled_dot_product_attention (GPU fast path)."""
-        unet = self.unet
-        if fused_attention:
-            if not hasattr(unet, "with_fused_attention"):
-                raise UserError(f"fused attention needs the engine's UNetModel, not {type(unet).__name__}")
-            unet = unet.with_fused_attention()
-        return OneShotPurifier(unet, self.schedule.coefficients(sigma), self.channels)
-
-    @torch.inference_mode()
-    def denoise(self, x_rs: torch.Tensor, sigma: float) -> torch.Tensor:
-        """Purify x_rs = x + sigma * eps (float32 [B,C,H,W], [0,1] scale) in one UNet call."""
-        if x_rs.dim() != 4 or x_rs.shape[1] != self.channels:
-            raise UserError(f"denoise expects [B,{self.channels},H,W] images, got {tuple(x_rs.shape)}")
-        return self.purifier(sigma)(x_rs)
-
-
-def schedule_for(preset: Optional[str], schedule: Optional[str] = None,
-                 diffusion_steps: Optional[int] = None,
-                 rescale_timesteps: Optional[bool] = None) -> DiffusionSchedule:
-    """The preset's schedule, with any explicitly given field overriding it."""
-    base = PRESET_SCHEDULES.get(preset) if preset else None
-    if preset and base is None:
-        raise UserError(f"unknown preset {preset!r}: choose one of {', '.join(PRESET_SCHEDULES)}")
-    if base is None and (schedule is None or diffusion_steps is None):
-        raise UserError("a UNet without a preset needs schedule= ('linear'|'cosine') and diffusion_steps=")
-    return DiffusionSchedule(
-        schedule or base.name,
-        int(diffusion_steps if diffusion_steps is not None else base.num_steps),     # 0 is refused, not the preset's
-        bool(base.rescale_timesteps if rescale_timesteps is None and base else rescale_timesteps),
-    )
+__all__ = ["COEFFICIENT_BUFFERS", "PRESET_SCHEDULES", "DiffusionDenoiser", "OneShotPurifier", "schedule_for",
+           "load_denoiser"]
 
 
 class _DefaultPreset(str):
@@ -114,7 +48,6 @@ def load_denoiser(path, preset: Optional[str] = _DEFAULT_PRESET, *, schedule: Op
         if given or config:
             raise UserError(f"{path} is a diffusers folder, whose configs give the UNet and its schedule: leave out "
                             f"{', '.join([*given, *sorted(config)])}")
-        from diffsmooth.engine.base_classifier.diffusers_denoise import load_diffusers_denoiser  # imports this module
         return load_diffusers_denoiser(path, scheduler)
     if scheduler is not None:
         raise UserError("`scheduler` is for a diffusers UNet folder; a checkpoint file takes `preset` / `schedule`")

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
+from diffsmooth.engine.base_classifier.diffusion_denoiser import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.one_step import (
     ConsistencySchedule,
     DiscreteSchedule,

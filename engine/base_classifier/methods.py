@@ -15,7 +15,7 @@ from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.torch_backend import PRECISIONS
 from diffsmooth.engine.base_classifier.local_smoothing import LOCAL_NOISE_MODES, LocalSmoothingHead, LogitsHead
 from diffsmooth.engine.certify.noise import fixed_local_noise
-from diffsmooth.engine.choices import METHODS
+from diffsmooth.engine.choices import DEFAULT_LOCAL_NOISE, DEFAULT_LOCAL_SIGMA, DEFAULT_M, METHODS
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.models.folded_resnet import fold_classifier, probe_cudnn_fusion
 
@@ -26,9 +26,9 @@ class MethodConfig:
 
     method: str
     sigma: float
-    m: int = 5
-    local_sigma: float = 0.25
-    local_noise: str = "fixed"
+    m: int = DEFAULT_M
+    local_sigma: float = DEFAULT_LOCAL_SIGMA
+    local_noise: str = DEFAULT_LOCAL_NOISE
     local_noise_seed: int = 42      # the reference draws its fixed local noises with seed 42
 
     def __post_init__(self):

@@ -1,7 +1,13 @@
 """Sequential CERTIFY at target radii: sample in chunks on a look schedule fixed by n_max, stop
-once every listed radius is settled. Plain numpy/scipy; two lower bounds (`SequentialRule.bound`).
+once every listed radius is settled. Plain numpy/scipy; three lower bounds (`SequentialRule.bound`):
+"reach-cp" (the default), "split-cp" and "mixture".
 
-Split Clopper-Pearson ("split-cp", the default). The looks t_1 < ... < t_K = n_max are the sample
+Reach Clopper-Pearson ("reach-cp", the default) is split CP (below) at alpha minus a share
+(UNANIMITY_SHARE) spent on the unanimity bound level^(1/t) of an image whose every vote went to cA
+(`unanimity_lower`, valid at every sample count), with a look where such an image can first certify
+each radius (`reach_look`); the union bound over the parts keeps the total at alpha.
+
+Split Clopper-Pearson ("split-cp"). The looks t_1 < ... < t_K = n_max are the sample
 counts of `look_schedule(n_max)`, fixed before any data. At look k < K the lower bound L_k is the
 one-sided Clopper-Pearson bound at level alpha / (2(K - 1)), at the last look at alpha / 2, so the
 levels sum to alpha; the certificate uses L = the running max of the L_k. Validity next to Cohen's:

@@ -2,7 +2,7 @@
 DDPM on the demo's Fashion-MNIST training images and saved with `save_pretrained` (safetensors), so
 the demo can put DDS with a diffusers denoiser beside DDS with the engine's UNet.
 
-The recipe is the demo UNet's (training.train_denoiser): MSE on eps, AdamW with warmup and cosine
+The recipe is the demo UNet's (training.train_denoiser, from train_steps.py): MSE on eps, AdamW with warmup and cosine
 decay, EMA weights, random flips, and timesteps drawn mostly where one-shot denoising uses them; only
 the model, the noise schedule (diffusers' cosine, 1000 steps) and the noising call are diffusers'.
 """
@@ -19,15 +19,15 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from diffsmooth.engine.base_classifier.one_step import DiscreteSchedule
-from diffsmooth.engine.demo.training import (
+from diffsmooth.engine.demo.train_steps import (
     FOCUS_PROB,
     TrainResult,
-    _batches,
-    _check_images,
-    _random_flip,
-    _warmup_cosine,
+    batches,
+    check_images,
+    random_flip,
     sample_timesteps,
     step_with_ema,
+    warmup_cosine,
 )
 from diffsmooth.engine.errors import UserError
 
@@ -66,7 +66,7 @@ def train_diffusers_ddpm(images: torch.Tensor, *, steps: int = 300, batch_size: 
     """Train diffusers' UNet2DModel on [0, 1] images (x0 = 2x - 1) to predict eps under diffusers'
     DDPMScheduler; returns (the EMA model's TrainResult, the scheduler)."""
     diffusers = _diffusers()
-    _check_images(images, "train_diffusers_ddpm")
+    check_images(images, "train_diffusers_ddpm")
     if images.shape[1] != UNET_CONFIG["in_channels"]:
         raise UserError(f"train_diffusers_ddpm: images have {images.shape[1]} channels, the UNet takes "
                         f"{UNET_CONFIG['in_channels']}")
@@ -80,13 +80,13 @@ def train_diffusers_ddpm(images: torch.Tensor, *, steps: int = 300, batch_size: 
     focus = focus_range(scheduler.alphas_cumprod.numpy())
     warm = min(warmup, max(1, steps // 5))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _warmup_cosine(s, steps, warm, floor=0.05))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, warm, floor=0.05))
     losses = []
     start = time.perf_counter()
-    bar = tqdm(_batches(images.shape[0], batch_size, steps, gen), total=steps, disable=not progress,
+    bar = tqdm(batches(images.shape[0], batch_size, steps, gen), total=steps, disable=not progress,
                desc="diffusers ddpm", unit="step", mininterval=5.0, dynamic_ncols=True)
     for n, idx in enumerate(bar):
-        x = _random_flip(images[idx], gen) if flip else images[idx]
+        x = random_flip(images[idx], gen) if flip else images[idx]
         x0 = 2.0 * x - 1.0
         t = sample_timesteps(x0.shape[0], scheduler.config.num_train_timesteps, gen, focus, FOCUS_PROB)
         eps = torch.randn(x0.shape, generator=gen)

@@ -13,11 +13,12 @@ from PIL import Image, ImageDraw, ImageFont
 
 from diffsmooth.engine.base_classifier.methods import METHODS, MethodConfig
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, fixed_local_noise, gaussian
+from diffsmooth.engine.choices import DEFAULT_ALPHA, DEFAULT_LOCAL_SIGMA, DEFAULT_M, DEFAULT_N0, DEFAULT_SEED
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize
 from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, classifier_path_for, load_denoiser_from
-from diffsmooth.engine.runs.dataset_run import run_dataset
+from diffsmooth.engine.runs.dataset_run import Images, Jobs, run_dataset
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings, settings_path
 
@@ -29,9 +30,9 @@ def spread_indices(total: int, count: int) -> List[int]:
     return sorted({int(i * total / count) for i in range(count)})
 
 
-def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: float = 0.001,
-             sigma: float = 0.5, m: int = 5, local_sigma: float = 0.25, batch: int = 200,
-             seed: int = 0, methods: Sequence[str] = METHODS, device: str = "cpu", precision: str = "fp32",
+def run_demo(out_dir, *, images: int = 30, n0: int = DEFAULT_N0, n: int = 500, alpha: float = DEFAULT_ALPHA,
+             sigma: float = 0.5, m: int = DEFAULT_M, local_sigma: float = DEFAULT_LOCAL_SIGMA, batch: int = 200,
+             seed: int = DEFAULT_SEED, methods: Sequence[str] = METHODS, device: str = "cpu", precision: str = "fp32",
              fast=None, sources: Optional[ModelSources] = None, dataset=None, progress: bool = True) -> Dict:
     """Certify the same images with each method; TSVs, a markdown table and a PNG into out_dir."""
     out = Path(out_dir)
@@ -54,8 +55,8 @@ def run_demo(out_dir, *, images: int = 30, n0: int = 100, n: int = 500, alpha: f
         with hold_lock(path):                   # one writer per result file (engine/runs/locks.py)
             check_or_record_settings(path, settings[method])
             start = time.perf_counter()
-            run_dataset(smooth.pipeline, dataset, indices, [path], n0=n0, n=n, alpha=alpha, batch=batch,
-                        progress=progress)
+            run_dataset(smooth.pipeline, Images(dataset, indices, batch, progress=progress), [path],
+                        Jobs("certify", n0, n, alpha, config.sigma))
         seconds[method] = time.perf_counter() - start
         paths.append(path)
     radii = [r for r in DEFAULT_RADII]

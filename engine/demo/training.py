@@ -17,7 +17,7 @@ import shlex
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -26,10 +26,22 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser, load_denoiser
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.data import load_arrays, load_dataset
 from diffsmooth.engine.data.idx import find_idx
+from diffsmooth.engine.demo.diffusers_training import DDPM_SEED_OFFSET, save_ddpm_folder, train_diffusers_ddpm
+from diffsmooth.engine.demo.train_steps import (
+    FOCUS_PROB,
+    FOCUS_RANGE,
+    TrainResult,
+    batches,
+    check_images,
+    random_flip,
+    sample_timesteps,
+    step_with_ema,
+    warmup_cosine,
+)
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file, sha256_path
 from diffsmooth.engine.models.checkpoints import load_classifier, load_unet, save_cohen_checkpoint, save_unet_state
@@ -47,31 +59,6 @@ DDPM_EVAL_SIGMAS = (0.25, 0.5, 1.0)        # the diffusers denoiser's grid (the 
 DDPM_FOLDER = "demo_ddpm_diffusers"         # the diffusers pipeline folder (engine/demo/diffusers_training.py)
 EVAL_NOISE_SEED = 20230  # seed of every evaluation noise tensor (see seeded_noise)
 
-# Timesteps the one-shot denoiser is used at: t* for sigma 0.12 .. 1.0 is 573 .. 2809 (docs/compatibility.md).
-# Training draws t uniformly from FOCUS_RANGE with probability FOCUS_PROB, else uniformly from
-# the whole schedule, so the small budget goes where inference happens while the model stays a
-# DDPM over all of [0, T).
-FOCUS_RANGE = (500, 2900)
-FOCUS_PROB = 0.8
-
-
-@dataclass
-class TrainResult:
-    """A trained model with its per-step losses and bookkeeping for the manifest."""
-
-    model: torch.nn.Module
-    losses: list[float]
-    steps: int
-    batch_size: int
-    wall_time_s: float
-    settings: dict = field(default_factory=dict)
-
-    @property
-    def final_loss(self) -> float:
-        """Mean training loss over the last 10% of steps (at least the last one)."""
-        k = max(1, len(self.losses) // 10)
-        return float(np.mean(self.losses[-k:]))
-
 
 def _set_threads(threads: Optional[int]) -> int:
     """Use `threads` intra-op threads (default: all cores this process may use)."""
@@ -84,70 +71,8 @@ def _usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _warmup_cosine(step: int, total: int, warmup: int, floor: float = 0.0) -> float:
-    """LR multiplier: linear warmup over `warmup` steps, then cosine decay from 1 to `floor`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-def _random_flip(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Horizontally flip each image with probability 1/2 (drawn from `gen`)."""
-    flip = torch.rand(x.shape[0], generator=gen) < 0.5
-    return torch.where(flip[:, None, None, None], x.flip(-1), x)
-
-
-def _batches(n: int, batch_size: int, steps: int, gen: torch.Generator):
-    """Yield `steps` index batches: successive random permutations of range(n), no short batches."""
-    batch_size = min(batch_size, n)
-    perm, pos = torch.randperm(n, generator=gen), 0
-    for _ in range(steps):
-        if pos + batch_size > n:
-            perm, pos = torch.randperm(n, generator=gen), 0
-        yield perm[pos:pos + batch_size]
-        pos += batch_size
-
-
-def _check_images(images: torch.Tensor, what: str) -> None:
-    if images.dim() != 4 or images.dtype != torch.float32:
-        raise UserError(f"{what}: expected float32 images [N,C,H,W] in [0,1], got "
-                        f"{images.dtype} {tuple(images.shape)}")
-    if images.shape[0] < 1:
-        raise UserError(f"{what}: no training images")
-
-
 # --------------------------------------------------------------------------------------------
 # Denoiser
-
-
-def sample_timesteps(batch: int, num_steps: int, gen: torch.Generator,
-                     focus: tuple[int, int] = FOCUS_RANGE, focus_prob: float = FOCUS_PROB) -> torch.Tensor:
-    """Integer timesteps: uniform in `focus` (clipped to the schedule) w.p. focus_prob, else uniform in [0, T)."""
-    lo, hi = max(0, min(focus[0], num_steps - 1)), max(1, min(focus[1], num_steps))
-    if hi <= lo:
-        lo, hi = 0, num_steps
-    in_focus = torch.randint(lo, hi, (batch,), generator=gen)
-    anywhere = torch.randint(0, num_steps, (batch,), generator=gen)
-    pick = torch.rand(batch, generator=gen) < focus_prob
-    return torch.where(pick, in_focus, anywhere)
-
-
-def step_with_ema(model, ema, opt, sched, loss: torch.Tensor, n: int, grad_clip: float, ema_decay: float) -> None:
-    """One optimiser step on `loss` (gradients clipped to `grad_clip` when set, the LR schedule
-    advanced), then the EMA weights (decay min(ema_decay, (1+n)/(10+n)) at step n; buffers copied)."""
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    opt.step()
-    sched.step()
-    decay = min(ema_decay, (1.0 + n) / (10.0 + n))
-    with torch.no_grad():
-        for pe, pm in zip(ema.parameters(), model.parameters()):
-            pe.lerp_(pm, 1.0 - decay)
-        for be, bm in zip(ema.buffers(), model.buffers()):
-            be.copy_(bm)
 
 
 def train_denoiser(images: torch.Tensor, *, config: UNetConfig | str = "demo",
@@ -162,7 +87,7 @@ def train_denoiser(images: torch.Tensor, *, config: UNetConfig | str = "demo",
     exactly what one-shot denoising feeds it. AdamW, warmup + cosine LR, EMA with warmup
     (decay min(ema_decay, (1+n)/(10+n))).
     """
-    _check_images(images, "train_denoiser")
+    check_images(images, "train_denoiser")
     cfg = unet_config(config) if isinstance(config, str) else config
     if images.shape[1] != cfg.in_channels:
         raise UserError(f"train_denoiser: images have {images.shape[1]} channels, the UNet takes {cfg.in_channels}")
@@ -177,15 +102,15 @@ def train_denoiser(images: torch.Tensor, *, config: UNetConfig | str = "demo",
     t_scale = 1000.0 / schedule.num_steps if schedule.rescale_timesteps else 1.0
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: _warmup_cosine(s, steps, min(warmup, max(1, steps // 5)), floor=0.05))
+        opt, lambda s: warmup_cosine(s, steps, min(warmup, max(1, steps // 5)), floor=0.05))
     losses: list[float] = []
     start = time.perf_counter()
-    bar = tqdm(_batches(images.shape[0], batch_size, steps, gen), total=steps, disable=not progress,
+    bar = tqdm(batches(images.shape[0], batch_size, steps, gen), total=steps, disable=not progress,
                desc="denoiser", unit="step", mininterval=5.0, dynamic_ncols=True)
     for n, idx in enumerate(bar):
         x = images[idx]
         if flip:
-            x = _random_flip(x, gen)
+            x = random_flip(x, gen)
         x0 = 2.0 * x - 1.0
         t = sample_timesteps(x0.shape[0], schedule.num_steps, gen, focus, focus_prob)
         eps = torch.randn(x0.shape, generator=gen)
@@ -227,7 +152,7 @@ def train_classifier(images: torch.Tensor, labels: torch.Tensor, noise_sigma: fl
 
     SGD with momentum, warmup + cosine LR, optional horizontal flips; `steps` overrides `epochs`.
     """
-    _check_images(images, "train_classifier")
+    check_images(images, "train_classifier")
     if noise_sigma < 0:
         raise UserError(f"train_classifier: noise_sigma must be >= 0, got {noise_sigma}")
     n = images.shape[0]
@@ -240,16 +165,16 @@ def train_classifier(images: torch.Tensor, labels: torch.Tensor, noise_sigma: fl
                                  build_classifier_net(arch, num_classes, images.shape[1])).train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     warmup = max(1, int(round(warmup_fraction * steps)))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _warmup_cosine(s, steps, warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, warmup))
     losses: list[float] = []
     correct = seen = 0
     start = time.perf_counter()
-    bar = tqdm(_batches(n, batch_size, steps, gen), total=steps, disable=not progress,
+    bar = tqdm(batches(n, batch_size, steps, gen), total=steps, disable=not progress,
                desc=f"classifier s{noise_sigma:.2f}", unit="step", mininterval=5.0, dynamic_ncols=True)
     for k, idx in enumerate(bar):
         x, y = images[idx], labels[idx]
         if flip:
-            x = _random_flip(x, gen)
+            x = random_flip(x, gen)
         if noise_sigma > 0:
             x = x + noise_sigma * torch.randn(x.shape, generator=gen)
         logits = model(x)
@@ -369,7 +294,6 @@ def _train_job(job: dict) -> tuple[str, dict]:
     x_train, y_train = _load_split(job["data_dir"], "train", budget.train_limit)
     n = x_train.shape[0]
     if job["kind"] == "diffusers-denoiser":
-        from diffsmooth.engine.demo.diffusers_training import save_ddpm_folder, train_diffusers_ddpm
         res, scheduler = train_diffusers_ddpm(x_train, steps=budget.unet_steps, batch_size=budget.unet_batch_size,
                                               seed=job["seed"], progress=job["progress"])
         save_ddpm_folder(out / DDPM_FOLDER, res.model, scheduler)
@@ -414,7 +338,6 @@ def _jobs(seed: int) -> list[dict]:
     """The demo's training jobs in manifest order: the UNet (seed `seed`), the classifier at each
     sigma of CLASSIFIER_SIGMAS (seed `seed + 1 + its index`: the list is append-only), then the
     diffusers DDPM (seed `seed + DDPM_SEED_OFFSET`)."""
-    from diffsmooth.engine.demo.diffusers_training import DDPM_SEED_OFFSET
     return [dict(name="demo_unet.pt", kind="denoiser", seed=seed)] + [
         dict(name=classifier_file(s), kind="classifier", sigma=s, seed=seed + 1 + i)
         for i, s in enumerate(CLASSIFIER_SIGMAS)] + [
@@ -609,7 +532,6 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
 def _ddpm_metrics(out: Path, x_sub, y_sub, x_test, y_test) -> dict:
     """The diffusers denoiser's one-shot MSE and one-sample DDS accuracy (s0.00 classifier) at each sigma of
     DDPM_EVAL_SIGMAS, read back with load_denoiser, beside the demo UNet's on the same noise."""
-    from diffsmooth.engine.base_classifier.denoise import load_denoiser
     clean = load_classifier(out / classifier_file(0.0), dataset="fashion-mnist")
     ddpm = load_denoiser(out / DDPM_FOLDER)
     unet = DiffusionDenoiser(load_unet(out / "demo_unet.pt", "demo"), PRESET_SCHEDULES["demo"])

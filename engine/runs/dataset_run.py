@@ -16,7 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional, Sequence, Tuple
 
@@ -25,6 +25,7 @@ from tqdm import tqdm
 from diffsmooth.engine.certify.cohen import Certificate, certify_job, predict_job
 from diffsmooth.engine.certify.scheduler import Finished, Work
 from diffsmooth.engine.certify.sequential import SequentialRule, SequentialState, sequential_job
+from diffsmooth.engine.choices import DEFAULT_ALPHA, DEFAULT_N, DEFAULT_N0
 from diffsmooth.engine.errors import Terminated
 from diffsmooth.engine.runs.results import (
     CERTIFY_COLUMNS,
@@ -120,17 +121,51 @@ class RunSummary:
         return f"{state} {self.written} rows ({self.skipped_done} already done) to {self.path}"
 
 
-def job_factory(mode: str, n0: int, n: int, alpha: float, sigma: float,
-                sequential: Optional[SequentialRule] = None,
-                starts: Optional[Mapping[int, Sequence[SequentialState]]] = None) -> Callable[[int], object]:
-    """A new job per image index: sequential CERTIFY (from the image's `starts` where given), CERTIFY or
-    PREDICT (certify/cohen.py, certify/sequential.py)."""
-    if sequential is not None:
-        starts = starts or {}
-        return lambda index: sequential_job(n0, sequential, starts.get(index))
-    if mode == "certify":
-        return lambda index: certify_job(n0, n, alpha, sigma)
-    return lambda index: predict_job(n, alpha)
+@dataclass(frozen=True)
+class Jobs:
+    """What every image of a run computes, and the row it writes: CERTIFY (n0, n, alpha), sequential CERTIFY
+    with `sequential` (from the image's `starts`, the states of an earlier run, where given; rows as from
+    the first sample), or PREDICT. `keep_states`: each sequential row's state is kept beside its result
+    file (engine/runs/row_states.py), for a later run to go on from."""
+
+    mode: str = "certify"
+    n0: int = DEFAULT_N0
+    n: int = DEFAULT_N
+    alpha: float = DEFAULT_ALPHA
+    sigma: float = 0.0
+    sequential: Optional[SequentialRule] = None
+    starts: Mapping[int, Sequence[SequentialState]] = field(default_factory=dict)
+    keep_states: bool = False
+
+    @classmethod
+    def of(cls, request, **continuation) -> "Jobs":
+        """The jobs a RunRequest asks for; `continuation`: `starts` and `keep_states`."""
+        return cls(request.mode, request.n0, request.n, request.alpha, request.sigma, request.sequential, **continuation)
+
+    def __call__(self, index: int):
+        """A new job for image `index` (certify/cohen.py, certify/sequential.py)."""
+        if self.sequential is not None:
+            return sequential_job(self.n0, self.sequential, self.starts.get(index))
+        if self.mode == "certify":
+            return certify_job(self.n0, self.n, self.alpha, self.sigma)
+        return predict_job(self.n, self.alpha)
+
+    @property
+    def columns(self) -> Tuple[str, ...]:
+        return columns_of(self.mode, self.sequential is not None)
+
+
+@dataclass(frozen=True)
+class Images:
+    """The images of a run and how they are batched: dataset[i] for i in `indices`, `batch` noisy samples per
+    batch, at most `window` images in flight (None: as many as fit), a progress bar or not. A ResolvedRun
+    (engine/runs/plan.py) answers the same questions."""
+
+    dataset: object
+    indices: Sequence[int]
+    batch: int = 1000
+    window: Optional[int] = None
+    progress: bool = True
 
 
 def columns_of(mode: str, sequential: bool) -> Tuple[str, ...]:
@@ -152,25 +187,17 @@ def result_row(index: int, label: int, result, seconds: float, columns: Sequence
     return {c: row[c] for c in columns}
 
 
-def run_dataset(voter, dataset, indices: Sequence[int], files: Sequence, *, mode: str = "certify",
-                n0: int = 100, n: int = 10000, alpha: float = 0.001, batch: int = 1000,
-                progress: bool = True, on_row: Optional[Callable[[dict], None]] = None,
-                sequential: Optional[SequentialRule] = None, window: Optional[int] = None,
-                claim: Optional[Callable[[Sequence[int]], Iterable[int]]] = None, skip=(),
-                starts: Optional[Mapping[int, Sequence[SequentialState]]] = None,
-                keep_states: bool = False) -> RunSummary:
-    """Certify (or predict) dataset[i] for i in indices on `voter` (certify/monte_carlo.py), appending
-    each configuration's row to its file in `files` (one per configuration, in the voter's order) as
-    images finish. With `sequential`, certify stops early per image and rows get trailing `samples`
-    and `top_votes` columns. `window` bounds the images in flight (1: one image at a time). `claim(todo)` hands out the
-    images this process runs (default: all of todo, in order; under torchrun, pulled from a shared
-    counter); `skip` holds indices finished elsewhere. Sequential only: `starts` continues images from
-    the states of an earlier run (rows as from the first sample); `keep_states` keeps each row's state
-    beside its result file (engine/runs/row_states.py)."""
+def run_dataset(voter, run, files: Sequence, jobs: Jobs, *, on_row: Optional[Callable[[dict], None]] = None,
+                claim: Optional[Callable[[Sequence[int]], Iterable[int]]] = None, skip=()) -> RunSummary:
+    """Run `jobs` on every image of `run` (an Images, or a ResolvedRun) on `voter` (certify/monte_carlo.py),
+    appending each configuration's row to its file in `files` (one per configuration, in the voter's order)
+    as images finish. Sequential rows get trailing `samples` and `top_votes` columns. `claim(todo)` hands out
+    the images this process runs (default: all of todo, in order; under torchrun, pulled from a shared
+    counter); `skip` holds indices finished elsewhere."""
     if len(files) != voter.num_configs:
         raise ValueError(f"{voter.num_configs} configurations vote, {len(files)} result files given")
-    columns = columns_of(mode, sequential is not None)
-    make_job = job_factory(mode, n0, n, alpha, voter.sigma, sequential, starts)
+    dataset, indices, batch, mode = run.dataset, list(run.indices), run.batch, jobs.mode
+    columns = jobs.columns
     written = 0
     with ExitStack() as stack:
         writers = [stack.enter_context(ResultWriter(f, columns)) for f in files]
@@ -178,7 +205,7 @@ def run_dataset(voter, dataset, indices: Sequence[int], files: Sequence, *, mode
         todo = [i for i in indices if i not in skip and any(i not in w.done for w in writers)]
         mine = claim(todo) if claim is not None else todo
         bar = None
-        if progress:
+        if run.progress:
             what = voter.stages.method if voter.num_configs == 1 else f"{voter.num_configs} configs"
             bar = stack.enter_context(tqdm(total=len(indices), initial=len(indices) - len(todo), unit="img",
                                            desc=f"{mode} {what}", dynamic_ncols=True))
@@ -193,14 +220,14 @@ def run_dataset(voter, dataset, indices: Sequence[int], files: Sequence, *, mode
                     writer.write(**row)
                     if on_row:
                         on_row(row)
-                    if keep_states and getattr(result, "state", None) is not None:
+                    if jobs.keep_states and getattr(result, "state", None) is not None:
                         append_state(states_path(Path(writer.path)), done.work.index, result.state)
                 written += 1
             if bar is not None:
                 bar.update(1)
 
         try:
-            stats = voter.scheduler(batch, window).run(image_works(dataset, mine, make_job), finished,
+            stats = voter.scheduler(batch, run.window).run(image_works(dataset, mine, jobs), finished,
                                                        stop=lambda: flag.stop)
         except Terminated:
             where = files[0] if len(files) == 1 else Path(files[0]).parent

@@ -6,6 +6,7 @@ file holds whichever images it ran; a restart resumes from the union of every ra
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -18,7 +19,7 @@ from diffsmooth.engine.runs.assemble import (
     load_models,
     load_sweep_models,
 )
-from diffsmooth.engine.runs.dataset_run import RunSummary, run_dataset
+from diffsmooth.engine.runs.dataset_run import Jobs, RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import ResolvedRun
@@ -64,15 +65,15 @@ def loaded_models(run: ResolvedRun):
     return load_models(run.configurations[0].method, run.sources)
 
 
-def execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None], **continuation) -> RunSummary:
+def execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None], jobs: Optional[Jobs] = None) -> RunSummary:
     """Certify (or predict) this process's images; `log` takes the progress lines. Holds the run's
     locks (one writer per result file or sweep folder) from before its settings are recorded.
-    `continuation`: run_dataset's `starts` and `keep_states` (a table's race)."""
+    `jobs`: what each image computes (default: what the run's request asks, from the first sample)."""
     with run.hold_locks():
-        return _execute(run, voter, log, **continuation)
+        return _execute(run, voter, log, jobs or Jobs.of(run.request))
 
 
-def _execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None], **continuation) -> RunSummary:
+def _execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None], jobs: Jobs) -> RunSummary:
     r, plan = run.request, run.shards
     run.check_resumable(record=True)
     files = list(run.result_files().values())
@@ -81,9 +82,7 @@ def _execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], N
         indices, skip = list(run.indices), finished_in(rank_files(r.out, plan.num_shards) + [r.out])
         claim = pull_from_store(Path(r.out).name)
         wait_for_all(plan)              # every rank has read the files before any rank writes
-    summary = run_dataset(voter, run.dataset, indices, files, mode=r.mode, n0=r.n0, n=r.n, alpha=r.alpha,
-                          batch=run.batch, progress=not r.quiet, sequential=run.sequential, window=r.window,
-                          claim=claim, skip=skip, **continuation)
+    summary = run_dataset(voter, dataclasses.replace(run, indices=tuple(indices)), files, jobs, claim=claim, skip=skip)
     log(summary.line())
     wait_for_all(plan)
     if plan.is_merger and not summary.interrupted:

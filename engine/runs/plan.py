@@ -73,6 +73,14 @@ class ResolvedRun:
         return self.request.sigma
 
     @property
+    def window(self) -> Optional[int]:
+        return self.request.window
+
+    @property
+    def progress(self) -> bool:
+        return not self.request.quiet
+
+    @property
     def image_shape(self) -> Tuple[int, ...]:
         return tuple(self.dataset.image_shape)
 

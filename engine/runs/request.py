@@ -13,6 +13,17 @@ from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.sequential import BOUNDS, DEFAULT_BOUND, DEFAULT_FUTILITY_RULE, FUTILITY_RULES, SequentialRule
 from diffsmooth.engine.choices import (
     BACKENDS,
+    DEFAULT_ALPHA,
+    DEFAULT_LOCAL_NOISE,
+    DEFAULT_LOCAL_SIGMA,
+    DEFAULT_M,
+    DEFAULT_METHOD,
+    DEFAULT_N,
+    DEFAULT_N0,
+    DEFAULT_SEED,
+    DEFAULT_SIGMA,
+    DEFAULT_SKIP,
+    DEFAULT_SPLIT,
     LOCAL_NOISE_MODES,
     MAX_BATCH,
     MAX_DIFFUSION_STEPS,
@@ -138,23 +149,23 @@ class RunRequest:
     normalization: Optional[str] = None
     stats: Optional[str] = None
     # method
-    method: Tuple[str, ...] = ("diffsmooth",)
-    sigma: float = 0.5
-    local_sigma: Tuple[float, ...] = (0.25,)
-    m: Tuple[int, ...] = (5,)
-    local_noise: str = "fixed"
+    method: Tuple[str, ...] = (DEFAULT_METHOD,)
+    sigma: float = DEFAULT_SIGMA
+    local_sigma: Tuple[float, ...] = (DEFAULT_LOCAL_SIGMA,)
+    m: Tuple[int, ...] = (DEFAULT_M,)
+    local_noise: str = DEFAULT_LOCAL_NOISE
     # data and Monte Carlo
     dataset: Optional[str] = None
     data: Optional[str] = None
-    split: str = "test"
-    n0: int = 100
-    n: int = 10000
-    alpha: float = 0.001
+    split: str = DEFAULT_SPLIT
+    n0: int = DEFAULT_N0
+    n: int = DEFAULT_N
+    alpha: float = DEFAULT_ALPHA
     batch: Optional[int] = None
-    skip: int = 1
+    skip: int = DEFAULT_SKIP
     max_index: Optional[int] = None
     image_size: Optional[int] = None               # ImageNet-style folders: crop to this size (smoke runs)
-    seed: int = 0
+    seed: int = DEFAULT_SEED
     # execution
     backend: str = "torch"
     onnx_dir: Optional[str] = None
@@ -185,14 +196,14 @@ class RunRequest:
             if value is not None and not isinstance(value, (list, tuple)):
                 value = (value,)
             options[key] = tuple(value) if value is not None else ()
-        for key, default in (("method", ("diffsmooth",)), ("local_sigma", (0.25,)), ("m", (5,))):
-            options[key] = options[key] or default
+        for key in ("method", "local_sigma", "m"):
+            options[key] = options[key] or cls.__dataclass_fields__[key].default
         rule = None
         if sequential:
             if mode != "certify":
                 raise UserError("`sequential` belongs to certify")
-            rule = sequential_rule(radii, options.get("sigma", 0.5), options.get("alpha", 0.001),
-                                   n_max or options.get("n", 10000), futility, bound, schedule_radii)
+            rule = sequential_rule(radii, options.get("sigma", DEFAULT_SIGMA), options.get("alpha", DEFAULT_ALPHA),
+                                   n_max or options.get("n", DEFAULT_N), futility, bound, schedule_radii)
         elif radii or n_max or futility or bound or schedule_radii:
             raise UserError("`radii`, `n_max`, `futility`, `bound` and `schedule_radii` belong to `sequential`")
         return cls(mode=mode, sequential=rule, **options)

@@ -103,28 +103,14 @@ def _mark_best(block: List[ConfigRow], columns: int) -> None:
         row.best_acr = bool(shown) and max(shown) > 0 and row.acr is not None and round(row.acr, ACR_DECIMALS) == max(shown)
 
 
-def no_acr_reason(plan: str) -> Optional[str]:
-    """Why the layout has no ACR column (None: it has one)."""
-    if plan == "fixed":
-        return None
-    return (f"No ACR: the average certified radius needs every image's certified radius, which only fixed-n "
-            f"CERTIFY (--plan fixed) gives; with --plan {plan} a row's radius is a lower bound at its stopping look, "
-            f"settled only at the table's radii.")
-
-
-def by_config_caption(title: str, images: int, plan: str, n_max: int, grouped: bool) -> str:
-    how = {"fixed": f"fixed-n CERTIFY at n = {n_max:,}",
-           "all": f"sequential CERTIFY (n-max {n_max:,}), every sigma settling every radius",
-           "auto": f"sequential CERTIFY (n-max {n_max:,}); - : a radius the pilot did not assign to this sigma, "
-                   f"so its run did not settle it",
-           "race": f"sequential CERTIFY (n-max {n_max:,}), the sigmas racing for each radius; a count is what the "
-                   f"configuration's rows certified, a lower bound on --plan all's: only each line's best per radius "
-                   f"is within the tolerance (table.md), the others were not extended"}[plan]
+def by_config_caption(title: str, images: int, how: str, grouped: bool, no_acr: Optional[str]) -> str:
+    """table_by_config.md's caption; `how`: how the runs certify, `no_acr`: why there is no ACR column (None: there
+    is one), both the plan's (engine/table/plans.py)."""
     per = "per group and sigma" if grouped else "per sigma"
     text = (f"{title}: certified accuracy (%) at l2 radius r on {images} images, a row per sigma and configuration "
             f"(a line's classifier, sigma' and m at that sigma); {how}. Bold: the best {per} in each column "
             f"(every row of a tie; none where no row certified an image)")
-    return text + (", ACR: the average certified radius." if plan == "fixed" else ". " + no_acr_reason(plan))
+    return text + (", ACR: the average certified radius." if no_acr is None else ". " + no_acr)
 
 
 def _percent(row: ConfigRow, k: int) -> str:
@@ -201,6 +187,6 @@ def by_config_latex(rows: Sequence[ConfigRow], radii: Sequence[float], caption: 
     return "\n".join(out) + "\n"
 
 
-def by_config_summary(rows: Sequence[ConfigRow], radii: Sequence[float], caption: str, plan: str) -> dict:
+def by_config_summary(rows: Sequence[ConfigRow], radii: Sequence[float], caption: str, no_acr: Optional[str]) -> dict:
     """summary.json's `by_config`."""
-    return {"caption": caption, "no_acr": no_acr_reason(plan), "rows": [row.as_dict(radii) for row in rows]}
+    return {"caption": caption, "no_acr": no_acr, "rows": [row.as_dict(radii) for row in rows]}

@@ -200,13 +200,14 @@ def check_normalization(spec: TableSpec) -> List[str]:
 def check_data(spec: TableSpec) -> Tuple[List[str], List[str]]:
     """(plan lines, problems) of the data: the folder opens as the dataset, the selection holds the
     spec's `images`, every selected image decodes."""
-    kind, path = spec.data.get("dataset"), spec.data.get("data")
-    skip, stop, images = spec.data.get("skip", 1), spec.data.get("max"), spec.data.get("images")
+    selection = spec.selection()            # [data] with the run's defaults, as the runs read it
+    kind, path = selection["dataset"], selection["data"]
+    skip, stop, images = selection["skip"], selection["max_index"], spec.data.get("images")
     where = DATASETS.get(kind, "the data set the spec names")
     if path and not os.path.exists(os.path.expanduser(str(path))):
         return [], [f"missing data folder {path} ({kind}); get it from {where}"]
     try:
-        dataset = load_dataset(kind or "embedded", path, split=spec.data.get("split", "test"))
+        dataset = load_dataset(kind or "embedded", path, split=selection["split"])
         indices = dataset.indices_selected(skip, stop)
     except UserError as exc:
         return [], [f"data: {exc}"]
@@ -233,8 +234,8 @@ def describe_runs(spec: TableSpec) -> List[str]:
         for sigma in spec.sigmas:
             what = [line.method, f"classifier {', '.join(line.classifier.get(sigma, ())) or 'demo'}"]
             if line.method == "diffsmooth":
-                what.append(f"sigma' {', '.join(f'{v:g}' for v in line.local_sigma.get(sigma, (sigma / 2,)))}")
-                what.append(f"m {', '.join(str(v) for v in line.m.get(sigma, (5,)))}")
+                what.append(f"sigma' {', '.join(f'{v:g}' for v in line.local_sigmas(sigma))}")
+                what.append(f"m {', '.join(str(v) for v in line.local_noises(sigma))}")
             out.append(f"run: {line.name}, sigma {sigma:g}: {'; '.join(what)}; normalization {layer}")
     return out
 

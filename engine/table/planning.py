@@ -1,7 +1,8 @@
-"""Which sigma runs settle which radius: the plan of a table (`fixed`, `all` or `auto`).
+"""Which sigma runs settle which radius: a table's plan as plan.json holds it (TablePlan, for the four
+plans of engine/table/plans.py: race, auto, all, fixed), and the assignment of the `auto` plan.
 
 fixed: fixed-n CERTIFY at n = n-max for every sigma (the paper's way). all: every sigma run settles
-every radius with the sequential rule. auto: a pilot of P images, an even stride through the
+every radius with the sequential rule. race: engine/table/race.py. auto: a pilot of P images, an even stride through the
 selection (image folders come in class order), settles every radius for every sigma; then each
 radius goes to the sigma runs that can still win it, and the other images settle only their sigma's
 radii. A radius goes to the sigma with the most pilot certificates there (ties: the larger sigma,
@@ -26,10 +27,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.table.defaults import MARGIN, RACE_REACH_SIGMAS
 
-PLANS = ("race", "auto", "all", "fixed")
-DEFAULT_MARGIN = 0.05
-DEFAULT_REACH = 2.5
+PLANS = ("race", "auto", "all", "fixed")        # engine/table/plans.py: one class each
 
 
 def pilot_indices(indices: Sequence[int], pilot: int) -> List[int]:
@@ -39,8 +39,8 @@ def pilot_indices(indices: Sequence[int], pilot: int) -> List[int]:
     return [indices[(2 * k + 1) * len(indices) // (2 * pilot)] for k in range(pilot)]
 
 
-def assign_radii(counts: Dict[float, Dict[float, int]], pilot: int, margin: float = DEFAULT_MARGIN,
-                 reach: float = DEFAULT_REACH) -> Dict[float, List[float]]:
+def assign_radii(counts: Dict[float, Dict[float, int]], pilot: int, margin: float = MARGIN,
+                 reach: float = RACE_REACH_SIGMAS) -> Dict[float, List[float]]:
     """{sigma: radii it settles} from the pilot's certified counts {sigma: {radius: images}}."""
     sigmas = sorted(counts)
     radii = sorted({r for per in counts.values() for r in per})
@@ -64,11 +64,12 @@ class TablePlan:
 
     mode: str
     pilot: Tuple[int, ...]                      # image indices of the pilot (auto)
-    main: Tuple[int, ...]                       # the other images
+    main: Tuple[int, ...]                       # the images the main result files hold (auto: all but the pilot's;
+                                                # race: every image, its pilot runs being the first runs of its first images)
     radii: Dict[str, List[float]]               # sigma (as text) -> radii its main runs settle
-    margin: float
+    margin: float                               # auto's (0 for the other plans)
     pilot_counts: Dict[str, Dict[str, Dict[str, int]]]     # line -> sigma -> radius -> certified pilot images
-    reach: float = DEFAULT_REACH                           # the best's neighbour settles r <= reach x sigma
+    reach: float = RACE_REACH_SIGMAS                           # auto: the best's neighbour settles r <= reach x sigma (0: race)
     tolerance: Optional[float] = None                      # race: the most a cell may be below `all`'s (points)
 
     def radii_for(self, sigma: float) -> List[float]:
@@ -86,18 +87,6 @@ class TablePlan:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"{path}: not a plan this version wrote ({exc}); remove it to plan again") from None
 
-    def lines(self) -> List[str]:
-        """The plan, printed."""
-        if self.mode == "race":
-            out = [f"plan race: {len(self.main)} images ({len(self.pilot)} first as the pilot); every cell within "
-                   f"{self.tolerance:g} points of --plan all's"]
-            return out + [f"  sigma {sigma}: first run settles radii {', '.join(f'{r:g}' for r in radii)}; extensions "
-                          "as the race asks" for sigma, radii in self.radii.items()]
-        out = [f"plan {self.mode}: {len(self.pilot)} pilot images, {len(self.main)} main images"]
-        for sigma, radii in self.radii.items():
-            out.append(f"  sigma {sigma}: settles radii {', '.join(f'{r:g}' for r in radii) or 'none (no main run)'}")
-        return out
-
 
 def plan_without_pilot(mode: str, indices: Sequence[int], sigmas: Sequence[float], radii: Sequence[float]) -> TablePlan:
     """`all` and `fixed`: every sigma settles every radius on every image."""
@@ -105,7 +94,7 @@ def plan_without_pilot(mode: str, indices: Sequence[int], sigmas: Sequence[float
 
 
 def plan_from_pilot(indices: Sequence[int], pilot: Sequence[int], counts_by_line: Dict[str, Dict[float, Dict[float, int]]],
-                    margin: float, reach: float = DEFAULT_REACH) -> TablePlan:
+                    margin: float, reach: float = RACE_REACH_SIGMAS) -> TablePlan:
     """`auto`: a radius goes to a sigma when any line assigns it there (the runs of one sigma share
     their radii, so every line's winners are kept)."""
     merged: Dict[float, set] = {}

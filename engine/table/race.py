@@ -30,12 +30,10 @@ import numpy as np
 from scipy.stats import beta
 
 from diffsmooth.engine.certify.sequential import SequentialRule
-
-DEFAULT_TOLERANCE = 0.5         # points: the most a cell may differ from `--plan all`'s
-INITIAL_REACH = 2.5             # first run of a sigma: the largest radius r <= 2.5 sigma (docs/table.md)
+from diffsmooth.engine.table.defaults import RACE_REACH_SIGMAS
 
 
-def initial_radii(radii: Sequence[float], sigma: float, reach: float = INITIAL_REACH) -> Tuple[float, ...]:
+def initial_radii(radii: Sequence[float], sigma: float, reach: float = RACE_REACH_SIGMAS) -> Tuple[float, ...]:
     """The first run of a sigma settles one radius: the largest r <= reach x sigma (0 if none).
     Beyond it the samples an image needs grow like 1 / (1 - Phi(r / sigma)); below it a row's
     lower bound already certifies the smaller radii of every image that certified it."""

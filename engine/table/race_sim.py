@@ -14,9 +14,9 @@ import numpy as np
 from diffsmooth.engine.certify.cohen import lower_confidence_bounds
 from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_lower, run_rule
 from diffsmooth.engine.runs.simulation import chunk_votes, shared_paths
+from diffsmooth.engine.table.defaults import PILOT_IMAGES, RACE_REACH_SIGMAS
 from diffsmooth.engine.table.planning import assign_radii, pilot_indices
 from diffsmooth.engine.table.race import (
-    INITIAL_REACH,
     Rows,
     initial_radii,
     next_extension,
@@ -128,7 +128,7 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, co
 
 def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float],
                    alpha: float, n_max: int, n0: int, tolerance_points: float, rng,
-                   reach: float = INITIAL_REACH, pilot: int = 25) -> dict:
+                   reach: float = RACE_REACH_SIGMAS, pilot: int = PILOT_IMAGES) -> dict:
     """One seed of fixed-n, `all`, the pilot plan (`auto`, the previous default: `pilot` images settle
     every radius, the rest what engine/table/planning.py assigns) and the race, all on the same paths:
     {plan: {'samples' (n0 included), 'cells' (%), 'by_sigma': {sigma: {why: samples}}}}."""

@@ -60,12 +60,8 @@ def line_acr(rows: LineRows) -> float:
     return max(average_certified_radius(config_rows) for per in rows.values() for config_rows in per.values())
 
 
-def caption(title: str, images: int, sigmas: Sequence[float], alpha: float, plan: str, n_max: int) -> str:
-    how = {"fixed": f"fixed-n CERTIFY at n = {n_max:,}",
-           "all": f"sequential CERTIFY (n-max {n_max:,}), every sigma settling every radius",
-           "auto": f"sequential CERTIFY (n-max {n_max:,}), each radius settled by the sigma runs a pilot assigned it",
-           "race": f"sequential CERTIFY (n-max {n_max:,}), the sigmas racing for each radius; each cell is at most "
-                   f"its stated bound below what every sigma settling every radius would give"}[plan]
+def caption(title: str, images: int, sigmas: Sequence[float], alpha: float, how: str) -> str:
+    """table.md's caption; `how`: how the runs certify (the plan's, engine/table/plans.py)."""
     return (f"{title}: certified accuracy (%) at l2 radius r on {images} images; each cell is the best over "
             f"sigma in {{{', '.join(f'{s:g}' for s in sigmas)}}} (and over the line's configurations), the "
             f"reporting convention of Cohen et al. and the DiffSmooth paper; every certificate holds with "

@@ -42,15 +42,26 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from diffsmooth.engine.choices import MAX_SAMPLES, MAX_SEED
-from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.choices import (
+    DEFAULT_ALPHA,
+    DEFAULT_LOCAL_NOISE,
+    DEFAULT_N,
+    DEFAULT_N0,
+    DEFAULT_SEED,
+    DEFAULT_SKIP,
+    DEFAULT_SPLIT,
+    MAX_SAMPLES,
+    MAX_SEED,
+    METHODS,
+)
+from diffsmooth.engine.errors import UserError, check_alpha
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.resnet import NORMALIZATION_MODES
 from diffsmooth.engine.models.shipped import DEMO_TRAINING_SIGMAS
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.table.defaults import RADII, SIGMAS, TITLE, local_noises, local_sigmas
 from diffsmooth.engine.table.sources import SOURCES
 
-METHODS = ("rs", "dds", "diffsmooth")
 TOP_KEYS = {"title", "sigmas", "radii", "n0", "n_max", "alpha", "seed", "data", "models", "run", "line"}
 DATA_KEYS = {"dataset", "data", "split", "skip", "max", "images", "image_size"}
 MODEL_KEYS = {"denoiser", "scheduler", "preset", "unet_config", "schedule", "diffusion_steps", "arch", "normalization",
@@ -65,7 +76,6 @@ FOLDERS = ("models", "data")                    # the {models} / {data} placehol
 LINE_PATHS = ("classifier", "denoiser", "scheduler")      # a line's keys that hold paths
 
 DEMO_SIGMAS = tuple(s for s in DEMO_TRAINING_SIGMAS if s > 0)
-DEMO_RADII = tuple(r / 4 for r in range(9))                          # 0, 0.25, ..., 2.0
 DEMO_LINES = {"rs": "RS (Cohen et al.)", "dds": "DDS (denoise, m=1)", "diffsmooth": "DiffSmooth"}
 # --rows of the demo table: a method's line, or DDS with the demo's diffusers DDPM as its denoiser
 DEMO_ROWS = {**{m: m for m in METHODS}, "dds-ddpm": "dds"}
@@ -81,7 +91,7 @@ class LineSpec:
     classifier: Dict[float, Tuple[str, ...]]
     local_sigma: Dict[float, Tuple[float, ...]]
     m: Dict[float, Tuple[int, ...]]
-    local_noise: str = "fixed"
+    local_noise: str = DEFAULT_LOCAL_NOISE
     source: Optional[str] = None            # engine/table/sources.py: where the classifiers come from
     normalization: Optional[str] = None     # the classifiers' input layer; None: the source's, else [models]'
     group: Optional[str] = None             # the per-configuration layout's block (None: one block for the table)
@@ -94,6 +104,14 @@ class LineSpec:
         if self.normalization is not None:
             return self.normalization
         return SOURCES[self.source].normalization if self.source is not None else None
+
+    def local_sigmas(self, sigma: float) -> Tuple[float, ...]:
+        """sigma' at `sigma`: the spec's, else the default (engine/table/defaults.py)."""
+        return self.local_sigma.get(sigma) or local_sigmas(sigma)
+
+    def local_noises(self, sigma: float) -> Tuple[int, ...]:
+        """m at `sigma`: the spec's, else the default (engine/table/defaults.py)."""
+        return self.m.get(sigma) or local_noises(sigma)
 
     @property
     def slug(self) -> str:
@@ -110,10 +128,10 @@ class TableSpec:
     sigmas: Tuple[float, ...]
     radii: Tuple[float, ...]
     lines: Tuple[LineSpec, ...]
-    n0: int = 100
-    n_max: int = 10000
-    alpha: float = 0.001
-    seed: int = 0
+    n0: int = DEFAULT_N0
+    n_max: int = DEFAULT_N
+    alpha: float = DEFAULT_ALPHA
+    seed: int = DEFAULT_SEED
     data: Dict[str, object] = field(default_factory=dict)
     models: Dict[str, object] = field(default_factory=dict)
     run: Dict[str, object] = field(default_factory=dict)
@@ -132,15 +150,19 @@ class TableSpec:
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
+    def selection(self) -> dict:
+        """[data] as the run's options, what it leaves out at its defaults (dataset, data, split, skip,
+        max_index, image_size); `--check` reads the same."""
+        data = self.data
+        return dict(dataset=data.get("dataset"), data=data.get("data"), split=data.get("split", DEFAULT_SPLIT),
+                    skip=data.get("skip", DEFAULT_SKIP), max_index=data.get("max"), image_size=data.get("image_size"))
+
     def request_options(self, line: LineSpec, sigma: float) -> dict:
         """`RunRequest.parse` keyword arguments of the line's run at `sigma` (sequential options aside)."""
-        data = dict(self.data)
         options = dict(method=(line.method,), sigma=sigma, classifier=line.classifier.get(sigma, ()),
-                       local_sigma=line.local_sigma.get(sigma, (sigma / 2,)), m=line.m.get(sigma, (5,)),
+                       local_sigma=line.local_sigmas(sigma), m=line.local_noises(sigma),
                        local_noise=line.local_noise, n0=self.n0, n=self.n_max, alpha=self.alpha, seed=self.seed,
-                       dataset=data.get("dataset"), data=data.get("data"), split=data.get("split", "test"),
-                       skip=data.get("skip", 1), max_index=data.get("max"), image_size=data.get("image_size"),
-                       quiet=True)
+                       **self.selection(), quiet=True)
         options.update(self.models)
         if line.denoiser is not None:
             for key in DENOISER_SETTINGS:
@@ -164,6 +186,16 @@ def _number(where: str, value, kind=float, low: Optional[float] = None, strict: 
     if high is not None and value > high:
         raise UserError(f"{where} must be <= {high:,}, got {value!r}")
     return kind(value) + (0.0 if kind is float else 0)        # -0.0 -> 0.0
+
+
+def _alpha(where: str, value) -> float:
+    """A finite number in (0, 1): the range engine/errors.py's check_alpha defines (RunRequest applies the same)."""
+    alpha = _number(where, value, float, 0.0, strict=True)
+    try:
+        check_alpha(alpha)
+    except UserError:
+        raise UserError(f"{where} must be in (0, 1), got {value!r}") from None
+    return alpha
 
 
 def _unknown(where: str, table: dict, allowed: set) -> None:
@@ -224,8 +256,8 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
     if not isinstance(doc, dict):
         raise UserError(f"{where}: not a table")
     _unknown(where, doc, TOP_KEYS)
-    sigmas = _sorted_unique(f"{where}: sigmas", doc.get("sigmas", [0.25, 0.5, 1.0]), 0.0, strict=True)
-    radii = tuple(sorted({0.0, *_sorted_unique(f"{where}: radii", doc.get("radii", list(DEMO_RADII)), 0.0, False)}))
+    sigmas = _sorted_unique(f"{where}: sigmas", doc.get("sigmas", list(SIGMAS)), 0.0, strict=True)
+    radii = tuple(sorted({0.0, *_sorted_unique(f"{where}: radii", doc.get("radii", list(RADII)), 0.0, False)}))
     sections = {}
     for name, allowed in (("data", DATA_KEYS), ("models", MODEL_KEYS), ("run", RUN_KEYS)):
         table = doc.get(name, {})
@@ -274,16 +306,15 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
             _per_sigma(f"{at}.local_sigma", raw.get("local_sigma"), sigmas,
                        lambda w, v: _number(w, v, float, 0.0, strict=True)),
             _per_sigma(f"{at}.m", raw.get("m"), sigmas, lambda w, v: _number(w, v, int, 1)),
-            str(raw.get("local_noise", "fixed")), source, layer, group, denoiser, scheduler))
-    title = doc.get("title", "certified accuracy")
+            str(raw.get("local_noise", DEFAULT_LOCAL_NOISE)), source, layer, group, denoiser, scheduler))
+    title = doc.get("title", TITLE)
     if not isinstance(title, str):
         raise UserError(f"{where}: title must be a string, got {title!r}")
-    spec = TableSpec(title, sigmas, radii, tuple(lines), n0=_number(f"{where}: n0", doc.get("n0", 100), int, 1, high=MAX_SAMPLES),
-                     n_max=_number(f"{where}: n_max", doc.get("n_max", 10000), int, 1, high=MAX_SAMPLES),
-                     alpha=_number(f"{where}: alpha", doc.get("alpha", 0.001), float, 0.0, strict=True),
-                     seed=_number(f"{where}: seed", doc.get("seed", 0), int, 0, high=MAX_SEED), **sections)
-    if not spec.alpha < 1:
-        raise UserError(f"{where}: alpha must be in (0, 1), got {spec.alpha}")
+    spec = TableSpec(title, sigmas, radii, tuple(lines),
+                     n0=_number(f"{where}: n0", doc.get("n0", DEFAULT_N0), int, 1, high=MAX_SAMPLES),
+                     n_max=_number(f"{where}: n_max", doc.get("n_max", DEFAULT_N), int, 1, high=MAX_SAMPLES),
+                     alpha=_alpha(f"{where}: alpha", doc.get("alpha", DEFAULT_ALPHA)),
+                     seed=_number(f"{where}: seed", doc.get("seed", DEFAULT_SEED), int, 0, high=MAX_SEED), **sections)
     check_requests(spec, where)
     return spec
 
@@ -345,23 +376,18 @@ def load_spec(path, folders: Optional[Dict[str, Optional[str]]] = None) -> Table
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path}: not valid TOML ({exc})") from None
-    spec = parse_spec(resolve_folders(doc, folders or {}, str(path)), str(path))
-    if not spec.alpha < 1:
-        raise UserError(f"{path}: alpha must be in (0, 1), got {spec.alpha}")
-    return spec
+    return parse_spec(resolve_folders(doc, folders or {}, str(path)), str(path))
 
 
 DEMO_IMAGES = 16
 DEMO_N_MAX = 500
-DEMO_N0 = 100
 
 
 def demo_local_sigma(sigma: float) -> float:
-    """DiffSmooth's sigma' in the demo: the largest shipped classifier level at or below sigma / 2
-    (sigma' <= sigma, as in the paper), else the smallest shipped one."""
-    levels = [s for s in DEMO_TRAINING_SIGMAS if s > 0]
-    below = [s for s in levels if s <= sigma / 2 + 1e-12]
-    return max(below) if below else min(levels)
+    """DiffSmooth's sigma' in the demo: the largest shipped classifier level at or below a spec's default
+    sigma' (sigma / 2: engine/table/defaults.py; sigma' <= sigma, as in the paper), else the smallest shipped one."""
+    below = [s for s in DEMO_SIGMAS if s <= local_sigmas(sigma)[0] + 1e-12]
+    return max(below) if below else min(DEMO_SIGMAS)
 
 
 def _demo_line(row: str) -> LineSpec:
@@ -396,8 +422,8 @@ def demo_spec(rows=("rs", "dds", "diffsmooth"), images: Optional[int] = None, n_
     for key, value in (("threads", threads), ("batch", batch), ("compile", compile)):
         if value is not None:
             run[key] = value
-    spec = TableSpec("Fashion-MNIST demo", DEMO_SIGMAS, DEMO_RADII, tuple(lines), n0=DEMO_N0,
-                     n_max=DEMO_N_MAX if n_max is None else n_max, alpha=0.001, seed=0,
+    spec = TableSpec("Fashion-MNIST demo", DEMO_SIGMAS, RADII, tuple(lines),
+                     n_max=DEMO_N_MAX if n_max is None else n_max,
                      data={"dataset": "embedded", "skip": skip, "max": skip * images}, run=run)
     check_requests(spec, "--demo")
     return spec

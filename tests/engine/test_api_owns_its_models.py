@@ -155,7 +155,7 @@ def test_weights_changed_under_a_built_object_are_refused(path, change):
         model.certify(IMAGES[1][1], **CERTIFY, image_index=IMAGES[1][0])
 
 
-class Images:
+class Dataset:
     """A dataset of the tiny images, labels = their index."""
 
     def __getitem__(self, i):
@@ -172,7 +172,8 @@ def test_a_run_keeps_the_rows_before_its_weights_changed_and_refuses_the_rest(tm
     from diffsmooth.engine.backends.torch_backend import TorchBackend
     from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-    from diffsmooth.engine.runs.dataset_run import run_dataset
+    from diffsmooth.engine.runs.dataset_run import Images as RunImages
+    from diffsmooth.engine.runs.dataset_run import Jobs, run_dataset
     from diffsmooth.engine.runs.results import read_rows
 
     def run(out, change_after=None):
@@ -188,8 +189,8 @@ def test_a_run_keeps_the_rows_before_its_weights_changed_and_refuses_the_rest(tm
                 with torch.no_grad():
                     classifier[3].bias.add_(1.0)
         pipe.batch_hooks.append(hook)
-        return run_dataset(pipe, Images(), list(range(6)), [out], n0=20, n=200, alpha=0.01, batch=100,
-                           progress=False, window=1)
+        return run_dataset(pipe, RunImages(Dataset(), list(range(6)), batch=100, window=1, progress=False), [out],
+                           Jobs("certify", 20, 200, 0.01, 0.12))
 
     run(tmp_path / "clean.tsv")
     clean = [{k: r[k] for k in ("idx", "predict", "radius")} for r in read_rows(tmp_path / "clean.tsv")]

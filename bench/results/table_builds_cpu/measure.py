@@ -1,18 +1,26 @@
-"""Runs the `diffsmooth` command line given as arguments and, at exit, prints one JSON line with
-torch.compile's work in the process: graphs compiled (dynamo's unique_graphs), frames compiled and
-the seconds dynamo spent compiling (its `_compile.compile_inner` timer: tracing plus inductor)."""
+"""Runs the `diffsmooth` command line given as arguments, as a child process, and at its exit prints one
+JSON line (stderr) with torch.compile's work in that process: graphs compiled (dynamo's unique_graphs),
+frames compiled and the seconds dynamo spent compiling (its `_compile.compile_inner` timer: tracing
+plus inductor).
 
-import atexit
-import json
+    python measure.py table --demo ...
+
+The child is `python -c CHILD ARGS...`: CHILD registers the report at exit, then runs the command line
+as `python -m diffsmooth.cli` would; this script imports nothing of diffsmooth (bench/ never imports the
+command line: tests/bench/test_no_cli_imports.py)."""
+
+import subprocess
 import sys
-import time
+
+CHILD = """
+import atexit, json, runpy, sys, time
 
 import torch._dynamo.utils as dynamo_utils
 
 START = time.perf_counter()
 
 
-def report() -> None:
+def report():
     metrics = dynamo_utils.compilation_time_metrics
     print("MEASURE " + json.dumps({
         "wall_seconds": round(time.perf_counter() - START, 1),
@@ -24,7 +32,9 @@ def report() -> None:
 
 
 atexit.register(report)
-from diffsmooth.cli import main  # noqa: E402
-
 sys.argv = ["diffsmooth", *sys.argv[1:]]
-main()
+runpy.run_module("diffsmooth.cli", run_name="__main__")
+"""
+
+if __name__ == "__main__":
+    sys.exit(subprocess.run([sys.executable, "-c", CHILD, *sys.argv[1:]]).returncode)

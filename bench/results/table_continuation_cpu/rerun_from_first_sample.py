@@ -2,12 +2,23 @@
 rows kept their states): LineRace.starts gives no state, so every extension starts each image afresh.
 
     python rerun_from_first_sample.py table --demo --rows rs ... --out rerun
-"""
 
+The command line runs as a child process, `python -c CHILD ARGS...`: CHILD patches the race, then runs
+the command line as `python -m diffsmooth.cli` would; this script imports nothing of diffsmooth (bench/
+never imports the command line: tests/bench/test_no_cli_imports.py)."""
+
+import subprocess
 import sys
 
-from diffsmooth.cli import main
+CHILD = """
+import runpy, sys
+
 from diffsmooth.engine.table.race_build import LineRace
 
 LineRace.starts = lambda self, sigma, radii, images: {}
-sys.exit(main(sys.argv[1:]))
+sys.argv = ["diffsmooth", *sys.argv[1:]]
+runpy.run_module("diffsmooth.cli", run_name="__main__")
+"""
+
+if __name__ == "__main__":
+    sys.exit(subprocess.run([sys.executable, "-c", CHILD, *sys.argv[1:]]).returncode)

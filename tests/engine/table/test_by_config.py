@@ -17,9 +17,9 @@ from diffsmooth.engine.table.by_config import (
     by_config_markdown,
     config_rows,
     markdown_text,
-    no_acr_reason,
     parse_config,
 )
+from diffsmooth.engine.table.plans import plan_for
 from diffsmooth.engine.table.report import tex_text
 from diffsmooth.engine.table.spec import parse_spec
 
@@ -94,7 +94,7 @@ def test_groups_each_have_their_own_best_per_sigma():
     assert rows[0].best == [True, True, True] and rows[1].best == [True, True, True]      # alone in its block
     assert rows[2].best == [True, True, False] and rows[3].best == [False, False, True]
     assert all(row.acr is None and not row.best_acr for row in rows)
-    assert "per group and sigma" in by_config_caption("t", 6, "fixed", 100, grouped=True)
+    assert "per group and sigma" in caption_of("fixed", grouped=True)
 
 
 def test_a_radius_a_run_did_not_settle_is_left_blank_and_never_bold():
@@ -108,7 +108,7 @@ def test_a_radius_a_run_did_not_settle_is_left_blank_and_never_bold():
 
 def test_markdown_layout_bold_and_escaping():
     rows = config_rows(LINES, BY_LINE, RADII, 6, lambda s, r: True, with_acr=True)
-    text = by_config_markdown(rows, RADII, by_config_caption("T", 6, "fixed", 100000, grouped=False))
+    text = by_config_markdown(rows, RADII, caption_of("fixed", n_max=100000))
     lines = text.splitlines()
     assert lines[2] == "| line | sigma | sigma' | m | ACR | r = 0 | r = 0.25 | r = 0.5 |"
     assert lines[4] == "| RS | 0.25 | - | - | **0.267** | 83.3 | **66.7** | 16.7 |"
@@ -146,13 +146,23 @@ def test_latex_layout_bold_blocks_and_escaping():
 def test_without_fixed_n_rows_there_is_no_acr_and_the_layout_says_why():
     rows = config_rows(LINES, BY_LINE, RADII, 6, lambda s, r: True, with_acr=False)
     for plan in ("all", "auto", "race"):
-        caption = by_config_caption("T", 6, plan, 1000, grouped=False)
-        assert no_acr_reason(plan) in caption and "--plan fixed" in caption
+        caption = caption_of(plan)
+        assert _plan(plan).no_acr() in caption and "--plan fixed" in caption
         text = by_config_markdown(rows, RADII, caption)
         assert "ACR |" not in text and "| line | sigma | sigma' | m | r = 0 |" in text
         assert "ACR" not in by_config_latex(rows, RADII, "c")
-    assert no_acr_reason("fixed") is None
-    assert "lower bound on --plan all's" in by_config_caption("T", 6, "race", 1000, grouped=False)
+    assert _plan("fixed").no_acr() is None and "ACR: the average certified radius" in caption_of("fixed")
+    assert "lower bound on --plan all's" in caption_of("race")
+
+
+def _plan(name):
+    return plan_for(name, pilot=2, margin=0.05, reach=2.5, tolerance=0.5)
+
+
+def caption_of(plan: str, grouped: bool = False, n_max: int = 1000) -> str:
+    """table_by_config.md's caption for a table of 6 images under `plan`."""
+    p = _plan(plan)
+    return by_config_caption("T", 6, p.how_by_config(n_max), grouped, p.no_acr())
 
 
 def test_group_is_a_line_key_that_keeps_older_specs_fingerprints():

@@ -13,6 +13,7 @@ from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.errors import Terminated
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table import one_pass
+from diffsmooth.engine.table import runner as table_runner
 from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted
 from diffsmooth.engine.table.spec import parse_spec
 
@@ -80,11 +81,11 @@ def test_one_pass_rows_equal_separate_runs(separate, tmp_path):
 @needs_demo
 @pytest.mark.slow
 def test_an_interrupted_pass_resumes_to_the_rows_of_separate_runs(separate, tmp_path, monkeypatch):
-    real = one_pass.run_dataset
+    real = table_runner.run_dataset
     calls = []
 
     def stops_after_three_images(*args, **kwargs):
-        calls.append(len(args[3]))
+        calls.append(len(args[2]))
         if len(calls) < 3:                      # the two pilot passes finish
             return real(*args, **kwargs)
         rows = []
@@ -95,7 +96,7 @@ def test_an_interrupted_pass_resumes_to_the_rows_of_separate_runs(separate, tmp_
                 raise Terminated("test")
         return real(*args, on_row=on_row, **kwargs)
 
-    monkeypatch.setattr(one_pass, "run_dataset", stops_after_three_images)
+    monkeypatch.setattr(table_runner, "run_dataset", stops_after_three_images)
     out = tmp_path / "t"
     with pytest.raises(TableInterrupted, match="SIGTERM during DDS \\+ DiffSmooth sigma 0.5 \\(first\\)"):
         _build(out)
@@ -103,7 +104,7 @@ def test_an_interrupted_pass_resumes_to_the_rows_of_separate_runs(separate, tmp_
     for name in ("dds_s0.5.tsv", "diffsmooth_s0.5.tsv"):
         assert len(read_rows(out / "runs" / name)) == 2 + 3        # the pilot's images and three of the first run's
     assert not (out / "runs" / "dds_s0.25_to0.5.tsv").exists()
-    monkeypatch.setattr(one_pass, "run_dataset", real)
+    monkeypatch.setattr(table_runner, "run_dataset", real)
     got = _build(out)
     _same_table(got, separate)
     assert got["summary"]["shared_passes"] == 2          # this invocation: the first runs (the pilots were done)
@@ -114,19 +115,19 @@ def test_lines_that_denoise_at_one_sigma_share_a_pass_and_nothing_else_does(tmp_
         {"name": "RS", "method": "rs"}, {"name": "DDS", "method": "dds"},
         {"name": "DS", "method": "diffsmooth", "local_sigma": 0.25, "m": 1},
         {"name": "DS center", "method": "diffsmooth", "normalization": "center"}]})
-    builder = TableBuilder(spec, tmp_path / "t", log=lambda line: None)
+    builder = TableBuilder(spec, tmp_path / "t", plan="auto", log=lambda line: None)
     rs, dds, ds, center = spec.lines
 
     def phase(line, sigma, images=(0, 1), radii=(0.0, 0.5), kind="first"):
         return Phase(line, sigma, images, radii, builder.phase_path(line, sigma, "main"), kind)
 
     phases = [phase(line, sigma) for line in spec.lines for sigma in spec.sigmas]
-    got = [[(p.line.name, p.sigma) for p in group] for group in one_pass.groups(builder, phases)]
+    got = [[(p.line.name, p.sigma) for p in group] for group in one_pass.groups(builder.request, phases)]
     assert got == [[("RS", 0.25)], [("RS", 0.5)], [("DDS", 0.25), ("DS", 0.25)], [("DDS", 0.5), ("DS", 0.5)],
                    [("DS center", 0.25)], [("DS center", 0.5)]]
     # other images, other radii or another phase kind: separate passes
     for other in (phase(ds, 0.25, images=(0, 2)), phase(ds, 0.25, radii=(0.0, 0.25)), phase(ds, 0.25, kind="pilot")):
-        assert len(one_pass.groups(builder, [phase(dds, 0.25), other])) == 2
+        assert len(one_pass.groups(builder.request, [phase(dds, 0.25), other])) == 2
 
 
 @needs_demo
@@ -134,8 +135,8 @@ def test_a_pass_holds_only_the_lines_configurations_and_refuses_a_name_twice(tmp
     spec = parse_spec({"sigmas": [0.5], "data": {"dataset": "embedded", "skip": 100}, "line": [
         {"name": "DDS", "method": "dds"}, {"name": "DS", "method": "diffsmooth", "local_sigma": [0.25, 0.5], "m": 1},
         {"name": "DS again", "method": "diffsmooth", "local_sigma": 0.25, "m": 1}]})
-    builder = TableBuilder(spec, tmp_path / "t", log=lambda line: None)
-    runs = [one_pass._planned(builder, Phase(line, 0.5, (0, 100), (0.0,), builder.phase_path(line, 0.5, "main"), "first"))
+    builder = TableBuilder(spec, tmp_path / "t", plan="auto", log=lambda line: None)
+    runs = [builder.runner.planned(Phase(line, 0.5, (0, 100), (0.0,), builder.phase_path(line, 0.5, "main"), "first"))
             for line in spec.lines]
     shared = one_pass.shared_run(runs[:2])
     # DDS with the clean classifier, DiffSmooth at each sigma' with its own: no cross product of the two
@@ -160,6 +161,6 @@ def test_the_other_plans_share_their_full_runs_with_the_rows_of_separate_runs(tm
         got[one] = {p.name: sorted(({k: v for k, v in r.items() if k != "time"} for r in read_rows(p)),
                                    key=lambda r: int(r["idx"])) for p in sorted((out / "runs").glob("*.tsv"))}
         got[one]["table.md"] = (out / "table.md").read_text()
-        got[one]["shared"] = builder.shared_passes
+        got[one]["shared"] = builder.runner.shared_passes
     assert got[True] == dict(got[False], shared=2 if plan == "auto" else 1)      # auto: its pilot and its main runs
     assert len(got[True]) == (4 if plan == "all" else 6)

@@ -8,6 +8,7 @@ from table_fixtures import small_table_spec
 
 from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.table import build as table_build
+from diffsmooth.engine.table import runner as table_runner
 from diffsmooth.engine.table.pilot_rate import BatchClock
 from diffsmooth.engine.table.spec import parse_spec
 
@@ -45,15 +46,15 @@ def test_nothing_timed_gives_no_rate():
 @needs_demo
 def test_a_pilot_is_timed_on_its_own_batches_and_a_resumed_one_is_probed(tmp_path, monkeypatch):
     spec = parse_spec(tomllib.loads(small_table_spec()))
-    builder = table_build.TableBuilder(spec, tmp_path / "t", pilot=2, log=lambda line: None, progress=False)
+    builder = table_build.TableBuilder(spec, tmp_path / "t", plan="auto", pilot=2, log=lambda line: None, progress=False)
     builder.claim_folder()
     probes = []
-    real_probe = table_build.probe_rate
-    monkeypatch.setattr(table_build, "probe_rate", lambda *a, **k: probes.append(a) or real_probe(*a, **k))
+    real_probe = table_runner.probe_rate
+    monkeypatch.setattr(table_runner, "probe_rate", lambda *a, **k: probes.append(a) or real_probe(*a, **k))
     line, sigma = spec.lines[0], spec.sigmas[0]
     phase = table_build.Phase(line, sigma, [83, 250], spec.radii, builder.phase_path(line, sigma, "pilot"), "pilot")
     result = builder.run_phase(phase)
-    voter = builder.voters[(line.name, sigma)]
+    voter = builder.runner.voters[(line.name, sigma)]
     assert result.probe_rate > 0 and probes == []
     assert voter.samples_computed == result.samples          # no sample drawn beyond the pilot's own
     again = builder.run_phase(phase)                          # rows already there: nothing of the pilot is timed

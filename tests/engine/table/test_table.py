@@ -183,10 +183,10 @@ def _table(tmp_path, *extra, spec=SPEC, name="spec.toml"):
 @needs_demo
 @pytest.mark.slow
 def test_table_writes_its_outputs_resumes_to_the_same_table_and_refuses_another_spec(tmp_path, monkeypatch):
-    from diffsmooth.engine.table import build as table_build
+    from diffsmooth.engine.table import runner as table_runner
     builds = []
-    real_build = table_build.build_voter
-    monkeypatch.setattr(table_build, "build_voter",
+    real_build = table_runner.build_voter
+    monkeypatch.setattr(table_runner, "build_voter",
                         lambda run, log, *held: builds.append(run.sigma) or real_build(run, log, *held))
     args = _table(tmp_path)[3:]
     first = invoke_ok(args)
@@ -272,15 +272,16 @@ def test_sigterm_stops_the_whole_table_and_the_rerun_finishes_it(tmp_path):
 def test_a_signal_between_two_runs_stops_the_table_before_the_next_one(tmp_path, monkeypatch):
     """Ctrl-C or SIGTERM that lands between runs (no run_dataset handler installed) is noted and the
     next run never starts; the table exits like an interrupted run."""
-    from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted, stop_between_runs
+    from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted
+    from diffsmooth.engine.table.phases import stop_between_runs
     spec = parse_spec({"sigmas": [0.5], "line": [{"method": "rs"}]})
-    builder = TableBuilder(spec, tmp_path / "t", log=lambda line: None)
+    builder = TableBuilder(spec, tmp_path / "t", plan="auto", log=lambda line: None)
     monkeypatch.setattr(builder, "run_phase", lambda phase: pytest.fail("a run started after the signal"))
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    with stop_between_runs() as builder.stop:
+    with stop_between_runs() as builder.runner.stop:
         os.kill(os.getpid(), signal.SIGTERM)
         with pytest.raises(TableInterrupted, match="SIGTERM"):
-            builder._step(Phase(spec.lines[0], 0.5, [0], (0.0,), tmp_path / "x.tsv", "pilot"))
+            builder.runner.step(Phase(spec.lines[0], 0.5, [0], (0.0,), tmp_path / "x.tsv", "pilot"))
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before     # handlers restored
 
 
@@ -288,39 +289,43 @@ def test_an_interrupted_main_runs_seconds_count_when_the_table_resumes(tmp_path,
     """cost.json's measured seconds add up every invocation of a main run, the interrupted ones too,
     so predicted vs measured compares like with like after a resume; samples come when it finishes,
     once per phase however often a resumed table passes it."""
-    from diffsmooth.engine.table.build import Phase, PhaseResult, TableBuilder, TableInterrupted, stop_between_runs
+    from diffsmooth.engine.errors import Terminated
+    from diffsmooth.engine.table import runner as table_runner
+    from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted
+    from diffsmooth.engine.table.folder import TableFolder
     spec = parse_spec({"sigmas": [0.5], "line": [{"method": "rs"}]})
     out = tmp_path / "t"
     out.mkdir()
-    builder = TableBuilder(spec, out, log=lambda line: None)
+    builder = TableBuilder(spec, out, plan="auto", log=lambda line: None)
     phase = Phase(spec.lines[0], 0.5, [0, 1], (0.0,), tmp_path / "x.tsv", "main")
     key = f"{spec.lines[0].name} | sigma 0.5"
     costs = {"runs": {key: {"seconds": 30.0}}, "predicted": {"samples": 1, "seconds": 30.0}}
+    clock = [100.0]
+    monkeypatch.setattr(table_runner.time, "perf_counter", lambda: clock[0])
 
-    def stopped(phase):
-        raise TableInterrupted("stopped", 12.5)
-
-    with stop_between_runs() as builder.stop:
-        monkeypatch.setattr(builder, "run_phase", stopped)
-        with pytest.raises(TableInterrupted):
-            builder._step(phase, costs)
-        assert json.loads((out / "cost.json").read_text())["measured"][key] == {"seconds": 12.5, "samples": 0}
-        monkeypatch.setattr(builder, "run_phase", lambda phase: PhaseResult({}, 20.0, 4000))
-        builder._step(phase, costs)
+    def interrupted(*args, **kwargs):           # SIGTERM 12.5 s into the run
+        clock[0] += 12.5
+        raise Terminated("test")
+    monkeypatch.setattr(table_runner, "run_dataset", interrupted)
+    with pytest.raises(TableInterrupted, match="SIGTERM during RS .* sigma 0.5 \\(main\\)") as stop:
+        builder.runner.step(phase, costs)
+    assert stop.value.seconds == 12.5
+    assert json.loads((out / "cost.json").read_text())["measured"][key] == {"seconds": 12.5, "samples": 0}
+    folder = TableFolder(out, lambda line: None)
+    folder.measured(costs, phase, 20.0, 4000)   # the resumed invocation finishes the run
     assert json.loads((out / "cost.json").read_text())["measured"][key] == {"seconds": 32.5, "samples": 4000,
                                                                           "phases": {"main 0 x2": 4000}}
-    with stop_between_runs() as builder.stop:            # a line-sigma's next phase (the race's extensions) adds up
-        monkeypatch.setattr(builder, "run_phase", lambda phase: PhaseResult({}, 5.0, 700))
-        builder._step(Phase(spec.lines[0], 0.5, [1], (0.0, 0.5), tmp_path / "y.tsv", "to0.5"), costs)
-        builder._step(Phase(spec.lines[0], 0.5, [1], (0.0, 0.5), tmp_path / "y.tsv", "to0.5"), costs)   # a rerun
+    extension = Phase(spec.lines[0], 0.5, [1], (0.0, 0.5), tmp_path / "y.tsv", "to0.5")
+    folder.measured(costs, extension, 5.0, 700)     # a line-sigma's next phase (the race's extensions) adds up
+    folder.measured(costs, extension, 0.0, 700)     # a rerun finds its rows: no seconds, the same samples
     measured = json.loads((out / "cost.json").read_text())["measured"][key]
-    assert measured["samples"] == 4700 and measured["seconds"] == 42.5
+    assert measured["samples"] == 4700 and measured["seconds"] == 37.5
 
 
 def test_the_timing_probe_times_full_batches_after_an_untimed_one(monkeypatch):
     """The predicted seconds use full batches' rate: one untimed batch, then PROBE_BATCHES timed ones
     at the run's batch size, on a pilot image (its own index, so its noise stream)."""
-    from diffsmooth.engine.table import build as table_build
+    from diffsmooth.engine.table import phases as table_build
 
     clock = [0.0]
     calls = []

@@ -11,6 +11,7 @@ from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table import build as table_build
+from diffsmooth.engine.table import runner as table_runner
 from diffsmooth.engine.table.spec import parse_spec
 
 needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
@@ -33,9 +34,9 @@ class BuildsEveryRun(ModelSet):
 
 
 def _build(out, monkeypatch, model_set=ModelSet):
-    monkeypatch.setattr(table_build, "ModelSet", model_set)
+    monkeypatch.setattr(table_runner, "ModelSet", model_set)
     spec = parse_spec(tomllib.loads(SPEC))
-    table_build.TableBuilder(spec, out, pilot=2, log=lambda line: None, progress=False).build()
+    table_build.TableBuilder(spec, out, plan="auto", pilot=2, log=lambda line: None, progress=False).build()
     rows = {p.name: [{k: v for k, v in r.items() if k != "time"} for r in read_rows(p)]
             for p in sorted((out / "runs").glob("*.tsv"))}
     return rows, json.loads((out / "summary.json").read_text())

@@ -1,0 +1,103 @@
+"""The training steps the demo's denoisers and classifiers share: the result record, the LR schedule,
+batches, flips, the focused timestep draw and the optimiser step with EMA weights.
+
+engine/demo/training.py (the engine's UNet and the classifiers) and engine/demo/diffusers_training.py
+(diffusers' UNet2DModel) both build on this module; neither imports the other's internals.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from diffsmooth.engine.errors import UserError
+
+# Timesteps the one-shot denoiser is used at: t* for sigma 0.12 .. 1.0 is 573 .. 2809 (docs/compatibility.md).
+# Training draws t uniformly from FOCUS_RANGE with probability FOCUS_PROB, else uniformly from
+# the whole schedule, so the small budget goes where inference happens while the model stays a
+# DDPM over all of [0, T).
+FOCUS_RANGE = (500, 2900)
+FOCUS_PROB = 0.8
+
+
+@dataclass
+class TrainResult:
+    """A trained model with its per-step losses and bookkeeping for the manifest."""
+
+    model: torch.nn.Module
+    losses: list[float]
+    steps: int
+    batch_size: int
+    wall_time_s: float
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def final_loss(self) -> float:
+        """Mean training loss over the last 10% of steps (at least the last one)."""
+        k = max(1, len(self.losses) // 10)
+        return float(np.mean(self.losses[-k:]))
+
+
+def warmup_cosine(step: int, total: int, warmup: int, floor: float = 0.0) -> float:
+    """LR multiplier: linear warmup over `warmup` steps, then cosine decay from 1 to `floor`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def random_flip(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Horizontally flip each image with probability 1/2 (drawn from `gen`)."""
+    flip = torch.rand(x.shape[0], generator=gen) < 0.5
+    return torch.where(flip[:, None, None, None], x.flip(-1), x)
+
+
+def batches(n: int, batch_size: int, steps: int, gen: torch.Generator):
+    """Yield `steps` index batches: successive random permutations of range(n), no short batches."""
+    batch_size = min(batch_size, n)
+    perm, pos = torch.randperm(n, generator=gen), 0
+    for _ in range(steps):
+        if pos + batch_size > n:
+            perm, pos = torch.randperm(n, generator=gen), 0
+        yield perm[pos:pos + batch_size]
+        pos += batch_size
+
+
+def check_images(images: torch.Tensor, what: str) -> None:
+    if images.dim() != 4 or images.dtype != torch.float32:
+        raise UserError(f"{what}: expected float32 images [N,C,H,W] in [0,1], got "
+                        f"{images.dtype} {tuple(images.shape)}")
+    if images.shape[0] < 1:
+        raise UserError(f"{what}: no training images")
+
+
+def sample_timesteps(batch: int, num_steps: int, gen: torch.Generator,
+                     focus: tuple[int, int] = FOCUS_RANGE, focus_prob: float = FOCUS_PROB) -> torch.Tensor:
+    """Integer timesteps: uniform in `focus` (clipped to the schedule) w.p. focus_prob, else uniform in [0, T)."""
+    lo, hi = max(0, min(focus[0], num_steps - 1)), max(1, min(focus[1], num_steps))
+    if hi <= lo:
+        lo, hi = 0, num_steps
+    in_focus = torch.randint(lo, hi, (batch,), generator=gen)
+    anywhere = torch.randint(0, num_steps, (batch,), generator=gen)
+    pick = torch.rand(batch, generator=gen) < focus_prob
+    return torch.where(pick, in_focus, anywhere)
+
+
+def step_with_ema(model, ema, opt, sched, loss: torch.Tensor, n: int, grad_clip: float, ema_decay: float) -> None:
+    """One optimiser step on `loss` (gradients clipped to `grad_clip` when set, the LR schedule
+    advanced), then the EMA weights (decay min(ema_decay, (1+n)/(10+n)) at step n; buffers copied)."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    sched.step()
+    decay = min(ema_decay, (1.0 + n) / (10.0 + n))
+    with torch.no_grad():
+        for pe, pm in zip(ema.parameters(), model.parameters()):
+            pe.lerp_(pm, 1.0 - decay)
+        for be, bm in zip(ema.buffers(), model.buffers()):
+            be.copy_(bm)

@@ -1,0 +1,67 @@
+"""A finished table's outputs from its rows: table.md, table.tex, curves.png, table_by_config.md / .tex
+and summary.json (with the samples drawn against fixed-n's and the builds and compiles it took)."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Dict
+
+from diffsmooth.engine.table import by_config as layout
+from diffsmooth.engine.table.plans import Outcome, Plan
+from diffsmooth.engine.table.report import LineRows, caption, latex, line_acr, line_cells, markdown, plot, write_summary
+from diffsmooth.engine.table.spec import TableSpec
+
+
+def write_outputs(out: Path, spec: TableSpec, plan: Plan, images: int, outcome: Outcome, runner, command: str,
+                  log) -> dict:
+    """Every output file of the table in `out`; returns summary.json's run facts (`runner`: its PhaseRunner)."""
+    rows_by_line, settles = outcome.rows_by_line, outcome.settles
+    table = {name: line_cells(per, spec.radii, images, settles) for name, per in rows_by_line.items()}
+    acr = {name: line_acr(per) if plan.reports_acr else None for name, per in rows_by_line.items()}
+    gaps = None if outcome.bounds is None else {name: [100.0 * b.undecided_gap / images for b in line_bounds]
+                                                for name, line_bounds in outcome.bounds.items()}
+    text = caption(spec.title, images, spec.sigmas, spec.alpha, plan.how(spec.n_max))
+    (out / "table.md").write_text(markdown(table, acr, spec.radii, text, gaps))
+    (out / "table.tex").write_text(latex(table, acr, spec.radii, text))
+    plot(out / "curves.png", spec.title, rows_by_line, table, spec.radii, images, settles)
+    by_config = _write_by_config(out, spec, plan, images, rows_by_line, settles)
+    runs = len(spec.lines) * len(spec.sigmas)
+    costs, pilot_samples, main_samples = outcome.costs, outcome.pilot_samples, outcome.main_samples
+    measured = costs.get("measured", {})
+    extra = {"plan": dataclasses.asdict(outcome.plan),
+             "samples": {"total": pilot_samples + main_samples, "pilot": pilot_samples, "main": main_samples,
+                         "fixed_n": images * (spec.n0 + spec.n_max) * runs},
+             "seconds": {"predicted": costs["predicted"]["seconds"],
+                         "measured": sum(m["seconds"] for m in measured.values()) if measured else None,
+                         "pilot": costs.get("pilot_seconds")},
+             "builds": runner.model_set.builds, "compiles": runner.model_set.compiles,
+             "shared_passes": runner.shared_passes,
+             "images": images, "version": _version(), "command": command, "seed": spec.seed,
+             "device": spec.run.get("device", "cpu"), "host": socket.gethostname(), "spec": spec.as_dict()}
+    write_summary(out / "summary.json", table, acr, dict(extra, by_config=by_config), gaps)
+    log(f"table: wrote {out / 'table.md'}, table.tex, table_by_config.md, table_by_config.tex, curves.png, summary.json "
+        f"({extra['samples']['total']:,} samples; fixed-n would draw {extra['samples']['fixed_n']:,})")
+    return extra
+
+
+def _write_by_config(out: Path, spec: TableSpec, plan: Plan, images: int, rows_by_line: Dict[str, LineRows],
+                     settles) -> dict:
+    """table_by_config.md / .tex: a row per sigma and configuration (the paper's sigma x sigma' layout);
+    returns summary.json's `by_config`."""
+    rows = layout.config_rows([(line.name, line.group) for line in spec.lines], rows_by_line, spec.radii, images,
+                              settles, with_acr=plan.reports_acr)
+    text = layout.by_config_caption(spec.title, images, plan.how_by_config(spec.n_max),
+                                    any(line.group for line in spec.lines), plan.no_acr())
+    (out / "table_by_config.md").write_text(layout.by_config_markdown(rows, spec.radii, text))
+    (out / "table_by_config.tex").write_text(layout.by_config_latex(rows, spec.radii, text))
+    return layout.by_config_summary(rows, spec.radii, text, plan.no_acr())
+
+
+def _version() -> str:
+    try:
+        return version("diffsmooth-engine")
+    except PackageNotFoundError:        # a source checkout on sys.path, not installed
+        return "unknown"

@@ -1,0 +1,158 @@
+"""Running a table's phases, the one way: each group of phases that can share a pass (one sigma, the same
+images and radii, lines that denoise: engine/table/one_pass.py) runs as one sweep, and a phase alone is a
+pass of one. A pass skips what its files already hold, holds every line's file lock and settings, keeps
+the voter of the last pass (its stages stay in the table's model set), times the pilot's batches, and
+turns Ctrl-C / SIGTERM into TableInterrupted with the compute seconds spent so far."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import ExitStack
+from typing import Callable, Dict, List, Optional, Sequence
+
+from diffsmooth.engine.errors import Terminated
+from diffsmooth.engine.runs.dataset_run import Jobs, run_dataset
+from diffsmooth.engine.runs.execute import build_voter
+from diffsmooth.engine.runs.model_set import ModelSet
+from diffsmooth.engine.runs.plan import ResolvedRun, plan_run
+from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.table.folder import TableFolder
+from diffsmooth.engine.table.one_pass import groups, shared_run
+from diffsmooth.engine.table.phases import Phase, PhaseResult, StopRequest, TableInterrupted, ordered_starts, probe_rate
+from diffsmooth.engine.table.pilot_rate import timed_batches
+from diffsmooth.engine.table.spec import TableSpec
+
+
+class PhaseRunner:
+    """Runs phases of `spec` into `folder`. `request(phase)`: the phase's run as the command line would ask
+    it; `keep_states`: sequential rows keep their states (the race goes on from them); `one_pass`: phases
+    that can share a pass run as one."""
+
+    def __init__(self, spec: TableSpec, folder: TableFolder, request: Callable[[Phase], RunRequest],
+                 log: Callable[[str], None], keep_states: bool = False, one_pass: bool = True):
+        self.spec, self.folder, self.request, self.log = spec, folder, request, log
+        self.keep_states, self.one_pass = keep_states, one_pass
+        self.voters: Dict[tuple, object] = {}   # the last pass's voter, by what it runs
+        self.model_set = ModelSet()             # the stages built so far, reused by every run of the same architecture
+        self.stop = StopRequest()
+        self.started = time.perf_counter()
+        self.shared_passes = 0                  # passes this invocation ran for several lines at once
+
+    def run(self, phases: Sequence[Phase], costs: Optional[dict] = None) -> Dict[tuple, PhaseResult]:
+        """Every phase's PhaseResult by (line name, sigma), in order; phases that can share a pass run as one."""
+        results: Dict[tuple, PhaseResult] = {}
+        for group in (groups(self.request, phases) if self.one_pass else [[p] for p in phases]):
+            results.update(self.run_group(group, costs))
+        return results
+
+    def step(self, phase: Phase, costs: Optional[dict] = None) -> PhaseResult:
+        """One phase alone (a pass of one)."""
+        return self.run_group([phase], costs)[phase.key]
+
+    def planned(self, phase: Phase) -> ResolvedRun:
+        return dataclasses.replace(plan_run(self.request(phase)), indices=tuple(phase.indices))
+
+    def run_group(self, phases: Sequence[Phase], costs: Optional[dict]) -> Dict[tuple, PhaseResult]:
+        """The phases as one pass of what their files still lack; each phase's PhaseResult."""
+        order = [line.name for line in self.spec.lines]
+        phases = sorted(phases, key=lambda p: order.index(p.line.name))     # the configurations in the spec's order
+        runs = [self.planned(phase) for phase in phases]
+        todo = [k for k, run in enumerate(runs) if not self._done(run)]
+        if len(todo) > 1 and shared_run([runs[k] for k in todo]) is None:     # cannot share: each line on its own
+            out: Dict[tuple, PhaseResult] = {}
+            for phase in phases:
+                out.update(self.run_group([phase], costs))
+            return out
+        seconds, rate = self._pass([phases[k] for k in todo], [runs[k] for k in todo], costs) if todo else (0.0, None)
+        out = {}
+        for k, (phase, run) in enumerate(zip(phases, runs)):
+            files = {c.name: path for c, path in run.result_files().items()}
+            rows = self.folder.rows(files)
+            share = seconds / len(todo) if k in todo else 0.0
+            phase_rate = rate if k in todo else self._probe_if_untimed(phase, run)
+            result = PhaseResult(rows, share, self.folder.samples(rows, phase, files, self.spec.n0, self.spec.n_max),
+                                 phase_rate)
+            self.folder.measured(costs, phase, share, result.samples)
+            out[phase.key] = result
+        return out
+
+    def _pass(self, phases: List[Phase], runs: List[ResolvedRun], costs: Optional[dict]):
+        """Run the phases' runs as one pass (one run: that run itself); (compute seconds, pilot rate or None)."""
+        run = runs[0] if len(runs) == 1 else shared_run(runs)
+        phase, names = phases[0], " + ".join(p.line.name for p in phases)
+        what = f"{names} sigma {phase.sigma:g} ({phase.kind})"
+        if self.stop.signal:
+            raise TableInterrupted(f"stopped by {self.stop.signal} before {what}")
+        self.log(self._progress_line(phases, costs))
+        key = (phase.line.name, phase.sigma) if len(runs) == 1 else ("one pass", phase.sigma, tuple(p.line.name for p in phases))
+        if key not in self.voters:
+            self.voters = {key: build_voter(run, self.log, self.model_set)}
+        voter = self.voters[key]
+        predicting = phase.kind == "pilot" and not self.folder.predicted
+        files = [path for r in runs for path in r.result_files().values()]
+        starts = [ordered_starts(p, [c.name for c in r.result_files()]) for p, r in zip(phases, runs)]
+        common = set.intersection(*(set(s) for s in starts))
+        jobs = Jobs.of(run.request, starts={i: [state for s in starts for state in s[i]] for i in common},
+                       keep_states=self.keep_states and run.sequential is not None)
+        start = time.perf_counter()
+
+        def stopped(message: str) -> TableInterrupted:
+            seconds = time.perf_counter() - start
+            for p in phases:                    # the seconds spent still count when the table resumes
+                self.folder.measured(costs, p, seconds / len(phases), None)
+            return TableInterrupted(message, seconds)
+
+        with ExitStack() as stack:
+            for r in runs:                      # each line's file: its own lock and settings, as its own run
+                stack.enter_context(r.hold_locks())
+                r.check_resumable(record=True)
+            clock = stack.enter_context(timed_batches(voter, predicting))
+            try:
+                summary = run_dataset(voter, run, files, jobs)
+            except Terminated:                  # SIGTERM inside a run (engine/runs/dataset_run.py): the whole table stops
+                raise stopped(f"stopped by SIGTERM during {what}") from None
+        seconds = time.perf_counter() - start
+        self.log(summary.line())
+        if summary.interrupted:
+            raise stopped(f"stopped during {what}")
+        self.shared_passes += len(runs) > 1
+        rate = clock.rate(run.batch) if clock is not None else None
+        if rate is not None:
+            self.log(f"table: timing, {what}: {rate:,.0f} samples/s from {clock.describe(run.batch)}")
+        elif predicting and seconds > 0:
+            rate = summary.samples_computed / seconds
+            self.log(f"table: timing, {what}: the pilot ran in one batch; its samples over its compute seconds "
+                     f"give the rate")
+        return seconds, rate
+
+    def _progress_line(self, phases: List[Phase], costs: Optional[dict]) -> str:
+        phase = phases[0]
+        elapsed = (time.perf_counter() - self.started) / 60
+        eta = ""
+        if costs is not None and all(c["seconds"] is not None for c in costs["runs"].values()):
+            spent = sum(m["seconds"] for m in costs.get("measured", {}).values())
+            predicted = sum(c["seconds"] for c in costs["runs"].values())
+            eta = f"; ETA {max(predicted - spent, 0.0) / 60:.1f} min (predicted)"
+        if len(phases) == 1:
+            return (f"table: {phase.line.name}, sigma {phase.sigma:g}, {phase.kind} ({len(phase.indices)} images); "
+                    f"{elapsed:.1f} min so far{eta}")
+        return (f"table: {' + '.join(p.line.name for p in phases)}, sigma {phase.sigma:g}, {phase.kind} "
+                f"({len(phase.indices)} images), one pass: the denoiser runs once per batch for {len(phases)} lines; "
+                f"{elapsed:.1f} min so far{eta}")
+
+    def _probe_if_untimed(self, phase: Phase, run: ResolvedRun) -> Optional[float]:
+        """A pilot whose rows a former invocation wrote, before any prediction: this machine's rate from a probe."""
+        if phase.kind != "pilot" or self.folder.predicted:
+            return None
+        index = phase.indices[0]
+        key = (phase.line.name, phase.sigma)
+        if key not in self.voters:
+            self.voters = {key: build_voter(run, self.log, self.model_set)}
+        rate = probe_rate(self.voters[key], run.dataset[index][0], index, run.batch)
+        self.log(f"table: timing probe, {phase.describe()}: {rate:,.0f} samples/s at batch {run.batch}")
+        return rate
+
+    def _done(self, run: ResolvedRun) -> bool:
+        want = set(run.indices)
+        return all(self.folder.done(path) >= want for path in run.result_files().values())
