@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from diffsmooth.cli.options import BATCH, SAMPLES, THREADS, Count, Number
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, command_line
 from diffsmooth.engine.table.check import check_table
+from diffsmooth.engine.table.cost import on_ranks
 from diffsmooth.engine.table.defaults import (
     DEMO_PILOT_IMAGES,
     MARGIN,
@@ -85,9 +88,11 @@ def _log(line: str) -> None:
               help="Lines that denoise at the same sigma (dds, diffsmooth) run their full runs as one pass: the "
                    "denoiser runs once per batch and each line's rows equal its separate run's.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and its cost estimate (after the pilot) and stop.")
+@click.option("--ranks", type=Count(1), default=None,
+              help="--dry-run: also estimate the table on this many torchrun ranks (GPUs).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, pilot, margin, reach, rows, images, n_max, device,
-          threads, batch, compile_, one_pass, dry_run, quiet):
+          threads, batch, compile_, one_pass, dry_run, ranks, quiet):
     """The paper's table in one command: which sigma settles which radius, the cost first, table.md/tex, curves.png.
 
     Certified accuracy per radius, best over sigma, for every line of SPEC (a TOML file; see
@@ -95,6 +100,8 @@ def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, 
     table stopped at any point (Ctrl-C, SIGTERM) continues when the same command runs again."""
     if demo == (spec is not None):
         raise UserError("give SPEC or --demo (one of them)")
+    if ranks is not None and not dry_run:
+        raise UserError("`ranks` belongs to `dry_run` (under torchrun the ranks are torchrun's)")
     if out is None and not check:
         raise UserError("give --out DIR (the table's folder), or --check")
     if demo and smoke:
@@ -131,6 +138,8 @@ def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, 
                            command=command_line(), progress=not quiet, one_pass=one_pass)
     try:
         builder.build(dry_run=dry_run)
+        if ranks is not None:
+            _log(on_ranks(json.loads((builder.out / "cost.json").read_text()), ranks, len(builder.selection())))
     except TableInterrupted as stop:
         _log(f"table: {stop}; finished rows are kept: run the same command again to continue")
         raise SystemExit(130) from None

@@ -19,6 +19,7 @@ with the same command continues (finished images are skipped) and gives the same
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -30,6 +31,7 @@ from diffsmooth.engine.table.folder import TableFolder
 from diffsmooth.engine.table.outputs import write_outputs
 from diffsmooth.engine.table.phases import Phase, PhaseResult, TableInterrupted, phase_path, stop_between_runs
 from diffsmooth.engine.table.plans import plan_for
+from diffsmooth.engine.table.ranks import Ranks
 from diffsmooth.engine.table.runner import PhaseRunner
 from diffsmooth.engine.table.spec import LineSpec, TableSpec
 
@@ -44,9 +46,10 @@ class TableBuilder:
                  reach: float = RACE_REACH_SIGMAS, tolerance: float = TOLERANCE_POINTS, one_pass: bool = True):
         self.spec, self.log, self.command, self.progress = spec, log, command, progress
         self.plan = plan_for(plan, pilot, margin, reach, tolerance)
-        self.folder = TableFolder(out, log)
+        self.ranks = Ranks.join(spec.run.get("device", "cpu"))      # torchrun's, or this process alone
+        self.folder = TableFolder(out, log, writer=self.ranks.writer)
         # lines that denoise at a sigma draw the UNet once (engine/table/one_pass.py)
-        self.runner = PhaseRunner(spec, self.folder, self.request, log, self.plan.keeps_states, one_pass)
+        self.runner = PhaseRunner(spec, self.folder, self.request, log, self.plan.keeps_states, one_pass, self.ranks)
 
     @property
     def out(self) -> Path:
@@ -83,16 +86,23 @@ class TableBuilder:
 
     def build(self, dry_run: bool = False) -> Optional[dict]:
         """Run the table; holds the folder's lock (DIR/.lock) throughout, so a second `diffsmooth table`
-        on the same folder stops at once. The runs inside take their own files' locks as usual."""
-        with hold_lock(self.out, "table folder", folder=True):
+        on the same folder stops at once (under torchrun rank 0 holds it for all ranks). The runs inside take
+        their own files' locks as usual."""
+        ranks = self.ranks
+        with hold_lock(self.out, "table folder", folder=True) if ranks.writer else nullcontext():
+            ranks.same("spec", self.spec.fingerprint())
             indices = self.selection()          # the data and options refused before the folder is claimed
-            self.claim_folder()
-            (self.out / "runs").mkdir(exist_ok=True)
+            ranks.agree(self.claim_folder)
+            (self.out / "runs").mkdir(parents=True, exist_ok=True)
             with stop_between_runs() as self.runner.stop:
                 outcome = self.plan.execute(self, indices, dry_run)
             if outcome is None:
                 return None
-            return write_outputs(self.out, self.spec, self.plan, len(indices), outcome, self.runner, self.command, self.log)
+            computed = ranks.gather(self.runner.samples_computed)      # each rank's share of the work
+            summary = ranks.agree(lambda: write_outputs(self.out, self.spec, self.plan, len(indices), outcome,
+                                                        self.runner, self.command, self.log, computed))
+        ranks.finish()
+        return summary
 
 
 def command_line() -> str:

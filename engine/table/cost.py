@@ -98,3 +98,17 @@ def predict_race(pilot_rows: Dict[float, List[dict]], radii: Sequence[float], im
         for s in sigmas:
             totals[s].append(outcome.samples[s] + images * n0)
     return {s: float(np.mean(v)) for s, v in totals.items()}
+
+
+def on_ranks(costs: dict, ranks: int, images: int) -> str:
+    """What the predicted cost (cost.json) means on `ranks` ranks, in one line (estimated): each phase's images
+    are pulled by the ranks, so a phase of many images splits about evenly; a phase of fewer images than ranks
+    (the race's extensions often are) keeps only that many busy, and every phase ends on its slowest image."""
+    seconds = (costs.get("predicted") or {}).get("seconds")
+    if seconds is None:
+        return f"table: on {ranks} ranks: no estimate without a measured rate (a pilot times it)"
+    share = images / ranks
+    return (f"table: on {ranks} ranks (estimated): about {seconds / ranks / 60:.1f} min for what one process does in "
+            f"{seconds / 60:.1f} min, if every phase keeps every rank busy ({share:.1f} images per rank per phase); "
+            f"a phase of fewer images than ranks, as short race extensions are, leaves ranks idle "
+            f"(summary.json's ranks.busiest_over_mean measures it)")

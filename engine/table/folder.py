@@ -19,10 +19,11 @@ IDENTITY_NAMES = (("spec_fingerprint", "spec"), ("plan", "plan"), ("pilot", "pil
 
 
 class TableFolder:
-    """DIR of `diffsmooth table --out DIR`; `log` takes one line at a time."""
+    """DIR of `diffsmooth table --out DIR`; `log` takes one line at a time. `writer`: this process writes the
+    folder's own files (under torchrun, rank 0 alone: engine/table/ranks.py)."""
 
-    def __init__(self, out, log: Callable[[str], None]):
-        self.out, self.log = Path(out), log
+    def __init__(self, out, log: Callable[[str], None], writer: bool = True):
+        self.out, self.log, self.writer = Path(out), log, writer
 
     # -- what the folder holds -------------------------------------------------------------------
 
@@ -75,6 +76,8 @@ class TableFolder:
         return (self.out / "cost.json").exists()
 
     def write_costs(self, costs: dict) -> None:
+        if not self.writer:
+            return
         (self.out / "cost.json").write_text(json.dumps(costs, indent=1, allow_nan=False) + "\n")
 
     def measured(self, costs: Optional[dict], phase: Phase, seconds: float, samples: Optional[int]) -> None:

@@ -81,11 +81,13 @@ def groups(request, phases: Sequence) -> List[List]:
 
 def shared_run(runs: Sequence[ResolvedRun]) -> Optional[SharedPass]:
     """The runs as one sweep, or None when they cannot share one: other models or fast path (checked
-    again on the planned runs), two configurations with one name, or one classifier name for two files."""
+    again on the planned runs), `--shard` runs, two configurations with one name, or one classifier name for
+    two files. torchrun's ranks share a pass as they share a run (engine/table/ranks.py)."""
     first = runs[0]
     same = dataclasses.replace(first.sources, classifier=None)
     if any(dataclasses.replace(r.sources, classifier=None) != same or (r.device, r.batch, r.fast) !=
-           (first.device, first.batch, first.fast) or r.shards.num_shards > 1 for r in runs):
+           (first.device, first.batch, first.fast) or (r.shards.num_shards > 1 and not r.shards.distributed)
+           for r in runs):
         return None
     configs, files, paths = [], [], {}
     for run in runs:

@@ -7,7 +7,7 @@ import dataclasses
 import socket
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Sequence
 
 from diffsmooth.engine.table import by_config as layout
 from diffsmooth.engine.table.plans import Outcome, Plan
@@ -16,8 +16,9 @@ from diffsmooth.engine.table.spec import TableSpec
 
 
 def write_outputs(out: Path, spec: TableSpec, plan: Plan, images: int, outcome: Outcome, runner, command: str,
-                  log) -> dict:
-    """Every output file of the table in `out`; returns summary.json's run facts (`runner`: its PhaseRunner)."""
+                  log, computed: Sequence[int] = ()) -> dict:
+    """Every output file of the table in `out`; returns summary.json's run facts (`runner`: its PhaseRunner;
+    `computed`: the samples each rank computed this invocation)."""
     rows_by_line, settles = outcome.rows_by_line, outcome.settles
     table = {name: line_cells(per, spec.radii, images, settles) for name, per in rows_by_line.items()}
     acr = {name: line_acr(per) if plan.reports_acr else None for name, per in rows_by_line.items()}
@@ -39,6 +40,8 @@ def write_outputs(out: Path, spec: TableSpec, plan: Plan, images: int, outcome: 
                          "pilot": costs.get("pilot_seconds")},
              "builds": runner.model_set.builds, "compiles": runner.model_set.compiles,
              "shared_passes": runner.shared_passes,
+             "ranks": {"count": len(computed) or 1, "computed_samples": list(computed),
+                       "busiest_over_mean": max(computed) / (sum(computed) / len(computed)) if sum(computed) else None},
              "images": images, "version": _version(), "command": command, "seed": spec.seed,
              "device": spec.run.get("device", "cpu"), "host": socket.gethostname(), "spec": spec.as_dict()}
     write_summary(out / "summary.json", table, acr, dict(extra, by_config=by_config), gaps)

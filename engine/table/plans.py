@@ -60,7 +60,7 @@ class Plan:
         raise NotImplementedError
 
     def _fix(self, table, plan: TablePlan) -> TablePlan:
-        table.folder.fix_plan(plan)
+        table.runner.ranks.agree(lambda: table.folder.fix_plan(plan))
         for text in self.lines(plan):
             table.log(text)
         return plan
@@ -236,7 +236,8 @@ class RacePlan(Plan):
                 phase = Phase(line, sigma, images, radii, table.phase_path(line, sigma, kind), kind,
                               race.starts(sigma, radii, images))
                 extensions += table.runner.step(phase, costs).samples
-            bounds[line.name] = run_race(race, self.tolerance, run_extension, table.log, table.folder.out / "race.json")
+            bounds[line.name] = run_race(race, self.tolerance, run_extension, table.log, table.folder.out / "race.json",
+                                         write=table.folder.writer)
             rows_by_line[line.name] = race.rows_by_sigma()
         return Outcome(plan, rows_by_line, lambda sigma, r: True, _samples(pilot_results),
                        _samples(main) + extensions, costs, bounds)

@@ -159,11 +159,12 @@ def _rows_of(path: Path) -> Dict[str, List[dict]]:
 
 
 def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[float, Tuple[float, ...], List[int], str], None],
-             log: Callable[[str], None], record: Path) -> List[CellBound]:
+             log: Callable[[str], None], record: Path, write: bool = True) -> List[CellBound]:
     """Extensions until every cell is within the tolerance; `run_extension(sigma, radii, images, kind)`
     runs one. Each decision is written to `record` (race.json) before it runs, and a rerun replays the
     recorded ones first: an interrupted table ends with the rows an uninterrupted one has (deciding
-    afresh from a half-finished extension's rows could choose other images). Returns the cells' bounds."""
+    afresh from a half-finished extension's rows could choose other images). Returns the cells' bounds.
+    `write`: this process writes `record` (under torchrun every rank decides alike; rank 0 writes)."""
     tolerance = tolerance_images(tolerance_points, len(race.indices))
     done = json.loads(record.read_text()) if record.exists() else {}
     steps = list(done.get(race.line.name, {}).get("extensions", []))
@@ -186,7 +187,7 @@ def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[f
             steps.append({"sigma": sigma, "config": ext.contender[1], "radius": radius, "radii_to": radii[-1],
                           "images": images, "decision": len(history)})
             done[race.line.name] = {"tolerance": tolerance_points, "extensions": steps}
-            record.write_text(json.dumps(done, indent=1, allow_nan=False) + "\n")
+            _write(record, done, write)
             run_extension(sigma, radii, images, kind)
     bounds = race.bounds()
     widest = max(bounds, key=lambda b: b.undecided_gap)
@@ -196,5 +197,10 @@ def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[f
     done[race.line.name] = {"tolerance": tolerance_points, "extensions": steps,
                             "bounds": [{"radius": b.radius, "certified": b.certified, "undecided_gap": b.undecided_gap}
                                        for b in bounds]}
-    record.write_text(json.dumps(done, indent=1, allow_nan=False) + "\n")
+    _write(record, done, write)
     return bounds
+
+
+def _write(record: Path, done: dict, write: bool) -> None:
+    if write:
+        record.write_text(json.dumps(done, indent=1, allow_nan=False) + "\n")

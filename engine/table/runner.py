@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from diffsmooth.engine.errors import Terminated
@@ -17,27 +18,30 @@ from diffsmooth.engine.runs.execute import build_voter
 from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import ResolvedRun, plan_run
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.runs.results import check_or_record_settings
 from diffsmooth.engine.table.folder import TableFolder
 from diffsmooth.engine.table.one_pass import groups, shared_run
 from diffsmooth.engine.table.phases import Phase, PhaseResult, StopRequest, TableInterrupted, ordered_starts, probe_rate
 from diffsmooth.engine.table.pilot_rate import timed_batches
+from diffsmooth.engine.table.ranks import Ranks
 from diffsmooth.engine.table.spec import TableSpec
 
 
 class PhaseRunner:
     """Runs phases of `spec` into `folder`. `request(phase)`: the phase's run as the command line would ask
     it; `keep_states`: sequential rows keep their states (the race goes on from them); `one_pass`: phases
-    that can share a pass run as one."""
+    that can share a pass run as one; `ranks`: torchrun's ranks share every pass (engine/table/ranks.py)."""
 
     def __init__(self, spec: TableSpec, folder: TableFolder, request: Callable[[Phase], RunRequest],
-                 log: Callable[[str], None], keep_states: bool = False, one_pass: bool = True):
-        self.spec, self.folder, self.request, self.log = spec, folder, request, log
+                 log: Callable[[str], None], keep_states: bool = False, one_pass: bool = True, ranks: Ranks = Ranks()):
+        self.spec, self.folder, self.request, self.log, self.ranks = spec, folder, request, log, ranks
         self.keep_states, self.one_pass = keep_states, one_pass
         self.voters: Dict[tuple, object] = {}   # the last pass's voter, by what it runs
         self.model_set = ModelSet()             # the stages built so far, reused by every run of the same architecture
         self.stop = StopRequest()
         self.started = time.perf_counter()
         self.shared_passes = 0                  # passes this invocation ran for several lines at once
+        self.samples_computed = 0               # noisy samples this process ran through the models (padding included)
 
     def run(self, phases: Sequence[Phase], costs: Optional[dict] = None) -> Dict[tuple, PhaseResult]:
         """Every phase's PhaseResult by (line name, sigma), in order; phases that can share a pass run as one."""
@@ -67,7 +71,7 @@ class PhaseRunner:
         seconds, rate = self._pass([phases[k] for k in todo], [runs[k] for k in todo], costs) if todo else (0.0, None)
         out = {}
         for k, (phase, run) in enumerate(zip(phases, runs)):
-            files = {c.name: path for c, path in run.result_files().items()}
+            files = self.merged(run)
             rows = self.folder.rows(files)
             share = seconds / len(todo) if k in todo else 0.0
             phase_rate = rate if k in todo else self._probe_if_untimed(phase, run)
@@ -90,7 +94,8 @@ class PhaseRunner:
             self.voters = {key: build_voter(run, self.log, self.model_set)}
         voter = self.voters[key]
         predicting = phase.kind == "pilot" and not self.folder.predicted
-        files = [path for r in runs for path in r.result_files().values()]
+        files = [path for r in runs for path in r.result_files().values()]          # this rank's
+        merged = [path for r in runs for path in self.merged(r).values()]
         starts = [ordered_starts(p, [c.name for c in r.result_files()]) for p, r in zip(phases, runs)]
         common = set.intersection(*(set(s) for s in starts))
         jobs = Jobs.of(run.request, starts={i: [state for s in starts for state in s[i]] for i in common},
@@ -107,11 +112,19 @@ class PhaseRunner:
             for r in runs:                      # each line's file: its own lock and settings, as its own run
                 stack.enter_context(r.hold_locks())
                 r.check_resumable(record=True)
+                if self.ranks.distributed and self.ranks.writer:    # the merged file's settings, as one process writes them
+                    check_or_record_settings(Path(r.request.out), r.recorded())
             clock = stack.enter_context(timed_batches(voter, predicting))
+            skip = frozenset.intersection(*(self._finished(path) for path in merged)) if self.ranks.distributed \
+                else frozenset()
+            claim = self.ranks.claim(merged[0].name)
+            self.ranks.barrier()                # every rank has read the files before any rank writes
             try:
-                summary = run_dataset(voter, run, files, jobs)
+                summary = run_dataset(voter, run, files, jobs, claim=claim, skip=skip)
             except Terminated:                  # SIGTERM inside a run (engine/runs/dataset_run.py): the whole table stops
                 raise stopped(f"stopped by SIGTERM during {what}") from None
+        self.ranks.merge(merged)
+        self.samples_computed += summary.samples_computed
         seconds = time.perf_counter() - start
         self.log(summary.line())
         if summary.interrupted:
@@ -153,6 +166,17 @@ class PhaseRunner:
         self.log(f"table: timing probe, {phase.describe()}: {rate:,.0f} samples/s at batch {run.batch}")
         return rate
 
+    def merged(self, run: ResolvedRun) -> Dict[str, Path]:
+        """{configuration: the result file the table reads}: the run's own, or under torchrun the file every
+        rank's rows are merged into (a line with one configuration per sigma: plan_run refuses sweeps there)."""
+        if not self.ranks.distributed:
+            return {c.name: path for c, path in run.result_files().items()}
+        return {c.name: Path(run.request.out) for c in run.configurations}
+
+    def _finished(self, merged: Path) -> frozenset:
+        """Images with a row in `merged` or in any rank's file of it."""
+        return frozenset().union(*(self.folder.done(path) for path in self.ranks.all_files(merged)))
+
     def _done(self, run: ResolvedRun) -> bool:
         want = set(run.indices)
-        return all(self.folder.done(path) >= want for path in run.result_files().values())
+        return all(self._finished(path) >= want for path in self.merged(run).values())

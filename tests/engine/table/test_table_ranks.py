@@ -1,0 +1,176 @@
+"""`diffsmooth table` under torchrun (gloo on the CPU): the folder of an N-rank table equals a one-process
+table's (every result file's rows, row states and settings, race.json, plan.json, table.md, the samples);
+a rank killed mid-extension and the table started again give the same folder; ranks that see different
+specs, or a refusal on rank 0, stop every rank with one line. (torchrun's --max-restarts does not restart
+gloo workers on this torch: docs/table.md#on-many-gpus-torchrun.)"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+
+from diffsmooth.engine.demo import shipped as demo_assets
+from diffsmooth.engine.errors import UserError
+
+needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
+
+# the demo table with every line: its race has extensions, and DDS + DiffSmooth share one pass at each sigma
+DEMO = ["table", "--demo", "--images", "8", "--n-max", "300", "--threads", "1", "--quiet"]
+
+
+def _port() -> int:
+    return 29000 + (os.getpid() * 7 + int(time.time() * 1000)) % 900
+
+
+def _torchrun(ranks: int, out: Path, *extra: str) -> list:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(_port()),
+            *extra, "-m", "diffsmooth.cli", *DEMO, "--out", str(out)]
+
+
+def _env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def _folder(out: Path) -> dict:
+    """What a table folder holds, rows by index without the time column, lock files aside."""
+    held = {}
+    for path in sorted(p for p in (out / "runs").rglob("*") if p.is_file() and not p.name.endswith(".lock")):
+        name = str(path.relative_to(out))
+        lines = path.read_text().splitlines()
+        if path.suffix == ".tsv":
+            header = lines[0].split("\t")
+            keep = [k for k, column in enumerate(header) if column != "time"]
+            held[name] = [lines[0]] + sorted("\t".join(line.split("\t")[k] for k in keep) for line in lines[1:])
+        elif path.name.endswith(".states.jsonl"):
+            held[name] = sorted(lines)
+        else:
+            held[name] = lines
+    for name in ("race.json", "plan.json", "table.md", "table_by_config.md"):
+        held[name] = (out / name).read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    held["samples"] = summary["samples"]
+    held["shared_passes"] = summary["shared_passes"]
+    return held
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    from cli_helpers import invoke_ok
+    out = tmp_path_factory.mktemp("one") / "t"
+    invoke_ok([*DEMO, "--out", out])
+    held = _folder(out)
+    predictions = {row.split("\t")[2] for name, rows in held.items() if name.endswith(".tsv") for row in rows[1:]}
+    assert len(predictions - {"-1"}) >= 3, predictions          # votes spread: equal files say something
+    assert any("_to" in name for name in held) and held["shared_passes"] > 0     # extensions and shared passes ran
+    return held
+
+
+@needs_demo
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_table_on_gloo_ranks_equals_one_process(ranks, one_process, tmp_path):
+    out = tmp_path / "t"
+    proc = subprocess.run(_torchrun(ranks, out), capture_output=True, text=True, timeout=900, env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _folder(out) == one_process
+    assert not list((out / "runs").glob("*.shard-*")), "rank files left behind"
+
+
+def _workers(agent: int) -> list:
+    """The worker processes torchrun's agent started."""
+    children = Path(f"/proc/{agent}/task/{agent}/children")
+    return [int(p) for p in children.read_text().split()] if children.exists() else []
+
+
+def _kill_a_rank_mid_extension(cmd: list, out: Path) -> subprocess.Popen:
+    """Start `cmd` and SIGKILL its last rank once an extension's rank file has rows."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        started = [p for p in (out / "runs").glob("*_to*.shard-*.tsv") if len(p.read_text().splitlines()) >= 2]
+        if started:
+            os.kill(sorted(_workers(proc.pid))[-1], signal.SIGKILL)
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("no extension started while the table ran")
+
+
+@needs_demo
+@pytest.mark.slow
+def test_a_rank_killed_mid_extension_and_the_table_started_again_gives_the_same_folder(one_process, tmp_path):
+    out = tmp_path / "t"
+    proc = _kill_a_rank_mid_extension(_torchrun(2, out), out)
+    proc.communicate(timeout=600)
+    assert proc.returncode != 0
+    assert not (out / "summary.json").exists()
+    assert list((out / "runs").glob("*_to*.shard-*.tsv")), "the kill left no rank file of the extension"
+    again = subprocess.run(_torchrun(2, out), capture_output=True, text=True, timeout=900, env=_env())
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed, whole = _folder(out), dict(one_process)
+    assert resumed.pop("shared_passes") < whole.pop("shared_passes")      # this invocation's: the first runs were done
+    assert resumed == whole
+
+
+def _rank(rank: int, world: int, init: str, results):
+    import torch.distributed as dist
+
+    from diffsmooth.engine.runs.sharding import ShardPlan
+    from diffsmooth.engine.table.ranks import Ranks
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    ranks = Ranks(ShardPlan(rank, world, True))
+    got = []
+    try:
+        ranks.same("spec", "abc")               # alike: nothing to say
+        got.append("same ok")
+    except UserError as exc:
+        got.append(str(exc))
+    try:
+        ranks.same("spec", "abc" if rank == 0 else "xyz")
+        got.append("no error")
+    except UserError as exc:
+        got.append(str(exc))
+
+    def refuse():
+        raise UserError("DIR holds a table with another spec")
+    try:
+        ranks.agree(refuse)
+        got.append("no error")
+    except UserError as exc:
+        got.append(str(exc))
+    got.append(ranks.agree(lambda: {"written by": rank}))
+    results[rank] = got
+    dist.destroy_process_group()
+
+
+def test_ranks_agree_on_refusals_and_see_a_different_spec(tmp_path):
+    """Every rank raises the same one-line UserError when the ranks' specs differ or rank 0 refuses (a rank
+    left waiting would hang the job); rank 0's result reaches every rank."""
+    world, results = 3, mp.Manager().dict()
+    mp.spawn(_rank, args=(world, f"file://{tmp_path / 'store'}", results), nprocs=world)
+    for rank in range(world):
+        same, different, refused, written = results[rank]
+        assert same == "same ok"
+        assert "the ranks see different spec (rank 0: abc; another: xyz)" in different and "\n" not in different
+        assert refused == "DIR holds a table with another spec"
+        assert written == {"written by": 0}
+
+
+def test_a_dry_run_estimates_the_table_on_ranks(tmp_path):
+    """--dry-run --ranks N: the predicted minutes over N, and what keeps ranks idle; --ranks without --dry-run
+    is refused with one line (under torchrun the ranks are torchrun's)."""
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    from diffsmooth.engine.table.cost import on_ranks
+    line = on_ranks({"predicted": {"seconds": 960.0}}, 8, 500)
+    assert "about 2.0 min for what one process does in 16.0 min" in line and "62.5 images per rank" in line
+    assert "no estimate" in on_ranks({"predicted": {"seconds": None}}, 8, 500)
+    result = CliRunner().invoke(main, ["table", "--demo", "--ranks", "2", "--out", str(tmp_path / "t")])
+    assert result.exit_code == 2 and "--ranks belongs to --dry-run" in result.output
