@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import datetime
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence
 
-from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.errors import UserError, first_line
+
+STORE_CONNECT_S = 600.0     # how long a rank tries to reach torchrun's store before it says it cannot
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,42 @@ def plan_from(shard_option: Optional[str], device: str) -> ShardPlan:
         # Each rank owns one GPU before NCCL starts, so collectives and allocations land on it.
         torch.cuda.set_device(rank_device(ShardPlan(0, world, True, local_rank), device))
     if not dist.is_initialized():
+        reach_store()
         backend = "nccl" if device.startswith("cuda") else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(days=7))
     return ShardPlan(dist.get_rank(), dist.get_world_size(), True, local_rank)
+
+
+def reach_store(seconds: Optional[float] = None) -> None:
+    """A UserError (one line) unless this rank reaches torchrun's store at MASTER_ADDR:MASTER_PORT within
+    `seconds` (default STORE_CONNECT_S, or $DIFFSMOOTH_STORE_CONNECT_S). init_process_group's own timeout,
+    which must outlast a rank's longest wait for the others, also bounds its first connection: 7 days."""
+    import torch.distributed as dist
+    host, port = os.environ.get("MASTER_ADDR", "localhost"), os.environ.get("MASTER_PORT", "")
+    seconds = float(os.environ.get("DIFFSMOOTH_STORE_CONNECT_S", STORE_CONNECT_S)) if seconds is None else seconds
+    try:
+        with _quiet_stderr():                       # c10d logs every failed try with a C++ stack trace
+            probe = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=seconds),
+                                  wait_for_workers=False)
+    except (RuntimeError, ValueError) as exc:       # DistNetworkError and DistStoreError are RuntimeErrors
+        rank = os.environ.get("RANK", "?")
+        raise UserError(f"torchrun rank {rank} cannot reach the process group's store at {host}:{port or '(unset)'} "
+                        f"within {seconds:g} s ({first_line(exc)}): check MASTER_ADDR / MASTER_PORT "
+                        f"(--master_addr, --master_port) and that the node holding it runs") from None
+    del probe
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null inside (C++ logging writes there, past Python's sys.stderr)."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def rank_device(plan: ShardPlan, device: str) -> str:

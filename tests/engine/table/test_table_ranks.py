@@ -174,3 +174,21 @@ def test_a_dry_run_estimates_the_table_on_ranks(tmp_path):
     assert "no estimate" in on_ranks({"predicted": {"seconds": None}}, 8, 500)
     result = CliRunner().invoke(main, ["table", "--demo", "--ranks", "2", "--out", str(tmp_path / "t")])
     assert result.exit_code == 2 and "--ranks belongs to --dry-run" in result.output
+
+
+def test_a_rank_that_cannot_reach_the_store_says_so_in_one_line(tmp_path):
+    """A rank whose MASTER_ADDR:MASTER_PORT has no store stops with one line and exit 2 within the connect
+    timeout (init_process_group alone would wait out its 7-day timeout), having written nothing."""
+    import socket
+    with socket.socket() as s:                  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(_env(), WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               DIFFSMOOTH_STORE_CONNECT_S="1")
+    out = tmp_path / "t"
+    proc = subprocess.run([sys.executable, "-m", "diffsmooth.cli", *DEMO, "--out", str(out)], capture_output=True,
+                          text=True, timeout=120, env=env)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("error: torchrun rank 1 cannot reach the process group's store at 127.0.0.1:")
+    assert not out.exists()
