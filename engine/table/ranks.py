@@ -108,7 +108,7 @@ class Ranks:
         """After a pass: the writer merges every rank's rows (and row states) into each merged file and removes
         the rank files; every rank waits until it has, so all read the same rows next. A pass killed before
         this leaves the rank files, and the table started again reads them (finished rows are never lost)."""
-        if not self.distributed:
+        if not self.distributed or not merged_files:
             return
         self.barrier()
         if self.writer:

@@ -68,6 +68,8 @@ class PhaseRunner:
             for phase in phases:
                 out.update(self.run_group([phase], costs))
             return out
+        # rows a pass wrote to rank files but never merged (a rank killed after its last image): merged now
+        self.ranks.merge([path for k, run in enumerate(runs) if k not in todo for path in self.merged(run).values()])
         seconds, rate = self._pass([phases[k] for k in todo], [runs[k] for k in todo], costs) if todo else (0.0, None)
         out = {}
         for k, (phase, run) in enumerate(zip(phases, runs)):
