@@ -15,6 +15,7 @@ PhaseRunner and hands back an Outcome; the builder writes the folder's outputs f
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
@@ -226,6 +227,9 @@ class RacePlan(Plan):
         main = table.runner.run([Phase(line, sigma, rest, first[sigma], table.phase_path(line, sigma, "main"), "first")
                                  for line, sigma in reversed(pairs)], costs)
         rows_by_line, bounds, extensions = {}, {}, 0
+        record = table.folder.out / "race.json"
+        # read once, before any line's race: under torchrun every rank replays the same decisions (rank 0 writes)
+        recorded = json.loads(record.read_text()) if record.exists() else {}
         for line in spec.lines:
             rules = {sigma: table.request(Phase(line, sigma, (), spec.radii, table.folder.out / "runs" / "rule.tsv",
                                                 "")).sequential for sigma in spec.sigmas}
@@ -236,8 +240,8 @@ class RacePlan(Plan):
                 phase = Phase(line, sigma, images, radii, table.phase_path(line, sigma, kind), kind,
                               race.starts(sigma, radii, images))
                 extensions += table.runner.step(phase, costs).samples
-            bounds[line.name] = run_race(race, self.tolerance, run_extension, table.log, table.folder.out / "race.json",
-                                         write=table.folder.writer)
+            bounds[line.name] = run_race(race, self.tolerance, run_extension, table.log, record,
+                                         write=table.folder.writer, recorded=recorded)
             rows_by_line[line.name] = race.rows_by_sigma()
         return Outcome(plan, rows_by_line, lambda sigma, r: True, _samples(pilot_results),
                        _samples(main) + extensions, costs, bounds)

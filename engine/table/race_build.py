@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from diffsmooth.engine.certify.sequential import SequentialRule, SequentialState, continues
 from diffsmooth.engine.runs.results import read_rows
@@ -159,14 +160,17 @@ def _rows_of(path: Path) -> Dict[str, List[dict]]:
 
 
 def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[float, Tuple[float, ...], List[int], str], None],
-             log: Callable[[str], None], record: Path, write: bool = True) -> List[CellBound]:
+             log: Callable[[str], None], record: Path, write: bool = True,
+             recorded: Optional[dict] = None) -> List[CellBound]:
     """Extensions until every cell is within the tolerance; `run_extension(sigma, radii, images, kind)`
     runs one. Each decision is written to `record` (race.json) before it runs, and a rerun replays the
     recorded ones first: an interrupted table ends with the rows an uninterrupted one has (deciding
     afresh from a half-finished extension's rows could choose other images). Returns the cells' bounds.
-    `write`: this process writes `record` (under torchrun every rank decides alike; rank 0 writes)."""
+    `write`: this process writes `record` (under torchrun every rank decides alike; rank 0 writes).
+    `recorded`: `record` as read before any line's race began (one dict for every line of a table, so under
+    torchrun no rank reads the file while rank 0 writes it); read here when not given."""
     tolerance = tolerance_images(tolerance_points, len(race.indices))
-    done = json.loads(record.read_text()) if record.exists() else {}
+    done = recorded if recorded is not None else (json.loads(record.read_text()) if record.exists() else {})
     steps = list(done.get(race.line.name, {}).get("extensions", []))
     for step in steps:              # a resumed table first finishes the extensions it had decided, in order
         radii = prefix(race.spec.radii, list(race.spec.radii).index(step["radii_to"]))
@@ -202,5 +206,8 @@ def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[f
 
 
 def _write(record: Path, done: dict, write: bool) -> None:
+    """race.json, replaced whole (a reader never sees half a file)."""
     if write:
-        record.write_text(json.dumps(done, indent=1, allow_nan=False) + "\n")
+        tmp = record.with_name(record.name + ".tmp")
+        tmp.write_text(json.dumps(done, indent=1, allow_nan=False) + "\n")
+        os.replace(tmp, record)
