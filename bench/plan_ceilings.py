@@ -27,17 +27,19 @@ from diffsmooth.bench.race_study import (
     RATE_TEXT,
     estimate,
     estimate_lines,
+    load_selected,
     publish,
     rates_from,
     seed_rates,
     simulation_options,
+    stop_text,
     tiled,
 )
 from diffsmooth.engine.table.defaults import RACE_REACH_SIGMAS
 from diffsmooth.engine.table.race import initial_radii, tolerance_images
 from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_race
 
-PLANS = ("fixed", "all", "race", "winner known", "information bound")
+PLANS = ("fixed", "all", "race", "winner known", "winner known, tolerance", "information bound")
 
 
 def information_samples(p, threshold, alpha: float, n_max: int) -> np.ndarray:
@@ -62,14 +64,36 @@ def cell_winners(counts: Dict[float, Sequence[int]], radii: Sequence[float]) -> 
     return out
 
 
+def tolerant_winner_samples(sim: SimulatedSigma, won: Sequence[float], certified: np.ndarray, full_radius: np.ndarray,
+                            tolerance: int) -> float:
+    """Estimation samples of a plan that knows the sigma's won radii and, like the race, may leave each cell up
+    to `tolerance` images below `all`'s: at each won radius, from the largest down, the `tolerance` images whose
+    hardest won certificate is that radius and whose run costs the most settle only the smaller won radii (or
+    nothing); every other image settles every won radius."""
+    won = sorted(won)
+    targets = {i: tuple(won) for i in range(len(certified))}
+    hardest = np.full(len(certified), -1.0)
+    for r in won:
+        hardest = np.where(certified & (full_radius >= r), r, hardest)
+    for j in range(len(won) - 1, -1, -1):
+        r, below = won[j], tuple(won[:j])
+        cost = sim.run(tuple(won))[1]
+        candidates = [i for i in np.argsort(-cost, kind="stable") if hardest[i] == r][:tolerance]
+        for i in candidates:
+            targets[i] = below
+    return float(sum(sim.run(t)[1][i] for i, t in targets.items() if t))
+
+
 def one_seed(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float], alpha: float,
-             n_max: int, n0: int, tolerance_points: float, rng) -> dict:
+             n_max: int, n0: int, tolerance_points: float, rng, wrong_class_stop: bool = False) -> dict:
     """{plan: samples (n0 included)} and the winners, every plan on the same paths."""
     sigmas = sorted(rates)
     images = len(rates[sigmas[0]])
-    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng, initial_radii(radii, s, RACE_REACH_SIGMAS))
-            for s in sigmas}
-    out = {"fixed": float(images * len(sigmas) * (n0 + n_max)), "all": 0.0, "winner known": 0.0, "information bound": 0.0}
+    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng, initial_radii(radii, s, RACE_REACH_SIGMAS),
+                              wrong_class_stop) for s in sigmas}
+    tolerance = tolerance_images(tolerance_points, images)
+    out = {"fixed": float(images * len(sigmas) * (n0 + n_max)), "all": 0.0, "winner known": 0.0,
+           "winner known, tolerance": 0.0, "information bound": 0.0}
     counts, certified, full = {}, {}, {}
     for s in sigmas:
         full[s] = sims[s].run(sims[s].radii)
@@ -84,6 +108,8 @@ def one_seed(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], r
             continue
         known = sims[s].run(won)
         out["winner known"] += float(known[1].sum()) + images * n0
+        out["winner known, tolerance"] += tolerant_winner_samples(sims[s], won, certified[s], full[s][0], tolerance) \
+            + images * n0
         for r in won:          # a run settling only the won radii may stop before `all` certifies one
             k = list(radii).index(r)
             shortfall = max(shortfall, counts[s][k] - int((certified[s] & (known[0] >= r)).sum()))
@@ -93,21 +119,24 @@ def one_seed(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], r
         counted = hardest >= 0
         threshold = norm.cdf(np.maximum(hardest, 0.0) / s)
         out["information bound"] += float(np.where(counted, information_samples(rates[s], threshold, alpha, n_max), 0).sum())
-    race = simulate_race(sims, tolerance_images(tolerance_points, images), n0)
+    race = simulate_race(sims, tolerance, n0)
     out["race"] = sum(race.samples.values()) + len(sigmas) * images * n0
     return {"samples": out, "winners": {f"{r:g}": winners[r] for r in radii}, "shortfall": shortfall}
 
 
-def study(folder: Path, n_max: int, seeds: int, tolerance: float, rates: str = "mixture", images: Optional[int] = None) -> dict:
-    data = tiled(rates_from(folder), images)
+def study(folder: Path, n_max: int, seeds: int, tolerance: float, rates: str = "mixture", images: Optional[int] = None,
+          selected: Optional[dict] = None, wrong_class_stop: bool = False) -> dict:
+    data = tiled(rates_from(folder, selected), images)
     spec = data["spec"]
     rng = np.random.default_rng(0)
     runs: List[dict] = [one_seed(seed_rates(data, rates, rng), data["correct"], spec["radii"], spec["alpha"], n_max,
-                                 spec["n0"], tolerance, rng) for _ in range(seeds)]
+                                 spec["n0"], tolerance, rng, wrong_class_stop) for _ in range(seeds)]
     fewer = {plan: [r["samples"]["fixed"] / r["samples"][plan] for r in runs] for plan in PLANS}
     return {"line": data["line"], "images": len(next(iter(data["rates"].values()))), "n_max": n_max, "seeds": seeds,
             "n0": spec["n0"],
-            "rates": rates, "tolerance": tolerance, "alpha": spec["alpha"],
+            "rates": rates, "tolerance": tolerance, "alpha": spec["alpha"], "wrong_class_stop": wrong_class_stop,
+            "selected_known": selected is not None,
+            "wrong_class_images": {f"{s:g}": int((~c).sum()) for s, c in data["correct"].items()},
             "plans": {plan: {"samples": float(np.mean([r["samples"][plan] for r in runs])),
                              "fewer_than_fixed": float(np.mean([r["samples"]["fixed"] for r in runs])
                                                        / np.mean([r["samples"][plan] for r in runs])),
@@ -119,7 +148,8 @@ def study(folder: Path, n_max: int, seeds: int, tolerance: float, rates: str = "
 
 def markdown(doc: dict) -> str:
     lines = [f"## SIMULATED: {doc['line']}, {doc['images']} images, n-max {doc['n_max']:,}, {doc['seeds']} seeds on paired "
-             f"paths, race tolerance {doc['tolerance']:g} points, vote rates: {RATE_TEXT[doc['rates']]}", "",
+             f"paths, race tolerance {doc['tolerance']:g} points, vote rates: {RATE_TEXT[doc['rates']]}; "
+             f"{stop_text(doc)}", "",
              "| plan | samples (mean) | fewer than fixed-n (of the means) | worst seed | best seed |", "|---|---|---|---|---|"]
     for plan, p in doc["plans"].items():
         lines.append(f"| {plan} | {p['samples']:,.0f} | {p['fewer_than_fixed']:.1f}x | {p['worst_seed']:.1f}x | "
@@ -141,9 +171,10 @@ def markdown(doc: dict) -> str:
 
 @click.command()
 @simulation_options
-def main(folder, n_max, seeds, tolerance, estimate_, warmup_s, overhead, builds, rates, images, out: Optional[str]):
+def main(folder, n_max, seeds, tolerance, estimate_, warmup_s, overhead, builds, rates, images, out: Optional[str],
+         selected, wrong_class_stop):
     """Prints the ceilings as markdown."""
-    doc = study(Path(folder), n_max, seeds, tolerance, rates, images)
+    doc = study(Path(folder), n_max, seeds, tolerance, rates, images, load_selected(selected), wrong_class_stop)
     if estimate_:
         doc["estimate"] = estimate(doc, estimate_[0], estimate_[1], warmup_s, overhead, builds, plans=PLANS)
     publish(doc, markdown(doc), out)

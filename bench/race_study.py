@@ -32,9 +32,21 @@ RATE_TEXT = {"mixture": "each seed draws every image's rate from its posterior (
 REASONS = STOP_REASONS + ("extended",)
 
 
-def rates_from(folder: Path) -> dict:
+def right_class(row: dict, selected: Optional[dict], sigma: float) -> bool:
+    """The image's selected class is its label: from the row's `selected` column, else from `selected` (a
+    bench/selected_classes.py file), else the row's `correct` (an abstaining row then counts as another class,
+    as studies did before the selected class was recorded)."""
+    if row.get("selected") not in (None, ""):
+        return int(row["selected"]) == int(row["label"])
+    if selected is not None:
+        return int(selected["selected"][f"{sigma:g}"][row["idx"]]) == int(row["label"])
+    return int(row["correct"]) == 1
+
+
+def rates_from(folder: Path, selected: Optional[dict] = None) -> dict:
     """{'spec', 'line', 'rates': {sigma: p}, 'correct': {sigma: bool}, 'votes'/'drawn': {sigma: counts}}
-    from a table folder's rows (votes -1 where a row is fixed-n)."""
+    from a table folder's rows (votes -1 where a row is fixed-n); `correct`: the selected class is the label
+    (right_class)."""
     summary = json.loads((folder / "summary.json").read_text())
     spec, line = summary["spec"], summary["rows"][0]["name"]
     first = spec["lines"][0]
@@ -54,7 +66,7 @@ def rates_from(folder: Path) -> dict:
         order = idx
         images = [image_from_row(best[i], spec["n_max"], spec["n0"], spec["alpha"], sigma, 0.45) for i in idx]
         rates[sigma] = np.array([im.p for im in images])
-        correct[sigma] = np.array([im.correct for im in images])
+        correct[sigma] = np.array([right_class(best[i], selected, sigma) for i in idx])
         votes[sigma] = np.array([im.votes for im in images])
         drawn[sigma] = np.array([im.drawn for im in images])
     return {"spec": spec, "line": line, "rates": rates, "correct": correct, "votes": votes, "drawn": drawn}
@@ -86,15 +98,23 @@ def tiled(data: dict, images: Optional[int]) -> dict:
     return out
 
 
+def load_selected(path: Optional[str]) -> Optional[dict]:
+    """A bench/selected_classes.py file, or None."""
+    return json.loads(Path(path).read_text()) if path else None
+
+
 def study(folder: Path, n_max: int, seeds: int, tolerance: float, pilot: int, rates: str = "mixture",
-          images: Optional[int] = None) -> dict:
-    data = tiled(rates_from(folder), images)
+          images: Optional[int] = None, selected: Optional[dict] = None, wrong_class_stop: bool = False) -> dict:
+    data = tiled(rates_from(folder, selected), images)
     spec = data["spec"]
     rng = np.random.default_rng(0)
     runs: List[dict] = [simulate_plans(seed_rates(data, rates, rng), data["correct"], spec["radii"], spec["alpha"], n_max,
-                                       spec["n0"], tolerance, rng, pilot=pilot) for _ in range(seeds)]
+                                       spec["n0"], tolerance, rng, pilot=pilot, wrong_class_stop=wrong_class_stop)
+                        for _ in range(seeds)]
     out = {"line": data["line"], "radii": spec["radii"], "sigmas": spec["sigmas"], "n_max": n_max, "seeds": seeds, "rates": rates,
-           "tolerance": tolerance, "images": len(next(iter(data["rates"].values()))), "n0": spec["n0"], "plans": {}}
+           "tolerance": tolerance, "images": len(next(iter(data["rates"].values()))), "n0": spec["n0"], "plans": {},
+           "wrong_class_stop": wrong_class_stop, "selected_known": selected is not None,
+           "wrong_class_images": {f"{s:g}": int((~c).sum()) for s, c in data["correct"].items()}}
     for plan in PLANS:
         samples = np.array([r[plan]["samples"] for r in runs])
         cells = np.array([r[plan]["cells"] for r in runs])
@@ -130,11 +150,20 @@ def estimate(doc: dict, seconds_per_image: float, images: int, warmup_s: float, 
     return out
 
 
+def stop_text(doc: dict) -> str:
+    """What the study assumed about the selected class and the wrong-class stop."""
+    wrong = ", ".join(f"{n} at sigma {s}" for s, n in doc.get("wrong_class_images", {}).items())
+    known = "recorded" if doc.get("selected_known") else "from the rows (an abstaining row counts as another class)"
+    if not doc.get("wrong_class_stop"):
+        return f"no wrong-class stop (selected classes {known})"
+    return f"the wrong-class stop (selected classes {known}; images whose class is not their label: {wrong})"
+
+
 def markdown(doc: dict) -> str:
     r, plans = doc["radii"], doc["plans"]
     lines = [f"## SIMULATED: {doc['line']}, {doc['images']} images, sigma {doc['sigmas']}, n-max {doc['n_max']:,}, "
              f"{doc['seeds']} seeds on paired paths, race tolerance {doc['tolerance']:g} points, vote rates: "
-             f"{RATE_TEXT[doc.get('rates', 'jeffreys')]}", "",
+             f"{RATE_TEXT[doc.get('rates', 'jeffreys')]}; {stop_text(doc)}", "",
              "| plan | samples (mean) | fewer than fixed-n (worst seed) | " + " | ".join(f"r={x:g}" for x in r) + " |",
              "|" + "---|" * (len(r) + 3)]
     fixed = plans["fixed"]["samples"]
@@ -150,7 +179,8 @@ def markdown(doc: dict) -> str:
               f"{auto['minus_fixed_mean']:+.2f}. The race asked for {race['extensions']:.1f} extensions on average.", "",
               "Where the samples go (mean per seed; n0 included; why an image's run stopped: certified = every radius "
               "it was asked to settle, ruled out = its upper bound or the futility stop gave up, n-max; extended = "
-              "the race's reruns):", "", "| plan | sigma | " + " | ".join(REASONS) + " | total |", "|" + "---|" * 7]
+              "the race's reruns):", "", "| plan | sigma | " + " | ".join(REASONS) + " | total |",
+              "|" + "---|" * (len(REASONS) + 3)]
     for plan in ("all", "auto", "race"):
         for sigma, by in plans[plan]["by_sigma"].items():
             lines.append(f"| {plan} | {sigma} | " + " | ".join(f"{by[w]:,.0f}" for w in REASONS)
@@ -190,6 +220,12 @@ def simulation_options(command):
                      help="Repeat the rows' images in order up to this many (each copy on its own paths)."),
         click.option("--out", type=click.Path(dir_okay=False), default=None,
                      help="Write the markdown (and FILE.json) here."),
+        click.option("--selected", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="Each image's selected class (bench/selected_classes.py), for rows written before sequential "
+                          "rows recorded it; else an abstaining row counts as another class."),
+        click.option("--wrong-class-stop/--no-wrong-class-stop", default=True, show_default=True,
+                     help="The table's wrong-class stop (an image whose selected class is not its label stops after "
+                          "n0); off: the rule before it (every image runs; abstentions of unknown class)."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -207,9 +243,10 @@ def publish(doc: dict, text: str, out: Optional[str]) -> None:
 @click.command()
 @simulation_options
 @click.option("--pilot", type=click.IntRange(1), default=PILOT_IMAGES, show_default=True, help="The pilot plan's pilot images.")
-def main(folder, n_max, seeds, tolerance, pilot, estimate_, warmup_s, overhead, builds, rates, images, out: Optional[str]):
+def main(folder, n_max, seeds, tolerance, pilot, estimate_, warmup_s, overhead, builds, rates, images, out: Optional[str],
+         selected, wrong_class_stop):
     """Prints the study as markdown."""
-    doc = study(Path(folder), n_max, seeds, tolerance, pilot, rates, images)
+    doc = study(Path(folder), n_max, seeds, tolerance, pilot, rates, images, load_selected(selected), wrong_class_stop)
     if estimate_:
         doc["estimate"] = estimate(doc, estimate_[0], estimate_[1], warmup_s, overhead, builds)
     publish(doc, markdown(doc), out)

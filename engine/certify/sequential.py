@@ -72,6 +72,8 @@ BOUNDS = SEQUENTIAL_BOUNDS       # SequentialRule.bound
 DEFAULT_BOUND = "reach-cp"
 SPLIT_BOUNDS = ("split-cp", "reach-cp")   # the bounds that look only at the schedule's sample counts
 UNANIMITY_SHARE = 0.2            # reach-cp: the share of alpha spent on the unanimity bound (unanimity_lower)
+LAST_LOOK_OLD = 0.5              # the last look's share of alpha before SequentialRule.last_look (kept out of schedule_key)
+DEFAULT_LAST_LOOK = LAST_LOOK_OLD   # SequentialRule.last_look's default (docs/sequential-rules.md, "The last look's share")
 _BISECTIONS = 64                 # enough for double precision on [0, 1]
 
 
@@ -132,31 +134,34 @@ def look_schedule(n_max: int, first: int = FIRST_LOOK, growth: float = GROWTH,
     return sizes
 
 
-def split_levels(looks: int, alpha: float) -> np.ndarray:
-    """Split CP's per-look levels: alpha / (2(K - 1)) at looks 1..K-1, alpha / 2 at look K (sum alpha);
-    a single look gets all of alpha."""
+def split_levels(looks: int, alpha: float, last: float = LAST_LOOK_OLD) -> np.ndarray:
+    """Split CP's per-look levels: alpha * last at look K, alpha * (1 - last) / (K - 1) at looks 1..K-1
+    (sum alpha; last = 1/2: alpha / (2(K - 1)) and alpha / 2); a single look gets all of alpha."""
     if looks < 1:
         raise ValueError(f"need at least one look, got {looks}")
+    if not 0 < last < 1:
+        raise ValueError(f"the last look's share must be in (0, 1), got {last}")
     if looks == 1:
         return np.array([float(alpha)])
-    return np.array([alpha / (2 * (looks - 1))] * (looks - 1) + [alpha / 2])
+    return np.array([alpha * (1 - last) / (looks - 1)] * (looks - 1) + [alpha * last])
 
 
-def reach_levels(regular: Sequence[bool], alpha: float, share: float = UNANIMITY_SHARE) -> np.ndarray:
-    """reach-cp's per-look Clopper-Pearson levels: alpha / 2 at the last look (as split CP), the
-    rest less the unanimity bound's share alpha * share split evenly over the other regular looks,
-    0 at the looks placed only for the unanimity bound (regular[k] False). The levels and the share
-    sum to alpha: the union bound of split CP with one more term."""
+def reach_levels(regular: Sequence[bool], alpha: float, share: float = UNANIMITY_SHARE,
+                 last: float = LAST_LOOK_OLD) -> np.ndarray:
+    """reach-cp's per-look Clopper-Pearson levels: alpha * last at the last look (default alpha / 2, as
+    split CP), the rest less the unanimity bound's share alpha * share split evenly over the other
+    regular looks, 0 at the looks placed only for the unanimity bound (regular[k] False). The levels
+    and the share sum to alpha: the union bound of split CP with one more term."""
     regular = np.asarray(regular, dtype=bool)
     if not regular[-1]:
         raise ValueError("the last look must be a regular look")
-    if not 0 < share < 0.5:
-        raise ValueError(f"the unanimity share must be in (0, 1/2), got {share}")
+    if not (0 < share and 0 < last and last + share < 1):
+        raise ValueError(f"the shares must be > 0 with last look + unanimity < 1, got {last} + {share}")
     earlier = int(regular.sum()) - 1
     if earlier == 0:
         return np.where(regular, alpha * (1 - share), 0.0)
-    levels = np.where(regular, alpha * (0.5 - share) / earlier, 0.0)
-    levels[-1] = alpha / 2
+    levels = np.where(regular, alpha * ((1 - last) - share) / earlier, 0.0)
+    levels[-1] = alpha * last
     return levels
 
 
@@ -270,6 +275,7 @@ class SequentialRule:
     futility_rule: Optional[str] = DEFAULT_FUTILITY_RULE   # "pace-floor" / "pace" (pace_futile), "projection", None: off
     schedule_radii: Optional[Tuple[float, ...]] = None      # reach-cp's added looks are placed for these (None: radii)
     unanimity: float = UNANIMITY_SHARE              # reach-cp: the share of alpha of the unanimity bound
+    last_look: float = DEFAULT_LAST_LOOK            # split-cp / reach-cp: the share of alpha of the last look's CP bound
 
     def __post_init__(self):
         if not self.radii or any(r < 0 for r in self.radii):
@@ -298,6 +304,9 @@ class SequentialRule:
         object.__setattr__(self, "schedule_radii", tuple(sorted(float(r) for r in schedule)))
         if not 0 < self.unanimity < 0.5:
             raise UserError(f"the unanimity share must be in (0, 1/2), got {self.unanimity}")
+        if not 0 < self.last_look < 1 or (self.bound == "reach-cp" and not self.last_look + self.unanimity < 1):
+            raise UserError(f"the last look's share of alpha must be > 0 and, with the unanimity share "
+                            f"{self.unanimity:g}, below 1, got {self.last_look}")
 
     @property
     def thresholds(self) -> List[float]:
@@ -325,8 +334,8 @@ class SequentialRule:
     @cached_property
     def _levels(self) -> np.ndarray:
         if self.bound == "reach-cp":
-            return reach_levels(self._schedule[1], self.alpha, self.unanimity)
-        return split_levels(len(self._schedule[0]), self.alpha)
+            return reach_levels(self._schedule[1], self.alpha, self.unanimity, self.last_look)
+        return split_levels(len(self._schedule[0]), self.alpha, self.last_look)
 
     def levels(self) -> np.ndarray:
         """The Clopper-Pearson level at each look (split CP: sums to alpha; reach-cp: sums to alpha
@@ -374,9 +383,11 @@ class SequentialRule:
     @property
     def schedule_key(self) -> str:
         """Everything that fixes the looks, their levels and the stops, except the radii settled: two
-        rules with the same key look at the same sample counts with the same bounds."""
-        return json.dumps([self.bound, self.alpha, self.n_max, self.sigma, self.growth, self.futility_rule,
-                           self.futility, self.unanimity, list(self.schedule_radii)])
+        rules with the same key look at the same sample counts with the same bounds. last_look joins the
+        key only when it is not LAST_LOOK_OLD, so the keys of rules from before it stay as they were."""
+        key = [self.bound, self.alpha, self.n_max, self.sigma, self.growth, self.futility_rule,
+               self.futility, self.unanimity, list(self.schedule_radii)]
+        return json.dumps(key if self.last_look == LAST_LOOK_OLD else key + [self.last_look])
 
     def describe_futility(self) -> Optional[str]:
         """'pace-floor:0.13', 'pace:0.13', 'projection:1.25' or None (off): the recorded setting."""
@@ -535,7 +546,8 @@ class SequentialCertificate:
                            state)
 
 
-def sequential_job(n0: int, rule: SequentialRule, start: Optional[Sequence[SequentialState]] = None) -> Generator:
+def sequential_job(n0: int, rule: SequentialRule, start: Optional[Sequence[SequentialState]] = None,
+                   label: Optional[int] = None) -> Generator:
     """Sequential CERTIFY as a job, for every configuration voting on the image's samples (one count
     row each). Samples 0..n0-1 select each row's cA as in CERTIFY; the estimation looks follow from
     sample n0 on, exactly on `rule.chunks()`. Sampling goes on while any row is undecided; each row
@@ -543,16 +555,29 @@ def sequential_job(n0: int, rule: SequentialRule, start: Optional[Sequence[Seque
     Certificates (samples: the n0 selection samples plus the estimation samples the row used).
     `start` (one state per row) goes on from where an earlier run of the same image stopped when every
     state `continues` with this rule (else the job starts afresh): the rows equal a run from the first
-    sample, without drawing those samples again."""
+    sample, without drawing those samples again.
+    `label` (the wrong-class stop, a table's runs): a row whose cA is not the label stops after the
+    selection and abstains with no estimation sample; it could only certify a wrong class, which no
+    cell counts.
+    The other rows are those of a run without it (the same samples, the same decisions)."""
     if n0 < 1:
         raise UserError(f"n0 must be >= 1, got {n0}")
     if start is not None and all(continues(rule, s) for s in start):
         return (yield from _continued_job(n0, rule, start))
     chunks = rule.chunks()
-    # The first look does not depend on the selection (all classes are counted): ask for both.
-    selection, votes = yield Request(0, n0), Request(n0, chunks[0])
+    if label is None:
+        # The first look does not depend on the selection (all classes are counted): ask for both.
+        selection, votes = yield Request(0, n0), Request(n0, chunks[0])
+    else:
+        selection, votes = (yield Request(0, n0)), None
     c_a = [top_class([int(c) for c in row]) for row in selection]
     states = [SequentialCertificate(rule) for _ in c_a]
+    if label is not None:
+        for c, state in zip(c_a, states):
+            state.done = c != int(label)
+        if all(state.done for state in states):
+            return [state.result(c, n0) for c, state in zip(c_a, states)]
+        votes = yield Request(n0, chunks[0])
     first = n0
     for look, size in enumerate(chunks):
         if look > 0:

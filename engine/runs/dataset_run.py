@@ -95,11 +95,11 @@ def stop_after_current_image():
         signal.signal(signal.SIGTERM, previous_term)
 
 
-def image_works(dataset, indices: Iterable[int], make_job: Callable[[int], object]) -> Iterable[Work]:
-    """Work items for the scheduler, loading each image only when it joins the window."""
+def image_works(dataset, indices: Iterable[int], make_job: Callable[[int, int], object]) -> Iterable[Work]:
+    """Work items for the scheduler, loading each image only when it joins the window; make_job(index, label)."""
     for index in indices:
         x, label = dataset[index]
-        yield Work(index, x, make_job(index), tag=int(label))
+        yield Work(index, x, make_job(index, int(label)), tag=int(label))
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,9 @@ class Jobs:
     """What every image of a run computes, and the row it writes: CERTIFY (n0, n, alpha), sequential CERTIFY
     with `sequential` (from the image's `starts`, the states of an earlier run, where given; rows as from
     the first sample), or PREDICT. `keep_states`: each sequential row's state is kept beside its result
-    file (engine/runs/row_states.py), for a later run to go on from."""
+    file (engine/runs/row_states.py), for a later run to go on from. `stop_wrong_class` (a table's sequential
+    runs): an image whose selected class is not its label stops after the n0 selection samples and abstains
+    (engine/certify/sequential.py); no cell counts it either way."""
 
     mode: str = "certify"
     n0: int = DEFAULT_N0
@@ -136,16 +138,18 @@ class Jobs:
     sequential: Optional[SequentialRule] = None
     starts: Mapping[int, Sequence[SequentialState]] = field(default_factory=dict)
     keep_states: bool = False
+    stop_wrong_class: bool = False
 
     @classmethod
     def of(cls, request, **continuation) -> "Jobs":
         """The jobs a RunRequest asks for; `continuation`: `starts` and `keep_states`."""
         return cls(request.mode, request.n0, request.n, request.alpha, request.sigma, request.sequential, **continuation)
 
-    def __call__(self, index: int):
-        """A new job for image `index` (certify/cohen.py, certify/sequential.py)."""
+    def __call__(self, index: int, label: Optional[int] = None):
+        """A new job for image `index` whose label is `label` (certify/cohen.py, certify/sequential.py)."""
         if self.sequential is not None:
-            return sequential_job(self.n0, self.sequential, self.starts.get(index))
+            stop_at = label if self.stop_wrong_class and label is not None else None
+            return sequential_job(self.n0, self.sequential, self.starts.get(index), stop_at)
         if self.mode == "certify":
             return certify_job(self.n0, self.n, self.alpha, self.sigma)
         return predict_job(self.n, self.alpha)
@@ -169,8 +173,9 @@ class Images:
 
 
 def columns_of(mode: str, sequential: bool) -> Tuple[str, ...]:
-    """The reference TSV's columns; sequential rows add the samples drawn and the selected class's
-    estimation votes at the stopping look (a simulator replays the image from the two)."""
+    """The reference TSV's columns; sequential rows add the samples drawn, the selected class's estimation
+    votes at the stopping look (a simulator replays the image from the two) and the selected class (so an
+    abstaining row says whether its class was the label)."""
     if mode == "predict":
         return PREDICT_COLUMNS
     return CERTIFY_COLUMNS + (SEQUENTIAL_EXTRA if sequential else ())
@@ -180,7 +185,8 @@ def result_row(index: int, label: int, result, seconds: float, columns: Sequence
     """One configuration's row: a Certificate (certify) or a class (predict)."""
     if isinstance(result, Certificate):
         prediction = result.prediction
-        row = dict(radius=format_radius(result.radius), samples=result.samples, top_votes=result.top_votes)
+        row = dict(radius=format_radius(result.radius), samples=result.samples, top_votes=result.top_votes,
+                   selected=result.state.selected if result.state is not None else None)
     else:
         prediction, row = int(result), {}
     row.update(idx=index, label=label, predict=prediction, correct=int(prediction == label), time=format_time(seconds))
@@ -216,7 +222,7 @@ def run_dataset(voter, run, files: Sequence, jobs: Jobs, *, on_row: Optional[Cal
                 for writer, result in zip(writers, done.result):
                     if done.work.index in writer.done:
                         continue
-                    row = result_row(done.work.index, done.work.tag, result, done.seconds, columns)
+                    row = result_row(done.work.index, done.work.tag, result, done.seconds, writer.columns)
                     writer.write(**row)
                     if on_row:
                         on_row(row)

@@ -20,7 +20,10 @@ from diffsmooth.engine.runs.locks import hold_lock
 
 CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")
 PREDICT_COLUMNS = ("idx", "label", "predict", "correct", "time")
-SEQUENTIAL_EXTRA = ("samples", "top_votes")     # sequential rows: samples drawn, cA's estimation votes
+# Sequential rows: samples drawn, cA's estimation votes, and cA itself (the selected class, also where the
+# row abstains). Files written before `selected` existed have the first two; they are read and resumed as they are.
+SEQUENTIAL_EXTRA = ("samples", "top_votes", "selected")
+SEQUENTIAL_EXTRA_BEFORE_SELECTED = ("samples", "top_votes")
 
 
 # How result files print the radius (recorded in their settings; `format_radius`). Files whose
@@ -77,7 +80,10 @@ def repair_torn_tail(path: Path) -> None:
 
 # The headers a result file may have: certify (sequential rows add `samples` and `top_votes`, older
 # sequential files `samples` alone) and predict. Anything else is not a result file of this project.
-KNOWN_HEADERS = (CERTIFY_COLUMNS, CERTIFY_COLUMNS + SEQUENTIAL_EXTRA, CERTIFY_COLUMNS + ("samples",), PREDICT_COLUMNS)
+KNOWN_HEADERS = (CERTIFY_COLUMNS, CERTIFY_COLUMNS + SEQUENTIAL_EXTRA, CERTIFY_COLUMNS + SEQUENTIAL_EXTRA_BEFORE_SELECTED,
+                 CERTIFY_COLUMNS + ("samples",), PREDICT_COLUMNS)
+# An older header a writer keeps writing when it resumes a file that has it (the rows it writes drop the newer columns).
+RESUMABLE_OLDER = {CERTIFY_COLUMNS + SEQUENTIAL_EXTRA: CERTIFY_COLUMNS + SEQUENTIAL_EXTRA_BEFORE_SELECTED}
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
@@ -100,7 +106,7 @@ def _field_problem(column: str, text: str) -> Optional[str]:
     value = int(text)
     if column == "correct" and value not in (0, 1):
         return f"correct {text!r} is not 0 or 1"
-    if column in ("idx", "label", "samples", "top_votes") and value < 0:
+    if column in ("idx", "label", "samples", "top_votes", "selected") and value < 0:
         return f"{column} {text!r} is negative"
     if column == "predict" and value < -1:
         return f"predict {text!r} is neither a class nor -1 (abstain)"
@@ -185,6 +191,8 @@ class ResultWriter:
             repair_torn_tail(self.path)         # our own torn last line only; anything else is refused
         if self.path.exists() and self.path.stat().st_size > 0:
             header = self.path.read_bytes().split(b"\n", 1)[0].decode("utf-8", "replace").split("\t")
+            if tuple(header) == RESUMABLE_OLDER.get(self.columns):
+                self.columns = tuple(header)          # a file from before a column was added: resumed as it is
             if tuple(header) != self.columns:
                 raise UserError(f"{self.path} has columns {header}, not {list(self.columns)}: "
                                 f"choose another `out` or remove the file")

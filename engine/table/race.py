@@ -63,17 +63,26 @@ class Rows:
 
     radius: np.ndarray          # the row's radius (0 when it abstained)
     correct: np.ndarray         # the row certified the label
-    abstained: np.ndarray       # predict -1: its class could still be the label under `all`
+    abstained: np.ndarray       # predict -1: its class could still be the label under `all` (see may_count)
     votes: np.ndarray           # top_votes: votes of the selected class among the estimation samples
     drawn: np.ndarray           # estimation samples (samples - n0)
     prefix_to: np.ndarray       # the row's run settled every radius up to this index (-1: not radius 0)
+    may_count: Optional[np.ndarray] = None   # the selected class is the label, or not recorded (None: every image)
+
+    def __post_init__(self):
+        if self.may_count is None:
+            self.may_count = np.ones(len(self.radius), dtype=bool)
 
     @classmethod
     def from_rows(cls, rows: Sequence[dict], n0: int, prefix_to: Sequence[int]) -> "Rows":
-        """From result rows (sequential rows carry top_votes) in image order, with each row's run's prefix."""
+        """From result rows (sequential rows carry top_votes, and `selected` since it was added) in image
+        order, with each row's run's prefix. A row whose selected class is not its label never counts in a
+        cell under any rule (the rows of `all` select on the same samples): it is settled."""
+        may_count = np.array([r.get("selected") in (None, "") or int(r["selected"]) == int(r["label"]) for r in rows],
+                             dtype=bool)
         return cls(np.array([float(r["radius"]) for r in rows]), np.array([int(r["correct"]) == 1 for r in rows]),
                    np.array([int(r["predict"]) < 0 for r in rows]), np.array([int(r["top_votes"]) for r in rows]),
-                   np.array([int(r["samples"]) - n0 for r in rows]), np.asarray(prefix_to, dtype=np.int64))
+                   np.array([int(r["samples"]) - n0 for r in rows]), np.asarray(prefix_to, dtype=np.int64), may_count)
 
 
 @dataclass(frozen=True)
@@ -112,8 +121,8 @@ def cell_status(rule: SequentialRule, rows: Rows, k: int) -> CellStatus:
     r = rule.radii[k]
     certified = rows.correct & (rows.radius >= r)
     reachable = rule.needed[k] <= rule.n_max
-    undecided = ((rows.correct | rows.abstained) & ~certified & (rows.prefix_to < k) & ~all_would_stop(rule, rows)
-                 & reachable)
+    undecided = ((rows.correct | (rows.abstained & rows.may_count)) & ~certified & (rows.prefix_to < k)
+                 & ~all_would_stop(rule, rows) & reachable)
     need = min(1.0, rule.needed[k] / rule.n_max)
     chance = beta.sf(need, rows.votes + 0.5, np.maximum(rows.drawn - rows.votes, 0) + 0.5)
     return CellStatus(certified, undecided, chance)

@@ -27,11 +27,16 @@ from diffsmooth.engine.table.race import (
 
 
 class SimulatedSigma:
-    """One sigma's images on one set of paths: rows of any radius set, cached, and each image's latest row."""
+    """One sigma's images on one set of paths: rows of any radius set, cached, and each image's latest row.
+    `correct`: the image's selected class is its label. `wrong_class_stop` (the table's runs): rows record
+    the selected class, and an image whose selected class is not its label stops after its n0 selection
+    samples (engine/certify/sequential.py); off, every image runs the rule and an abstaining row's class
+    is unknown to the race (rows written before `selected` existed)."""
 
     def __init__(self, sigma: float, rates: np.ndarray, correct: np.ndarray, radii: Sequence[float], alpha: float,
-                 n_max: int, rng, first: Tuple[float, ...]):
+                 n_max: int, rng, first: Tuple[float, ...], wrong_class_stop: bool = True):
         self.sigma, self.correct, self.alpha, self.n_max = sigma, np.asarray(correct, bool), alpha, n_max
+        self.wrong_class_stop = bool(wrong_class_stop)
         self.radii = tuple(sorted(radii))
         self.rule = SequentialRule(self.radii, sigma, alpha, n_max)
         self.cuts, self.segments = shared_paths(np.asarray(rates, np.float64), [self.rule], n_max, rng)
@@ -46,7 +51,10 @@ class SimulatedSigma:
             lower, used = run_rule(rule, votes)
             cumulative = np.concatenate([np.zeros((len(votes), 1)), np.cumsum(votes, axis=1)], axis=1)
             at = np.searchsorted(np.concatenate([[0], rule.looks()]), used)
-            self.cache[radii] = (radius_from_lower(lower, self.sigma), used, cumulative[np.arange(len(votes)), at])
+            radius, top = radius_from_lower(lower, self.sigma), cumulative[np.arange(len(votes)), at]
+            if self.wrong_class_stop:                       # stopped after the selection, abstaining
+                radius, used, top = (np.where(self.correct, a, 0) for a in (radius, used, top))
+            self.cache[radii] = (radius, used, top)
         return self.cache[radii]
 
     def rows(self) -> Rows:
@@ -59,22 +67,24 @@ class SimulatedSigma:
             prefix_to[at] = settled_prefix(self.radii, radii)
         abstained = radius <= 0
         return Rows(radius, self.correct & ~abstained, abstained, votes.astype(np.int64), used.astype(np.int64),
-                    prefix_to)
+                    prefix_to, self.correct if self.wrong_class_stop else None)
 
     def samples(self) -> float:
         return float(sum(self.run(s)[1][i] for i, s in enumerate(self.sets)))
 
 
-STOP_REASONS = ("certified", "ruled out", "n-max")
+STOP_REASONS = ("certified", "ruled out", "n-max", "wrong class")
 
 
 def stop_reasons(rule: SequentialRule, settled: Sequence[float], radius: np.ndarray, used: np.ndarray) -> np.ndarray:
-    """Why each image's run stopped: 'certified' (every radius it settles), 'n-max', else 'ruled out'
-    (its upper bound or the futility stop gave up on a radius)."""
+    """Why each image's run stopped: 'certified' (every radius it settles), 'n-max', 'wrong class' (after
+    the selection, no estimation sample: the wrong-class stop), else 'ruled out' (its upper bound or the
+    futility stop gave up on a radius)."""
     certified = radius >= max(settled)
     if max(settled) == 0:
         certified = radius > 0
-    return np.where(certified, "certified", np.where(used >= rule.n_max, "n-max", "ruled out"))
+    return np.where(certified, "certified", np.where(used >= rule.n_max, "n-max",
+                                                     np.where(used == 0, "wrong class", "ruled out")))
 
 
 def samples_by_reason(rule: SequentialRule, settled: Sequence[float], radius, used, n0: int) -> Dict[str, float]:
@@ -128,13 +138,15 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, co
 
 def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float],
                    alpha: float, n_max: int, n0: int, tolerance_points: float, rng,
-                   reach: float = RACE_REACH_SIGMAS, pilot: int = PILOT_IMAGES) -> dict:
+                   reach: float = RACE_REACH_SIGMAS, pilot: int = PILOT_IMAGES, wrong_class_stop: bool = True) -> dict:
     """One seed of fixed-n, `all`, the pilot plan (`auto`, the previous default: `pilot` images settle
     every radius, the rest what engine/table/planning.py assigns) and the race, all on the same paths:
-    {plan: {'samples' (n0 included), 'cells' (%), 'by_sigma': {sigma: {why: samples}}}}."""
+    {plan: {'samples' (n0 included), 'cells' (%), 'by_sigma': {sigma: {why: samples}}}}. `correct`: the
+    selected class is the label; `wrong_class_stop`: SimulatedSigma (fixed-n never stops)."""
     sigmas = sorted(rates)
     images = len(rates[sigmas[0]])
-    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng, initial_radii(radii, s, reach)) for s in sigmas}
+    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng, initial_radii(radii, s, reach),
+                              wrong_class_stop) for s in sigmas}
     in_pilot = np.isin(np.arange(images), pilot_indices(list(range(images)), pilot))
     out = {plan: {"samples": 0.0, "cells": np.zeros(len(radii)), "by_sigma": {}} for plan in ("fixed", "all", "auto")}
 
