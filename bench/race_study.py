@@ -104,16 +104,18 @@ def load_selected(path: Optional[str]) -> Optional[dict]:
 
 
 def study(folder: Path, n_max: int, seeds: int, tolerance: float, pilot: int, rates: str = "mixture",
-          images: Optional[int] = None, selected: Optional[dict] = None, wrong_class_stop: bool = False) -> dict:
+          images: Optional[int] = None, selected: Optional[dict] = None, wrong_class_stop: bool = False,
+          first_smallest: bool = True) -> dict:
     data = tiled(rates_from(folder, selected), images)
     spec = data["spec"]
     rng = np.random.default_rng(0)
     runs: List[dict] = [simulate_plans(seed_rates(data, rates, rng), data["correct"], spec["radii"], spec["alpha"], n_max,
-                                       spec["n0"], tolerance, rng, pilot=pilot, wrong_class_stop=wrong_class_stop)
+                                       spec["n0"], tolerance, rng, pilot=pilot, wrong_class_stop=wrong_class_stop,
+                                       first_smallest=first_smallest)
                         for _ in range(seeds)]
     out = {"line": data["line"], "radii": spec["radii"], "sigmas": spec["sigmas"], "n_max": n_max, "seeds": seeds, "rates": rates,
            "tolerance": tolerance, "images": len(next(iter(data["rates"].values()))), "n0": spec["n0"], "plans": {},
-           "wrong_class_stop": wrong_class_stop, "selected_known": selected is not None,
+           "wrong_class_stop": wrong_class_stop, "selected_known": selected is not None, "first_smallest": first_smallest,
            "wrong_class_images": {f"{s:g}": int((~c).sum()) for s, c in data["correct"].items()}}
     for plan in PLANS:
         samples = np.array([r[plan]["samples"] for r in runs])
@@ -243,10 +245,13 @@ def publish(doc: dict, text: str, out: Optional[str]) -> None:
 @click.command()
 @simulation_options
 @click.option("--pilot", type=click.IntRange(1), default=PILOT_IMAGES, show_default=True, help="The pilot plan's pilot images.")
+@click.option("--first-smallest/--no-first-smallest", default=True, show_default=True,
+              help="The race's first runs settle the smallest radius too (engine/table/race.py initial_radii).")
 def main(folder, n_max, seeds, tolerance, pilot, estimate_, warmup_s, overhead, builds, rates, images, out: Optional[str],
-         selected, wrong_class_stop):
+         selected, wrong_class_stop, first_smallest):
     """Prints the study as markdown."""
-    doc = study(Path(folder), n_max, seeds, tolerance, pilot, rates, images, load_selected(selected), wrong_class_stop)
+    doc = study(Path(folder), n_max, seeds, tolerance, pilot, rates, images, load_selected(selected), wrong_class_stop,
+                first_smallest)
     if estimate_:
         doc["estimate"] = estimate(doc, estimate_[0], estimate_[1], warmup_s, overhead, builds)
     publish(doc, markdown(doc), out)

@@ -74,7 +74,7 @@ def certify_both(pipeline, x, image_index: int, *, n0: int, n: int, alpha: float
     count = replay_counter(recorded)
     sequential, = certify_sequential(lambda first, num: count(first, num)[None], n0, rule)
     return tuple(fixed), (sequential.prediction, sequential.radius, sequential.samples, sequential.top_votes), \
-        int(total[c_a])
+        int(total[c_a]), c_a
 
 
 def _accuracy_rows(rows, radii):
@@ -133,13 +133,14 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
         for done, i in enumerate(indices, 1):
             x, label = dataset[i]
             t0 = time.perf_counter()
-            (f_pred, f_rad), (s_pred, s_rad, used, top_votes), n_a = certify_both(smooth.pipeline, x, i, n0=n0, n=n, alpha=alpha,
-                                                                  batch=batch, rule=rule)
+            fixed_result, seq_result, n_a, c_a = certify_both(smooth.pipeline, x, i, n0=n0, n=n, alpha=alpha,
+                                                              batch=batch, rule=rule)
+            (f_pred, f_rad), (s_pred, s_rad, used, top_votes) = fixed_result, seq_result
             elapsed = format_time(time.perf_counter() - t0)
             frow = dict(idx=i, label=int(label), predict=f_pred, radius=format_radius(f_rad),
                         correct=int(f_pred == int(label)), time=elapsed)
             srow = dict(frow, predict=s_pred, radius=format_radius(s_rad), correct=int(s_pred == int(label)),
-                        samples=used, top_votes=top_votes)
+                        samples=used, top_votes=top_votes, selected=c_a)
             fixed_w.write(**frow)
             seq_w.write(**srow)
             fixed_rows.append(frow)

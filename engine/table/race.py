@@ -33,12 +33,15 @@ from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.table.defaults import RACE_REACH_SIGMAS
 
 
-def initial_radii(radii: Sequence[float], sigma: float, reach: float = RACE_REACH_SIGMAS) -> Tuple[float, ...]:
-    """The first run of a sigma settles one radius: the largest r <= reach x sigma (0 if none).
-    Beyond it the samples an image needs grow like 1 / (1 - Phi(r / sigma)); below it a row's
-    lower bound already certifies the smaller radii of every image that certified it."""
+def initial_radii(radii: Sequence[float], sigma: float, reach: float = RACE_REACH_SIGMAS,
+                  smallest: bool = True) -> Tuple[float, ...]:
+    """The first run of a sigma settles the largest r <= reach x sigma (the smallest radius if none), and
+    with `smallest` the table's smallest radius too. Beyond the reach the samples an image needs grow like
+    1 / (1 - Phi(r / sigma)); below it a row's lower bound already certifies the smaller radii of every
+    image that certified it."""
     within = [r for r in radii if r <= reach * sigma + 1e-12]
-    return tuple(sorted({min(radii), max(within) if within else min(radii)}))
+    largest = max(within) if within else min(radii)
+    return tuple(sorted({min(radii), largest} if smallest else {largest}))
 
 
 def prefix(radii: Sequence[float], k: int) -> Tuple[float, ...]:

@@ -138,15 +138,16 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, co
 
 def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float],
                    alpha: float, n_max: int, n0: int, tolerance_points: float, rng,
-                   reach: float = RACE_REACH_SIGMAS, pilot: int = PILOT_IMAGES, wrong_class_stop: bool = True) -> dict:
+                   reach: float = RACE_REACH_SIGMAS, pilot: int = PILOT_IMAGES, wrong_class_stop: bool = True,
+                   first_smallest: bool = True) -> dict:
     """One seed of fixed-n, `all`, the pilot plan (`auto`, the previous default: `pilot` images settle
     every radius, the rest what engine/table/planning.py assigns) and the race, all on the same paths:
     {plan: {'samples' (n0 included), 'cells' (%), 'by_sigma': {sigma: {why: samples}}}}. `correct`: the
     selected class is the label; `wrong_class_stop`: SimulatedSigma (fixed-n never stops)."""
     sigmas = sorted(rates)
     images = len(rates[sigmas[0]])
-    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng, initial_radii(radii, s, reach),
-                              wrong_class_stop) for s in sigmas}
+    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng,
+                              initial_radii(radii, s, reach, first_smallest), wrong_class_stop) for s in sigmas}
     in_pilot = np.isin(np.arange(images), pilot_indices(list(range(images)), pilot))
     out = {plan: {"samples": 0.0, "cells": np.zeros(len(radii)), "by_sigma": {}} for plan in ("fixed", "all", "auto")}
 

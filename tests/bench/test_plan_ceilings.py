@@ -39,3 +39,10 @@ def test_the_race_costs_more_than_knowing_the_winners_which_costs_more_than_the_
     assert doc["estimate"]["information bound"]["seconds"] < doc["estimate"]["winner known"]["seconds"]
     text = markdown(doc)
     assert "| winner known |" in text and "ESTIMATED: 500 images" in text
+
+
+def test_the_winner_known_plan_with_the_races_tolerance_draws_no_more_and_equals_it_at_zero(tmp_path):
+    folder = _folder(tmp_path)
+    exact, loose = (study(folder, n_max=20_000, seeds=2, tolerance=t) for t in (0.0, 10.0))     # 10 points: 6 images
+    assert exact["plans"]["winner known, tolerance"]["samples"] == exact["plans"]["winner known"]["samples"]
+    assert loose["plans"]["winner known, tolerance"]["samples"] < 0.97 * loose["plans"]["winner known"]["samples"]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from diffsmooth.bench.race_study import estimate, markdown, rates_from, study
-from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, SEQUENTIAL_EXTRA
+from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, SEQUENTIAL_EXTRA_BEFORE_SELECTED
 
-COLUMNS = CERTIFY_COLUMNS + SEQUENTIAL_EXTRA
+COLUMNS = CERTIFY_COLUMNS + SEQUENTIAL_EXTRA_BEFORE_SELECTED     # rows as stored before `selected`
 
 
 def _folder(tmp_path, images=60):
@@ -28,6 +28,16 @@ def _folder(tmp_path, images=60):
                 lines.append("\t".join(str(v) for v in row))
             (tmp_path / "runs" / name).write_text("\n".join(lines) + "\n")
     return tmp_path
+
+
+def test_the_selected_class_comes_from_the_row_else_from_a_selected_file_else_from_correct():
+    from diffsmooth.bench.race_study import right_class
+
+    row = {"idx": "4", "label": "3", "predict": "-1", "correct": "0"}
+    assert right_class(row, None, 0.5) is False                                  # unknown: as before, another class
+    assert right_class(row, {"selected": {"0.5": {"4": 3}}}, 0.5) is True
+    assert right_class(dict(row, selected="3"), {"selected": {"0.5": {"4": 1}}}, 0.5) is True    # the row wins
+    assert right_class(dict(row, selected="2"), None, 0.5) is False
 
 
 def test_rates_come_from_each_images_row_with_the_most_samples(tmp_path):
