@@ -23,6 +23,7 @@ from diffsmooth.engine.certify.sequential import (
     look_schedule,
     needed_votes,
     pace_futile,
+    reach_levels,
     run_rule,
     split_levels,
 )
@@ -527,3 +528,95 @@ def test_each_look_uses_its_own_level():
                                         np.array([0.0]), np.array([1.0]))
         assert lower[0] == pytest.approx(beta.ppf(level, s, t - s + 1), rel=1e-12)
         assert upper[0] == pytest.approx(beta.ppf(1 - level, s + 1, t - s), rel=1e-12)
+
+
+# ---------------------------------------------------------------- the last look's share of alpha (issue 46)
+
+LAST_LOOK_SHARES = (0.5, 0.4, 0.3, 0.2, 0.1, 0.05, 0.02)
+
+
+@pytest.mark.parametrize("bound", ["split-cp", "reach-cp"])
+@pytest.mark.parametrize("n_max", [2000, 10_000, 100_000])
+def test_last_look_levels_and_the_unanimity_share_sum_to_alpha(bound, n_max):
+    """Every split spends exactly alpha (the union bound): the last look alpha * last_look, the other
+    regular looks the rest (less reach-cp's unanimity share), evenly; the looks do not move."""
+    base = SequentialRule((0.25, 0.5, 1.0), 0.5, 0.001, n_max, bound=bound)
+    for share in LAST_LOOK_SHARES:
+        rule = SequentialRule((0.25, 0.5, 1.0), 0.5, 0.001, n_max, bound=bound, last_look=share)
+        levels = rule.levels()
+        unanimity = rule.alpha * rule.unanimity if bound == "reach-cp" else 0.0
+        assert levels.sum() + unanimity == pytest.approx(0.001, rel=1e-12)
+        assert levels[-1] == pytest.approx(0.001 * share, rel=1e-12) and np.all(levels >= 0)
+        earlier = levels[:-1][levels[:-1] > 0]
+        assert np.ptp(earlier) < 1e-18 and rule.looks() == base.looks()
+    for share in (0.3, 0.1):
+        regular = [True, False, True, True]
+        levels = reach_levels(regular, 0.01, 0.2, share)
+        assert levels.tolist() == pytest.approx([0.01 * (0.8 - share) / 2, 0.0, 0.01 * (0.8 - share) / 2, 0.01 * share])
+        assert split_levels(5, 0.01, share).sum() == pytest.approx(0.01)
+
+
+def test_the_default_last_look_reproduces_the_earlier_levels_exactly():
+    """last_look's default is today's split, bit for bit: alpha / (2(K - 1)) and alpha / 2 (split CP),
+    alpha (1/2 - share) / (K_regular - 1) and alpha / 2 (reach-cp), the formulas before the field."""
+    for looks, alpha in ((24, 0.001), (60, 0.001), (2, 0.05), (7, 0.1)):
+        assert split_levels(looks, alpha).tolist() == [alpha / (2 * (looks - 1))] * (looks - 1) + [alpha / 2]
+    for regular, alpha, share in (([True] * 23 + [False, True], 0.001, 0.2), ([True, False, True], 0.05, 0.25),
+                                  ([True] * 60, 0.001, 0.2), ([False, True, True, False, True], 0.01, 0.15)):
+        earlier = sum(regular) - 1
+        expected = [alpha * (0.5 - share) / earlier if r else 0.0 for r in regular[:-1]] + [alpha / 2]
+        assert reach_levels(regular, alpha, share).tolist() == expected
+    for bound in ("split-cp", "reach-cp"):
+        for n_max in (10_000, 100_000):
+            rule = SequentialRule((0.25, 0.5, 0.75, 1.0), 0.5, 0.001, n_max, bound=bound)
+            assert rule.last_look == 0.5 and rule.levels()[-1] == 0.001 / 2
+            regular = rule.levels()[:-1][rule.levels()[:-1] > 0]
+            share = 0.5 if bound == "split-cp" else 0.5 - 0.2
+            assert set(regular.tolist()) == {0.001 * share / len(regular)}
+
+
+def test_schedule_key_of_the_default_split_is_the_earlier_key_and_another_split_never_continues_it():
+    """The default split's key is the key written before last_look existed (states files and result
+    settings keep resuming); another split has its own key, so states of one never continue the other."""
+    rule = SequentialRule((0.25, 0.5), 0.5, 0.001, 10_000)
+    assert rule.schedule_key == '["reach-cp", 0.001, 10000, 0.5, 1.2, "pace-floor", 0.21, 0.2, [0.25, 0.5]]'
+    assert SequentialRule((0.25, 0.5), 0.5, 0.001, 100_000, bound="split-cp", last_look=0.5).schedule_key == \
+        '["split-cp", 0.001, 100000, 0.5, 1.2, "pace-floor", 0.13, 0.2, [0.25, 0.5]]'
+    other = SequentialRule((0.25, 0.5), 0.5, 0.001, 10_000, last_look=0.1)
+    assert other.schedule_key != rule.schedule_key and other.looks() == rule.looks()
+    assert json.loads(other.schedule_key)[-1] == 0.1
+    from diffsmooth.engine.certify.sequential import SequentialState, continues
+    look = rule.looks()[5]
+    for mine, theirs in ((rule, other), (other, rule)):
+        state = SequentialState(1, look, look, 0.9, 1.0, mine.radii, mine.schedule_key)
+        assert continues(mine, state) and not continues(theirs, state)
+    earlier = SequentialState(1, look, look, 0.9, 1.0, (0.25,), json.dumps(
+        ["reach-cp", 0.001, 10000, 0.5, 1.2, "pace-floor", 0.21, 0.2, [0.25, 0.5]]))
+    assert continues(rule, earlier)                                 # a state written before last_look existed
+
+
+def test_last_look_validation():
+    from diffsmooth.engine.errors import UserError
+    for share, bound in ((0.0, "reach-cp"), (-0.1, "split-cp"), (1.0, "split-cp"), (0.8, "reach-cp"),
+                         (0.85, "reach-cp")):
+        with pytest.raises(UserError, match="the last look's share of alpha must be > 0"):
+            SequentialRule((0.5,), 0.5, 0.001, 1000, bound=bound, last_look=share)
+    assert SequentialRule((0.5,), 0.5, 0.001, 1000, bound="split-cp", last_look=0.9).levels()[-1] == pytest.approx(0.0009)
+    with pytest.raises(ValueError, match="last look"):
+        reach_levels([True, True], 0.01, 0.2, 0.8)
+    with pytest.raises(ValueError, match="last look"):
+        split_levels(3, 0.01, 0.0)
+
+
+@pytest.mark.parametrize("share", [0.1, 0.05])
+@pytest.mark.parametrize("bound", ["split-cp", "reach-cp"])
+def test_the_exact_miscoverage_of_a_smaller_last_look_stays_below_alpha(bound, share):
+    """The dynamic program of bench/sequential_coverage.py (no stopping: every stopping rule's upper
+    bound) at n-max 2,000 and alpha 0.05, at the thresholds and a scan of p: <= alpha for the split,
+    and the same DP finds CP at alpha at every look above it (the check has power)."""
+    from diffsmooth.bench.sequential_coverage import exact_miscoverage, naive_cp_lower, scanned_rates, split_cp_lower
+    rule = SequentialRule((0.25, 0.5, 1.0), 0.5, 0.05, 2000, bound=bound, last_look=share)
+    ps = sorted(set(scanned_rates(rule, 12).tolist()) | {float(p) for p in rule.thresholds})
+    worst = max(exact_miscoverage(split_cp_lower(rule), rule.chunks(), p) for p in ps)
+    assert 0.3 * rule.alpha < worst <= rule.alpha
+    assert exact_miscoverage(naive_cp_lower(rule.alpha), rule.chunks(), float(norm.cdf(0.5))) > rule.alpha
