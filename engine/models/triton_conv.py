@@ -15,6 +15,11 @@ conv2d + add + relu elsewhere (`unsupported_reason` says why; TRITON_FALLBACKS c
 Off CUDA it is the reference maths, except with TRITON_INTERPRET=1 set before this module is imported:
 then the Triton interpreter runs the kernel itself on the CPU (how the tests check it).
 Autotuning benchmarks on the first call per shape, so warm up before a CUDA-graph capture.
+
+Second option, `tritonize(..., fuse_blocks=True)`: each stride-1 BasicBlock with an identity shortcut
+(52 of ResNet-110's 54) runs as one `diffsmooth::triton_basic_block` call; the intermediate activation
+is computed per tile with its one-pixel halo into a per-program scratch slot that stays in L2, so it is
+never written to or read from DRAM. Neither kernel has run on a GPU yet: speed unmeasured.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from diffsmooth.engine.models.folded_resnet import FoldedConv, _output_format, _reference
+from diffsmooth.engine.models.folded_resnet import FoldedBlock, FoldedConv, _output_format, _reference
 
 try:                                            # optional: the models stay importable without triton
     import triton
@@ -39,7 +44,8 @@ except Exception as exc:                        # ImportError, or a broken insta
     _TRITON_ERROR = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
 
 __all__ = ["triton_conv_unavailable", "tritonize", "triton_conv_bias_add_relu", "unsupported_reason", "TritonConv",
-           "TRITON_CALLS", "TRITON_FALLBACKS", "AUTOTUNE_CONFIGS"]
+           "TRITON_CALLS", "TRITON_FALLBACKS", "AUTOTUNE_CONFIGS", "triton_basic_block", "block_unsupported_reason",
+           "TritonBlock", "TRITON_BLOCK_CALLS", "BLOCK_CONFIGS"]
 
 # How often the Triton kernel was launched (Python calls: CUDA-graph replays are not counted); a GPU
 # test reads it to know the kernel was reached.
@@ -68,6 +74,23 @@ AUTOTUNE_CONFIGS = [
 ]
 
 
+# The fused BasicBlock kernel (tritonize(..., fuse_blocks=True)): (TILE x TILE output pixels per step,
+# BLOCK_M pixel rows per GEMM, BLOCK_K, warps, stages). Each program walks tiles persistently and keeps
+# the tile's intermediate activation (plus its one-pixel halo, recomputed) in its own scratch slot,
+# which stays in L2. Configs with BLOCK_K beyond the channels or TILE beyond the image are pruned.
+BLOCK_CONFIGS = [
+    (8, 64, 16, 4, 2),
+    (8, 64, 32, 4, 2),
+    (8, 64, 64, 4, 2),
+    (16, 64, 16, 4, 2),
+    (16, 64, 32, 4, 2),
+    (16, 128, 16, 8, 2),
+    (16, 128, 32, 8, 2),
+]
+_BLOCK_MAX_CHANNELS = 64        # one program holds every channel of its pixels (fp32 accumulator in registers)
+_PROGRAMS_PER_SM = 4
+
+
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -91,6 +114,18 @@ def _prune(configs, named_args, **kwargs):
     c_in = named_args.get("C_IN", kwargs.get("C_IN"))
     kh, kw = kwargs.get("KH", named_args.get("KH")), kwargs.get("KW", named_args.get("KW"))
     kept = [c for c in configs if _fits(c.kwargs["BLOCK_K"], c_in, kh, kw)]
+    return kept or configs[:1]
+
+
+def _block_fits(config, c: int, h: int, w: int) -> bool:
+    tile, _, block_k, _, _ = config
+    return block_k <= max(16, _pow2_at_least(c)) and (tile == 8 or tile <= _pow2_at_least(max(h, w)))
+
+
+def _block_prune(configs, named_args, **kwargs):
+    c, h, w = (named_args.get(k, kwargs.get(k)) for k in ("C", "H", "W"))
+    kept = [cfg for cfg in configs
+            if _block_fits((cfg.kwargs["TILE"], cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_K"], 0, 0), c, h, w)]
     return kept or configs[:1]
 
 
@@ -179,10 +214,116 @@ if triton is not None:
         key=["M", "H", "W", "OH", "OW", "C_IN", "C_OUT", "KH", "KW", "STRIDE", "PAD", "HAS_RES", "RELU"],
         prune_configs_by={"early_config_prune": _prune},
     )(_conv_kernel)
+
+    @triton.jit
+    def _block_kernel(x_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, o_ptr, s_ptr,
+                      N, H, W, C, SLOT,
+                      sxn, sxh, sxw, sxc,            # input strides (n, h, w, c); also the residual
+                      s1o, s1i, s1h, s1w,            # conv1 weight strides (out, in, kh, kw)
+                      s2o, s2i, s2h, s2w,            # conv2 weight strides
+                      son, soh, sow, soc,            # output strides (n, h, w, c)
+                      DOT_FP32: tl.constexpr, PRECISION: tl.constexpr,
+                      TILE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+        """relu(conv2(relu(conv1(x) + b1)) + b2 + x) for a stride-1 BasicBlock with an identity shortcut
+        (3x3 convolutions, padding 1, C -> C). Each program takes TILE x TILE output pixels of one image
+        at a time, persistently: phase 1 computes h = relu(conv1(x) + b1) on the tile and its one-pixel
+        halo (recomputed by neighbouring tiles) into the program's own scratch slot, rounded to the
+        activation dtype as the two-kernel path stores it; phase 2 runs conv2 on it, + b2 + x, ReLU. The
+        slot is written and read back by the same program (L2-resident), so h never goes to DRAM."""
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        HALO: tl.constexpr = TILE + 2
+        HALO_PIX: tl.constexpr = HALO * HALO
+        tiles_h = (H + TILE - 1) // TILE
+        tiles_w = (W + TILE - 1) // TILE
+        num_tiles = N * tiles_h * tiles_w
+        slot = s_ptr + pid * SLOT
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_c = tl.arange(0, BLOCK_C)
+        offs_k = tl.arange(0, BLOCK_K)
+        c_ok = offs_c < C
+        bias1 = tl.load(b1_ptr + offs_c, mask=c_ok, other=0.0).to(tl.float32)
+        bias2 = tl.load(b2_ptr + offs_c, mask=c_ok, other=0.0).to(tl.float32)
+        for tile in range(pid, num_tiles, nprog):
+            tx = tile % tiles_w
+            t = tile // tiles_w
+            ty = t % tiles_h
+            n = t // tiles_h
+            x_img = n * sxn
+            y0 = ty * TILE - 1                     # the halo's top-left pixel
+            x0 = tx * TILE - 1
+            # phase 1: h on the halo tile; zero outside the image (conv2's zero padding applies to h)
+            for r0 in range(0, HALO_PIX, BLOCK_M):
+                r = r0 + offs_m
+                yy = y0 + r // HALO
+                xx = x0 + r % HALO
+                inside = (r < HALO_PIX) & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+                acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
+                for kh in tl.static_range(3):
+                    iy = yy + (kh - 1)
+                    row_ok = inside & (iy >= 0) & (iy < H)
+                    for kw in tl.static_range(3):
+                        ix = xx + (kw - 1)
+                        p_ok = row_ok & (ix >= 0) & (ix < W)
+                        x_pix = x_img + iy * sxh + ix * sxw
+                        for c0 in range(0, C, BLOCK_K):
+                            ci = c0 + offs_k
+                            k_ok = ci < C
+                            a = tl.load(x_ptr + x_pix[:, None] + ci[None, :] * sxc,
+                                        mask=p_ok[:, None] & k_ok[None, :], other=0.0)
+                            b = tl.load(w1_ptr + offs_c[None, :] * s1o + (ci * s1i + kh * s1h + kw * s1w)[:, None],
+                                        mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+                            if DOT_FP32:
+                                a = a.to(tl.float32)
+                                b = b.to(tl.float32)
+                            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+                h = tl.maximum(acc + bias1[None, :], 0.0)
+                h = tl.where(inside[:, None], h, 0.0)
+                tl.store(slot + r[:, None] * BLOCK_C + offs_c[None, :], h.to(o_ptr.dtype.element_ty),
+                         mask=(r < HALO_PIX)[:, None])
+            tl.debug_barrier()                      # the slot written by every thread before any reads it
+            # phase 2: relu(conv2(h) + b2 + x) on the tile
+            for p0 in range(0, TILE * TILE, BLOCK_M):
+                p = p0 + offs_m
+                p_in = p < TILE * TILE
+                py = p // TILE
+                px = p % TILE
+                oy = y0 + 1 + py
+                ox = x0 + 1 + px
+                out_ok = p_in & (oy < H) & (ox < W)
+                acc = tl.zeros((BLOCK_M, BLOCK_C), dtype=tl.float32)
+                for kh in tl.static_range(3):
+                    for kw in tl.static_range(3):
+                        row = (py + kh) * HALO + (px + kw)
+                        for c0 in range(0, C, BLOCK_K):
+                            ci = c0 + offs_k
+                            k_ok = ci < C
+                            a = tl.load(slot + row[:, None] * BLOCK_C + ci[None, :], mask=p_in[:, None] & k_ok[None, :],
+                                        other=0.0, cache_modifier=".cg")
+                            b = tl.load(w2_ptr + offs_c[None, :] * s2o + (ci * s2i + kh * s2h + kw * s2w)[:, None],
+                                        mask=k_ok[:, None] & c_ok[None, :], other=0.0)
+                            if DOT_FP32:
+                                a = a.to(tl.float32)
+                                b = b.to(tl.float32)
+                            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+                mask = out_ok[:, None] & c_ok[None, :]
+                res = tl.load(x_ptr + (x_img + oy * sxh + ox * sxw)[:, None] + offs_c[None, :] * sxc, mask=mask,
+                              other=0.0)
+                acc = tl.maximum(acc + bias2[None, :] + res.to(tl.float32), 0.0)
+                tl.store(o_ptr + (n * son + oy * soh + ox * sow)[:, None] + offs_c[None, :] * soc,
+                         acc.to(o_ptr.dtype.element_ty), mask=mask)
+            tl.debug_barrier()                      # every read done before the next tile overwrites the slot
+
+    _block_autotuned = triton.autotune(
+        configs=[triton.Config({"TILE": t, "BLOCK_M": m, "BLOCK_K": k}, num_warps=w, num_stages=s)
+                 for t, m, k, w, s in BLOCK_CONFIGS],
+        key=["N", "H", "W", "C"],
+        prune_configs_by={"early_config_prune": _block_prune},
+    )(_block_kernel)
     # Built by the interpreter (TRITON_INTERPRET=1 when triton.jit ran): the kernel runs on CPU tensors.
     _INTERPRETED = type(_conv_kernel).__name__ == "InterpretedFunction"
 else:
-    _conv_kernel = _conv_autotuned = None
+    _conv_kernel = _conv_autotuned = _block_kernel = _block_autotuned = None
     _INTERPRETED = False
 
 
@@ -359,6 +500,152 @@ class TritonConv(FoldedConv):
         return triton_conv_bias_add_relu(x, self.weight, self.bias, residual, self.stride, self.padding, self.relu)
 
 
+# ------------------------------------------------------------------ a whole BasicBlock in one kernel
+
+# How often the fused BasicBlock kernel was launched (Python calls, as TRITON_CALLS).
+TRITON_BLOCK_CALLS = {"count": 0}
+
+
+def block_unsupported_reason(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+                             b2: torch.Tensor) -> Optional[str]:
+    """Why the fused BasicBlock kernel does not take this call (None when it does)."""
+    if x.dim() != 4:
+        return f"not an image batch ({x.dim()}-D input)"
+    c = x.shape[1]
+    if x.dtype not in _DTYPES:
+        return f"input dtype {x.dtype} (the kernel takes float16, bfloat16, float32)"
+    for name, w in (("conv1", w1), ("conv2", w2)):
+        if tuple(w.shape) != (c, c, 3, 3):
+            return f"{name} weight {tuple(w.shape)} is not a 3x3 {c} -> {c} convolution"
+        if w.dtype != x.dtype or w.device != x.device:
+            return f"{name} weight is {w.dtype} on {w.device}, the input {x.dtype} on {x.device}"
+    for name, b in (("conv1", b1), ("conv2", b2)):
+        if b is None or b.shape != (c,) or not b.dtype.is_floating_point or b.device != x.device:
+            return f"{name} bias is not one float per channel on the input's device"
+    if c > _BLOCK_MAX_CHANNELS:
+        return f"{c} channels (the fused block holds at most {_BLOCK_MAX_CHANNELS})"
+    if x.numel() == 0:
+        return "empty input"
+    if 1 + sum((size - 1) * abs(step) for size, step in zip(x.shape, x.stride())) >= _INT32_LIMIT:
+        return "the input spans 2**31 elements or more (the kernel's offsets are 32-bit)"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _program_cap(index: int) -> int:
+    return _PROGRAMS_PER_SM * torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _launch_block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+                  config=None) -> torch.Tensor:
+    """Run the fused BasicBlock kernel: config = (TILE, BLOCK_M, BLOCK_K, warps, stages) without
+    autotuning; the interpreter always does (the largest tiles that fit, unless given)."""
+    n, c, h, w = x.shape
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=_output_format(x))
+    block_c = max(16, _pow2_at_least(c))
+    slot = (max(cfg[0] for cfg in BLOCK_CONFIGS) + 2) ** 2 * block_c
+    if x.is_cuda and not _INTERPRETED:
+        cap = _program_cap(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    else:
+        cap = 3                                     # the interpreter: still several tiles per program
+    if config is None and _INTERPRETED:
+        config = max((cfg for cfg in BLOCK_CONFIGS if _block_fits(cfg, c, h, w)), key=lambda cfg: cfg[:3])
+    programs = (min(cap, n * triton.cdiv(h, config[0]) * triton.cdiv(w, config[0])) if config is not None
+                else min(cap, n * triton.cdiv(h, 8) * triton.cdiv(w, 8)))
+    scratch = torch.empty(programs * slot, dtype=x.dtype, device=x.device)
+    args = (x, w1, b1, w2, b2, out, scratch, n, h, w, c, slot, *_nhwc_strides(x), *w1.stride(), *w2.stride(),
+            *_nhwc_strides(out))
+    meta = dict(DOT_FP32=_INTERPRETED and x.dtype == torch.bfloat16, PRECISION=_precision(x.dtype), BLOCK_C=block_c)
+    TRITON_BLOCK_CALLS["count"] += 1
+    with _on_device(x):
+        if config is None:
+            def grid(meta_):
+                return (min(programs, n * triton.cdiv(h, meta_["TILE"]) * triton.cdiv(w, meta_["TILE"])),)
+            _block_autotuned[grid](*args, **meta)
+        else:
+            tile, block_m, block_k, warps, stages = config
+            _block_kernel[(programs,)](*args, **meta, TILE=tile, BLOCK_M=block_m, BLOCK_K=block_k, num_warps=warps,
+                                       num_stages=stages)
+    return out
+
+
+def _block_reference(x, w1, b1, w2, b2):
+    """The two-convolution path: h = relu(conv1(x) + b1) in the activation dtype, relu(conv2(h) + b2 + x)."""
+    return _reference(_reference(x, w1, b1, None, 1, 1, True), w2, b2, x, 1, 1, True)
+
+
+def _block_dispatch(x, w1, b1, w2, b2):
+    reason = block_unsupported_reason(x, w1, b1, w2, b2)
+    if reason is not None:
+        reason = f"fused block: {reason}"
+        TRITON_FALLBACKS[reason] = TRITON_FALLBACKS.get(reason, 0) + 1
+        return _block_reference(x, w1, b1, w2, b2)
+    return _launch_block(x, w1, b1, w2, b2)
+
+
+@torch.library.custom_op("diffsmooth::triton_basic_block", mutates_args=())
+def triton_basic_block(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+                       b2: torch.Tensor) -> torch.Tensor:
+    """relu(conv2d(relu(conv2d(x, w1, b1, padding=1)), w2, b2, padding=1) + x); off CUDA the reference
+    maths, or the Triton kernel under the interpreter."""
+    if _INTERPRETED:
+        return _block_dispatch(x, w1, b1, w2, b2)
+    return _block_reference(x, w1, b1, w2, b2)
+
+
+@triton_basic_block.register_kernel("cuda")
+def _triton_basic_block_cuda(x, w1, b1, w2, b2):
+    unavailable = triton_conv_unavailable(x.device)
+    if unavailable is not None:
+        TRITON_FALLBACKS[unavailable] = TRITON_FALLBACKS.get(unavailable, 0) + 1
+        return _block_reference(x, w1, b1, w2, b2)
+    return _block_dispatch(x, w1, b1, w2, b2)
+
+
+@triton_basic_block.register_fake
+def _triton_basic_block_fake(x, w1, b1, w2, b2):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=_output_format(x))
+
+
+def _fusable_block(block: nn.Module) -> bool:
+    """A folded stride-1 BasicBlock with an identity shortcut: conv3x3 + ReLU, conv3x3 + x + ReLU, C -> C."""
+    if not isinstance(block, FoldedBlock) or block.shortcut is not None or len(block.convs) != 2:
+        return False
+    first, second = block.convs
+    c = first.weight.shape[0]
+    return all(conv.stride == 1 and conv.padding == 1 and conv.relu and tuple(conv.weight.shape) == (c, c, 3, 3)
+               for conv in (first, second))
+
+
+class TritonBlock(FoldedBlock):
+    """A folded BasicBlock (stride 1, identity shortcut) as one call of `diffsmooth::triton_basic_block`.
+    Its two convolutions are TritonConv modules (the same buffers the per-convolution path would use)."""
+
+    @classmethod
+    def from_folded(cls, block: FoldedBlock) -> "TritonBlock":
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        fused.convs = nn.ModuleList([c if isinstance(c, TritonConv) else TritonConv.from_folded(c) for c in block.convs])
+        fused.shortcut = None
+        return fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        first, second = self.convs
+        x = x.to(first.weight.dtype)
+        return triton_basic_block(x, first.weight, first.bias, second.weight, second.bias)
+
+
+def _replace_blocks(module: nn.Module) -> int:
+    replaced = 0
+    for name, child in module.named_children():
+        if _fusable_block(child) and not isinstance(child, TritonBlock):
+            setattr(module, name, TritonBlock.from_folded(child))
+            replaced += 1
+        else:
+            replaced += _replace_blocks(child)
+    return replaced
+
+
 def _replace_convs(module: nn.Module) -> List[str]:
     replaced = []
     for name, child in module.named_children():
@@ -370,15 +657,19 @@ def _replace_convs(module: nn.Module) -> List[str]:
     return replaced
 
 
-def tritonize(folded: nn.Module) -> nn.Module:
+def tritonize(folded: nn.Module, fuse_blocks: bool = False) -> nn.Module:
     """A copy of a classifier from fold_classifier whose folded convolutions (FoldedConv) run through
-    `diffsmooth::triton_conv_bias_add_relu`; `folded` itself is not modified."""
+    `diffsmooth::triton_conv_bias_add_relu`; `folded` itself is not modified. fuse_blocks: every
+    stride-1 BasicBlock with an identity shortcut runs as one `diffsmooth::triton_basic_block` call
+    instead (the intermediate activation stays on chip; the other blocks per convolution)."""
     if isinstance(folded, FoldedConv):
         return TritonConv.from_folded(folded)
     # fold_classifier's buffers may carry autograd history (folded outside no_grad), which deepcopy
     # refuses: those are copied detached.
     memo = {id(t): t.detach().clone() for t in (*folded.parameters(), *folded.buffers()) if not t.is_leaf}
     out = copy.deepcopy(folded, memo)
+    if fuse_blocks:
+        _replace_blocks(out)
     if not _replace_convs(out) and not any(isinstance(m, TritonConv) for m in out.modules()):
         raise ValueError(f"{type(folded).__name__} holds no folded convolution (FoldedConv): "
                          f"pass the classifier fold_classifier returned")

@@ -99,6 +99,34 @@ def _exact(x, weight, bias, res, stride, padding, relu):
                       stride, padding, relu)
 
 
+# Fused BasicBlocks: (name, channels, size, dtype, batch, config (None: the op's own), layout)
+BLOCK_CASES = [
+    ("block 16ch 8x8", 16, 8, "float32", 2, None, "nhwc"),
+    ("block 20ch 10x10, 8x8 tiles over the border, 4 tiles on 3 programs", 20, 10, "float32", 1, (8, 64, 16, 4, 2),
+     "nhwc"),
+    ("block 16ch 8x8 NCHW", 16, 8, "float32", 1, None, "nchw"),
+    ("block 64ch 8x8 fp16", 64, 8, "float16", 1, None, "nhwc"),
+    ("block 32ch 9x9 bf16", 32, 9, "bfloat16", 1, None, "nhwc"),
+]
+
+
+def _block_tensors(c, size, dtype, batch, layout="nhwc", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dt = DTYPES[dtype]
+    x = torch.randn(batch, c, size, size, generator=g).to(dt)
+    if layout == "nhwc":
+        x = x.contiguous(memory_format=CL)
+    ws = [(torch.randn(c, c, 3, 3, generator=g) / (9 * c) ** 0.5).to(dt).permute(2, 3, 1, 0).contiguous()
+          .permute(3, 2, 0, 1) for _ in range(2)]
+    return x, ws[0], torch.randn(c, generator=g).to(dt), ws[1], torch.randn(c, generator=g).to(dt)
+
+
+def _block_exact(x, w1, b1, w2, b2):
+    """The two-convolution path in float64, h rounded to the activation dtype as the kernel stores it."""
+    h = _reference(x.double(), w1.double(), b1.double(), None, 1, 1, True).to(x.dtype).double()
+    return _reference(h, w2.double(), b2.double(), x.double(), 1, 1, True)
+
+
 # ------------------------------------------------------------------ models whose votes spread
 
 
@@ -210,24 +238,70 @@ def _interpreted_measurements() -> dict:
                       "calls": TRITON_CALLS["count"] - before, "convs": convs,
                       "seconds": time.perf_counter() - started}
     out["resnet20"] = net
+    out["blocks"] = {}
+    block_op = torch.ops.diffsmooth.triton_basic_block
+    for name, c, size, dtype, batch, config, layout in BLOCK_CASES:
+        args = _block_tensors(c, size, dtype, batch, layout)
+        before = triton_conv.TRITON_BLOCK_CALLS["count"]
+        got = block_op(*args) if config is None else triton_conv._launch_block(*args, config=config)
+        exact = _block_exact(*args)
+        out["blocks"][name] = {"diff": float((got.double() - exact).abs().max()), "scale": float(exact.abs().max()),
+                               "dtype": str(got.dtype).replace("torch.", ""), "calls": triton_conv.TRITON_BLOCK_CALLS[
+                                   "count"] - before, "same_layout": bool(got.stride() == args[0].stride())}
+    args = _block_tensors(80, 6, "float32", 1)
+    before, reasons_before = triton_conv.TRITON_BLOCK_CALLS["count"], dict(TRITON_FALLBACKS)
+    got = block_op(*args)
+    out["block_fallback"] = {"calls": triton_conv.TRITON_BLOCK_CALLS["count"] - before,
+                             "reasons": [r for r, k in TRITON_FALLBACKS.items() if k != reasons_before.get(r, 0)],
+                             "diff": float((got - triton_conv._block_reference(*args)).abs().max())}
     return out
 
 
-@pytest.fixture(scope="module")
-def interpreted():
-    """The subprocess's measurements (one process: importing torch and triton dominates its time)."""
+def _interpreted_slow_measurements() -> dict:
+    """The slower interpreter checks: every fused-block config, a ResNet-20 with fused blocks."""
+    from diffsmooth.engine.models.triton_conv import BLOCK_CONFIGS, TRITON_BLOCK_CALLS, TRITON_CALLS, tritonize
+    out = {"configs": {}}
+    args = _block_tensors(16, 12, "float32", 1, seed=2)
+    exact = _block_exact(*args)
+    for config in BLOCK_CONFIGS:
+        got = triton_conv._launch_block(*args, config=config)
+        out["configs"][str(config)] = float((got.double() - exact).abs().max()) / (1 + float(exact.abs().max()))
+    clf = prototype_classifier("cifar_resnet20", 8)
+    x = prototype_images(10, 8, 0.25, seed=5)
+    with torch.no_grad():
+        expected = clf(x)
+    folded = fold_classifier(clf)
+    folded.net.nhwc = True
+    fast = tritonize(folded, fuse_blocks=True)
+    blocks, convs = TRITON_BLOCK_CALLS["count"], TRITON_CALLS["count"]
+    with torch.no_grad():
+        got = fast(x)
+    out["resnet20"] = {"diff": float((got - expected).abs().max()), "scale": float(expected.abs().max()),
+                       "argmax": got.argmax(1).tolist(), "expected_argmax": expected.argmax(1).tolist(),
+                       "block_calls": TRITON_BLOCK_CALLS["count"] - blocks, "conv_calls": TRITON_CALLS["count"] - convs}
+    return out
+
+
+def _run_interpreter(mode: str) -> dict:
+    """This file as a script under TRITON_INTERPRET=1; its JSON result line."""
     if triton_conv.triton is None:
         pytest.skip(f"triton is not importable ({triton_conv._TRITON_ERROR})")
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path, "TRITON_DEFAULT_FP_FUSION": "1"}
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(HERE), "interpret"], capture_output=True, text=True, timeout=600,
+    proc = subprocess.run([sys.executable, str(HERE), mode], capture_output=True, text=True, timeout=900,
                           env=env, cwd=str(ROOT))
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     result = json.loads(line[len("RESULT "):])
     result["wall_s"] = time.perf_counter() - started        # (shown by a failing test's repr)
     return result
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """The subprocess's measurements (one process: importing torch and triton dominates its time)."""
+    return _run_interpreter("interpret")
 
 
 def test_interpreter_runs_the_kernel_itself(interpreted):
@@ -277,6 +351,36 @@ def test_tritonized_resnet20_scores_like_the_unfolded_model(interpreted):
     assert fp16["argmax"] == net["expected_argmax"]
 
 
+@pytest.mark.parametrize("case", BLOCK_CASES, ids=[c[0] for c in BLOCK_CASES])
+def test_the_fused_basic_block_equals_its_two_convolutions(interpreted, case):
+    """relu(conv2(relu(conv1(x) + b1)) + b2 + x) in one kernel (halo recomputed, h kept in the program's
+    scratch slot) against the two-convolution path in float64, h rounded to the activation dtype; tiles
+    crossing the image border, several tiles per program, NCHW input, fp16 and bf16."""
+    r = interpreted["blocks"][case[0]]
+    assert r["calls"] == 1 and r["dtype"] == case[3] and r["same_layout"]
+    assert r["diff"] <= TOLERANCE[case[3]] * (1 + r["scale"]), f"max |diff| {r['diff']:.3g} (scale {r['scale']:.3g})"
+    assert r["scale"] > 1.0
+
+
+def test_a_block_the_fused_kernel_cannot_take_falls_back(interpreted):
+    fallback = interpreted["block_fallback"]
+    assert fallback["calls"] == 0 and fallback["diff"] == 0
+    assert any("80 channels" in r for r in fallback["reasons"]), fallback
+
+
+@pytest.mark.slow
+def test_every_block_config_and_a_fused_resnet20():
+    """Each fused-block config on a 12x12 image (one to four tiles, some over the border), and a ResNet-20
+    whose seven stride-1 blocks run fused (the rest per convolution): the unfolded model's logits and votes."""
+    result = _run_interpreter("interpret-slow")
+    assert len(result["configs"]) == len(triton_conv.BLOCK_CONFIGS)
+    assert all(d <= TOLERANCE["float32"] for d in result["configs"].values()), result["configs"]
+    net = result["resnet20"]
+    assert net["block_calls"] == 7 and net["conv_calls"] == 7, net
+    assert len(set(net["expected_argmax"])) >= 6 and net["argmax"] == net["expected_argmax"]
+    assert net["diff"] <= 1e-4 * (1 + net["scale"]), net["diff"]
+
+
 # ------------------------------------------------------------------ in this process (no interpreter)
 
 
@@ -316,8 +420,40 @@ def test_unsupported_reason_takes_every_resnet_call_and_names_what_it_refuses():
         assert reason and expected in reason, (expected, reason)
 
 
-def test_tritonize_copies_and_leaves_the_folded_classifier_untouched():
-    clf = prototype_classifier("cifar_resnet20", 8)
+def test_block_unsupported_reason():
+    x, w1, b1, w2, b2 = _block_tensors(16, 8, "float32", 1)
+    assert triton_conv.block_unsupported_reason(x, w1, b1, w2, b2) is None
+    assert triton_conv.block_unsupported_reason(*_block_tensors(64, 8, "float16", 1)) is None
+    refused = {
+        "80 channels": _block_tensors(80, 8, "float32", 1),
+        "not a 3x3": (x, torch.randn(16, 16, 1, 1), b1, w2, b2),
+        "float64": (x.double(), w1.double(), b1.double(), w2.double(), b2.double()),
+        "bias": (x, w1, torch.randn(3), w2, b2),
+    }
+    for expected, args in refused.items():
+        reason = triton_conv.block_unsupported_reason(*args)
+        assert reason and expected in reason, (expected, reason)
+
+
+@pytest.fixture(scope="module")
+def resnet20():
+    return prototype_classifier("cifar_resnet20", 8)
+
+
+def test_tritonize_fuses_the_stride1_identity_blocks_only(resnet20):
+    folded = fold_classifier(resnet20)
+    fast = triton_conv.tritonize(folded, fuse_blocks=True)
+    kinds = [type(b).__name__ for b in fast.net.blocks]
+    assert kinds == ["TritonBlock"] * 3 + ["FoldedBlock", "TritonBlock", "TritonBlock"] * 2, kinds
+    assert not any(type(m) is FoldedConv for m in fast.modules())            # the rest per convolution
+    assert not any(isinstance(m, triton_conv.TritonBlock) for m in folded.modules())
+    x = prototype_images(10, 8, 0.25, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), folded(x), rtol=1e-5, atol=1e-5)
+
+
+def test_tritonize_copies_and_leaves_the_folded_classifier_untouched(resnet20):
+    clf = resnet20
     folded = fold_classifier(clf)
     state = {k: v.clone() for k, v in folded.state_dict().items()}
     kinds = [type(m) for m in folded.modules()]
@@ -337,10 +473,11 @@ def test_tritonize_copies_and_leaves_the_folded_classifier_untouched():
 
 
 @pytest.mark.slow
-def test_the_op_compiles_with_channels_last_on_cpu():
-    """torch.compile traces the custom op through its fake implementation (here the reference path runs)."""
+@pytest.mark.parametrize("fuse_blocks", [False, True])
+def test_the_op_compiles_with_channels_last_on_cpu(fuse_blocks):
+    """torch.compile traces the custom ops through their fake implementations (here the reference path runs)."""
     clf = prototype_classifier("cifar_resnet20", 16)
-    fast = triton_conv.tritonize(fold_classifier(clf)).to(memory_format=CL)
+    fast = triton_conv.tritonize(fold_classifier(clf), fuse_blocks=fuse_blocks).to(memory_format=CL)
     fast.net.nhwc = True
     compiled = torch.compile(fast, dynamic=False)
     x = prototype_images(4, 16, 0.25, seed=4).contiguous(memory_format=CL)
@@ -352,9 +489,22 @@ def test_the_op_compiles_with_channels_last_on_cpu():
 
 
 def _nvidia_compile(case, config, dtype, capability, monkeypatch):
-    """triton.compile of what _launch launches for `case`, specialised as triton's JIT specialises it
-    (ints equal to 1 become constants, multiples of 16 carry a divisibility hint, pointers 16-byte
-    aligned), for an NVIDIA GPU of `capability`: ptxas runs, no GPU is touched."""
+    """The convolution kernel as _launch launches it for `case` in `dtype`, compiled for `capability`."""
+    x, w, b, r, s, p, relu = _case_tensors(case[:7] + (dtype,) + case[8:])
+    return _nvidia_compile_launch("_conv_kernel", lambda: triton_conv._launch(x, w, b, r, s, p, relu, config=config),
+                                  capability, monkeypatch)
+
+
+def _nvidia_compile_block(c, size, config, dtype, capability, monkeypatch):
+    args = _block_tensors(c, size, dtype, 2)
+    return _nvidia_compile_launch("_block_kernel", lambda: triton_conv._launch_block(*args, config=config),
+                                  capability, monkeypatch)
+
+
+def _nvidia_compile_launch(kernel_name, launch, capability, monkeypatch):
+    """triton.compile of what `launch()` launches through triton_conv.<kernel_name>, specialised as triton's
+    JIT specialises it (ints equal to 1 become constants, multiples of 16 carry a divisibility hint, pointers
+    16-byte aligned), for an NVIDIA GPU of `capability`: ptxas runs, no GPU is touched."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -365,11 +515,12 @@ def _nvidia_compile(case, config, dtype, capability, monkeypatch):
             def launch(*args, **meta):
                 captured.update(args=args, meta=meta)
             return launch
-    kernel = triton_conv._conv_kernel
-    monkeypatch.setattr(triton_conv, "_conv_kernel", Capture())
-    x, w, b, r, s, p, relu = _case_tensors(case[:7] + (dtype,) + case[8:])
-    triton_conv._launch(x, w, b, r, s, p, relu, config=config)
-    monkeypatch.setattr(triton_conv, "_conv_kernel", kernel)
+    kernel = getattr(triton_conv, kernel_name)
+    monkeypatch.setattr(triton_conv, kernel_name, Capture())
+    try:
+        launch()
+    finally:
+        monkeypatch.setattr(triton_conv, kernel_name, kernel)
     args, meta = captured["args"], dict(captured["meta"])
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     types = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
@@ -410,7 +561,7 @@ RESNET_CLASSES = ["RGB stem 3->16 3x3 s1", "3x3 s1 16->16 +res relu", "3x3 s2 16
 def test_the_kernel_compiles_for_hopper_with_wgmma(monkeypatch, tmp_path):
     """The stem, the first and the last stage's convolution in fp16 compile for sm_90 with the first config
     that fits: Hopper's warpgroup MMA is used, shared memory within the H100/H200's 227 KB. (Every class and
-    config: the slow test below.)"""
+    config, and the fused block: the slow test below.)"""
     _nvidia_backend_or_skip()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
@@ -427,7 +578,8 @@ def test_the_kernel_compiles_for_hopper_with_wgmma(monkeypatch, tmp_path):
 def test_every_config_compiles_for_nvidia(monkeypatch, tmp_path):
     """The stem, the first and the last stage's convolution with every config that fits, fp16 for sm_90 (the
     production path); the other shape classes with the first config that fits; bf16 and fp32 for sm_90 and
-    fp16 for sm_80 (A100) for the stem and the 64-channel convolution. About 2 minutes."""
+    fp16 for sm_80 (A100) for the stem and the 64-channel convolution; the fused block of the 16-channel
+    stage with every config that fits, the other stages' with one (sm_90), one for sm_80. 1-2 minutes."""
     _nvidia_backend_or_skip()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
@@ -443,6 +595,13 @@ def test_every_config_compiles_for_nvidia(monkeypatch, tmp_path):
             assert compiled.metadata.shared <= limit[capability], (name, config, dtype, compiled.metadata.shared)
             # Hopper's warpgroup MMA needs 4 warps; the 2-warp config uses mma.sync
             assert capability != 90 or config[2] < 4 or "wgmma" in compiled.asm["ptx"], (name, config, dtype)
+    for c, size in ((16, 32), (32, 16), (64, 8)):        # the fused block in each ResNet-110 stage
+        fitting = [cfg for cfg in triton_conv.BLOCK_CONFIGS if triton_conv._block_fits(cfg, c, size, size)]
+        for config in fitting if c == 16 else fitting[-1:]:
+            compiled = _nvidia_compile_block(c, size, config, "float16", 90, monkeypatch)
+            assert compiled.metadata.shared <= limit[90] and "wgmma" in compiled.asm["ptx"], (c, config)
+    compiled = _nvidia_compile_block(64, 8, triton_conv.BLOCK_CONFIGS[2], "float16", 80, monkeypatch)
+    assert compiled.metadata.shared <= limit[80], "sm_80"
 
 
 # ------------------------------------------------------------------ on a GPU
@@ -488,11 +647,33 @@ def test_every_resnet_convolution_on_cuda(dtype):
 
 
 @_apply(gpu)
-def test_tritonized_resnet110_fp16_votes_like_the_folded_fp32_reference():
-    """Cohen's ResNet-110 (randomised BN statistics, prototype classifier) folded in fp16 and tritonized,
-    NHWC, on 10,000 noisy 32x32 images (one classifier call of B x m): the kernel is reached, and its votes
-    agree with the folded fp32 reference (TF32 off) on >= 99.9% of the images, which spread over classes.
-    On the CPU, an emulation of this kernel's fp16 rounding agreed on all of 1,000 such images."""
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_fused_block_on_cuda(dtype):
+    """The fused BasicBlock kernel on the GPU, each ResNet-110 stage's shape with every config that fits
+    (tiles over the border at 9x9, several tiles per program at batch 64), against float64."""
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        for c, size, batch in ((16, 32, 4), (32, 16, 4), (64, 8, 64), (16, 9, 3), (20, 10, 2)):
+            args = [a.cuda() for a in _block_tensors(c, size, dtype, batch)]
+            exact = _block_exact(*args)
+            for config in [cfg for cfg in triton_conv.BLOCK_CONFIGS if triton_conv._block_fits(cfg, c, size, size)]:
+                got = triton_conv._launch_block(*args, config=config)
+                torch.cuda.synchronize()
+                diff, scale = float((got.double() - exact).abs().max()), float(exact.abs().max())
+                assert diff <= TOLERANCE[dtype] * (1 + scale), (c, size, config, diff, scale)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
+@_apply(gpu)
+@pytest.mark.parametrize("fuse_blocks", [False, True])
+def test_tritonized_resnet110_fp16_votes_like_the_folded_fp32_reference(fuse_blocks):
+    """Cohen's ResNet-110 (randomised BN statistics, prototype classifier) folded in fp16 and tritonized
+    (per convolution, or with its 52 stride-1 identity blocks fused), NHWC, on 10,000 noisy 32x32 images (one
+    classifier call of B x m): the kernels are reached (autotuned here), and the votes agree with the folded
+    fp32 reference (TF32 off) on >= 99.9% of the images, which spread over classes. On the CPU, an emulation
+    of this kernel's fp16 rounding agreed on all of 1,000 such images."""
     device = torch.device("cuda")
     clf = prototype_classifier("cifar_resnet110", 32, device=device)
     x = prototype_images(10_000, 32, 0.25, seed=11, device=device).contiguous(memory_format=CL)
@@ -504,13 +685,16 @@ def test_tritonized_resnet110_fp16_votes_like_the_folded_fp32_reference():
             expected = torch.cat([reference(chunk) for chunk in x.split(2500)]).float()
     finally:
         torch.backends.cudnn.allow_tf32, folded_resnet.CUDNN_FUSION["enabled"] = tf32, fusion
-    fast = triton_conv.tritonize(fold_classifier(clf, torch.float16)).eval().to(memory_format=CL)
-    before = triton_conv.TRITON_CALLS["count"]
+    fast = triton_conv.tritonize(fold_classifier(clf, torch.float16), fuse_blocks=fuse_blocks).eval()
+    before, blocks_before = triton_conv.TRITON_CALLS["count"], triton_conv.TRITON_BLOCK_CALLS["count"]
     with torch.no_grad():
         got = fast(x).float()
     torch.cuda.synchronize()
-    convs = sum(isinstance(m, triton_conv.TritonConv) for m in fast.modules())
-    assert convs == 111 and triton_conv.TRITON_CALLS["count"] - before == convs, "a convolution missed the kernel"
+    blocks = sum(isinstance(m, triton_conv.TritonBlock) for m in fast.modules())
+    convs = sum(isinstance(m, triton_conv.TritonConv) for m in fast.modules()) - 2 * blocks
+    assert blocks == (52 if fuse_blocks else 0) and convs == 111 - 2 * blocks
+    assert triton_conv.TRITON_CALLS["count"] - before == convs, "a convolution missed the kernel"
+    assert triton_conv.TRITON_BLOCK_CALLS["count"] - blocks_before == blocks, "a block missed the fused kernel"
     assert bool(torch.isfinite(got).all())
     assert len(set(expected.argmax(1).tolist())) >= 8
     agree = float((got.argmax(1) == expected.argmax(1)).float().mean())
@@ -520,22 +704,26 @@ def test_tritonized_resnet110_fp16_votes_like_the_folded_fp32_reference():
 
 
 @_apply(gpu)
-def test_tritonized_classifier_compiles_and_replays_in_a_cuda_graph():
-    """As the fast path runs it: torch.compile (the op opaque to inductor), warm-up (autotuning happens
-    here), then a CUDA graph captured and replayed on new inputs equals the eager tritonized call."""
+@pytest.mark.parametrize("fuse_blocks", [False, True])
+def test_tritonized_classifier_compiles_and_replays_in_a_cuda_graph(fuse_blocks):
+    """As the fast path runs it: torch.compile (the ops opaque to inductor), warm-up (autotuning happens
+    here), then a CUDA graph captured and replayed on new inputs equals the eager tritonized call. The
+    weights made channels_last, as the fast path's stage does (the kernels read them through strides)."""
     device = torch.device("cuda")
     clf = prototype_classifier("cifar_resnet20", 32, device=device)
-    fast = triton_conv.tritonize(fold_classifier(clf, torch.float16)).eval().to(memory_format=CL)
+    fast = triton_conv.tritonize(fold_classifier(clf, torch.float16), fuse_blocks=fuse_blocks)
+    fast = fast.eval().to(memory_format=CL)
     compiled = torch.compile(fast, dynamic=False)
     static = prototype_images(512, 32, 0.25, seed=1, device=device).contiguous(memory_format=CL)
-    before = triton_conv.TRITON_CALLS["count"]
+    before = triton_conv.TRITON_CALLS["count"] + triton_conv.TRITON_BLOCK_CALLS["count"]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.no_grad(), torch.cuda.stream(side):
         for _ in range(3):
             compiled(static)
     torch.cuda.current_stream().wait_stream(side)
-    assert triton_conv.TRITON_CALLS["count"] > before, "the compiled model never reached the Triton kernel"
+    reached = triton_conv.TRITON_CALLS["count"] + triton_conv.TRITON_BLOCK_CALLS["count"]
+    assert reached > before, "the compiled model never reached the Triton kernels"
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
         out = compiled(static)
@@ -545,10 +733,13 @@ def test_tritonized_classifier_compiles_and_replays_in_a_cuda_graph():
         with torch.no_grad():
             eager = fast(static)
         torch.cuda.synchronize()
-        torch.testing.assert_close(out.float(), eager.float(), rtol=1e-3, atol=1e-3)
+        diff = float((out.float() - eager.float()).abs().max())     # fp16 logits: a few ulps of inductor's fc
+        assert diff <= 1e-2 * (1 + float(eager.float().abs().max())), diff
         assert len(set(out.argmax(1).tolist())) >= 5
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["interpret"]:
         print("RESULT " + json.dumps(_interpreted_measurements()))
+    elif sys.argv[1:] == ["interpret-slow"]:
+        print("RESULT " + json.dumps(_interpreted_slow_measurements()))
