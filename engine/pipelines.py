@@ -111,9 +111,10 @@ class SmoothedClassifier:
         return self._smooth[shape]
 
     def _pipeline(self, shape: Tuple[int, ...], fast: FastPath, precision: str) -> MonteCarloPipeline:
-        backend = TorchBackend(self.device, precision, compile=fast.compile, cuda_graphs=fast.cuda_graphs)
+        backend = TorchBackend(self.device, precision, compile=fast.compile, cuda_graphs=fast.cuda_graphs,
+                               compile_mode=fast.compile_mode, inductor=fast.inductor)
         stages = build_torch_stages(self.config, self.classifier, self.denoiser, backend, shape,
-                                    fused_attention=fast.fused_attention)
+                                    fused_attention=fast.fused_attention, lean_unet=fast.lean_unet)
         return build_pipeline(stages, self.sigma, self.seed, fast)
 
     def batch_for(self, image_shape: Tuple[int, ...]) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from diffsmooth.cli.param_types import Count, Number
+from diffsmooth.engine.backends.compile_options import COMPILE_MODES, INDUCTOR_KNOBS
 from diffsmooth.engine.choices import (
     BACKENDS,
     DATASET_KINDS,
@@ -132,6 +133,28 @@ def method_options(sweep: bool = True):
     )
 
 
+def variant_options():
+    """Issue 45's fast-path variants, each off until a GPU has measured it (docs/performance.md); `bench`
+    takes the same options."""
+    return (
+        click.option("--lean-unet/--no-lean-unet", "lean_unet", default=None,
+                     help="The UNet computes only its noise estimate (not the learned-sigma channels) and t*'s "
+                          "time embedding once per batch; the same maths [default: off; never run on a GPU]."),
+        click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default=None,
+                     help="torch.compile mode of the stages; max-autotune-no-cudagraphs autotunes conv/matmul "
+                          "kernels (a much longer first compile) [default: torch's default]."),
+        click.option("--inductor", default=None, metavar="KNOB[,KNOB]",
+                     help="Inductor knobs for the compiled stages: " + ", ".join(INDUCTOR_KNOBS) +
+                          " [default: none]."),
+        click.option("--classifier-batch", type=BATCH, default=None,
+                     help="Most samples per classifier call (x m images with local smoothing), apart from the "
+                          "UNet's --batch [default: the whole batch when it fits half the free GPU memory]."),
+        click.option("--triton-conv/--no-triton-conv", "triton_conv", default=False,
+                     help="ResNet classifiers with BatchNorm folded and each conv + bias + add + ReLU one Triton "
+                          "kernel on CUDA [default: off; never run on a GPU]."),
+    )
+
+
 def run_options(f):
     """Data selection, Monte Carlo, backend, fast path and output of certify / predict."""
     return group(
@@ -167,6 +190,7 @@ def run_options(f):
         click.option("--fused-conv/--no-fused-conv", "fused_conv", default=False,
                      help="ResNet classifiers with BatchNorm folded into the convolutions and conv + add + ReLU "
                           "as one cuDNN call on CUDA [default: off; see docs/status.md]."),
+        *variant_options(),
         click.option("--validate-samples", type=Count(0, MAX_SAMPLES), default=500, show_default=True,
                      help="Samples per image on which a compiled / fp16 / bf16 path's production counts are "
                           "checked against eager fp32 (TF32 off) once per run (0: skip)."),

@@ -2,7 +2,8 @@
 autocast fp16/bf16 (GroupNorm statistics and softmax stay fp32 inside the models).
 
 The fast path (default on CUDA): channels_last, `torch.compile` at one static batch shape,
-cudnn.benchmark, and each stage replayed from a CUDA graph (engine/backends/cuda_graphs.py).
+cudnn.benchmark, and each stage replayed from a CUDA graph (engine/backends/cuda_graphs.py). The compile's
+mode and inductor knobs, when asked for, are that compile's own options (engine/backends/compile_options.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.backends.compile_cache import use_compile_cache
+from diffsmooth.engine.backends.compile_options import compile_options, freezes
 from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
 from diffsmooth.engine.backends.recompile_limit import is_recompile_limit_hit, reserve_compiled_stage
 from diffsmooth.engine.errors import UserError
@@ -53,7 +55,7 @@ class TorchStage:
     it to the device (and to channels_last) in place; `weights` is that module, for engine/backends/weights.py."""
 
     def __init__(self, module: nn.Module, name: str, device: torch.device, precision: str = "fp32",
-                 channels_last: bool = False, compile: bool = False, log=None):
+                 channels_last: bool = False, compile: bool = False, log=None, options: Optional[dict] = None):
         if precision not in PRECISIONS:
             raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         if precision != "fp32" and device.type != "cuda":
@@ -70,8 +72,15 @@ class TorchStage:
         self._uncompiled = module
         if compile:
             reserve_compiled_stage()
-        # dynamic=False: the pipeline feeds one static batch shape, so one graph serves the run.
-        self.module = torch.compile(module, dynamic=False) if compile else module
+        # dynamic=False: the pipeline feeds one static batch shape, so one graph serves the run. `options`:
+        # inductor settings for this compile only (mode and knobs; None compiles as torch's default).
+        self.options = dict(options) if (compile and options) else None
+        if not compile:
+            self.module = module
+        elif self.options:
+            self.module = torch.compile(module, dynamic=False, options=self.options)
+        else:
+            self.module = torch.compile(module, dynamic=False)
 
     def _autocast(self):
         dtype = PRECISIONS[self.precision]
@@ -108,9 +117,15 @@ class TorchBackend:
     name = "torch"
 
     def __init__(self, device: str = "cpu", precision: str = "fp32", channels_last: Optional[bool] = None,
-                 compile: bool = False, cuda_graphs: bool = False, log=None):
+                 compile: bool = False, cuda_graphs: bool = False, log=None, compile_mode: Optional[str] = None,
+                 inductor: tuple = ()):
         self.device = resolve_device(device)
         self.precision = precision
+        if (compile_mode not in (None, "default") or inductor) and not compile:
+            raise UserError("`compile_mode` and `inductor` set how stages compile: they need `compile`")
+        self.compile_mode, self.inductor = compile_mode, tuple(inductor)
+        self.compile_options = compile_options(compile_mode, self.inductor) if compile else None
+        self.freezing = bool(compile) and freezes(self.inductor)     # compiled graphs hold the weights as constants
         # channels_last pays off for compiled CUDA convolutions; elsewhere it only reorders memory.
         self.channels_last = (compile and self.device.type == "cuda") if channels_last is None else channels_last
         self.compile = compile
@@ -122,7 +137,8 @@ class TorchBackend:
             torch.backends.cudnn.benchmark = True      # one static shape: autotune its convolutions once
 
     def stage(self, module: nn.Module, name: str):
-        stage = TorchStage(module, name, self.device, self.precision, self.channels_last, self.compile, self.log)
+        stage = TorchStage(module, name, self.device, self.precision, self.channels_last, self.compile, self.log,
+                           self.compile_options)
         if self.cuda_graphs:
             return CudaGraphStage(stage, log=self.log)
         return stage

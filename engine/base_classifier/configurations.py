@@ -182,15 +182,17 @@ def check_classes(classifiers: Dict[str, nn.Module], image_shape, device) -> Non
 
 def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], denoiser, backend,
                                image_shape, num_classes: Optional[int] = None,
-                               fused_attention: bool = False) -> BaseClassifierStages:
-    """The sweep's stages on a TorchBackend: the denoiser once, every configuration in one score stage."""
+                               fused_attention: bool = False, lean_unet: bool = False) -> BaseClassifierStages:
+    """The sweep's stages on a TorchBackend: the denoiser once, every configuration in one score stage
+    (`lean_unet`: the denoiser on its UNet's eps-only copy, DiffusionDenoiser.purifier)."""
     sigma = configs[0].method.sigma
     local_noise = configs[0].method.local_noise
     inputs = inputs_of(configs)
     if "denoised" in inputs and denoiser is None:
         raise UserError("the sweep's dds / diffsmooth configurations need `denoiser` CHECKPOINT")
     check_classes({c.classifier: classifiers[c.classifier] for c in configs}, image_shape, torch.device("cpu"))
-    purify = backend.stage(denoiser.purifier(sigma, fused_attention), "denoiser") if "denoised" in inputs else None
+    purify = (backend.stage(denoiser.purifier(sigma, fused_attention, lean=lean_unet), "denoiser")
+              if "denoised" in inputs else None)
     heads = ConfigurationHeads(configs, classifiers, image_shape, local_noise,
                                configs[0].method.local_noise_seed)
     score = backend.stage(heads, f"{len(configs)} configurations")

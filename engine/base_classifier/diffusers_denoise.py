@@ -45,9 +45,10 @@ class DiffusersDenoiser(DiffusionDenoiser):
         c = self.coefficients(sigma)
         return c.t if c.t is not None else c.model_timestep
 
-    def purifier(self, sigma: float, fused_attention: bool = False) -> OneStepPurifier:
+    def purifier(self, sigma: float, fused_attention: bool = False, lean: bool = False) -> OneStepPurifier:
         """denoise(., sigma) as a module sharing this UNet's weights (`fused_attention` changes nothing:
-        diffusers' attention already runs through scaled_dot_product_attention)."""
+        diffusers' attention already runs through scaled_dot_product_attention; nor does `lean`, the
+        engine UNet's eps-only copy: a diffusers UNet runs as it is)."""
         return OneStepPurifier(self.unet, self.coefficients(sigma), self.channels)
 
 

@@ -34,10 +34,11 @@ class OneShotPurifier(BufferedPurifier):
     them at run time, so `set_coefficients` moves a built purifier to another sigma in place."""
 
     BUFFERS = COEFFICIENT_BUFFERS
+    shared_timestep = False     # True (lean UNet): t* as one timestep [1], its embedding computed once per call
 
     def forward(self, x_rs: torch.Tensor) -> torch.Tensor:
         x_t = self.sqrt_abar * (2.0 * x_rs - 1.0)
-        t = self.model_timestep.expand(x_rs.shape[0])
+        t = self.model_timestep.reshape(1) if self.shared_timestep else self.model_timestep.expand(x_rs.shape[0])
         eps = self.unet(x_t, t)[:, : self.channels].to(x_t.dtype)
         x0 = (self.sqrt_recip_abar * x_t - self.sqrt_recipm1_abar * eps).clamp(-1.0, 1.0)
         return (x0 + 1.0) / 2.0
@@ -56,15 +57,24 @@ class DiffusionDenoiser(nn.Module):
         """t*: the first timestep whose noise level reaches 2*sigma in [-1, 1] image units."""
         return self.schedule.timestep(sigma)
 
-    def purifier(self, sigma: float, fused_attention: bool = False) -> OneShotPurifier:
+    def purifier(self, sigma: float, fused_attention: bool = False, lean: bool = False) -> OneShotPurifier:
         """An nn.Module computing denoise(., sigma), sharing this UNet's weights; `fused_attention`
-        runs the UNet's attention through scaled_dot_product_attention (GPU fast path)."""
+        runs the UNet's attention through scaled_dot_product_attention (GPU fast path). `lean` (the
+        lean UNet): on its own copy of the UNet that computes only the noise estimate (UNetModel.eps_only),
+        with t*'s time embedding computed once per call at batch 1 and broadcast; the same maths."""
         unet = self.unet
+        if lean:
+            if not hasattr(unet, "eps_only"):
+                raise UserError(f"the lean UNet needs the engine's UNetModel, not {type(unet).__name__}")
+            unet = unet.eps_only()
         if fused_attention:
             if not hasattr(unet, "with_fused_attention"):
                 raise UserError(f"fused attention needs the engine's UNetModel, not {type(unet).__name__}")
             unet = unet.with_fused_attention()
-        return OneShotPurifier(unet, self.schedule.coefficients(sigma), self.channels)
+        purifier = OneShotPurifier(unet, self.schedule.coefficients(sigma), self.channels)
+        if lean:
+            purifier.shared_timestep = True
+        return purifier
 
     @torch.inference_mode()
     def denoise(self, x_rs: torch.Tensor, sigma: float) -> torch.Tensor:

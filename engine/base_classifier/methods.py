@@ -84,18 +84,66 @@ def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ..
     return folded
 
 
+def tritonized_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ...], log=None,
+                          probe_batch: int = 8) -> nn.Module:
+    """The classifier with BatchNorm folded and every folded convolution (+ bias, + residual, ReLU) one call
+    of the Triton kernel (engine/models/triton_conv.py), in the backend's precision, on its device; the
+    classifier itself when it is not a ResNet. A UserError with the reason where the kernel cannot run on the
+    device. On CUDA the kernel is first checked (and autotuned) at the run's call shape, `probe_batch`
+    images, against the folded network's reference maths; if it disagrees, the folded network runs on
+    torch's convolutions instead, with a message."""
+    from diffsmooth.engine.models.triton_conv import TRITON_FALLBACKS, triton_conv_unavailable, tritonize
+    log = log or (lambda message: None)
+    why = triton_conv_unavailable(backend.device)
+    if why is not None:
+        raise UserError(f"`triton_conv` cannot run here: {why}")
+    dtype = PRECISIONS[backend.precision] or torch.float32
+    folded = fold_classifier(classifier.eval(), dtype)
+    if folded is None:
+        log(f"# `triton_conv`: {type(classifier).__name__} is not a CIFAR ResNet / ResNet-50; it runs unfolded")
+        return classifier
+    folded = folded.eval().to(backend.device)
+    if backend.device.type == "cuda":             # NHWC, the layout the kernel reads
+        folded = folded.to(memory_format=torch.channels_last)
+    fast = tritonize(folded)
+    if backend.device.type != "cuda":
+        return fast
+    x = torch.rand(max(1, int(probe_batch)), *image_shape, device=backend.device)     # autotunes this shape
+    x = x.contiguous(memory_format=torch.channels_last)
+    before = dict(TRITON_FALLBACKS)
+    with torch.inference_mode():
+        got, expected = fast(x).float(), folded(x).float()
+    diff, scale = float((got - expected).abs().max()), float(expected.abs().max())
+    fell_back = {r: n - before.get(r, 0) for r, n in TRITON_FALLBACKS.items() if n != before.get(r, 0)}
+    if fell_back:
+        log(f"# `triton_conv`: convolutions the kernel does not take run on conv2d: {fell_back}")
+    if not diff <= 1e-2 * (1.0 + scale):
+        log(f"# `triton_conv`: the Triton convolutions disagree with the folded reference at {x.shape[0]} images "
+            f"(max |diff| {diff:.3g}); the folded classifier runs on torch's convolutions")
+        return folded
+    log(f"# `triton_conv`: checked at {x.shape[0]} images against the folded reference (max |diff| {diff:.3g})")
+    return fast
+
+
 def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, backend,
                        image_shape: Tuple[int, ...], num_classes: Optional[int] = None,
                        fused_attention: bool = False, fused_conv: bool = False, log=None,
-                       classifier_batch: int = 8) -> BaseClassifierStages:
+                       classifier_batch: int = 8, lean_unet: bool = False,
+                       triton_conv: bool = False) -> BaseClassifierStages:
     """Stages for `config` on a TorchBackend; checks once that the models take `image_shape`.
     fused_attention / fused_conv: the GPU fast path's kernels for the UNet / the ResNet classifier;
-    classifier_batch: images per classifier call in the run (where fused convolutions are probed)."""
+    classifier_batch: images per classifier call in the run (where fused convolutions are probed);
+    lean_unet: the denoiser on its UNet's eps-only copy, t*'s embedding once per call (DiffusionDenoiser.purifier);
+    triton_conv: the folded ResNet classifier on the Triton convolution (tritonized_classifier)."""
     if config.uses_denoiser and denoiser is None:
         raise UserError(f"method {config.method} needs a denoiser checkpoint (`denoiser`)")
+    if fused_conv and triton_conv:
+        raise UserError("`fused_conv` and `triton_conv` are two kernels for the same folded convolutions: pick one")
     if fused_conv:
         classifier = folded_classifier(classifier, backend, image_shape, log, classifier_batch)
-    purify = (backend.stage(denoiser.purifier(config.sigma, fused_attention), "denoiser")
+    elif triton_conv:
+        classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch)
+    purify = (backend.stage(denoiser.purifier(config.sigma, fused_attention, lean=lean_unet), "denoiser")
               if config.uses_denoiser else None)
     head = score_module(config, classifier, image_shape)
     score = backend.stage(head, "local-smoothing classifier" if config.method == "diffsmooth" else "classifier")

@@ -48,9 +48,13 @@ def divisors(n: int) -> List[int]:
 
 
 def initial_score_chunks(batch: int, images_per_sample: int, image_numel: int, device: torch.device,
-                         free_fraction: float = 0.5) -> int:
+                         free_fraction: float = 0.5, most: Optional[int] = None) -> int:
     """How many equal pieces the classifier stage's input is cut into so that one call fits in
-    `free_fraction` of the free GPU memory (1 on CPU). A divisor of `batch`: shapes stay static."""
+    `free_fraction` of the free GPU memory (1 on CPU). A divisor of `batch`: shapes stay static.
+    `most` (the classifier's own batch, `classifier_batch`): at most that many samples per call instead,
+    the fewest pieces that keep to it, on any device."""
+    if most is not None:
+        return next(k for k in divisors(batch) if batch // k <= most)
     if device.type != "cuda":
         return 1
     free, _ = torch.cuda.mem_get_info(device)
@@ -66,7 +70,7 @@ class MonteCarloPipeline:
 
     def __init__(self, stages: BaseClassifierStages, sigma: float, seed: int = 0, *,
                  static_batch: bool = False, streams: int = 1, compiled_noise: bool = False,
-                 log: Optional[Callable[[str], None]] = None):
+                 log: Optional[Callable[[str], None]] = None, classifier_batch: Optional[int] = None):
         if not sigma > 0:
             raise UserError(f"sigma must be > 0, got {sigma}")
         self.stages = stages
@@ -76,6 +80,7 @@ class MonteCarloPipeline:
         self.compiled_noise = bool(compiled_noise)
         self.lanes = lanes_for(stages.device, streams)
         self.score_chunks: dict = {}            # computed batch size -> pieces per classifier call
+        self.classifier_batch = classifier_batch    # most samples per classifier call (None: from free memory)
         self.samples_computed = 0               # noisy samples run through the stages (padding included)
         self._keys = {}
         self.log = log or (lambda message: print(message, file=sys.stderr))
@@ -164,7 +169,8 @@ class MonteCarloPipeline:
             pieces = self.score_chunks.get(size)
             if pieces is None:
                 per_sample = self.stages.local_noise_shape[0] if self.stages.local_noise_shape else 1
-                pieces = initial_score_chunks(size, per_sample, parts[0][0].numel(), parts[0].device)
+                pieces = initial_score_chunks(size, per_sample, parts[0][0].numel(), parts[0].device,
+                                              most=self.classifier_batch)
                 self.score_chunks[size] = pieces
             try:
                 return self._score_in_pieces(parts, rows, pieces)

@@ -5,6 +5,8 @@ code (GroupNorm in float32, cos-then-sin timestep embedding, legacy per-head [q;
 a float32 softmax), while attention uses plain batched matmuls so the model exports to ONNX without
 Einsum and without any gradient-checkpointing wrapper. `with_fused_attention()` gives a copy, sharing
 the weights, whose attention runs through torch's scaled_dot_product_attention (the GPU fast path).
+`eps_only()` gives an independent inference copy whose output convolution computes only the noise
+estimate (the first in_channels outputs of a learned-sigma model); `lean_unet` in the fast path.
 """
 
 from __future__ import annotations
@@ -412,7 +414,9 @@ class UNetModel(nn.Module):
     """Timestep-conditioned UNet predicting noise (and the variance interpolation when learn_sigma).
 
     forward(x [B, C, H, W], timesteps [B] float or int) -> [B, out_channels, H, W]; H and W must be
-    multiples of config.downsample_factor (224 works with the ImageNet preset).
+    multiples of config.downsample_factor (224 works with the ImageNet preset). Timesteps of shape [1]
+    serve every image: the time embedding and each ResBlock's projection of it are computed once, at
+    batch 1, and broadcast (the same numbers as [B] equal timesteps, up to the last bit of a matmul).
     """
 
     def __init__(self, config: UNetConfig):
@@ -477,6 +481,29 @@ class UNetModel(nn.Module):
                 block.fused = True
         return clone
 
+    def eps_only(self) -> "UNetModel":
+        """An inference copy that computes only the noise estimate: for a learned-sigma model the output
+        convolution keeps the first in_channels of its 2 x in_channels filters (the variance
+        interpolation is never computed); otherwise the same outputs. It shares no tensor and no module
+        with this model (its sliced filters are copies), so nothing done to one reaches the other."""
+        clone = copy.deepcopy(self)
+        conv = clone.out[2]
+        keep = self.config.in_channels
+        if conv.out_channels != keep:
+            sliced = nn.Conv2d(conv.in_channels, keep, conv.kernel_size, conv.stride, conv.padding,
+                               device=conv.weight.device, dtype=conv.weight.dtype)
+            with torch.no_grad():
+                sliced.weight.copy_(conv.weight[:keep])
+                sliced.bias.copy_(conv.bias[:keep])
+            clone.out[2] = sliced
+        clone.output_channels = keep
+        return clone
+
+    @property
+    def computes_channels(self) -> int:
+        """Output channels this module computes (config.out_channels, or in_channels after eps_only)."""
+        return getattr(self, "output_channels", self.config.out_channels)
+
     def _check_input(self, x: torch.Tensor, timesteps: torch.Tensor) -> None:
         cfg = self.config
         if x.dim() != 4 or x.shape[1] != cfg.in_channels:
@@ -487,8 +514,9 @@ class UNetModel(nn.Module):
                 f"UNet input size {x.shape[2]}x{x.shape[3]} is not a multiple of {f} "
                 f"({len(cfg.channel_mult)} resolution levels); resize or pad the images"
             )
-        if timesteps.dim() != 1 or timesteps.shape[0] != x.shape[0]:
-            raise UserError(f"UNet timesteps must have shape [{x.shape[0]}], got {tuple(timesteps.shape)}")
+        if timesteps.dim() != 1 or timesteps.shape[0] not in (x.shape[0], 1):
+            raise UserError(f"UNet timesteps must have shape [{x.shape[0]}] (or [1]: one timestep for every "
+                            f"image), got {tuple(timesteps.shape)}")
 
     def forward(self, x: torch.Tensor, timesteps) -> torch.Tensor:
         if not isinstance(timesteps, torch.Tensor):

@@ -131,12 +131,15 @@ def build_stages(config: MethodConfig, sources: ModelSources, image_shape: Tuple
     denoiser, classifier = models or load_models(config, sources)
     return build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
                               fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log,
-                              classifier_batch=classifier_call_images(config, batch, image_shape, runner.device))
+                              classifier_batch=classifier_call_images(config, batch, image_shape, runner.device,
+                                                                      fast.classifier_batch),
+                              lean_unet=fast.lean_unet, triton_conv=fast.triton_conv)
 
 
 def _torch_runner(device: str, precision: str, fast: FastPath, log, model_set: Optional[ModelSet]):
     """The torch backend for the fast path; its stages come from `model_set` when one is given."""
-    runner = TorchBackend(device=device, precision=precision, compile=fast.compile, cuda_graphs=fast.cuda_graphs, log=log)
+    runner = TorchBackend(device=device, precision=precision, compile=fast.compile, cuda_graphs=fast.cuda_graphs, log=log,
+                          compile_mode=fast.compile_mode, inductor=fast.inductor)
     return model_set.backend(runner) if model_set is not None else runner
 
 
@@ -168,7 +171,7 @@ def build_sweep_stages(configs: Sequence[Configuration], classifier_paths: Dict[
         runner = _torch_runner(device, precision, fast, log, model_set)
         denoiser, classifiers = models or load_sweep_models(configs, classifier_paths, sources)
         return torch_configuration_stages(configs, classifiers, denoiser, runner, image_shape, num_classes,
-                                          fused_attention=fast.fused_attention)
+                                          fused_attention=fast.fused_attention, lean_unet=fast.lean_unet)
 
     def stages_of(c: Configuration) -> BaseClassifierStages:
         one = dataclasses.replace(sources, classifier=classifier_paths[c.classifier])
@@ -193,7 +196,7 @@ def load_sweep_models(configs: Sequence[Configuration], classifier_paths: Dict[s
 def build_pipeline(stages: BaseClassifierStages, sigma: float, seed: int, fast: FastPath, log=None) -> MonteCarloPipeline:
     """The voter of the stages with the fast path's batch shape, lanes and noise kernel."""
     return MonteCarloPipeline(stages, sigma, seed, static_batch=fast.static_batch, streams=fast.streams,
-                              compiled_noise=fast.compiled_noise, log=log)
+                              compiled_noise=fast.compiled_noise, log=log, classifier_batch=fast.classifier_batch)
 
 
 def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
@@ -207,14 +210,16 @@ def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple
     return Smooth(build_pipeline(stages, config.sigma, seed, fast, log))
 
 
-def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[int, ...], device) -> int:
-    """Images per classifier call in a run at `batch`: the pipeline's first chunk of the batch, times m
-    for local smoothing (the shape the fused-convolution probe must see)."""
+def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[int, ...], device,
+                           classifier_batch: Optional[int] = None) -> int:
+    """Images per classifier call in a run at `batch`: the pipeline's first chunk of the batch (at most
+    `classifier_batch` samples when given), times m for local smoothing (the shape the fused-convolution
+    probe must see)."""
     per_sample = config.m if config.method == "diffsmooth" else 1
     numel = 1
     for d in image_shape:
         numel *= int(d)
-    pieces = initial_score_chunks(int(batch), per_sample, numel, torch.device(device))
+    pieces = initial_score_chunks(int(batch), per_sample, numel, torch.device(device), most=classifier_batch)
     return (int(batch) // pieces) * per_sample
 
 

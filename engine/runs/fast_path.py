@@ -11,6 +11,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
+from diffsmooth.engine.backends.compile_options import check_compile_mode, parse_inductor_knobs
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE, AgreementReport, judge_agreement
 
@@ -42,21 +43,36 @@ class FastPath:
     compiled_noise: bool = False
     fused_attention: bool = False
     fused_conv: bool = False
+    # issue 45's variants, each off (None / empty) unless asked for until a GPU has measured it
+    lean_unet: bool = False                     # eps-only output conv, t*'s embedding once per call
+    compile_mode: Optional[str] = None          # torch.compile mode (None: torch's default)
+    inductor: Tuple[str, ...] = ()              # inductor knobs (engine/backends/compile_options.py)
+    classifier_batch: Optional[int] = None      # samples per classifier call (None: sized from free memory)
+    triton_conv: bool = False                   # folded ResNet classifier on Triton convolutions
 
     @classmethod
     def resolve(cls, device: str, compile: Optional[bool] = None, cuda_graphs: Optional[bool] = None,
                 streams: Optional[int] = None, fused_attention: Optional[bool] = None,
-                fused_conv: Optional[bool] = None, backend: str = "torch") -> "FastPath":
+                fused_conv: Optional[bool] = None, backend: str = "torch", *, lean_unet: Optional[bool] = None,
+                compile_mode: Optional[str] = None, inductor=(), classifier_batch: Optional[int] = None,
+                triton_conv: Optional[bool] = None) -> "FastPath":
         """The one place the fast path's defaults are decided. Torch backend: on CUDA everything on
         unless switched off; on CPU eager unless compile=True. Compiled stages always get static
         batches (one graph per run); fused attention defaults to on with compiled CUDA stages; fused
         (BatchNorm-folded) classifier convolutions only when asked for (docs/status.md says what has
-        run on a GPU). TensorRT: static batches (plans are built for the run's batch) and, on CUDA,
-        two streams. ONNX Runtime: none of it."""
+        run on a GPU). The lean UNet, the compile mode and inductor knobs, the classifier's own batch and
+        Triton convolutions are off until asked for: no GPU has measured them (docs/performance.md,
+        "Variants (issue 45)"). TensorRT: static batches (plans are built for the run's batch) and, on
+        CUDA, two streams. ONNX Runtime: none of it."""
         try:
             cuda = torch.device(device).type == "cuda"
         except RuntimeError:
             raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
+        asked = [name for name, value in (("lean_unet", lean_unet), ("compile_mode", compile_mode),
+                                          ("inductor", inductor), ("classifier_batch", classifier_batch),
+                                          ("triton_conv", triton_conv)) if value not in (None, False, (), "")]
+        if backend != "torch" and asked:
+            raise UserError(f"`{asked[0]}` is for the torch backend, not {backend}")
         if backend == "tensorrt":
             return cls(static_batch=True, streams=2 if cuda else 1)
         if backend != "torch":
@@ -69,23 +85,43 @@ class FastPath:
         if streams not in (1, 2):
             raise UserError(f"`streams` must be 1 or 2, got {streams}")
         fused_attention = (cuda and compile) if fused_attention is None else bool(fused_attention)
+        compile_mode = check_compile_mode(None if compile_mode == "default" else compile_mode)
+        inductor = parse_inductor_knobs(inductor)
+        if (compile_mode or inductor) and not compile:
+            raise UserError("`compile_mode` and `inductor` set how stages compile: they need `compile`")
+        if classifier_batch is not None and (isinstance(classifier_batch, bool) or not isinstance(classifier_batch, int)
+                                             or classifier_batch < 1):
+            raise UserError(f"`classifier_batch` must be an integer >= 1, got {classifier_batch!r}")
+        if fused_conv and triton_conv:
+            raise UserError("`fused_conv` and `triton_conv` are two kernels for the same folded convolutions: "
+                            "pick one")
         return cls(compile=compile, cuda_graphs=cuda_graphs, streams=streams,
                    static_batch=compile or cuda_graphs, compiled_noise=compile and cuda,
-                   fused_attention=fused_attention, fused_conv=bool(fused_conv))
+                   fused_attention=fused_attention, fused_conv=bool(fused_conv), lean_unet=bool(lean_unet),
+                   compile_mode=compile_mode, inductor=inductor, classifier_batch=classifier_batch,
+                   triton_conv=bool(triton_conv))
 
     @property
     def changes_arithmetic(self) -> bool:
         """True when votes may differ from eager execution (compiled kernels, other attention / conv kernels)."""
-        return self.compile or self.cuda_graphs or self.fused_attention or self.fused_conv
+        return (self.compile or self.cuda_graphs or self.fused_attention or self.fused_conv or self.lean_unet
+                or self.triton_conv)
 
     def as_dict(self) -> dict:
-        """The settings as recorded next to result files; fused_attention / fused_conv only when on,
-        so result files written before they existed still resume."""
+        """The settings as recorded next to result files; fused_attention, fused_conv and issue 45's
+        variants only when on (set), so result files written before they existed still resume."""
         d = asdict(self)
-        for key in ("fused_attention", "fused_conv"):
+        for key in OPTIONAL_KEYS:
             if not d[key]:
                 d.pop(key)
+        if "inductor" in d:
+            d["inductor"] = list(d["inductor"])
         return d
+
+
+# FastPath fields recorded only when on / set (result files written without them still resume).
+OPTIONAL_KEYS = ("fused_attention", "fused_conv", "lean_unet", "compile_mode", "inductor", "classifier_batch",
+                 "triton_conv")
 
 
 @contextlib.contextmanager

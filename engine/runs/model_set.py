@@ -102,9 +102,16 @@ class ModelSet:
         return _Reusing(runner, self)
 
     def stage(self, runner, module: nn.Module, name: str):
-        settings = (str(runner.device), runner.precision, runner.channels_last, runner.compile, runner.cuda_graphs)
+        options = tuple(sorted((getattr(runner, "compile_options", None) or {}).items()))
+        settings = (str(runner.device), runner.precision, runner.channels_last, runner.compile, runner.cuda_graphs,
+                    options)
         key = (name, settings, architecture(module))
         held: Optional[tuple] = self.held.get(key)
+        if getattr(runner, "freezing", False):
+            # a frozen graph holds the weights (and a purifier's sigma constants) it was compiled with:
+            # weights copied in later would not reach it, so every run builds its own stage
+            self.builds += 1
+            return runner.stage(module, name)
         if held is None:
             stage = runner.stage(module, name)
             self.held[key] = (stage, module)

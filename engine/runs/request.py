@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from diffsmooth.engine.backends.compile_options import check_compile_mode, parse_inductor_knobs
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.sequential import BOUNDS, DEFAULT_BOUND, DEFAULT_FUTILITY_RULE, FUTILITY_RULES, SequentialRule
 from diffsmooth.engine.choices import (
@@ -127,7 +128,7 @@ def _distinct(name: str, values: tuple) -> None:
 _TEXT = ("out", "denoiser", "scheduler", "preset", "unet_config", "schedule", "arch", "normalization", "stats", "dataset",
          "data", "split", "onnx_dir", "device", "shard")
 MAX_IMAGE_SIZE = 4096
-_FLAGS = ("compile", "cuda_graphs", "fused_attention")       # None: the device's default
+_FLAGS = ("compile", "cuda_graphs", "fused_attention", "lean_unet")       # None: the device's default
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,11 @@ class RunRequest:
     streams: Optional[int] = None
     fused_attention: Optional[bool] = None
     fused_conv: bool = False
+    lean_unet: Optional[bool] = None                # issue 45's variants (docs/performance.md)
+    compile_mode: Optional[str] = None
+    inductor: Tuple[str, ...] = ()
+    classifier_batch: Optional[int] = None
+    triton_conv: bool = False
     validate_samples: int = 500
     validate_images: int = 4
     expected_flip_rate: Optional[float] = None      # None: the measured rate of the run's methods and precision
@@ -198,6 +204,8 @@ class RunRequest:
             options[key] = tuple(value) if value is not None else ()
         for key in ("method", "local_sigma", "m"):
             options[key] = options[key] or cls.__dataclass_fields__[key].default
+        if "inductor" in options:
+            options["inductor"] = parse_inductor_knobs(options["inductor"])
         rule = None
         if sequential:
             if mode != "certify":
@@ -225,6 +233,7 @@ class RunRequest:
         for name in ("n0", "n", "skip"):
             _positive(name, getattr(self, name))
         for name, high in (("batch", MAX_BATCH), ("window", MAX_WINDOW), ("threads", MAX_THREADS), ("max_index", None),
+                           ("classifier_batch", MAX_BATCH),
                            ("image_size", MAX_IMAGE_SIZE),
                            ("diffusion_steps", MAX_DIFFUSION_STEPS), ("validate_images", None)):
             _positive(name, getattr(self, name), allow_none=name != "validate_images", high=high)
@@ -240,9 +249,13 @@ class RunRequest:
         for name in _FLAGS:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
-        for name in ("fused_conv", "quiet"):
+        for name in ("fused_conv", "triton_conv", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
+        check_compile_mode(self.compile_mode)
+        if not isinstance(self.inductor, tuple) or not all(isinstance(k, str) for k in self.inductor):
+            raise UserError(f"`inductor` must be a tuple of knob names, got {self.inductor!r}")
+        parse_inductor_knobs(self.inductor)         # each a known knob, once
         if self.streams is not None and (type(self.streams) is not int or self.streams not in (1, 2)):
             raise UserError(f"`streams` must be 1 or 2, got {self.streams!r}")
         if self.backend not in BACKENDS:
@@ -269,8 +282,9 @@ class RunRequest:
                                 "`local_sigma` / `m` once")
             if self.shard:
                 raise UserError("a sweep runs in one process (no `shard`)")
-            if self.fused_conv:
-                raise UserError("`fused_conv` is for single configurations; sweeps run the classifiers unfolded")
+            if self.fused_conv or self.triton_conv:
+                raise UserError(f"`{'fused_conv' if self.fused_conv else 'triton_conv'}` is for single configurations; "
+                                f"sweeps run the classifiers unfolded")
 
     def replace(self, **changes) -> "RunRequest":
         return dataclasses.replace(self, **changes)

@@ -1,0 +1,296 @@
+"""Issue 45's fast-path variants on CPU: the options end to end (CLI -> RunRequest -> FastPath -> stages and
+pipeline), recorded only when on, refused in one line where they cannot apply; rows identical where the
+maths is unchanged; the classifier's own batch; compile modes and inductor knobs (slow: inductor on CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from cli_helpers import invoke_ok, rows_without_time
+from stage_fixtures import SHAPE, build_tiny_stages, image, make_pipeline
+
+from diffsmooth.engine.backends.compile_options import compile_options, parse_inductor_knobs
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages, score_module
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, initial_score_chunks
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.runs.fast_path import OPTIONAL_KEYS, FastPath
+from diffsmooth.engine.runs.model_set import ModelSet
+from diffsmooth.engine.runs.request import RunRequest
+
+
+def test_each_variant_is_off_and_unrecorded_by_default_and_recorded_when_on():
+    for device in ("cpu", "cuda"):
+        fast = FastPath.resolve(device)
+        assert not fast.lean_unet and fast.compile_mode is None and fast.inductor == () and \
+            fast.classifier_batch is None and not fast.triton_conv
+        assert not set(fast.as_dict()) & (set(OPTIONAL_KEYS) - {"fused_attention"})
+    on = FastPath.resolve("cpu", compile=True, lean_unet=True, compile_mode="max-autotune-no-cudagraphs",
+                          inductor="freezing,coordinate-descent", classifier_batch=40)
+    recorded = on.as_dict()
+    assert recorded["lean_unet"] is True and recorded["compile_mode"] == "max-autotune-no-cudagraphs"
+    assert recorded["inductor"] == ["coordinate-descent", "freezing"] and recorded["classifier_batch"] == 40
+    json.dumps(recorded)
+    assert FastPath.resolve("cpu", lean_unet=True).changes_arithmetic
+    assert not FastPath.resolve("cpu", classifier_batch=8).changes_arithmetic
+    assert FastPath.resolve("cpu", compile=True, compile_mode="default").compile_mode is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"compile_mode": "max-autotune-no-cudagraphs"}, "need `compile`"),
+    ({"inductor": "freezing"}, "need `compile`"),
+    ({"compile": True, "compile_mode": "reduce-overhead"}, "captures its own"),
+    ({"compile": True, "inductor": "turbo"}, "unknown inductor knob"),
+    ({"compile": True, "inductor": "freezing,freezing"}, "names a knob twice"),
+    ({"classifier_batch": 0}, "classifier_batch"),
+    ({"fused_conv": True, "triton_conv": True}, "pick one"),
+    ({"backend": "onnxruntime", "lean_unet": True}, "torch backend"),
+    ({"backend": "tensorrt", "classifier_batch": 4}, "torch backend"),
+])
+def test_settings_that_cannot_apply_are_refused_in_one_line(kwargs, message):
+    with pytest.raises(UserError, match=message) as info:
+        FastPath.resolve("cpu", **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_compile_options_are_torch_default_unless_asked():
+    assert compile_options(None) is None and compile_options("default") is None
+    options = compile_options("max-autotune-no-cudagraphs", ("freezing",))
+    assert options["max_autotune"] is True and options["freezing"] is True and options["triton.cudagraphs"] is False
+    assert compile_options(None, ("no-epilogue-fusion",)) == {"epilogue_fusion": False}
+    assert parse_inductor_knobs("freezing, coordinate-descent") == ("coordinate-descent", "freezing")
+    stage = TorchBackend(compile=True, inductor=("coordinate-descent",)).stage(torch.nn.Identity(), "x")
+    assert stage.options == {"coordinate_descent_tuning": True}
+    assert TorchBackend(compile=True).stage(torch.nn.Identity(), "x").options is None
+
+
+def test_run_request_parses_and_checks_the_variant_options():
+    request = RunRequest.parse("certify", out="x.tsv", inductor="freezing", compile_mode="max-autotune-no-cudagraphs",
+                               lean_unet=True, classifier_batch=10)
+    assert request.inductor == ("freezing",) and request.lean_unet is True
+    with pytest.raises(UserError, match="classifier_batch"):
+        RunRequest.parse("certify", out="x.tsv", classifier_batch=0)
+    with pytest.raises(UserError, match="lean_unet"):
+        RunRequest.parse("certify", out="x.tsv", lean_unet="yes")
+    with pytest.raises(UserError, match="triton_conv` is for single configurations"):
+        RunRequest.parse("certify", out="x.tsv", triton_conv=True, m=[3, 5])
+
+
+# -- the classifier's own batch ----------------------------------------------------------------------
+
+def test_classifier_batch_sets_the_calls_and_leaves_the_counts_alone(tiny_stages):
+    assert initial_score_chunks(48, 3, 192, torch.device("cpu"), most=7) == 8       # 6 samples per call
+    assert initial_score_chunks(48, 3, 192, torch.device("cpu"), most=48) == 1
+    assert initial_score_chunks(47, 3, 192, torch.device("cpu"), most=10) == 47       # a prime: one at a time
+    whole = make_pipeline(tiny_stages)
+    split = make_pipeline(tiny_stages, classifier_batch=7)
+    calls = []
+    inner = split.stages.score
+
+    class Recording:
+        name, device, precision = inner.name, inner.device, inner.precision
+
+        def __call__(self, *inputs):
+            calls.append(inputs[0].shape[0])
+            return inner(*inputs)
+
+    split.stages.score = Recording()
+    x = image(5)
+    counts = whole.count(x, 2, 0, 48, 48)
+    assert (counts > 0).sum() >= 2
+    np.testing.assert_array_equal(split.count(x, 2, 0, 48, 48), counts)
+    assert set(calls) == {6} and len(calls) == 8
+
+
+def test_classifier_batch_reaches_the_fused_conv_probe_shape():
+    from diffsmooth.engine.runs.assemble import classifier_call_images
+    config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
+    assert classifier_call_images(config, 2000, (3, 32, 32), "cpu") == 10000
+    assert classifier_call_images(config, 2000, (3, 32, 32), "cpu", classifier_batch=400) == 2000
+
+
+# -- a table's model set -------------------------------------------------------------------------------
+
+def test_a_frozen_compile_never_reuses_a_held_stage():
+    """Frozen graphs hold the weights they were compiled with: weights copied in would never reach them."""
+    config, _, classifier = build_tiny_stages()
+    models = ModelSet()
+    backend = models.backend(TorchBackend(compile=True, inductor=("freezing",)))
+    first = backend.stage(score_module(config, classifier, SHAPE), "classifier")
+    again = backend.stage(score_module(config, classifier, SHAPE), "classifier")
+    assert again is not first and (models.builds, models.reuses) == (2, 0)
+    plain = ModelSet()
+    reusing = plain.backend(TorchBackend(compile=True))
+    assert reusing.stage(score_module(config, classifier, SHAPE), "c") is \
+        reusing.stage(score_module(config, classifier, SHAPE), "c")
+
+
+def test_a_held_lean_purifier_takes_another_unets_weights_like_a_fresh_one():
+    from test_model_set import other_weights
+    _, denoiser, _ = build_tiny_stages()
+    models = ModelSet()
+    backend = models.backend(TorchBackend())
+    held = backend.stage(denoiser.purifier(0.25, lean=True), "denoiser")
+    other = other_weights(denoiser, 4)
+    again = backend.stage(other.purifier(0.5, lean=True), "denoiser")
+    assert again is held and models.reuses == 1
+    x = torch.rand(4, *SHAPE)
+    with torch.no_grad():
+        assert torch.equal(held(x), other.purifier(0.5, lean=True)(x))
+
+
+# -- the command line: rows equal where the maths is unchanged ---------------------------------------
+
+@pytest.mark.parametrize("variant", [["--lean-unet"], ["--classifier-batch", "3"]])
+def test_certify_rows_are_identical_with_the_variant(tmp_path, tiny_cli_args, variant):
+    base = ["certify", *tiny_cli_args, "--method", "diffsmooth", "--m", "3", "--local-noise", "fresh",
+            "--n0", "10", "--n", "40", "--batch", "12", "--max", "4", "--threads", "1", "--quiet"]
+    invoke_ok([*base, "--out", tmp_path / "default.tsv"])
+    invoke_ok([*base, *variant, "--validate-samples", "24", "--validate-images", "1", "--out", tmp_path / "variant.tsv"])
+    default = rows_without_time(tmp_path / "default.tsv")
+    assert len({r["predict"] for r in default}) >= 2
+    assert rows_without_time(tmp_path / "variant.tsv") == default
+    recorded = json.loads((tmp_path / "variant.tsv.settings.json").read_text())["fast_path"]
+    assert ("lean_unet" in recorded) == (variant[0] == "--lean-unet")
+    assert ("classifier_batch" in recorded) == (variant[0] == "--classifier-batch")
+
+
+def test_the_demo_rows_are_identical_with_the_lean_unet(tmp_path):
+    base = ["certify", "--dataset", "embedded", "--method", "diffsmooth", "--sigma", "0.5", "--n0", "10", "--n", "50",
+            "--max", "30", "--skip", "10", "--batch", "30", "--threads", "1", "--quiet"]
+    invoke_ok([*base, "--out", tmp_path / "default.tsv"])
+    invoke_ok([*base, "--lean-unet", "--validate-samples", "40", "--validate-images", "1", "--out", tmp_path / "lean.tsv"])
+    default = rows_without_time(tmp_path / "default.tsv")
+    assert len(default) == 3 and len({r["radius"] for r in default}) >= 2
+    assert rows_without_time(tmp_path / "lean.tsv") == default
+
+
+def test_certify_refuses_a_compile_mode_without_compile_in_one_line(tmp_path, tiny_cli_args):
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    result = CliRunner().invoke(main, ["certify", *tiny_cli_args, "--inductor", "freezing", "--quiet",
+                                       "--out", str(tmp_path / "x.tsv")])
+    assert result.exit_code != 0 and "need --compile" in result.output
+    assert "Traceback" not in result.output
+
+
+# -- compiled CPU stages under each setting (inductor's C++ backend) ------------------------------------
+
+@pytest.fixture(scope="module")
+def demo_models():
+    from diffsmooth.engine.runs.assemble import ModelSources, load_models
+    config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
+    return config, *load_models(config, ModelSources.demo())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, knobs", [(None, ("freezing",)), (None, ("coordinate-descent",)),
+                                         ("max-autotune-no-cudagraphs", ()),
+                                         (None, ("no-epilogue-fusion", "epilogue-fusion-first"))])
+def test_a_compiled_classifier_stage_under_each_setting_votes_like_eager(demo_models, mode, knobs):
+    """The demo's local-smoothing classifier (a BatchNorm ResNet: what freezing folds), compiled on CPU."""
+    from diffsmooth.engine.data import load_dataset
+    config, denoiser, classifier = demo_models
+    data = load_dataset("embedded")
+    clean = torch.stack([data[i][0] for i in range(0, 80, 10)])            # 8 real images: votes that spread
+    x = clean + 0.5 * torch.randn(clean.shape, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        denoised = denoiser.purifier(0.5)(x)
+    eager = TorchBackend().stage(score_module(config, classifier, (1, 32, 32)), "eager")(denoised)
+    stage = TorchBackend(compile=True, compile_mode=mode, inductor=knobs).stage(
+        score_module(config, classifier, (1, 32, 32)), "compiled")
+    compiled = stage(denoised)
+    assert len(set(eager.argmax(-1).tolist())) >= 2
+    assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
+    assert float((compiled - eager).abs().max()) < 1e-4
+
+
+@pytest.mark.slow
+def test_a_compiled_lean_purifier_follows_set_coefficients(demo_models):
+    """Compiled, the lean purifier's batch-1 time embedding is read from the t* buffer at run time."""
+    _, denoiser, _ = demo_models
+    stage = TorchBackend(compile=True).stage(denoiser.purifier(0.25, lean=True), "denoiser")
+    x = torch.rand(8, 1, 32, 32, generator=torch.Generator().manual_seed(1))
+    at_quarter = stage(x)
+    stage.module._orig_mod.set_coefficients(denoiser.schedule.coefficients(0.5))
+    with torch.inference_mode():
+        expected = denoiser.purifier(0.5)(x)
+        assert float((at_quarter - denoiser.purifier(0.25)(x)).abs().max()) < 1e-5
+    assert float((stage(x) - expected).abs().max()) < 1e-5
+
+
+def test_stages_built_with_every_cpu_variant_vote_like_the_default(tiny_stages):
+    config, denoiser, classifier = tiny_stages
+    stages = build_torch_stages(config, classifier, denoiser, TorchBackend(), SHAPE, 10, lean_unet=True)
+    variant = MonteCarloPipeline(stages, config.sigma, seed=3, classifier_batch=5)
+    x = image(7)
+    np.testing.assert_array_equal(variant.count(x, 1, 0, 120, 40), make_pipeline(tiny_stages).count(x, 1, 0, 120, 40))
+
+
+# -- the Triton convolution (engine/models/triton_conv.py) ----------------------------------------------
+
+def test_triton_conv_is_refused_in_one_line_where_the_kernel_cannot_run(tmp_path, tiny_stages, tiny_cli_args):
+    from diffsmooth.engine.models import triton_conv
+    if triton_conv.triton_conv_unavailable("cpu") is None:
+        pytest.skip("this process runs the Triton interpreter")
+    from stage_fixtures import randomized_bn_resnet
+    config, denoiser, _ = tiny_stages
+    with pytest.raises(UserError, match="`triton_conv` cannot run here: ") as info:
+        build_torch_stages(config, randomized_bn_resnet("cifar_resnet20"), denoiser, TorchBackend(), SHAPE, 10,
+                           triton_conv=True)
+    assert "\n" not in str(info.value)
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    result = CliRunner().invoke(main, ["certify", *tiny_cli_args, "--triton-conv", "--quiet",
+                                       "--out", str(tmp_path / "x.tsv")])
+    assert result.exit_code != 0 and "cannot run here" in result.output and "Traceback" not in result.output
+    assert FastPath.resolve("cpu", triton_conv=True).as_dict()["triton_conv"] is True
+
+
+TRITON_SCRIPT = """
+import json, sys
+import numpy as np
+from stage_fixtures import SHAPE, build_tiny_stages, image, make_pipeline, randomized_bn_resnet
+from diffsmooth.engine.backends.torch_backend import TorchBackend
+from diffsmooth.engine.base_classifier.methods import build_torch_stages
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.models import triton_conv
+tiny = build_tiny_stages()
+config, denoiser, _ = tiny
+resnet = randomized_bn_resnet("cifar_resnet20", seed=0)
+stages = build_torch_stages(config, resnet, denoiser, TorchBackend(), SHAPE, 10, triton_conv=True)
+before = triton_conv.TRITON_CALLS["count"]
+x = image(11)
+got = MonteCarloPipeline(stages, config.sigma, seed=3).count(x, 0, 0, 40, 20)
+print("RESULT " + json.dumps({"interpreted": triton_conv._INTERPRETED, "calls": triton_conv.TRITON_CALLS["count"] - before,
+      "triton": got.tolist(), "reference": make_pipeline(tiny, classifier=resnet).count(x, 0, 0, 40, 20).tolist()}))
+"""
+
+
+@pytest.mark.slow
+def test_triton_conv_stages_vote_like_the_unfolded_classifier_under_the_interpreter():
+    """--triton-conv's stages end to end with the kernel itself run by Triton's interpreter on the CPU
+    (TRITON_INTERPRET=1 before the import, hence a child process): the same counts as the unfolded ResNet."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from diffsmooth.engine.models import triton_conv
+    if triton_conv.triton is None:
+        pytest.skip(f"triton is not importable ({triton_conv._TRITON_ERROR})")
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", TRITON_SCRIPT], capture_output=True, text=True, timeout=900,
+                          env=env, cwd=str(root))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["interpreted"] and result["calls"] >= 2 * 19        # every conv of both batches ran the kernel
+    assert sum(1 for c in result["reference"][0] if c) >= 2
+    assert result["triton"] == result["reference"]
