@@ -24,11 +24,13 @@ from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.demo import shipped as demo_assets
+from diffsmooth.engine.errors import first_line
 from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_models
 from diffsmooth.engine.runs.fast_path import FastPath, judge_each_configuration, production_arrays, reference_arrays
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 
 from .hardware import gpu_peak_memory, reset_gpu_peak_memory
+from .variants import parse_variants, variant_flags
 
 VARIANTS = (  # name, precision, FastPath fields (None: the device's default fast path, a "resolve" dict: its options)
     ("eager fp16", "fp16", {}),
@@ -38,6 +40,7 @@ VARIANTS = (  # name, precision, FastPath fields (None: the device's default fas
     ("compiled bf16 (fast path)", "bf16", None),
 )
 DEFAULT_VARIANTS = ("eager fp16", "eager bf16", "compiled fp16 (fast path)", "compiled fp16 + fused conv")
+SPEC_PRECISION = "fp16"     # the precision bench variants (--variants) are judged in: the GPU path's
 
 # What is smoothed: DiffSmooth (the default), or DDS (m = 1, a classifier trained on clean images) behind the
 # engine's UNet or diffusers' UNet2DModel; the DDS pair measured DDS's design flip rates and shows whether the
@@ -48,6 +51,13 @@ SETUPS = {
     "dds": ("dds sigma 0.5 (demo UNet, classifier trained on clean images)", MethodConfig("dds", 0.5)),
     "dds-diffusers": ("dds sigma 0.5 (demo diffusers DDPM, classifier trained on clean images)", MethodConfig("dds", 0.5)),
 }
+
+
+def _without_batch(spec: str) -> str:
+    """A variant's tokens other than batch=N ('default' when nothing else is left; '' for 'default' itself,
+    which is the fast path row already)."""
+    kept = [t for t in spec.split("+") if not t.startswith("batch=")]
+    return "" if kept in ([], ["default"]) else "+".join(kept)
 
 
 def _fast_path(device: str, fields):
@@ -67,7 +77,14 @@ def _sources(setup: str) -> ModelSources:
     return ModelSources(denoiser=str(demo_assets.DEMO_DDPM), stats=demo_assets.DEMO_STATS, classifier=classifier)
 
 
-def _pipelines(device: str, setup: str, variants):
+def spec_name(spec: str) -> str:
+    """The agreement row of a bench variant (bench/variants.py): the fp16 fast path with its changes."""
+    return f"compiled fp16 + {spec}"
+
+
+def _pipelines(device: str, setup: str, variants, specs: Sequence[str] = ()):
+    """The eager fp32 reference and the chosen variants, built lazily (a variant is built when it is judged,
+    so a step cut off by its limit has spent nothing on the ones it never reached)."""
     config = SETUPS[setup][1]
     sources = _sources(setup)
     models = load_models(config, sources)
@@ -76,18 +93,24 @@ def _pipelines(device: str, setup: str, variants):
         return build_smooth(config, sources, (1, 32, 32), 10, device=device, precision=precision, fast=fast,
                             models=models, log=lambda m: print(m, file=sys.stderr)).pipeline
     reference = build("fp32", FastPath())
-    chosen = [(name, precision, build(precision, _fast_path(device, fields)))
+    chosen = [(name, precision, lambda p=precision, f=fields: build(p, _fast_path(device, f)), None)
               for name, precision, fields in VARIANTS if name in variants]
+    chosen += [(spec_name(spec), SPEC_PRECISION,
+                lambda s=spec: build(SPEC_PRECISION, FastPath.resolve(device, **variant_flags(s))), spec)
+               for spec in specs]
     return reference, chosen, type(models[0]).__name__ if models[0] is not None else None
 
 
 def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int = 1000,
         on_update: Optional[Callable[[dict], None]] = None, setup: str = "diffsmooth",
-        variants: Optional[Sequence[str]] = None) -> dict:
-    """The chosen variants' (default DEFAULT_VARIANTS) production counts and per-sample scores against
-    eager fp32 (TF32 off) on the same samples of `setup`, judged like the run-time check; `on_update(doc)`
-    after each variant and the fast path's checks (run on the first compiled variant, if any)."""
-    variants = tuple(variants or DEFAULT_VARIANTS)
+        variants: Optional[Sequence[str]] = None, specs: Sequence[str] = ()) -> dict:
+    """The chosen variants' (default DEFAULT_VARIANTS, none when only `specs` are given) production counts
+    and per-sample scores against eager fp32 (TF32 off) on the same samples of `setup`, judged like the
+    run-time check; `specs`: bench variants (bench/variants.py) on the fp16 fast path, each a row named
+    `compiled fp16 + SPEC` (its batch token ignored: every row runs at `batch`). `on_update(doc)` after
+    each variant and the fast path's checks (run on the first compiled variant, if any)."""
+    specs = tuple(dict.fromkeys(s for s in (_without_batch(spec) for spec in parse_variants(specs)) if s))
+    variants = tuple(variants or (() if specs else DEFAULT_VARIANTS))
     unknown = sorted(set(variants) - {name for name, _, _ in VARIANTS})
     if unknown:
         raise click.BadParameter(f"unknown variant(s) {unknown}: pick from {[v[0] for v in VARIANTS]}")
@@ -99,17 +122,26 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
            "setup": setup, "method": SETUPS[setup][0],
            "reference": "eager fp32, TF32 off", "rows": [], "checks": None}
     notify = on_update or (lambda d: None)
-    reference, built, doc["denoiser"] = _pipelines(device, setup, variants)
+    reference, builders, doc["denoiser"] = _pipelines(device, setup, variants, specs)
     start = time.perf_counter()
     reference_scores = reference_arrays(reference, check, samples, batch)
     doc["reference_seconds"] = time.perf_counter() - start
-    for name, precision, pipe in built:
+    built = []
+    for name, precision, make, spec in builders:
         reset_gpu_peak_memory(device)
         start = time.perf_counter()
-        counts, scores = production_arrays(pipe, check, samples, batch)
+        try:
+            pipe = make()
+            counts, scores = production_arrays(pipe, check, samples, batch)
+        except Exception as exc:            # a variant that cannot build or run: a row that says so
+            doc["rows"].append({"variant": name, "spec": spec, "verdict": "FAILED",
+                                "problems": [f"{type(exc).__name__}: {first_line(exc)}"]})
+            notify(doc)
+            continue
+        built.append((name, precision, pipe))
         rate = design_flip_rate(precision, [SETUPS[setup][1].method])      # as the run-time check judges
         report = judge_each_configuration(counts, scores, reference_scores, indices, rate)
-        doc["rows"].append({"variant": name, "pipeline": pipe.describe(), "samples": report.compared,
+        doc["rows"].append({"variant": name, "spec": spec, "pipeline": pipe.describe(), "samples": report.compared,
                             "agree": report.agree, "agreement": report.fraction, "differ": report.flips,
                             "flip_rate": report.flips / report.compared, "count_moved": sum(report.count_moved),
                             "max_abs_score_diff": report.max_abs_diff, "budget": report.budget,
@@ -149,6 +181,9 @@ def table(doc: dict) -> str:
              "| variant | per-sample votes that differ | flip rate | production votes moved | max abs score diff | "
              "budget | verdict | peak GPU memory (alloc / reserved GiB) |", "|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
+        if r.get("verdict") == "FAILED":
+            lines.append(f"| {r['variant']} | - | - | - | - | - | FAILED: {'; '.join(r['problems'])} | - |")
+            continue
         mem = r.get("peak_memory") or {}
         memory = f"{mem['max_allocated_gib']:.2f} / {mem['max_reserved_gib']:.2f}" if mem else "-"
         rate = r.get('flip_rate', r['differ'] / r['samples'])
@@ -178,13 +213,16 @@ def table(doc: dict) -> str:
               help="What is smoothed: the demo DiffSmooth, or DDS on the demo UNet or the demo diffusers DDPM.")
 @click.option("--variant", "variants", multiple=True, type=click.Choice([v[0] for v in VARIANTS]),
               help="A variant to judge (repeatable); default: " + ", ".join(DEFAULT_VARIANTS) + ".")
+@click.option("--variants", "specs", default="", metavar="SPEC[,SPEC]",
+              help="Bench variants (bench/variants.py) to judge on the fp16 fast path, e.g. lean-unet,freezing.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the JSON here.")
-def main(device, images, samples, batch, setup, variants, out):
+def main(device, images, samples, batch, setup, variants, specs, out):
     """Agreement of eager fp16/bf16 and the compiled fast path with eager fp32 (demo models)."""
     def write(doc):
         if out:
             Path(out).write_text(json.dumps(doc, indent=1) + "\n")
-    doc = run(device, images, samples, batch, on_update=write, setup=setup, variants=variants)
+    doc = run(device, images, samples, batch, on_update=write, setup=setup, variants=variants,
+              specs=parse_variants(specs))
     click.echo(table(doc))
 
 

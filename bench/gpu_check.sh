@@ -5,9 +5,10 @@
 # Each part fits one 600 s call on a fresh H100 or H200, its own install included: the step limits of a
 # part (install, import check, its steps, summary) add up to at most 540 s (tests/engine/runs/test_gpu_readiness.py
 # checks this). A failed install or import stops the script at once with one line.
-# speed: CIFAR-10 on the default CUDA path (with a kernel profile), CIFAR-10 with --fused-conv, ImageNet,
-#        each beside the reference-equivalent baseline (not the fused-conv run); the agreement of
-#        every fast variant with eager fp32 (TF32 off) on the demo models; the GPU-marked tests.
+# speed: issue 45's variants: CIFAR-10's default CUDA path (beside the reference-equivalent baseline) and
+#        each variant in one process, ImageNet's default beside the best-guess variant at batch 64, with
+#        peak memory per phase; the agreement of every variant with eager fp32 (TF32 off) on the demo
+#        models. The GPU-marked tests run in `fixes`.
 # sequential: the demo's fixed-n vs --sequential comparison, and a reserved slot for the packed
 #        sequential CIFAR-10 run.
 # table: the demo table (race plan) on the CPU, on CUDA in fp32 eager (rows against the CPU's: the
@@ -76,21 +77,26 @@ except ImportError:
 " || stop import import.log
 }
 
+# Issue 45's variants (bench/variants.py): each CIFAR-10 variant is measured after today's default in one
+# process (its compile counts as warm-up; a variant that would end past the deadline is not started and
+# the summary says so); ImageNet's default beside the best guess at a larger batch; every variant's
+# agreement with eager fp32. Override the lists with CIFAR_VARIANTS / IMAGENET_VARIANTS / AGREEMENT_VARIANTS.
+CIFAR_VARIANTS=${CIFAR_VARIANTS:-default,lean-unet+classifier-batch=250,triton-conv,freezing,coordinate-descent,max-autotune}
+IMAGENET_VARIANTS=${IMAGENET_VARIANTS:-default,lean-unet+batch=64}
+AGREEMENT_VARIANTS=${AGREEMENT_VARIANTS:-lean-unet+classifier-batch=250,lean-unet,triton-conv,freezing,coordinate-descent,max-autotune}
+
 part_speed() {
-    run_step cifar10 ${CIFAR_LIMIT:-110} bench_cifar10.txt \
+    run_step cifar10-variants ${CIFAR_LIMIT:-210} bench_cifar10.txt \
         $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 --n 100000 --m 5 \
-        --measure-n ${CIFAR_MEASURE_N:-10000} --quiet --results "$OUT/bench.jsonl" --profile "$OUT/profile"
-    run_step cifar10-fused-conv ${FUSED_CONV_LIMIT:-60} bench_cifar10_fused_conv.txt \
-        $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 --n 100000 --m 5 \
-        --measure-n ${CIFAR_MEASURE_N:-10000} --quiet --results "$OUT/bench.jsonl" --fused-conv --no-reference \
-        --profile "$OUT/profile-fused-conv"
-    run_step imagenet ${IMAGENET_LIMIT:-150} bench_imagenet.txt \
+        --measure-n ${CIFAR_MEASURE_N:-4000} --quiet --results "$OUT/bench.jsonl" \
+        --variants "$CIFAR_VARIANTS" --deadline-s $(( ${CIFAR_LIMIT:-210} - 10 ))
+    run_step imagenet-variants ${IMAGENET_LIMIT:-190} bench_imagenet.txt \
         $PY -m diffsmooth.cli bench --models imagenet --device cuda --precision fp16 --n 10000 --m 5 \
-        --measure-n ${IMAGENET_MEASURE_N:-640} --quiet --results "$OUT/bench.jsonl"
-    run_step agreement ${AGREEMENT_LIMIT:-95} agreement.txt \
-        $PY -m diffsmooth.bench.agreement --device cuda --images 12 --samples 2000 --out "$OUT/agreement.json"
-    run_step gpu-tests ${TESTS_LIMIT:-85} gpu_tests.log \
-        $PY -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/
+        --measure-n ${IMAGENET_MEASURE_N:-320} --quiet --results "$OUT/bench.jsonl" --no-reference \
+        --variants "$IMAGENET_VARIANTS" --deadline-s $(( ${IMAGENET_LIMIT:-190} - 10 ))
+    run_step agreement ${AGREEMENT_LIMIT:-100} agreement.txt \
+        $PY -m diffsmooth.bench.agreement --device cuda --images 12 --samples 2000 --out "$OUT/agreement.json" \
+        --variant "compiled fp16 (fast path)" --variants "$AGREEMENT_VARIANTS"
 }
 
 part_sequential() {

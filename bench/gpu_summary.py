@@ -76,6 +76,8 @@ def summarize(out_dir) -> str:
     lines.append(f"GPU: {_gpu_name(out, runs)}")
     if runs:
         lines += ["", *_bench_table(runs)]
+    agreement_doc = _json(out / "agreement.json")
+    lines += variants_table(runs, agreement_doc, _skipped_variants(out))
     for line in runs:
         profile = line["run"].get("kernel_profile")
         if profile:
@@ -92,9 +94,8 @@ def summarize(out_dir) -> str:
     if sequential.exists():
         lines += ["", "sequential vs fixed-n CERTIFY:", "", sequential.read_text().strip()]
     lines += _table_variants(out / "table_gpu.txt")
-    agreement = out / "agreement.json"
-    if agreement.exists():
-        lines += ["", table(json.loads(agreement.read_text()))]
+    if agreement_doc:
+        lines += ["", table(agreement_doc)]
     steps = _steps(out)
     if steps:
         lines += ["", "| step | exit | seconds | limit s |", "|---|---|---|---|"]
@@ -105,6 +106,80 @@ def summarize(out_dir) -> str:
         tail = [l for l in tests.read_text().splitlines() if " passed" in l or " failed" in l or " error" in l]
         lines += ["", f"GPU tests ({tests.name}): {tail[-1].strip('= ') if tail else 'no summary line'}"]
     return "\n".join(lines)
+
+
+def _json(path: Path):
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except json.JSONDecodeError:
+        return None
+
+
+SKIP_PREFIXES = ("skipping variant ", "variant ")
+
+
+def _skipped_variants(out: Path) -> list:
+    """The bench steps' lines about variants not measured (past the deadline, failed), by log."""
+    return [f"{log.name}: {line.strip()}" for log in sorted(out.glob("bench_*.txt"))
+            for line in log.read_text(errors="replace").splitlines()
+            if line.startswith(SKIP_PREFIXES) and ("deadline" in line or "failed" in line)]
+
+
+def _flips(agreement_doc, variant: str) -> str:
+    """The agreement row judging `variant` on the demo models ('compiled fp16 + SPEC' with its batch token
+    left out; the fast path's row for the default): per-sample votes that differ, and the verdict."""
+    if not agreement_doc:
+        return "not judged"
+    kept = "+".join(t for t in variant.split("+") if not t.startswith("batch="))
+    wanted = "compiled fp16 (fast path)" if kept in ("", "default") else f"compiled fp16 + {kept}"
+    for row in agreement_doc.get("rows", []):
+        if row["variant"] == wanted:
+            if row.get("verdict") == "FAILED":
+                return "FAILED to run"
+            return f"{row['differ']} of {row['samples']} ({row['verdict']})"
+    return "not judged"
+
+
+def _rate(value, unit=1e3) -> str:
+    return f"{value / unit:.1f}k" if value else "-"
+
+
+def _share(value) -> str:
+    return f"{100 * value:.1f}%" if value else "-"
+
+
+def variants_table(runs, agreement_doc=None, skipped=()) -> list:
+    """One row per measured variant (bench --variants), per model set: samples/s of each stage and its share
+    of the peak, seconds per image, speed-up against the default measured in the same process, the vote
+    flips bench.agreement found, and peak memory (warm-up / steady state)."""
+    named = [line for line in runs if line["run"].get("variant")]
+    if not named:
+        return []
+    lines = ["", "variants (issue 45), each measured beside the default in one process on this GPU; flips: "
+                 "bench.agreement on the demo models against eager fp32, TF32 off", "",
+             "| models | variant | batch | UNet samples/s (% of peak) | classifier samples/s (% of peak) | "
+             "pipeline samples/s | s/image | vs default | flips | peak GiB warm-up / steady |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for models in dict.fromkeys(line["run"]["models"] for line in named):
+        rows = [line for line in named if line["run"]["models"] == models]
+        default = next((line for line in rows if line["run"]["variant"] == "default"), None)
+        for line in rows:
+            run, n = line["run"], str(line["settings"]["n"])
+            seconds = run["extrapolated"]["seconds_per_image"][n]
+            base = default["run"]["extrapolated"]["seconds_per_image"][n] if default else None
+            rates, achieved = run["rates"], run["achieved"]
+            phases = (run.get("peak_memory") or {}).get("phases") or {}
+            memory = " / ".join(f"{phases[p]['max_allocated_gib']:.1f}" if phases.get(p) else "-"
+                                for p in ("warmup", "steady"))
+            lines.append(
+                f"| {models} | {run['variant']} | {run['batch']} | "
+                f"{_rate(rates.get('denoiser_samples_per_s'))} ({_share(achieved.get('denoiser_fraction_of_peak'))}) | "
+                f"{_rate(rates.get('classifier_samples_per_s'))} ({_share(achieved.get('classifier_fraction_of_peak'))}) | "
+                f"{_rate(rates.get('pipeline_samples_per_s'))} | {seconds:.2f} at n={int(n):,} | "
+                f"{'%.2fx' % (base / seconds) if base else '-'} | {_flips(agreement_doc, run['variant'])} | {memory} |")
+    if skipped:
+        lines += ["", "not measured:", *(f"- {line}" for line in skipped)]
+    return lines
 
 
 CHECK_PREFIXES = ("# fast path vs eager fp32", "error: the fast path disagrees")
@@ -143,7 +218,8 @@ def _bench_table(runs) -> list:
             f", {k}" for k, on in (("compiled", fp.get("compile")), ("CUDA graphs", fp.get("cuda_graphs")),
                                    ("2 streams", fp.get("streams") == 2),
                                    ("fused attention", fp.get("fused_attention")),
-                                   ("fused conv", fp.get("fused_conv"))) if on)
+                                   ("fused conv", fp.get("fused_conv"))) if on) + (
+            f" [variant {run['variant']}, batch {run['batch']}]" if run.get("variant") else "")
         lines.append(f"| {run['models']} | {int(n):,} | {path} | {run['warmup']['first_batch_s']:.0f} | {engine:.2f} | "
                      f"{'%.1f' % ref_s if ref_s else '-'} | {'%.1fx' % ratio if ratio else '-'} | "
                      f"{', '.join(goals) or '-'} | {('yes' if all(met) else 'NO') if met else '-'} | "

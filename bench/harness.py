@@ -5,13 +5,14 @@ on the same models. Returns one JSON-ready document (see `run_bench`)."""
 from __future__ import annotations
 
 import datetime
+import gc
 import math
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.choices import MAX_SEED
 from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.runs.assemble import classifier_call_images
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
 
@@ -39,6 +41,7 @@ from .models import SET_SPECS, bench_images, build_model_set
 from .reference_equivalent import build_reference, official_cudnn_benchmark
 from .report import plot_sweep
 from .timing import STAGE_NAMES, StageClock, extrapolation_table, make_timed_pipeline, split_fractions, synchronize, timed_noise
+from .variants import parse_variant, parse_variants
 
 SCHEMA = "diffsmooth-bench/1"
 STANDARD_NS = (10_000, 100_000)
@@ -91,7 +94,14 @@ class BenchSettings:
     streams: Optional[int] = None
     fused_attention: Optional[bool] = None
     fused_conv: bool = False
+    lean_unet: bool = False                 # issue 45's variants (engine/runs/fast_path.py, bench/variants.py)
+    compile_mode: Optional[str] = None
+    inductor: Tuple[str, ...] = ()
+    classifier_batch: Optional[int] = None
+    triton_conv: bool = False
     profile: Optional[str] = None           # folder for the kernel profile (bench/kernel_profile.py)
+    variants: Tuple[str, ...] = ()          # measure each named variant in turn (bench/variants.py); () one run
+    deadline_s: Optional[float] = None      # start no variant that would end past this many seconds
 
     def resolved(self) -> "BenchSettings":
         """A copy with the model set's defaults filled in and the values checked."""
@@ -119,12 +129,29 @@ class BenchSettings:
             raise UserError(f"--sigma must be finite and > 0, --local-sigma finite and >= 0; got {s.sigma}, {s.local_sigma}")
         if not 0 <= s.seed <= MAX_SEED:
             raise UserError(f"--seed must be in 0..{MAX_SEED}, got {s.seed}")
+        if s.deadline_s is not None and not (math.isfinite(s.deadline_s) and s.deadline_s > 0):
+            raise UserError(f"--deadline-s must be > 0, got {s.deadline_s}")
+        s = replace(s, variants=parse_variants(s.variants))
+        s.fast_path()                            # refuses settings that cannot go together, in one line
+        for spec in s.variants:
+            replace(s, **parse_variant(spec)).fast_path()
         return s
 
     def fast_path(self):
         """The torch backend's fast-path settings for this run."""
         return FastPath.resolve(self.device, self.compile, self.cuda_graphs, self.streams, self.fused_attention,
-                                self.fused_conv)
+                                self.fused_conv, lean_unet=self.lean_unet, compile_mode=self.compile_mode,
+                                inductor=self.inductor, classifier_batch=self.classifier_batch,
+                                triton_conv=self.triton_conv)
+
+    def for_variant(self, spec: str, first: bool) -> "BenchSettings":
+        """These settings with a variant's changes on top (bench/variants.py); the reference-equivalent
+        baseline and the kernel profile only with the first variant measured."""
+        changes = parse_variant(spec)
+        if "inductor" in changes:
+            changes["inductor"] = tuple(sorted({*self.inductor, *changes["inductor"]}))
+        return replace(self, **changes, variants=(), reference=self.reference and first,
+                       profile=self.profile if first else None)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -138,6 +165,12 @@ class BenchSettings:
         for key in ("arch", "denoiser", "scheduler"):
             if d[key] is None:
                 d.pop(key)
+        for key in ("lean_unet", "compile_mode", "inductor", "classifier_batch", "triton_conv", "variants",
+                    "deadline_s"):
+            if not d[key]:
+                d.pop(key)
+            elif isinstance(d[key], tuple):
+                d[key] = list(d[key])
         return d
 
 
@@ -155,7 +188,9 @@ def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = Non
     """FLOPs per Monte Carlo sample of the denoiser stage and of the classifier stage (incl. m)."""
     config = _method_config(settings, m)
     shape = model_set.image_shape
-    den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma), shape)
+    batch = max(2, int(settings.batch or 2))        # the lean UNet computes t*'s embedding once per batch
+    den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma, lean=settings.lean_unet), shape,
+                                batch=batch if settings.lean_unet else 2)
                     if config.uses_denoiser else (0, {}))
     head = score_module(config, model_set.classifier, shape)
     extra = [(config.m, *shape)] if getattr(head, "takes_noise", False) else []
@@ -181,11 +216,15 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
         raise _Skip(f"precision {precision} runs only on CUDA devices (device is {settings.device})")
     if backend == "torch":
         fast = settings.fast_path()
-        runner = TorchBackend(device=settings.device, precision=precision,
-                              compile=fast.compile, cuda_graphs=fast.cuda_graphs)
+        runner = TorchBackend(device=settings.device, precision=precision, compile=fast.compile,
+                              cuda_graphs=fast.cuda_graphs, compile_mode=fast.compile_mode, inductor=fast.inductor)
+        probe_batch = classifier_call_images(config, settings.batch, model_set.image_shape, runner.device,
+                                             fast.classifier_batch)
         return build_torch_stages(config, model_set.classifier, model_set.denoiser, runner,
                                   model_set.image_shape, model_set.num_classes, fused_attention=fast.fused_attention,
-                                  fused_conv=fast.fused_conv, log=lambda message: print(message, file=sys.stderr))
+                                  fused_conv=fast.fused_conv, log=lambda message: print(message, file=sys.stderr),
+                                  classifier_batch=probe_batch, lean_unet=fast.lean_unet,
+                                  triton_conv=fast.triton_conv)
     if backend == "onnxruntime":
         try:
             import onnxruntime  # noqa: F401
@@ -275,8 +314,9 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
     device = stages.device
     clock = StageClock(device)
     static = bool(fast and fast.static_batch)
+    classifier_batch = fast.classifier_batch if fast else None
     pipe = make_timed_pipeline(stages, settings.sigma, settings.seed, clock, static_batch=static,
-                               compiled_noise=bool(fast and fast.compiled_noise))
+                               compiled_noise=bool(fast and fast.compiled_noise), classifier_batch=classifier_batch)
     n0m, nm = min(settings.n0, settings.measure_n), settings.measure_n
     batch, ref_batch = settings.batch, settings.reference_batch
     chunk = max(batch, ref_batch) if reference is not None else max(n0m, nm)
@@ -290,6 +330,8 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
         pipe.count(x0, 0, 0, min(batch, n0m + nm), batch)
     synchronize(device)
     first_batch_s = time.perf_counter() - start
+    memory = {"warmup": gpu_peak_memory(str(device))}      # build, compile, autotuning, graph capture
+    reset_gpu_peak_memory(str(device))
     clock.reset()
     ref_first_batch_s = None
     if reference is not None:
@@ -341,15 +383,18 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
     if device.type == "cuda":      # timers synchronise per stage: measure the plain pipeline too
         plain = MonteCarloPipeline(stages, settings.sigma, settings.seed, static_batch=static,
                                    streams=fast.streams if fast else 1,
-                                   compiled_noise=bool(fast and fast.compiled_noise))
+                                   compiled_noise=bool(fast and fast.compiled_noise), classifier_batch=classifier_batch)
         plain.count(x0, 0, 0, batch, batch)                 # warm the second stream's path
         synchronize(device)
+        memory["timed"] = gpu_peak_memory(str(device))      # the timed passes (and the baseline's)
+        reset_gpu_peak_memory(str(device))
         computed_before = plain.samples_computed
         t0 = time.perf_counter()
         for i, (x, _) in enumerate(images):
             plain.run_one(x, i, _selection_and_estimation(n0m, nm), batch)
         synchronize(device)
         pipeline_s, rate_source = time.perf_counter() - t0, "separate pass without stage timers"
+        memory["steady"] = dict(gpu_peak_memory(str(device)), current_allocated_gib=_allocated_gib(device))
     expected = len(images) * computed_samples(n0m, nm, batch, static)
     computed = (plain if device.type == "cuda" else pipe).samples_computed - computed_before
     if computed != expected:            # the extrapolation assumes what this measured pass computed
@@ -375,6 +420,7 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
         "per_computed_sample_s": pipeline_s / computed,
         "per_image_fixed_s": fixed_s,
         "predictions": predictions,
+        "memory_phases": memory,
     }
     ref = None
     if reference is not None:
@@ -387,6 +433,21 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
                             "with per-call softmax, .cpu() per batch, Python vote loop, cudnn.benchmark "
                             "as the official code sets it"}
     return engine, ref
+
+
+def _allocated_gib(device) -> float:
+    return torch.cuda.memory_allocated(device) / 2 ** 30 if torch.device(device).type == "cuda" else 0.0
+
+
+def _peak_over_phases(phases: dict) -> dict:
+    """The record's peak GPU memory (what `peak_memory` always was: build, warm-up, engine and baseline)
+    from the phases measure() reset between, and the phases themselves: `warmup` (build, compile, cuDNN's
+    benchmark trials, graph capture), `timed` (timed passes, the baseline), `steady` (the plain pass alone)."""
+    measured = [p for p in phases.values() if p]
+    if not measured:
+        return {}
+    peak = {key: max(p[key] for p in measured) for key in ("max_allocated_gib", "max_reserved_gib")}
+    return dict(peak, phases=phases)
 
 
 def _rates(measured: dict, flops: dict, peak: Optional[float], calls: int) -> Tuple[dict, dict]:
@@ -454,8 +515,12 @@ def sweep_table(sweep: dict) -> List[List[Optional[float]]]:
     return [[index.get((m, b)) for b in sweep["batches"]] for m in sweep["ms"]]
 
 
-def run_bench(settings: BenchSettings) -> dict:
-    """Run the benchmark; returns {schema, timestamp, machine, settings, runs, skipped, sweep}."""
+def run_bench(settings: BenchSettings, on_run: Optional[Callable[[dict], None]] = None) -> dict:
+    """Run the benchmark; returns {schema, timestamp, machine, settings, runs, skipped, sweep}. With
+    `settings.variants`, each variant is measured in turn on the same models (bench/variants.py), its runs
+    named by `variant`, the baseline beside the first only; a variant that fails or would end past
+    `deadline_s` is listed in `skipped` with why. `on_run(record)`: each run's JSON line as it finishes."""
+    started = time.perf_counter()
     settings = settings.resolved()
     if settings.threads:
         torch.set_num_threads(settings.threads)
@@ -468,66 +533,40 @@ def run_bench(settings: BenchSettings) -> dict:
                                 settings.seed, settings.unet_overrides or None, settings.arch,
                                 denoiser_folder=settings.denoiser, scheduler=settings.scheduler)
     images = bench_images(settings.models, settings.images, model_set.image_shape, settings.seed)
-    flops = count_model_flops(model_set, settings)
-    calls = flops["classifier_calls_per_sample"]
-    ns = sorted({settings.n, *STANDARD_NS})
+    specs = settings.variants or (None,)
+    longest = 0.0                       # the longest variant after the first, its baseline left out
     with tempfile.TemporaryDirectory(prefix="diffsmooth-bench-") as workdir:
-        for backend in settings.backends:
-            for precision in settings.precisions:
-                start = time.perf_counter()
-                reset_gpu_peak_memory(settings.device)
-                try:
-                    sub = Path(workdir) / f"{backend}-{precision}"
-                    sub.mkdir(exist_ok=True)
-                    stages = build_stages(backend, precision, model_set, settings, workdir=str(sub))
-                except _Skip as why:
-                    doc["skipped"].append({"backend": backend, "precision": precision, "reason": str(why)})
-                    print(f"skipping {backend}/{precision}: {why}", file=sys.stderr)
-                    continue
-                build_s = time.perf_counter() - start
-                peak, peak_source = peak_flops(settings.device, precision, settings.peak_tflops,
-                                               settings.measure_cpu_peak)
-                baseline = None
-                if settings.reference:
-                    baseline = build_reference(settings.method, model_set, settings.sigma, settings.m,
-                                               settings.local_sigma, device=settings.device, seed=settings.seed,
-                                               cudnn_benchmark=official_cudnn_benchmark(
-                                                   settings.arch or SET_SPECS[settings.models]["arch"]))
-                measured, reference = measure(stages, model_set, images, settings, baseline,
-                                              fast=settings.fast_path() if backend == "torch" else None)
-                peak_memory = dict(gpu_peak_memory(settings.device),
-                                   note="build, warm-up, engine and reference-equivalent runs of this record")
-                rates, achieved = _rates(measured, flops, peak, calls)
-                achieved["peak_source"] = peak_source
-                run = {
-                    "backend": backend, "precision": precision, "device": str(stages.device),
-                    "models": settings.models, "method": settings.method, "m": settings.m if
-                    settings.method == "diffsmooth" else None, "batch": settings.batch,
-                    "model_info": model_set.description, "stages": stages.describe(),
-                    "flops": flops,
-                    "warmup": {"build_models_s": model_set.build_s, "build_stages_s": build_s,
-                               "first_batch_s": measured.pop("first_batch_s"),
-                               "note": "excluded from all rates"},
-                    "measured": measured, "rates": rates, "achieved": achieved, "peak_memory": peak_memory,
-                    "fast_path": settings.fast_path().as_dict() if backend == "torch" else None,
-                    "extrapolated": {"n0": settings.n0, "note": EXTRAPOLATION_NOTE,
-                                     "seconds_per_image": engine_seconds_table(measured, settings, ns)},
-                }
-                if reference is not None:
-                    ref_table = extrapolation_table(reference["per_sample_s"], measured["per_image_fixed_s"],
-                                                    settings.n0, ns)
-                    engine_at_n = run["extrapolated"]["seconds_per_image"][str(settings.n)]
-                    run["reference_equivalent"] = dict(reference, seconds_per_image=ref_table,
-                                                       speedup=ref_table[str(settings.n)] / engine_at_n)
-                if settings.compare:
-                    run["compare"] = compare_rows(run, settings)
-                if settings.profile and backend == "torch":
-                    fast = settings.fast_path()
-                    run["kernel_profile"] = profile_pipeline(
-                        stages, settings.sigma, images[0][0], settings.batch, settings.profile,
-                        f"{settings.models}-{backend}-{precision}", static_batch=fast.static_batch,
-                        compiled_noise=fast.compiled_noise)
+        for index, spec in enumerate(specs):
+            variant_settings = settings.for_variant(spec, index == 0).resolved() if spec else settings
+            elapsed = time.perf_counter() - started
+            if spec and index and settings.deadline_s and elapsed + longest > settings.deadline_s:
+                doc["skipped"].append({"variant": spec, "reason": f"deadline: {elapsed:.0f} s of "
+                                       f"{settings.deadline_s:.0f} s spent, the longest variant took {longest:.0f} s"})
+                print(f"skipping variant {spec}: past the deadline", file=sys.stderr)
+                continue
+            variant_start = time.perf_counter()
+            try:
+                runs = _measure_settings(variant_settings, model_set, images, doc, workdir, spec)
+            except Exception as exc:        # one variant failing (a kernel, memory) must not lose the others
+                if spec is None:
+                    raise
+                doc["skipped"].append({"variant": spec, "reason": f"failed: {type(exc).__name__}: {first_line(exc)}"})
+                print(f"variant {spec} failed: {first_line(exc)}", file=sys.stderr)
+                runs = []
+            finally:
+                _release_gpu(settings.device)
+            for run in runs:
+                if spec:
+                    run["variant"] = spec
+                    run["variant_changes"] = to_jsonable(parse_variant(spec))
                 doc["runs"].append(run)
+                if on_run is not None:
+                    on_run(_line(doc, run, variant_settings))
+            baseline_s = sum((r.get("reference_equivalent") or {}).get("seconds", 0.0) for r in runs)
+            if index:
+                longest = max(longest, time.perf_counter() - variant_start - baseline_s)
+            elif spec:
+                longest = 0.7 * (time.perf_counter() - variant_start - baseline_s)   # cache-warm guess for the rest
     if settings.sweep:
         cuda = torch.device(settings.device).type == "cuda"
         doc["sweep"] = run_sweep(model_set, images, settings, settings.precisions[0] if cuda else "fp32")
@@ -535,8 +574,95 @@ def run_bench(settings: BenchSettings) -> dict:
         if settings.plot:
             doc["sweep"]["plot"] = plot_sweep(doc["sweep"], settings.plot, title=f"{settings.models} "
                                               f"{settings.method}, {doc['machine']['gpu'] or doc['machine']['cpu_model']}")
+        if on_run is not None:
+            on_run(to_jsonable({"schema": doc["schema"], "timestamp": doc["timestamp"], "machine": doc["machine"],
+                                "settings": doc["settings"], "sweep": doc["sweep"]}))
     doc["machine"]["load_average_end"] = machine_info(settings.device)["load_average"]
     return doc
+
+
+def _line(doc: dict, run: dict, settings: BenchSettings) -> dict:
+    """One run's self-contained JSON line: machine, the settings it ran with, the run."""
+    return to_jsonable({"schema": doc["schema"], "timestamp": doc["timestamp"], "machine": doc["machine"],
+                        "settings": settings.as_dict(), "run": run})
+
+
+def _release_gpu(device: str) -> None:
+    """Give back what a measured variant left (its graphs' pools, cached blocks) before the next one."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _measure_settings(settings: BenchSettings, model_set, images, doc: dict, workdir: str,
+                      variant: Optional[str]) -> List[dict]:
+    """Every backend x precision of `settings` on the model set: the runs measured (skips go to doc)."""
+    flops = count_model_flops(model_set, settings)
+    calls = flops["classifier_calls_per_sample"]
+    ns = sorted({settings.n, *STANDARD_NS})
+    runs = []
+    for backend in settings.backends:
+        for precision in settings.precisions:
+            start = time.perf_counter()
+            reset_gpu_peak_memory(settings.device)
+            try:
+                sub = Path(workdir) / f"{backend}-{precision}-{len(doc['runs']) + len(runs)}"
+                sub.mkdir(exist_ok=True)
+                stages = build_stages(backend, precision, model_set, settings, workdir=str(sub))
+            except _Skip as why:
+                doc["skipped"].append({"backend": backend, "precision": precision, "reason": str(why),
+                                       **({"variant": variant} if variant else {})})
+                print(f"skipping {backend}/{precision}: {why}", file=sys.stderr)
+                continue
+            build_s = time.perf_counter() - start
+            peak, peak_source = peak_flops(settings.device, precision, settings.peak_tflops,
+                                           settings.measure_cpu_peak)
+            baseline = None
+            if settings.reference:
+                baseline = build_reference(settings.method, model_set, settings.sigma, settings.m,
+                                           settings.local_sigma, device=settings.device, seed=settings.seed,
+                                           cudnn_benchmark=official_cudnn_benchmark(
+                                               settings.arch or SET_SPECS[settings.models]["arch"]))
+            measured, reference = measure(stages, model_set, images, settings, baseline,
+                                          fast=settings.fast_path() if backend == "torch" else None)
+            peak_memory = dict(_peak_over_phases(measured.pop("memory_phases")),
+                               note="build, warm-up, engine and reference-equivalent runs of this record; phases: "
+                                    "warmup (build, compile, cuDNN benchmark trials, graph capture), timed (timed "
+                                    "passes and baseline), steady (the engine's plain pass alone)")
+            rates, achieved = _rates(measured, flops, peak, calls)
+            achieved["peak_source"] = peak_source
+            run = {
+                "backend": backend, "precision": precision, "device": str(stages.device),
+                "models": settings.models, "method": settings.method, "m": settings.m if
+                settings.method == "diffsmooth" else None, "batch": settings.batch,
+                "model_info": model_set.description, "stages": stages.describe(),
+                "flops": flops,
+                "warmup": {"build_models_s": model_set.build_s, "build_stages_s": build_s,
+                           "first_batch_s": measured.pop("first_batch_s"),
+                           "note": "excluded from all rates"},
+                "measured": measured, "rates": rates, "achieved": achieved, "peak_memory": peak_memory,
+                "fast_path": settings.fast_path().as_dict() if backend == "torch" else None,
+                "extrapolated": {"n0": settings.n0, "note": EXTRAPOLATION_NOTE,
+                                 "seconds_per_image": engine_seconds_table(measured, settings, ns)},
+            }
+            if reference is not None:
+                ref_table = extrapolation_table(reference["per_sample_s"], measured["per_image_fixed_s"],
+                                                settings.n0, ns)
+                engine_at_n = run["extrapolated"]["seconds_per_image"][str(settings.n)]
+                run["reference_equivalent"] = dict(reference, seconds_per_image=ref_table,
+                                                   speedup=ref_table[str(settings.n)] / engine_at_n)
+            if settings.compare:
+                run["compare"] = compare_rows(run, settings)
+            if settings.profile and backend == "torch":
+                fast = settings.fast_path()
+                run["kernel_profile"] = profile_pipeline(
+                    stages, settings.sigma, images[0][0], settings.batch, settings.profile,
+                    f"{settings.models}-{backend}-{precision}", static_batch=fast.static_batch,
+                    compiled_noise=fast.compiled_noise)
+            runs.append(run)
+            del stages
+    return runs
 
 
 def json_lines(doc: dict) -> List[dict]:

@@ -63,10 +63,17 @@ def render(doc: dict) -> str:
     out.append(f"models: {s['models']}; method {s['method']}, sigma={s['sigma']}{mm}; n0={s['n0']}, n={s['n']}, "
                f"batch {s['batch']}, {s['images']} image(s), device {s['device']}")
     for skip in doc["skipped"]:
-        out.append(f"skipped {skip['backend']}/{skip['precision']}: {skip['reason']}")
+        what = (f"variant {skip['variant']}" if "backend" not in skip else
+                f"{skip['backend']}/{skip['precision']}" + (f" of variant {skip['variant']}" if "variant" in skip else ""))
+        out.append(f"skipped {what}: {skip['reason']}")
     for run in doc["runs"]:
         out.append("")
-        out.append(f"== {run['backend']} / {run['precision']} on {run['device']}: {run['stages']}")
+        variant = f" [variant {run['variant']}, batch {run['batch']}]" if run.get("variant") else ""
+        out.append(f"== {run['backend']} / {run['precision']} on {run['device']}{variant}: {run['stages']}")
+        phases = (run.get("peak_memory") or {}).get("phases") or {}
+        if phases:
+            out.append("   peak GPU memory (allocated / reserved GiB): " + ", ".join(
+                f"{name} {p['max_allocated_gib']:.1f} / {p['max_reserved_gib']:.1f}" for name, p in phases.items() if p))
         info = run["model_info"]
         out.append(f"   weights: {info['weights']}; denoiser {info.get('denoiser')}, classifier {info.get('classifier')}")
         meas, f = run["measured"], run["flops"]

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import click
 
-from diffsmooth.bench.harness import BenchSettings, json_lines, run_bench, to_jsonable
+from diffsmooth.bench.harness import BenchSettings, run_bench, to_jsonable
 from diffsmooth.bench.models import MODEL_SETS
 from diffsmooth.bench.report import render
+from diffsmooth.bench.variants import TOKENS, parse_variants
 from diffsmooth.cli.options import BATCH, LOCAL_NOISES, LOCAL_SIGMA, SAMPLES, SEED, SIGMA, THREADS, Count, Number
+from diffsmooth.engine.backends.compile_options import COMPILE_MODES, INDUCTOR_KNOBS, parse_inductor_knobs
 from diffsmooth.engine.choices import BACKENDS, LOCAL_NOISE_MODES, METHODS, PRECISIONS
 
 
@@ -83,6 +85,21 @@ def _check_choices(values, allowed, name):
               help="The UNet's attention through scaled_dot_product_attention [default: on with --compile on CUDA].")
 @click.option("--fused-conv", is_flag=True,
               help="ResNet classifiers with BatchNorm folded and cuDNN-fused conv + add + ReLU (torch backend).")
+@click.option("--lean-unet", is_flag=True,
+              help="The UNet computes only its noise estimate and t*'s time embedding once per batch (torch backend).")
+@click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default=None,
+              help="torch.compile mode of the stages [default: torch's default].")
+@click.option("--inductor", default=None, metavar="KNOB[,KNOB]",
+              help="Inductor knobs for the compiled stages: " + ", ".join(INDUCTOR_KNOBS) + ".")
+@click.option("--classifier-batch", type=BATCH, default=None,
+              help="Most samples per classifier call (x m images) [default: the whole batch when it fits].")
+@click.option("--triton-conv", is_flag=True,
+              help="ResNet classifiers with BatchNorm folded and each conv + add + ReLU one Triton kernel (CUDA).")
+@click.option("--variants", default=None, metavar="SPEC[,SPEC]",
+              help="Measure these fast-path variants in turn on the same models, e.g. default,lean-unet,"
+                   "freezing+classifier-batch=500 (tokens: " + ", ".join(TOKENS) + "; bench/variants.py).")
+@click.option("--deadline-s", type=Number(0, 1e6, low_open=True, label="the deadline"), default=None,
+              help="With --variants: start no variant that would end past this many seconds from the start.")
 @click.option("--images", type=Count(1, 4096), default=1, show_default=True, help="Images certified per measurement.")
 @click.option("--no-reference", is_flag=True, help="Skip the reference-equivalent baseline.")
 @click.option("--reference-batch", type=BATCH, default=50, show_default=True, help="Batch of the baseline (official: 50).")
@@ -118,17 +135,26 @@ def bench(**kw):
         plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"],
         compile=kw["compile"], cuda_graphs=kw["cuda_graphs"], streams=kw["streams"], arch=kw["arch"],
         denoiser=kw["denoiser"], scheduler=kw["scheduler"],
-        fused_attention=kw["fused_attention"], fused_conv=kw["fused_conv"], profile=kw["profile"])
+        fused_attention=kw["fused_attention"], fused_conv=kw["fused_conv"], profile=kw["profile"],
+        lean_unet=kw["lean_unet"], compile_mode=kw["compile_mode"], inductor=parse_inductor_knobs(kw["inductor"]),
+        classifier_batch=kw["classifier_batch"], triton_conv=kw["triton_conv"],
+        variants=parse_variants(kw["variants"] or ""),
+        deadline_s=kw["deadline_s"])
+    appended = []
+
+    def append(line):                                 # each run's line as it finishes: a step cut off keeps them
+        if kw["results"]:
+            path = Path(kw["results"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(json.dumps(line, sort_keys=True) + "\n")
+            appended.append(line)
+
     with contextlib.redirect_stdout(sys.stderr):      # stray prints (exporters) must not mix into --json
-        doc = to_jsonable(run_bench(settings))
-    if kw["results"]:
-        path = Path(kw["results"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            f.writelines(json.dumps(line, sort_keys=True) + "\n" for line in json_lines(doc))
+        doc = to_jsonable(run_bench(settings, on_run=append))
     if kw["as_json"]:
         click.echo(json.dumps(doc, indent=1, sort_keys=True))
     else:
         click.echo(render(doc))
         if kw["results"]:
-            click.echo(f"\nappended {len(json_lines(doc))} JSON line(s) to {kw['results']}")
+            click.echo(f"\nappended {len(appended)} JSON line(s) to {kw['results']}")

@@ -547,8 +547,8 @@ def test_gpu_check_dry_run_prints_the_steps_and_runs_nothing(tmp_path):
                          "PATH": "/usr/bin:/bin", "PYTHON": "false"}, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     names = re.findall(r"^== \S+ (\S+) \(limit (\d+) s", out.stdout, re.M)
-    assert [n for n, _ in names] == ["install", "import", "cifar10", "cifar10-fused-conv", "imagenet", "agreement",
-                                     "gpu-tests", "summary"]
+    assert [n for n, _ in names] == ["install", "import", "cifar10-variants", "imagenet-variants", "agreement",
+                                     "summary"]
     assert sum(int(limit) for _, limit in names) <= 540
     assert (tmp_path / "out" / "gpu_check.log").exists() and not (tmp_path / "out" / "steps.tsv").exists()
 
@@ -560,3 +560,21 @@ def test_gpu_check_stops_at_a_failed_install_with_one_line(tmp_path):
     assert out.stdout.strip().splitlines()[-1].startswith("gpu_check: install failed, stopping")
     assert (tmp_path / "out" / "steps.tsv").read_text().splitlines() == [
         line for line in (tmp_path / "out" / "steps.tsv").read_text().splitlines() if line.startswith("install\t")]
+
+
+def test_the_speed_part_measures_and_judges_every_variant_within_its_steps():
+    """Issue 45: every CIFAR-10 and ImageNet variant of `speed` parses (bench/variants.py) and has its agreement
+    row (its batch token aside); each bench step's deadline leaves time before its step's limit."""
+    from diffsmooth.bench.variants import parse_variants
+    script = GPU_CHECK.read_text()
+    lists = dict(re.findall(r"^(\w+_VARIANTS)=\$\{\w+:-([^}]+)\}", script, re.M))
+    cifar, imagenet, judged = (parse_variants(lists[k]) for k in ("CIFAR_VARIANTS", "IMAGENET_VARIANTS",
+                                                                 "AGREEMENT_VARIANTS"))
+    assert cifar[0] == imagenet[0] == "default" and len(cifar) >= 4
+    for spec in cifar + imagenet:
+        kept = "+".join(t for t in spec.split("+") if not t.startswith("batch="))
+        assert kept in ("default", "") or kept in judged, spec        # gpu_summary joins the rows by name
+    body = re.search(r"^part_speed\(\) \{\n(.*?)^\}", script, re.S | re.M).group(1)
+    for limit_var in ("CIFAR_LIMIT", "IMAGENET_LIMIT"):
+        assert re.search(rf"--deadline-s \$\(\( \$\{{{limit_var}:-\d+\}} - \d+ \)\)", body), limit_var
+    assert "--variants \"$AGREEMENT_VARIANTS\"" in body
