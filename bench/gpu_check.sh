@@ -81,9 +81,9 @@ except ImportError:
 # process (its compile counts as warm-up; a variant that would end past the deadline is not started and
 # the summary says so); ImageNet's default beside the best guess at a larger batch; every variant's
 # agreement with eager fp32. Override the lists with CIFAR_VARIANTS / IMAGENET_VARIANTS / AGREEMENT_VARIANTS.
-CIFAR_VARIANTS=${CIFAR_VARIANTS:-default,lean-unet+classifier-batch=250,triton-conv,freezing,coordinate-descent,max-autotune}
+CIFAR_VARIANTS=${CIFAR_VARIANTS:-default,lean-unet+classifier-batch=250,triton-conv,triton-blocks,freezing,coordinate-descent,max-autotune}
 IMAGENET_VARIANTS=${IMAGENET_VARIANTS:-default,lean-unet+batch=64}
-AGREEMENT_VARIANTS=${AGREEMENT_VARIANTS:-lean-unet+classifier-batch=250,lean-unet,triton-conv,freezing,coordinate-descent,max-autotune}
+AGREEMENT_VARIANTS=${AGREEMENT_VARIANTS:-lean-unet,triton-conv,triton-blocks,freezing,coordinate-descent,max-autotune}
 
 part_speed() {
     run_step cifar10-variants ${CIFAR_LIMIT:-210} bench_cifar10.txt \

@@ -125,18 +125,29 @@ def _skipped_variants(out: Path) -> list:
             if line.startswith(SKIP_PREFIXES) and ("deadline" in line or "failed" in line)]
 
 
+def arithmetic_part(spec: str, keep_classifier_batch: bool = True) -> str:
+    """A variant's tokens that can change votes: batch=N never does (nor, when asked to drop it,
+    classifier-batch=N: the same per-sample maths in other call sizes); 'default' when none is left."""
+    dropped = ("batch=",) if keep_classifier_batch else ("batch=", "classifier-batch=")
+    kept = [t for t in spec.split("+") if not t.startswith(dropped) and t != "default"]
+    return "+".join(kept) or "default"
+
+
 def _flips(agreement_doc, variant: str) -> str:
-    """The agreement row judging `variant` on the demo models ('compiled fp16 + SPEC' with its batch token
-    left out; the fast path's row for the default): per-sample votes that differ, and the verdict."""
+    """The agreement row judging `variant` on the demo models: 'compiled fp16 + SPEC' with its batch token
+    left out, else with its classifier-batch left out too (the fast path's row for the default): per-sample
+    votes that differ, and the verdict."""
     if not agreement_doc:
         return "not judged"
-    kept = "+".join(t for t in variant.split("+") if not t.startswith("batch="))
-    wanted = "compiled fp16 (fast path)" if kept in ("", "default") else f"compiled fp16 + {kept}"
-    for row in agreement_doc.get("rows", []):
-        if row["variant"] == wanted:
-            if row.get("verdict") == "FAILED":
-                return "FAILED to run"
-            return f"{row['differ']} of {row['samples']} ({row['verdict']})"
+    rows = {row["variant"]: row for row in agreement_doc.get("rows", [])}
+    for keep in (True, False):
+        kept = arithmetic_part(variant, keep)
+        row = rows.get("compiled fp16 (fast path)" if kept == "default" else f"compiled fp16 + {kept}")
+        if row is None:
+            continue
+        if row.get("verdict") == "FAILED":
+            return "FAILED to run"
+        return f"{row['differ']} of {row['samples']} ({row['verdict']})" + ("" if keep else f" as {kept}")
     return "not judged"
 
 

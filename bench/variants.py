@@ -10,6 +10,7 @@ change from the default CUDA path, e.g. `lean-unet+freezing+batch=64`. `default`
 | coordinate-descent, freezing, no-epilogue-fusion, epilogue-fusion-first | inductor knobs (`--inductor`) |
 | fused-conv | BatchNorm folded, cuDNN fused conv + add + ReLU (`--fused-conv`) |
 | triton-conv | BatchNorm folded, Triton convolutions (`--triton-conv`) |
+| triton-blocks | the same, each stride-1 BasicBlock one Triton kernel (`--triton-conv --triton-blocks`) |
 | classifier-batch=N | at most N samples per classifier call (`--classifier-batch`) |
 | batch=N | the Monte Carlo batch (the UNet's) |
 """
@@ -30,6 +31,7 @@ FLAG_TOKENS: Dict[str, Dict[str, object]] = {
     "max-autotune": {"compile_mode": "max-autotune-no-cudagraphs"},
     "fused-conv": {"fused_conv": True},
     "triton-conv": {"triton_conv": True},
+    "triton-blocks": {"triton_conv": True, "triton_blocks": True},
     **{knob: {"inductor": (knob,)} for knob in INDUCTOR_KNOBS},
 }
 NUMBER_TOKENS = {"classifier-batch": "classifier_batch", "batch": "batch"}
@@ -65,7 +67,7 @@ def parse_variant(spec: str) -> Dict[str, object]:
                 if token in changes.get("inductor", ()):
                     raise UserError(f"variant {spec!r} names {token} twice")
                 changes["inductor"] = tuple(changes.get("inductor", ())) + tuple(v)
-            elif key in changes:
+            elif key in changes and changes[key] != v:
                 raise UserError(f"variant {spec!r} sets {key} twice")
             else:
                 changes[key] = v

@@ -95,6 +95,8 @@ def _check_choices(values, allowed, name):
               help="Most samples per classifier call (x m images) [default: the whole batch when it fits].")
 @click.option("--triton-conv", is_flag=True,
               help="ResNet classifiers with BatchNorm folded and each conv + add + ReLU one Triton kernel (CUDA).")
+@click.option("--triton-blocks", is_flag=True,
+              help="With --triton-conv: each stride-1 residual block one Triton kernel (CUDA).")
 @click.option("--variants", default=None, metavar="SPEC[,SPEC]",
               help="Measure these fast-path variants in turn on the same models, e.g. default,lean-unet,"
                    "freezing+classifier-batch=500 (tokens: " + ", ".join(TOKENS) + "; bench/variants.py).")
@@ -137,7 +139,7 @@ def bench(**kw):
         denoiser=kw["denoiser"], scheduler=kw["scheduler"],
         fused_attention=kw["fused_attention"], fused_conv=kw["fused_conv"], profile=kw["profile"],
         lean_unet=kw["lean_unet"], compile_mode=kw["compile_mode"], inductor=parse_inductor_knobs(kw["inductor"]),
-        classifier_batch=kw["classifier_batch"], triton_conv=kw["triton_conv"],
+        classifier_batch=kw["classifier_batch"], triton_conv=kw["triton_conv"], triton_blocks=kw["triton_blocks"],
         variants=parse_variants(kw["variants"] or ""),
         deadline_s=kw["deadline_s"])
     appended = []

@@ -152,6 +152,9 @@ def variant_options():
         click.option("--triton-conv/--no-triton-conv", "triton_conv", default=False,
                      help="ResNet classifiers with BatchNorm folded and each conv + bias + add + ReLU one Triton "
                           "kernel on CUDA [default: off; never run on a GPU]."),
+        click.option("--triton-blocks/--no-triton-blocks", "triton_blocks", default=False,
+                     help="With --triton-conv: each stride-1 residual block one Triton kernel, its intermediate "
+                          "kept on chip [default: off; never run on a GPU]."),
     )
 
 

@@ -85,13 +85,14 @@ def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ..
 
 
 def tritonized_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ...], log=None,
-                          probe_batch: int = 8) -> nn.Module:
+                          probe_batch: int = 8, fuse_blocks: bool = False) -> nn.Module:
     """The classifier with BatchNorm folded and every folded convolution (+ bias, + residual, ReLU) one call
     of the Triton kernel (engine/models/triton_conv.py), in the backend's precision, on its device; the
-    classifier itself when it is not a ResNet. A UserError with the reason where the kernel cannot run on the
-    device. On CUDA the kernel is first checked (and autotuned) at the run's call shape, `probe_batch`
-    images, against the folded network's reference maths; if it disagrees, the folded network runs on
-    torch's convolutions instead, with a message."""
+    classifier itself when it is not a ResNet. `fuse_blocks`: each stride-1 BasicBlock with an identity
+    shortcut one kernel call instead (its intermediate activation stays on chip). A UserError with the
+    reason where the kernel cannot run on the device. On CUDA the kernels are first checked (and autotuned)
+    at the run's call shape, `probe_batch` images, against the folded network's reference maths; if they
+    disagree, the folded network runs on torch's convolutions instead, with a message."""
     from diffsmooth.engine.models.triton_conv import TRITON_FALLBACKS, triton_conv_unavailable, tritonize
     log = log or (lambda message: None)
     why = triton_conv_unavailable(backend.device)
@@ -105,7 +106,7 @@ def tritonized_classifier(classifier: nn.Module, backend, image_shape: Tuple[int
     folded = folded.eval().to(backend.device)
     if backend.device.type == "cuda":             # NHWC, the layout the kernel reads
         folded = folded.to(memory_format=torch.channels_last)
-    fast = tritonize(folded)
+    fast = tritonize(folded, fuse_blocks=fuse_blocks)
     if backend.device.type != "cuda":
         return fast
     x = torch.rand(max(1, int(probe_batch)), *image_shape, device=backend.device)     # autotunes this shape
@@ -129,12 +130,13 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
                        image_shape: Tuple[int, ...], num_classes: Optional[int] = None,
                        fused_attention: bool = False, fused_conv: bool = False, log=None,
                        classifier_batch: int = 8, lean_unet: bool = False,
-                       triton_conv: bool = False) -> BaseClassifierStages:
+                       triton_conv: bool = False, triton_blocks: bool = False) -> BaseClassifierStages:
     """Stages for `config` on a TorchBackend; checks once that the models take `image_shape`.
     fused_attention / fused_conv: the GPU fast path's kernels for the UNet / the ResNet classifier;
     classifier_batch: images per classifier call in the run (where fused convolutions are probed);
     lean_unet: the denoiser on its UNet's eps-only copy, t*'s embedding once per call (DiffusionDenoiser.purifier);
-    triton_conv: the folded ResNet classifier on the Triton convolution (tritonized_classifier)."""
+    triton_conv: the folded ResNet classifier on the Triton convolution (tritonized_classifier), with
+    `triton_blocks` each stride-1 BasicBlock as one kernel."""
     if config.uses_denoiser and denoiser is None:
         raise UserError(f"method {config.method} needs a denoiser checkpoint (`denoiser`)")
     if fused_conv and triton_conv:
@@ -142,7 +144,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     if fused_conv:
         classifier = folded_classifier(classifier, backend, image_shape, log, classifier_batch)
     elif triton_conv:
-        classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch)
+        classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch, triton_blocks)
     purify = (backend.stage(denoiser.purifier(config.sigma, fused_attention, lean=lean_unet), "denoiser")
               if config.uses_denoiser else None)
     head = score_module(config, classifier, image_shape)

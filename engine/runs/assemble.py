@@ -133,7 +133,8 @@ def build_stages(config: MethodConfig, sources: ModelSources, image_shape: Tuple
                               fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log,
                               classifier_batch=classifier_call_images(config, batch, image_shape, runner.device,
                                                                       fast.classifier_batch),
-                              lean_unet=fast.lean_unet, triton_conv=fast.triton_conv)
+                              lean_unet=fast.lean_unet, triton_conv=fast.triton_conv,
+                              triton_blocks=fast.triton_blocks)
 
 
 def _torch_runner(device: str, precision: str, fast: FastPath, log, model_set: Optional[ModelSet]):

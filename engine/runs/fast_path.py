@@ -49,13 +49,14 @@ class FastPath:
     inductor: Tuple[str, ...] = ()              # inductor knobs (engine/backends/compile_options.py)
     classifier_batch: Optional[int] = None      # samples per classifier call (None: sized from free memory)
     triton_conv: bool = False                   # folded ResNet classifier on Triton convolutions
+    triton_blocks: bool = False                 # with triton_conv: each stride-1 BasicBlock one Triton kernel
 
     @classmethod
     def resolve(cls, device: str, compile: Optional[bool] = None, cuda_graphs: Optional[bool] = None,
                 streams: Optional[int] = None, fused_attention: Optional[bool] = None,
                 fused_conv: Optional[bool] = None, backend: str = "torch", *, lean_unet: Optional[bool] = None,
                 compile_mode: Optional[str] = None, inductor=(), classifier_batch: Optional[int] = None,
-                triton_conv: Optional[bool] = None) -> "FastPath":
+                triton_conv: Optional[bool] = None, triton_blocks: Optional[bool] = None) -> "FastPath":
         """The one place the fast path's defaults are decided. Torch backend: on CUDA everything on
         unless switched off; on CPU eager unless compile=True. Compiled stages always get static
         batches (one graph per run); fused attention defaults to on with compiled CUDA stages; fused
@@ -70,7 +71,8 @@ class FastPath:
             raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
         asked = [name for name, value in (("lean_unet", lean_unet), ("compile_mode", compile_mode),
                                           ("inductor", inductor), ("classifier_batch", classifier_batch),
-                                          ("triton_conv", triton_conv)) if value not in (None, False, (), "")]
+                                          ("triton_conv", triton_conv), ("triton_blocks", triton_blocks))
+                 if value not in (None, False, (), "")]
         if backend != "torch" and asked:
             raise UserError(f"`{asked[0]}` is for the torch backend, not {backend}")
         if backend == "tensorrt":
@@ -95,11 +97,13 @@ class FastPath:
         if fused_conv and triton_conv:
             raise UserError("`fused_conv` and `triton_conv` are two kernels for the same folded convolutions: "
                             "pick one")
+        if triton_blocks and not triton_conv:
+            raise UserError("`triton_blocks` fuses the Triton convolutions of a block: it needs `triton_conv`")
         return cls(compile=compile, cuda_graphs=cuda_graphs, streams=streams,
                    static_batch=compile or cuda_graphs, compiled_noise=compile and cuda,
                    fused_attention=fused_attention, fused_conv=bool(fused_conv), lean_unet=bool(lean_unet),
                    compile_mode=compile_mode, inductor=inductor, classifier_batch=classifier_batch,
-                   triton_conv=bool(triton_conv))
+                   triton_conv=bool(triton_conv), triton_blocks=bool(triton_blocks))
 
     @property
     def changes_arithmetic(self) -> bool:
@@ -121,7 +125,7 @@ class FastPath:
 
 # FastPath fields recorded only when on / set (result files written without them still resume).
 OPTIONAL_KEYS = ("fused_attention", "fused_conv", "lean_unet", "compile_mode", "inductor", "classifier_batch",
-                 "triton_conv")
+                 "triton_conv", "triton_blocks")
 
 
 @contextlib.contextmanager

@@ -252,7 +252,8 @@ def plan_run(request: RunRequest) -> ResolvedRun:
     fast = FastPath.resolve(device, request.compile, request.cuda_graphs, request.streams, request.fused_attention,
                             request.fused_conv, backend=request.backend, lean_unet=request.lean_unet,
                             compile_mode=request.compile_mode, inductor=request.inductor,
-                            classifier_batch=request.classifier_batch, triton_conv=request.triton_conv)
+                            classifier_batch=request.classifier_batch, triton_conv=request.triton_conv,
+                            triton_blocks=request.triton_blocks)
     batch = request.batch or default_batch(device, tuple(dataset.image_shape))
     out = Path(request.out)
     if shards.num_shards > 1:

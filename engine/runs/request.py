@@ -182,6 +182,7 @@ class RunRequest:
     inductor: Tuple[str, ...] = ()
     classifier_batch: Optional[int] = None
     triton_conv: bool = False
+    triton_blocks: bool = False
     validate_samples: int = 500
     validate_images: int = 4
     expected_flip_rate: Optional[float] = None      # None: the measured rate of the run's methods and precision
@@ -249,7 +250,7 @@ class RunRequest:
         for name in _FLAGS:
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
-        for name in ("fused_conv", "triton_conv", "quiet"):
+        for name in ("fused_conv", "triton_conv", "triton_blocks", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
         check_compile_mode(self.compile_mode)

@@ -32,6 +32,8 @@ def test_variant_specs_parse_to_the_settings_they_change():
     assert parse_variant("max-autotune+classifier-batch=400") == {
         "compile_mode": "max-autotune-no-cudagraphs", "classifier_batch": 400}
     assert variant_flags("triton-conv+batch=8") == {"triton_conv": True}
+    assert parse_variant("triton-blocks") == parse_variant("triton-conv+triton-blocks") == {
+        "triton_conv": True, "triton_blocks": True}
     assert parse_variants("default, lean-unet ,fused-conv") == ("default", "lean-unet", "fused-conv")
 
 
@@ -158,7 +160,7 @@ def test_gpu_summary_shows_each_variant_against_the_default_with_its_flips(tmp_p
         "device": "NVIDIA H200", "images": 12, "samples_per_image": 2000, "method": "diffsmooth",
         "rows": [{"variant": "compiled fp16 (fast path)", "differ": 0, "samples": 24000, "verdict": "ok",
                   "max_abs_score_diff": 0.001},
-                 {"variant": "compiled fp16 + lean-unet+classifier-batch=250", "differ": 2, "samples": 24000,
+                 {"variant": "compiled fp16 + lean-unet", "differ": 2, "samples": 24000,
                   "verdict": "ok", "max_abs_score_diff": 0.001}], "checks": None}))
     (tmp_path / "bench_cifar10.txt").write_text("skipping variant max-autotune: past the deadline\n")
     text = summarize(tmp_path)
@@ -167,7 +169,7 @@ def test_gpu_summary_shows_each_variant_against_the_default_with_its_flips(tmp_p
     variant = next(r for r in rows if "| lean-unet+classifier-batch=250 |" in r)
     assert "16.4k (27.8%)" in default and "| 1.00x |" in default and "0 of 24000 (ok)" in default
     assert "| 7.4 / 5.1 |" in default and "| - / - |" in variant
-    assert "| 1.43x |" in variant and "2 of 24000 (ok)" in variant
+    assert "| 1.43x |" in variant and "2 of 24000 (ok) as lean-unet" in variant     # classifier-batch moves no vote
     assert "- bench_cifar10.txt: skipping variant max-autotune: past the deadline" in text
 
 

@@ -47,6 +47,7 @@ def test_each_variant_is_off_and_unrecorded_by_default_and_recorded_when_on():
     ({"compile": True, "inductor": "freezing,freezing"}, "names a knob twice"),
     ({"classifier_batch": 0}, "classifier_batch"),
     ({"fused_conv": True, "triton_conv": True}, "pick one"),
+    ({"triton_blocks": True}, "needs `triton_conv`"),
     ({"backend": "onnxruntime", "lean_unet": True}, "torch backend"),
     ({"backend": "tensorrt", "classifier_batch": 4}, "torch backend"),
 ])
@@ -263,12 +264,17 @@ from diffsmooth.engine.models import triton_conv
 tiny = build_tiny_stages()
 config, denoiser, _ = tiny
 resnet = randomized_bn_resnet("cifar_resnet20", seed=0)
-stages = build_torch_stages(config, resnet, denoiser, TorchBackend(), SHAPE, 10, triton_conv=True)
-before = triton_conv.TRITON_CALLS["count"]
 x = image(11)
-got = MonteCarloPipeline(stages, config.sigma, seed=3).count(x, 0, 0, 40, 20)
-print("RESULT " + json.dumps({"interpreted": triton_conv._INTERPRETED, "calls": triton_conv.TRITON_CALLS["count"] - before,
-      "triton": got.tolist(), "reference": make_pipeline(tiny, classifier=resnet).count(x, 0, 0, 40, 20).tolist()}))
+out = {"interpreted": triton_conv._INTERPRETED,
+       "reference": make_pipeline(tiny, classifier=resnet).count(x, 0, 0, 40, 20).tolist()}
+for blocks in (False, True):
+    stages = build_torch_stages(config, resnet, denoiser, TorchBackend(), SHAPE, 10, triton_conv=True,
+                                triton_blocks=blocks)
+    before, blocks_before = triton_conv.TRITON_CALLS["count"], triton_conv.TRITON_BLOCK_CALLS["count"]
+    got = MonteCarloPipeline(stages, config.sigma, seed=3).count(x, 0, 0, 40, 20)
+    out["blocks" if blocks else "convs"] = {"counts": got.tolist(), "calls": triton_conv.TRITON_CALLS["count"] - before,
+                                            "block_calls": triton_conv.TRITON_BLOCK_CALLS["count"] - blocks_before}
+print("RESULT " + json.dumps(out))
 """
 
 
@@ -291,6 +297,8 @@ def test_triton_conv_stages_vote_like_the_unfolded_classifier_under_the_interpre
                           env=env, cwd=str(root))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert result["interpreted"] and result["calls"] >= 2 * 19        # every conv of both batches ran the kernel
-    assert sum(1 for c in result["reference"][0] if c) >= 2
-    assert result["triton"] == result["reference"]
+    assert result["interpreted"] and sum(1 for c in result["reference"][0] if c) >= 2
+    convs, blocks = result["convs"], result["blocks"]
+    assert convs["calls"] >= 2 * 19 and convs["block_calls"] == 0       # every conv of both batches ran the kernel
+    assert blocks["block_calls"] >= 2 * 6 and blocks["calls"] < convs["calls"]     # identity blocks as one kernel
+    assert convs["counts"] == blocks["counts"] == result["reference"]
