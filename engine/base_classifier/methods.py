@@ -17,7 +17,7 @@ from diffsmooth.engine.base_classifier.local_smoothing import LOCAL_NOISE_MODES,
 from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.choices import DEFAULT_LOCAL_NOISE, DEFAULT_LOCAL_SIGMA, DEFAULT_M, METHODS
 from diffsmooth.engine.errors import UserError, first_line
-from diffsmooth.engine.models.folded_resnet import fold_classifier, probe_cudnn_fusion
+from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, probe_cudnn_fusion
 
 
 @dataclass(frozen=True)
@@ -110,16 +110,31 @@ def tritonized_classifier(classifier: nn.Module, backend, image_shape: Tuple[int
     if backend.device.type != "cuda":
         return fast
     x = torch.rand(max(1, int(probe_batch)), *image_shape, device=backend.device)     # autotunes this shape
-    x = x.contiguous(memory_format=torch.channels_last)
     before = dict(TRITON_FALLBACKS)
-    with torch.inference_mode():
-        got, expected = fast(x).float(), folded(x).float()
-    diff, scale = float((got - expected).abs().max()), float(expected.abs().max())
+    chosen = checked_triton(fast, folded, x.contiguous(memory_format=torch.channels_last), log)
     fell_back = {r: n - before.get(r, 0) for r, n in TRITON_FALLBACKS.items() if n != before.get(r, 0)}
     if fell_back:
-        log(f"# `triton_conv`: convolutions the kernel does not take run on conv2d: {fell_back}")
-    if not diff <= 1e-2 * (1.0 + scale):
-        log(f"# `triton_conv`: the Triton convolutions disagree with the folded reference at {x.shape[0]} images "
+        log(f"# `triton_conv`: calls the kernels do not take run on conv2d: {fell_back}")
+    return chosen
+
+
+def checked_triton(fast: nn.Module, folded: nn.Module, x: torch.Tensor, log) -> nn.Module:
+    """`fast` (tritonized) when its scores on x agree with the folded network's reference maths (torch's
+    conv2d: cuDNN's runtime-fused kernels, which an H200 refused, are off for the reference), else `folded`,
+    left on torch's convolutions for the run, with a message."""
+    saved = CUDNN_FUSION["enabled"]
+    CUDNN_FUSION["enabled"] = False
+    try:
+        with torch.inference_mode():
+            expected = folded(x).float()
+            got = fast(x).float()
+    finally:
+        CUDNN_FUSION["enabled"] = saved
+    diff = float((got - expected).abs().max()) if got.numel() else 0.0
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    if got.shape != expected.shape or not bool(torch.isfinite(got).all()) or not diff <= 1e-2 * (1.0 + scale):
+        CUDNN_FUSION["enabled"] = False
+        log(f"# `triton_conv`: the Triton kernels disagree with the folded reference at {x.shape[0]} images "
             f"(max |diff| {diff:.3g}); the folded classifier runs on torch's convolutions")
         return folded
     log(f"# `triton_conv`: checked at {x.shape[0]} images against the folded reference (max |diff| {diff:.3g})")

@@ -302,3 +302,42 @@ def test_triton_conv_stages_vote_like_the_unfolded_classifier_under_the_interpre
     assert convs["calls"] >= 2 * 19 and convs["block_calls"] == 0       # every conv of both batches ran the kernel
     assert blocks["block_calls"] >= 2 * 6 and blocks["calls"] < convs["calls"]     # identity blocks as one kernel
     assert convs["counts"] == blocks["counts"] == result["reference"]
+
+
+def test_the_triton_check_keeps_the_kernels_only_when_they_agree_with_torch_convolutions(monkeypatch):
+    """What --triton-conv runs on CUDA after its check (methods.checked_triton), driven on the CPU: the reference
+    is the folded network on torch's conv2d (cuDNN's runtime fusion off while it runs), a tritonized net that
+    disagrees or is not finite gives way to the folded one, which then stays off cuDNN's fused kernels."""
+    from stage_fixtures import randomized_bn_resnet
+
+    from diffsmooth.engine.base_classifier.methods import checked_triton
+    from diffsmooth.engine.models import folded_resnet
+    from diffsmooth.engine.models.folded_resnet import fold_classifier
+    from diffsmooth.engine.models.triton_conv import tritonize
+    monkeypatch.setitem(folded_resnet.CUDNN_FUSION, "enabled", True)
+    folded = fold_classifier(randomized_bn_resnet("cifar_resnet20"))
+    seen = []
+
+    class Recording(torch.nn.Module):
+        def forward(self, x):
+            seen.append(folded_resnet.CUDNN_FUSION["enabled"])
+            return folded(x)
+
+    x = torch.rand(6, *SHAPE)
+    messages = []
+    fast = tritonize(folded)
+    assert checked_triton(fast, Recording(), x, messages.append) is fast and seen == [False]
+    assert folded_resnet.CUDNN_FUSION["enabled"] and "checked at 6 images" in messages[-1]
+
+    class Off(torch.nn.Module):
+        def __init__(self, change):
+            super().__init__()
+            self.change = change
+
+        def forward(self, x):
+            return self.change(fast(x))
+
+    for wrong in (lambda s: s + 0.5, lambda s: s * float("nan")):
+        chosen = checked_triton(Off(wrong), folded, x, messages.append)
+        assert chosen is folded and not folded_resnet.CUDNN_FUSION["enabled"] and "disagree" in messages[-1]
+        folded_resnet.CUDNN_FUSION["enabled"] = True
