@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 import click
 import numpy as np
 
-from diffsmooth.engine.runs.rate_model import draw_rates, fit_unanimous_weight
+from diffsmooth.engine.runs.rate_model import draw_prior_rates, draw_rates, fit_rate_prior, fit_unanimous_weight
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import image_from_row
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, TOLERANCE_POINTS
@@ -26,9 +26,13 @@ from diffsmooth.engine.table.race_sim import STOP_REASONS, simulate_plans
 from diffsmooth.engine.table.spec import LineSpec
 
 PLANS = ("fixed", "all", "auto", "race")
-RATE_MODELS = ("mixture", "jeffreys")     # engine/runs/rate_model.py; bench/rate_calibration.py compares them
+RATE_MODELS = ("mixture", "jeffreys", "beta-mixture", "beta")   # engine/runs/rate_model.py; bench/rate_calibration.py checks them
 RATE_TEXT = {"mixture": "each seed draws every image's rate from its posterior (point mass at 1 fitted to the rows, "
-                        "else Jeffreys)", "jeffreys": "Jeffreys' estimate of each row"}
+                        "else Jeffreys)", "jeffreys": "Jeffreys' estimate of each row",
+             "beta-mixture": "each seed draws every image's rate from its posterior under a point mass at 1 plus a "
+                             "Beta(a, b), all three fitted to the rows (the model the measured reruns support)",
+             "beta": "each seed draws every image's rate from its posterior under a Beta(a, b) fitted to the rows "
+                     "(no point mass: the lower bracket of the measured reruns)"}
 REASONS = STOP_REASONS + ("extended",)
 
 
@@ -77,6 +81,8 @@ def seed_rates(data: dict, model: str, rng) -> Dict[float, np.ndarray]:
     posterior under the point-mass-at-1 mixture fitted to the sigma's rows (`mixture`)."""
     if model == "jeffreys":
         return data["rates"]
+    if model in ("beta-mixture", "beta"):
+        return _prior_draws(data, model, rng)
     out = {}
     for sigma, p in data["rates"].items():
         votes, drawn = data["votes"][sigma], data["drawn"][sigma]
@@ -84,6 +90,20 @@ def seed_rates(data: dict, model: str, rng) -> Dict[float, np.ndarray]:
         weight = fit_unanimous_weight(votes[counted], drawn[counted])
         out[sigma] = p.copy()
         out[sigma][counted] = draw_rates(votes[counted], drawn[counted], weight, rng)
+    return out
+
+
+def _prior_draws(data: dict, model: str, rng) -> Dict[float, np.ndarray]:
+    """One seed's rates from each sigma's prior `model` fitted once to its rows (engine/runs/rate_model.py)."""
+    priors = data.setdefault("_priors", {})
+    out = {}
+    for sigma, p in data["rates"].items():
+        votes, drawn = data["votes"][sigma], data["drawn"][sigma]
+        counted = (votes >= 0) & (drawn > 0)
+        if (model, sigma) not in priors:
+            priors[(model, sigma)] = fit_rate_prior(votes[counted], drawn[counted], model)
+        out[sigma] = p.copy()
+        out[sigma][counted] = draw_prior_rates(votes[counted], drawn[counted], priors[(model, sigma)], rng)
     return out
 
 

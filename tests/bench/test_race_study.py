@@ -80,3 +80,17 @@ def test_the_mixture_replays_unanimous_rows_as_unanimous_where_jeffreys_cannot(t
     assert kept["mixture"] > kept["jeffreys"] + 20
     tiled = study(folder, n_max=2000, seeds=1, tolerance=0.0, pilot=6, images=150)
     assert tiled["images"] == 150 and tiled["plans"]["fixed"]["samples"] == 150 * 2 * 2100
+
+
+def test_the_fitted_beta_mixture_gives_each_seed_rates_from_the_rows_posteriors(tmp_path):
+    from diffsmooth.bench.race_study import seed_rates
+
+    data = rates_from(_folder(tmp_path))
+    rng = np.random.default_rng(0)
+    draws = [seed_rates(data, "beta-mixture", rng) for _ in range(2)]
+    for sigma, p in data["rates"].items():
+        assert draws[0][sigma].shape == p.shape and np.all((draws[0][sigma] >= 0) & (draws[0][sigma] <= 1))
+        assert not np.array_equal(draws[0][sigma], draws[1][sigma])              # a new draw per seed
+        observed = data["votes"][sigma] / data["drawn"][sigma]
+        assert np.corrcoef(observed, draws[0][sigma])[0, 1] > 0.5               # each image near its own rate
+    assert set(data["_priors"]) == {("beta-mixture", s) for s in data["rates"]}  # fitted once per sigma
