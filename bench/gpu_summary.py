@@ -166,7 +166,7 @@ def variants_table(runs, agreement_doc=None, skipped=()) -> list:
     named = [line for line in runs if line["run"].get("variant")]
     if not named:
         return []
-    lines = ["", "variants (issue 45), each measured beside the default in one process on this GPU; flips: "
+    lines = ["", "time-per-sample variants, each measured beside the default in one process on this GPU; flips: "
                  "bench.agreement on the demo models against eager fp32, TF32 off", "",
              "| models | variant | batch | UNet samples/s (% of peak) | classifier samples/s (% of peak) | "
              "pipeline samples/s | s/image | vs default | flips | peak GiB warm-up / steady |",

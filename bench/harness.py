@@ -94,7 +94,7 @@ class BenchSettings:
     streams: Optional[int] = None
     fused_attention: Optional[bool] = None
     fused_conv: bool = False
-    lean_unet: bool = False                 # issue 45's variants (engine/runs/fast_path.py, bench/variants.py)
+    lean_unet: bool = False                 # the time-per-sample variants (engine/runs/fast_path.py, bench/variants.py)
     compile_mode: Optional[str] = None
     inductor: Tuple[str, ...] = ()
     classifier_batch: Optional[int] = None

@@ -1,4 +1,4 @@
-"""The last look's share of alpha (SequentialRule.last_look, issue 46 item 2): EXACT miscoverage and
+"""The last look's share of alpha (SequentialRule.last_look): EXACT miscoverage and
 SIMULATED samples and cells against fixed-n, for several splits of the default rule (reach-cp with
 the pace-floor stop).
 

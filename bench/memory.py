@@ -1,6 +1,6 @@
 """GPU memory a stage needs, estimated on the CPU: one forward pass on the meta device (no arithmetic, no
 memory) while a dispatch mode counts the bytes of every tensor alive, as an eager run on a GPU would hold
-them (the caching allocator's rounding, cuDNN workspaces and compiled code aside). Issue 45 asked why
+them (the caching allocator's rounding, cuDNN workspaces and compiled code aside). The question was why
 the ImageNet run at batch 32 showed 115 GiB of peak allocated memory on an H200: the estimates here are
 what its tensors need; docs/performance.md, "ImageNet memory", says where the rest came from.
 

@@ -1,4 +1,4 @@
-"""Named fast-path variants (issue 45) that `diffsmooth bench --variants` measures side by side and
+"""Named fast-path variants (the time-per-sample options) that `diffsmooth bench --variants` measures side by side and
 `bench.agreement --variants` judges against eager fp32: one spec is tokens joined by '+', each token a
 change from the default CUDA path, e.g. `lean-unet+freezing+batch=64`. `default` is today's path.
 

@@ -134,7 +134,7 @@ def method_options(sweep: bool = True):
 
 
 def variant_options():
-    """Issue 45's fast-path variants, each off until a GPU has measured it (docs/performance.md); `bench`
+    """The time-per-sample fast-path variants, each off until a GPU has measured it (docs/performance.md); `bench`
     takes the same options."""
     return (
         click.option("--lean-unet/--no-lean-unet", "lean_unet", default=None,

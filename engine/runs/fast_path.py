@@ -43,7 +43,7 @@ class FastPath:
     compiled_noise: bool = False
     fused_attention: bool = False
     fused_conv: bool = False
-    # issue 45's variants, each off (None / empty) unless asked for until a GPU has measured it
+    # the time-per-sample variants, each off (None / empty) unless asked for until a GPU has measured it
     lean_unet: bool = False                     # eps-only output conv, t*'s embedding once per call
     compile_mode: Optional[str] = None          # torch.compile mode (None: torch's default)
     inductor: Tuple[str, ...] = ()              # inductor knobs (engine/backends/compile_options.py)
@@ -63,7 +63,7 @@ class FastPath:
         (BatchNorm-folded) classifier convolutions only when asked for (docs/status.md says what has
         run on a GPU). The lean UNet, the compile mode and inductor knobs, the classifier's own batch and
         Triton convolutions are off until asked for: no GPU has measured them (docs/performance.md,
-        "Variants (issue 45)"). TensorRT: static batches (plans are built for the run's batch) and, on
+        "Time-per-sample variants"). TensorRT: static batches (plans are built for the run's batch) and, on
         CUDA, two streams. ONNX Runtime: none of it."""
         try:
             cuda = torch.device(device).type == "cuda"
@@ -112,7 +112,7 @@ class FastPath:
                 or self.triton_conv)
 
     def as_dict(self) -> dict:
-        """The settings as recorded next to result files; fused_attention, fused_conv and issue 45's
+        """The settings as recorded next to result files; fused_attention, fused_conv and the time-per-sample
         variants only when on (set), so result files written before they existed still resume."""
         d = asdict(self)
         for key in OPTIONAL_KEYS:

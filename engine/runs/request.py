@@ -177,7 +177,7 @@ class RunRequest:
     streams: Optional[int] = None
     fused_attention: Optional[bool] = None
     fused_conv: bool = False
-    lean_unet: Optional[bool] = None                # issue 45's variants (docs/performance.md)
+    lean_unet: Optional[bool] = None                # the time-per-sample variants (docs/performance.md)
     compile_mode: Optional[str] = None
     inductor: Tuple[str, ...] = ()
     classifier_batch: Optional[int] = None
