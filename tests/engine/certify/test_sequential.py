@@ -368,7 +368,8 @@ def test_cli_sequential_rows_resume_and_guard(tmp_path, spread_models):
     whole, part = tmp_path / "whole.tsv", tmp_path / "part.tsv"
     invoke_ok([*_args(spread_models, *SEQ, "--batch", "300"), "--out", whole])
     rows = read_rows(whole)
-    assert list(rows[0]) == ["idx", "label", "predict", "radius", "correct", "time", "samples", "top_votes"]
+    assert list(rows[0]) == ["idx", "label", "predict", "radius", "correct", "time", "samples", "top_votes", "selected"]
+    assert all(r["selected"] == r["predict"] for r in rows if r["predict"] != "-1")
     used = [int(r["samples"]) for r in rows]
     assert all(20 < u <= 20 + 1500 for u in used)                # reach-cp may look before 100 samples
     # top_votes: cA's estimation votes at the stopping look; with `samples` they rebuild the bound
