@@ -77,6 +77,14 @@ def predict_run(line: str, sigma: float, pilot_rows: Sequence[List[dict]], radii
 RACE_SEEDS = 3
 
 
+def right_class(row: dict) -> bool:
+    """The row's selected class is its label (the race's wrong-class stop runs only these images): its
+    `selected` column, else (rows written before it) its prediction, an abstaining row counted as right."""
+    if row.get("selected") not in (None, ""):
+        return int(row["selected"]) == int(row["label"])
+    return int(row["correct"]) == 1 or int(row["predict"]) < 0
+
+
 def predict_race(pilot_rows: Dict[float, List[dict]], radii: Sequence[float], images: int, n0: int, alpha: float,
                  n_max: int, tolerance_points: float, seeds: int = RACE_SEEDS, seed: int = 0) -> Dict[float, float]:
     """Mean samples per sigma of the whole race (first runs and extensions, n0 included) on `images`
@@ -88,7 +96,7 @@ def predict_race(pilot_rows: Dict[float, List[dict]], radii: Sequence[float], im
     top, drawn, correct = {}, {}, {}
     for sigma in sigmas:
         (top[sigma],), (drawn[sigma],) = vote_counts([pilot_rows[sigma]], n0)
-        correct[sigma] = np.array([int(r["correct"]) == 1 for r in pilot_rows[sigma]])
+        correct[sigma] = np.array([right_class(r) for r in pilot_rows[sigma]])
     pick = np.arange(images) % len(pilot_rows[sigmas[0]])
     totals: Dict[float, List[float]] = {s: [] for s in sigmas}
     for _ in range(seeds):

@@ -81,3 +81,11 @@ def test_a_table_stops_wrong_class_images_with_alls_cells_and_the_cells_of_a_tab
     for r in rows_without_time(tmp_path / "race" / "runs" / "rs_s0.25.tsv"):
         if r["selected"] == r["label"]:
             assert r == kept[r["idx"]]
+
+
+def test_the_cost_prediction_runs_the_images_whose_selected_class_is_the_label():
+    from diffsmooth.engine.table.cost import right_class
+
+    assert right_class(_row(0, 3, -1, selected=3)) and not right_class(_row(0, 3, -1, selected=5))
+    assert not right_class(_row(0, 3, 5))                    # predicts another class (no `selected` column)
+    assert right_class(_row(0, 3, -1)) and right_class(_row(0, 3, 3))    # unknown abstention: run, as before the stop
