@@ -473,7 +473,9 @@ def test_tritonize_copies_and_leaves_the_folded_classifier_untouched(resnet20):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fuse_blocks", [False, True])
+@pytest.mark.parametrize("fuse_blocks", [False, pytest.param(True, marks=pytest.mark.skipif(
+    os.environ.get("DIFFSMOOTH_COMPILE_SWEEP") != "1",
+    reason="the fused blocks' CPU compile as well: set DIFFSMOOTH_COMPILE_SWEEP=1"))])
 def test_the_op_compiles_with_channels_last_on_cpu(fuse_blocks):
     """torch.compile traces the custom ops through their fake implementations (here the reference path runs)."""
     clf = prototype_classifier("cifar_resnet20", 16)
