@@ -55,7 +55,7 @@ def test_the_simulated_stop_keeps_every_cell_and_draws_fewer_samples():
 
 @needs_demo
 @pytest.mark.slow
-def test_a_table_stops_wrong_class_images_with_alls_cells_and_the_cells_of_a_table_without_the_stop(tmp_path, monkeypatch):
+def test_a_table_stops_wrong_class_images_with_the_cells_of_a_table_without_the_stop(tmp_path, monkeypatch):
     from diffsmooth.engine.runs.dataset_run import Jobs
 
     path = tmp_path / "spec.toml"
@@ -66,12 +66,12 @@ def test_a_table_stops_wrong_class_images_with_alls_cells_and_the_cells_of_a_tab
                    *extra])
         return json.loads((tmp_path / folder / "summary.json").read_text())
 
-    race, every = table("race"), table("all", "--plan", "all")
+    race = table("race")            # that the race's cells are all's, with the stop, test_race.py's table test shows
     real_call = Jobs.__call__
     monkeypatch.setattr(Jobs, "__call__", lambda self, index, label=None: real_call(self, index, None))
     without = table("without")
-    cells = [[c["certified_accuracy"] for c in s["rows"][0]["cells"]] for s in (race, every, without)]
-    assert cells[0] == cells[1] == cells[2] and len(set(cells[0])) >= 3
+    cells = [[c["certified_accuracy"] for c in s["rows"][0]["cells"]] for s in (race, without)]
+    assert cells[0] == cells[1] and len(set(cells[0])) >= 3
     assert race["samples"]["total"] < without["samples"]["total"]
     first = read_rows(tmp_path / "race" / "runs" / "rs_s0.25.tsv")
     wrong = [r for r in first if r["selected"] != r["label"]]
