@@ -64,22 +64,26 @@ def _every_vote_chance(votes: int, drawn: int, more: int, weight: float) -> Dict
     return {MODELS[0]: estimate ** more, MODELS[1]: beta_moment, MODELS[2]: one + (1 - one) * beta_moment}
 
 
+def _first_runs(folder: Path):
+    """(path, name match: slug and sigma, settings) of each sigma's first run (LINE_sSIGMA.tsv) of a race folder."""
+    runs = folder / "runs" if (folder / "runs").is_dir() else folder
+    for first in sorted(runs.glob("*_s*.tsv")):
+        match = re.fullmatch(r"(.+)_s([0-9.]+)\.tsv", first.name)
+        if match:
+            yield first, match, json.loads(Path(f"{first}.settings.json").read_text())
+
+
 def calibrate(folder: Path) -> List[dict]:
     """One entry per extension file of a race folder (its runs/ folder)."""
     settings_n0 = None
-    runs = folder / "runs" if (folder / "runs").is_dir() else folder
     out = []
-    for first in sorted(runs.glob("*_s*.tsv")):
-        match = re.fullmatch(r"(.+)_s([0-9.]+)\.tsv", first.name)
-        if not match:
-            continue
-        settings = json.loads(Path(f"{first}.settings.json").read_text())
+    for first, match, settings in _first_runs(folder):
         n0 = settings_n0 = int(settings["n0"])
         earlier = {int(r["idx"]): r for r in read_rows(first)}
         votes = np.array([int(r["top_votes"]) for r in earlier.values()])
         drawn = np.array([int(r["samples"]) - n0 for r in earlier.values()])
         weight = fit_unanimous_weight(votes, drawn)
-        for extension in sorted(runs.glob(f"{match.group(1)}_s{match.group(2)}_to*.tsv"),
+        for extension in sorted(first.parent.glob(f"{match.group(1)}_s{match.group(2)}_to*.tsv"),
                                 key=lambda p: float(p.stem.rsplit("_to", 1)[1])):
             rows = {int(r["idx"]): r for r in read_rows(extension)}
             unanimous = [int(r["samples"]) - n0 for r in rows.values() if int(r["top_votes"]) == int(r["samples"]) - n0]
@@ -164,13 +168,8 @@ def _check(line: str, sigma: float, kind: str, source: str, fit: Dict[int, Tuple
 def rerun_checks(race: Path, later: List[Path]) -> List[dict]:
     """One rerun check per sigma of a race folder (module docstring); refuses rows that are not prefixes of
     each other."""
-    runs = race / "runs" if (race / "runs").is_dir() else race
     out = []
-    for first in sorted(runs.glob("*_s*.tsv")):
-        match = re.fullmatch(r"(.+)_s([0-9.]+)\.tsv", first.name)
-        if not match:
-            continue
-        settings = json.loads(Path(f"{first}.settings.json").read_text())
+    for first, match, settings in _first_runs(race):
         n0, seed, slug, sigma = int(settings["n0"]), int(settings["seed"]), match.group(1), float(match.group(2))
         rows = _rows(first, n0)
         paths = [p for folder in [race, *later] for p in sorted(((folder / "runs") if (folder / "runs").is_dir()

@@ -50,10 +50,8 @@ def image(seed=0):
 
 
 
-def randomized_bn_resnet(arch: str, seed: int = 0, channels: int = 3) -> NormalizedClassifier:
-    """A ResNet with non-trivial BatchNorm statistics (folding must use them) whose votes spread."""
-    torch.manual_seed(seed)
-    net = build_classifier_net(arch, 10, channels)
+def randomize_batch_norm(net: torch.nn.Module) -> torch.nn.Module:
+    """Every BatchNorm of `net` given non-trivial statistics and affine parameters (in place; returns net)."""
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
@@ -61,6 +59,14 @@ def randomized_bn_resnet(arch: str, seed: int = 0, channels: int = 3) -> Normali
                 m.running_var.uniform_(0.5, 2.0)
                 m.weight.uniform_(0.5, 1.0)
                 m.bias.normal_(0, 0.05)
+    return net
+
+
+def randomized_bn_resnet(arch: str, seed: int = 0, channels: int = 3) -> NormalizedClassifier:
+    """A ResNet with non-trivial BatchNorm statistics (folding must use them) whose votes spread."""
+    torch.manual_seed(seed)
+    net = randomize_batch_norm(build_classifier_net(arch, 10, channels))
+    with torch.no_grad():
         net.fc.weight.normal_(0, 1.0)
     norm = normalization_layer("normalize", "cifar10") if channels == 3 else torch.nn.Identity()
     return NormalizedClassifier(norm, net).eval()

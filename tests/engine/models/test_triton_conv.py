@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stage_fixtures import randomize_batch_norm
 
 from diffsmooth.engine.models import folded_resnet, triton_conv
 from diffsmooth.engine.models.folded_resnet import FoldedConv, _reference, fold_classifier
@@ -149,14 +150,9 @@ def prototype_classifier(arch, size, residual_scale=0.5, device="cpu"):
     margins that fp16 keeps (the residual branches scaled by `residual_scale` keep a deep random net's
     features apart). Eval mode, fp32, on `device`."""
     torch.manual_seed(0)
-    net = build_classifier_net(arch, 10, 3)
+    net = randomize_batch_norm(build_classifier_net(arch, 10, 3))
     with torch.no_grad():
         for m in net.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.normal_(0, 0.1)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(0.5, 1.0)
-                m.bias.normal_(0, 0.05)
             if isinstance(m, BasicBlock):
                 m.bn2.weight.mul_(residual_scale)
     clf = NormalizedClassifier(normalization_layer("normalize", "cifar10"), net).eval().to(device)
