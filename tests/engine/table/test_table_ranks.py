@@ -112,15 +112,34 @@ def _workers(agent: int) -> list:
     return [int(p) for p in children.read_text().split()] if children.exists() else []
 
 
+def _extension_rank_files(out: Path) -> list:
+    return [p for p in (out / "runs").glob("*_to*.shard-*.tsv") if len(p.read_text().splitlines()) >= 2]
+
+
+def _signal(pids: list, sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:          # a rank that ended meanwhile
+            pass
+
+
 def _kill_a_rank_mid_extension(cmd: list, out: Path) -> subprocess.Popen:
-    """Start `cmd` and SIGKILL its last rank once an extension's rank file has rows."""
+    """Start `cmd` and SIGKILL its last rank once an extension's rank file has rows. The ranks are frozen
+    (SIGSTOP) while the files are looked at again, so the ranks cannot finish and merge the extension between
+    the look and the kill (a tiny extension can: that made the kill land after the merge)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
-        started = [p for p in (out / "runs").glob("*_to*.shard-*.tsv") if len(p.read_text().splitlines()) >= 2]
-        if started:
-            os.kill(sorted(_workers(proc.pid))[-1], signal.SIGKILL)
-            return proc
+        if _extension_rank_files(out):
+            workers = sorted(_workers(proc.pid))
+            _signal(workers, signal.SIGSTOP)
+            still = _extension_rank_files(out)
+            if still and workers:
+                _signal(workers[-1:], signal.SIGKILL)
+            _signal(workers[:-1] if still else workers, signal.SIGCONT)
+            if still and workers:
+                return proc
         time.sleep(0.05)
     proc.kill()
     pytest.fail("no extension started while the table ran")
