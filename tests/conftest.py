@@ -16,6 +16,17 @@ import torch
 from tiny_fixtures import SIGMA, TINY_UNET, centroid_classifier, tiny_images  # noqa: E402,F401
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: tiny tensors gain nothing from two, and on a busy machine every parallel
+    region waits for a descheduled worker (spinning OpenMP threads crawl). A module opts in with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Paths of a tiny cifar10-family UNet state dict, two Cohen-style classifiers and an npz."""

@@ -72,15 +72,24 @@ def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ..
     in the backend's precision, on its device; the classifier itself when it is not a ResNet.
     probe_batch: images per classifier call in the run, the shape cuDNN's fusion is checked at."""
     log = log or (lambda message: None)
-    dtype = PRECISIONS[backend.precision] or torch.float32
-    folded = fold_classifier(classifier.eval(), dtype)
+    folded = _folded_on_device(classifier, backend, "fused_conv", log)
     if folded is None:
-        log(f"# `fused_conv`: {type(classifier).__name__} is not a CIFAR ResNet / ResNet-50; it runs unfolded")
         return classifier
-    folded = folded.eval().to(backend.device)
-    if backend.device.type == "cuda":             # NHWC, which cuDNN's fused kernels need
-        folded = folded.to(memory_format=torch.channels_last)
+    if backend.device.type == "cuda":
         probe_cudnn_fusion(folded, image_shape, log, probe_batch)
+    return folded
+
+
+def _folded_on_device(classifier: nn.Module, backend, option: str, log) -> Optional[nn.Module]:
+    """The classifier with BatchNorm folded, in the backend's precision, on its device (NHWC on CUDA: the
+    layout cuDNN's fused kernels and the Triton kernel read); None, with a message, when it is not a ResNet."""
+    folded = fold_classifier(classifier.eval(), PRECISIONS[backend.precision] or torch.float32)
+    if folded is None:
+        log(f"# `{option}`: {type(classifier).__name__} is not a CIFAR ResNet / ResNet-50; it runs unfolded")
+        return None
+    folded = folded.eval().to(backend.device)
+    if backend.device.type == "cuda":
+        folded = folded.to(memory_format=torch.channels_last)
     return folded
 
 
@@ -98,14 +107,9 @@ def tritonized_classifier(classifier: nn.Module, backend, image_shape: Tuple[int
     why = triton_conv_unavailable(backend.device)
     if why is not None:
         raise UserError(f"`triton_conv` cannot run here: {why}")
-    dtype = PRECISIONS[backend.precision] or torch.float32
-    folded = fold_classifier(classifier.eval(), dtype)
+    folded = _folded_on_device(classifier, backend, "triton_conv", log)
     if folded is None:
-        log(f"# `triton_conv`: {type(classifier).__name__} is not a CIFAR ResNet / ResNet-50; it runs unfolded")
         return classifier
-    folded = folded.eval().to(backend.device)
-    if backend.device.type == "cuda":             # NHWC, the layout the kernel reads
-        folded = folded.to(memory_format=torch.channels_last)
     fast = tritonize(folded, fuse_blocks=fuse_blocks)
     if backend.device.type != "cuda":
         return fast

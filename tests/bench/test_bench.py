@@ -14,14 +14,7 @@ TINY_UNET = {"image_size": 8, "model_channels": 32, "num_res_blocks": 1, "channe
              "attention_resolutions": (4,), "dropout": 0.0}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: tiny tensors gain nothing from two, and a busy machine makes every
-    parallel region wait for a descheduled worker."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")     # tests/conftest.py
 
 
 def tiny_settings(**kw):

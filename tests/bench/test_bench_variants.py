@@ -8,7 +8,6 @@ import itertools
 import json
 
 import pytest
-import torch
 from test_bench import tiny_settings
 
 from diffsmooth.bench import harness
@@ -16,13 +15,7 @@ from diffsmooth.bench.variants import parse_variant, parse_variants, variant_fla
 from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.errors import UserError
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")     # tests/conftest.py
 
 
 def test_variant_specs_parse_to_the_settings_they_change():

@@ -146,15 +146,6 @@ def _toy_data(n: int = 32, size: int = 8):
     return x, y
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models gain nothing from threads, and spinning OpenMP threads crawl on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.slow
 def test_trainers_smoke(tmp_path, one_thread):
     """A few optimisation steps lower both losses and the checkpoints load back via the project loaders."""

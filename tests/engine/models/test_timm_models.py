@@ -15,20 +15,13 @@ from click.testing import CliRunner
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import load_classifier, save_cohen_checkpoint
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("timm") is None,
-                                reason="timm not installed (pip install --no-deps timm)")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("timm") is None,
+                                 reason="timm not installed (pip install --no-deps timm)"),
+              pytest.mark.usefixtures("one_thread")]     # tests/conftest.py
 
 # beit_large_patch16_224's own kwargs are overridden by these: the same code path, 32x32 images, 2 blocks.
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
 SHAPE = (3, 32, 32)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_beit(arch="beit_large_patch16_224", num_classes=10, seed=0, **overrides):
