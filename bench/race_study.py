@@ -154,7 +154,19 @@ def study(folder: Path, n_max: int, seeds: int, tolerance: float, pilot: int, ra
         out["plans"][plan]["minus_fixed_mean"] = float((cells - fixed_cells).mean())
     out["plans"]["all"]["minus_fixed_mean"] = float((all_cells - fixed_cells).mean())
     out["plans"]["race"]["extensions"] = float(np.mean([r["race"]["extensions"] for r in runs]))
+    out["plans"]["race"]["by_extension"] = extension_means([r["race"]["by_extension"] for r in runs])
     return out
+
+
+def extension_means(seeds: Sequence[dict]) -> List[dict]:
+    """The race's extensions per (sigma, radius, role), mean images and samples per seed over `seeds`
+    (each race_sim's by_extension), dearest first."""
+    keys = sorted({key for seed in seeds for key in seed})
+    rows = [{"sigma": sigma, "radius": radius, "role": role,
+             "images": float(np.mean([seed.get((sigma, radius, role), (0, 0.0))[0] for seed in seeds])),
+             "samples": float(np.mean([seed.get((sigma, radius, role), (0, 0.0))[1] for seed in seeds]))}
+            for sigma, radius, role in keys]
+    return sorted(rows, key=lambda row: -row["samples"])
 
 
 def estimate(doc: dict, seconds_per_image: float, images: int, warmup_s: float, overhead: float, builds: int,
@@ -207,8 +219,23 @@ def markdown(doc: dict) -> str:
         for sigma, by in plans[plan]["by_sigma"].items():
             lines.append(f"| {plan} | {sigma} | " + " | ".join(f"{by[w]:,.0f}" for w in REASONS)
                          + f" | {sum(by.values()):,.0f} |")
+    lines += extension_lines(race, plans["race"]["samples"])
     lines += estimate_lines(doc, PLANS)
     return "\n".join(lines) + "\n"
+
+
+def extension_lines(race: dict, total: float) -> List[str]:
+    """The markdown of the race's extensions by sigma, radius and role (none for studies written before)."""
+    if not race.get("by_extension"):
+        return []
+    lines = ["", "The race's extensions (mean per seed, dearest first; *likely winner*: the contender with the most "
+             "expected certificates settles its undecided images; *shows it loses*: another settles just enough of "
+             "them to fall within the tolerance):", "",
+             "| sigma | radius | role | images | samples | share of the race |", "|---|---|---|---|---|---|"]
+    for row in race["by_extension"]:
+        lines.append(f"| {row['sigma']:g} | {row['radius']:g} | {row['role']} | {row['images']:.1f} | "
+                     f"{row['samples']:,.0f} | {100 * row['samples'] / total:.1f}% |")
+    return lines
 
 
 def estimate_lines(doc: dict, plans: Sequence[str]) -> List[str]:

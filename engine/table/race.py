@@ -138,6 +138,11 @@ class Extension:
     contender: Hashable
     k: int
     images: Tuple[int, ...]            # positions in the table's image order
+    likeliest: bool = True             # the likely winner settles; else the contender shows it cannot lift the cell
+
+    @property
+    def role(self) -> str:
+        return "likely winner" if self.likeliest else "shows it loses"
 
 
 @dataclass(frozen=True)
@@ -186,7 +191,7 @@ def next_extension(rules: Dict[Hashable, SequentialRule], rows: Dict[Hashable, R
             least_likely_first = undecided[np.argsort(status[contender].chance[undecided], kind="stable")]
             asked_before = sum(1 for earlier in history if tuple(earlier) == (contender, k))
             undecided = least_likely_first[:(high[contender] - best - tolerance) * 2 ** asked_before]
-        return Extension(contender, k, tuple(int(i) for i in sorted(undecided)))
+        return Extension(contender, k, tuple(int(i) for i in sorted(undecided)), contender == likeliest)
     return None
 
 

@@ -187,7 +187,7 @@ def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[f
             radii = prefix(race.spec.radii, target)
             kind = extension_kind(radii[-1])
             log(f"table: race, {race.line.name}: sigma {sigma:g} extends {len(images)} undecided image(s) "
-                f"at r = {radius:g} to the radii up to {radii[-1]:g}")
+                f"at r = {radius:g} to the radii up to {radii[-1]:g} ({ext.role})")
             steps.append({"sigma": sigma, "config": ext.contender[1], "radius": radius, "radii_to": radii[-1],
                           "images": images, "decision": len(history)})
             done[race.line.name] = {"tolerance": tolerance_points, "extensions": steps}

@@ -100,6 +100,7 @@ class RaceOutcome:
     extensions: int                  # extension runs the race asked for
     first: Dict[float, Dict[str, float]]      # per sigma: the first runs' samples (n0 included) by why they stopped
     extended: Dict[float, float]              # per sigma: the extensions' samples (n0 included)
+    by_extension: Dict[Tuple[float, float, str], Tuple[int, float]] = None   # (sigma, radius, role): images, samples
 
 
 def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, continued: bool = True) -> RaceOutcome:
@@ -117,23 +118,29 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, co
         first[s] = samples_by_reason(sims[s].rule, settled, radius, used, n0)
     extensions = 0
     history = []
+    by_extension: Dict[Tuple[float, float, str], Tuple[int, float]] = {}
     while True:
         ext = next_extension(rules, {s: sims[s].rows() for s in order}, tolerance, order, history)
         if ext is None:
             break
         sim = sims[ext.contender]
+        spent = 0.0
         for i in ext.images:
             radii = prefix(sim.radii, max(ext.k, sim.radii.index(max(sim.sets[i]))))
             before = float(sim.run(sim.sets[i])[1][i]) if continued else -n0
             sim.sets[i] = radii
-            samples[ext.contender] += float(sim.run(radii)[1][i]) - before
+            spent += float(sim.run(radii)[1][i]) - before
+        samples[ext.contender] += spent
+        key = (ext.contender, sim.radii[ext.k], ext.role)
+        images, earlier = by_extension.get(key, (0, 0.0))
+        by_extension[key] = (images + len(ext.images), earlier + spent)
         extensions += 1
         history.append((ext.contender, ext.k))
     rows = {s: sims[s].rows() for s in order}
     cells = np.array([max(int((rows[s].correct & (rows[s].radius >= r)).sum()) for s in order)
                       for r in sims[order[0]].radii])
     extended = {s: samples[s] - initial[s] for s in order}
-    return RaceOutcome(samples, cells, extensions, first, extended)
+    return RaceOutcome(samples, cells, extensions, first, extended, by_extension)
 
 
 def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float],
@@ -185,5 +192,6 @@ def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarr
     race = simulate_race(sims, tolerance_images(tolerance_points, images), n0)
     out["race"] = {"samples": sum(race.samples.values()) + len(sigmas) * images * n0,
                    "cells": 100 * race.cells / images, "extensions": race.extensions,
+                   "by_extension": race.by_extension,
                    "by_sigma": {s: dict(race.first[s], **{"extended": race.extended[s]}) for s in sigmas}}
     return out

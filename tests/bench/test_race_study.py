@@ -62,6 +62,11 @@ def test_study_compares_the_plans_on_the_same_paths_and_says_where_the_samples_g
     doc["estimate"] = e
     text = markdown(doc)
     assert "| race |" in text and "ESTIMATED" in text and "Where the samples go" in text
+    extensions = plans["race"]["by_extension"]
+    extended = sum(by["extended"] for by in plans["race"]["by_sigma"].values())
+    assert sum(row["samples"] for row in extensions) == pytest.approx(extended)      # every extension sample
+    assert {row["role"] for row in extensions} == {"likely winner", "shows it loses"}
+    assert "The race's extensions" in text and f"| {extensions[0]['role']} |" in text
 
 
 

@@ -111,10 +111,11 @@ def test_the_likely_winner_settles_every_undecided_image_a_loser_just_enough_lea
     assert list(np.flatnonzero(status[1.0].undecided)) == [6, 7]
     assert status[0.5].chance[3] > status[0.5].chance[4] > status[0.5].chance[5] > status[0.5].chance[6]
     ext = next_extension(rules, rows, tolerance=0, order=[0.5, 1.0])
-    assert ext.contender == 1.0 and ext.k == 1 and ext.images == (6, 7)
+    assert ext.contender == 1.0 and ext.k == 1 and ext.images == (6, 7) and ext.role == "likely winner"
     rows[1.0].prefix_to[[6, 7]] = 1                                         # settled: not certified
     ext = next_extension(rules, rows, tolerance=0, order=[0.5, 1.0])
     assert ext.contender == 0.5 and ext.images == (6,)                       # 3 + 4 undecided -> 6: one to settle
+    assert not ext.likeliest and ext.role == "shows it loses"
     assert next_extension(rules, rows, tolerance=1, order=[0.5, 1.0]) is None
     asked = [(0.5, 1)]                                  # a close second asked again at this radius takes twice as many
     assert next_extension(rules, rows, 0, [0.5, 1.0], history=asked).images == (5, 6)
@@ -252,3 +253,8 @@ def test_the_simulated_race_going_on_from_rows_draws_fewer_samples_for_the_same_
     assert len(set(went_on.cells.tolist())) >= 4 and went_on.extensions == rerun.extensions > 0
     assert sum(went_on.samples.values()) < sum(rerun.samples.values())
     assert went_on.first == rerun.first
+    for sigma in rates:                  # every extension sample is in by_extension, under its sigma
+        spent = sum(samples for (s, _, _), (_, samples) in went_on.by_extension.items() if s == sigma)
+        assert spent == pytest.approx(went_on.extended[sigma])
+    assert sum(images for images, _ in went_on.by_extension.values()) > 0
+    assert {role for _, _, role in went_on.by_extension} <= {"likely winner", "shows it loses"}
