@@ -24,7 +24,7 @@ settles it exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy.stats import beta
@@ -167,16 +167,18 @@ def cell_bounds(rules: Dict[Hashable, SequentialRule], rows: Dict[Hashable, Rows
 
 
 def next_extension(rules: Dict[Hashable, SequentialRule], rows: Dict[Hashable, Rows], tolerance: int,
-                   order: Sequence[Hashable], history: Sequence[Tuple[Hashable, int]] = ()) -> Optional[Extension]:
+                   order: Sequence[Hashable], history: Sequence[Tuple[Hashable, int]] = (),
+                   status_of: Callable[[SequentialRule, Rows, int], CellStatus] = cell_status) -> Optional[Extension]:
     """The next extension the race needs, or None once every cell is within `tolerance` images of
     `all`'s. Radii in increasing order; at the first radius where some contender could still lift
     the cell by more than the tolerance, the contender with the most expected certificates (the
     likely winner) settles all its undecided images, or, if another is likelier, this one settles
     just enough of its undecided images to fall within the tolerance, least likely to certify first.
-    The order only changes the cost: the bound is deterministic whichever images are settled."""
+    The order only changes the cost: the bound is deterministic whichever images are settled.
+    `status_of` reads a contender's rows (a study may pass another reading of what the rows know)."""
     radii = rules[order[0]].radii
     for k in range(len(radii)):
-        status = {c: cell_status(rules[c], rows[c], k) for c in order}
+        status = {c: status_of(rules[c], rows[c], k) for c in order}
         low = {c: int(s.certified.sum()) for c, s in status.items()}
         high = {c: low[c] + int(s.undecided.sum()) for c, s in status.items()}
         expected = {c: low[c] + float(s.chance[s.undecided].sum()) for c, s in status.items()}
