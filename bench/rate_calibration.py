@@ -83,8 +83,9 @@ def calibrate(folder: Path) -> List[dict]:
         votes = np.array([int(r["top_votes"]) for r in earlier.values()])
         drawn = np.array([int(r["samples"]) - n0 for r in earlier.values()])
         weight = fit_unanimous_weight(votes, drawn)
-        for extension in sorted(first.parent.glob(f"{match.group(1)}_s{match.group(2)}_to*.tsv"),
-                                key=lambda p: float(p.stem.rsplit("_to", 1)[1])):
+        extensions = [p for p in first.parent.glob(f"{match.group(1)}_s{match.group(2)}_*.tsv")
+                      if re.fullmatch(r"(to|at)[0-9.]+", p.stem.rsplit("_", 1)[1])]     # settling radii, deciding one
+        for extension in sorted(extensions, key=lambda p: (float(p.stem.rsplit("_", 1)[1][2:]), p.name)):
             rows = {int(r["idx"]): r for r in read_rows(extension)}
             unanimous = [int(r["samples"]) - n0 for r in rows.values() if int(r["top_votes"]) == int(r["samples"]) - n0]
             if unanimous:

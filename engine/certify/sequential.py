@@ -276,6 +276,7 @@ class SequentialRule:
     schedule_radii: Optional[Tuple[float, ...]] = None      # reach-cp's added looks are placed for these (None: radii)
     unanimity: float = UNANIMITY_SHARE              # reach-cp: the share of alpha of the unanimity bound
     last_look: float = DEFAULT_LAST_LOOK            # split-cp / reach-cp: the share of alpha of the last look's CP bound
+    decide_largest: bool = False                    # also stop once the largest radius is decided (a table's race)
 
     def __post_init__(self):
         if not self.radii or any(r < 0 for r in self.radii):
@@ -399,23 +400,33 @@ def look_decision(rule: SequentialRule, successes, trials, look: int, lower, upp
 
     Stop when every radius is certified (L > 1/2 and L >= Phi(r / sigma)), or the smallest
     uncertified threshold is above U, or (with rule.futility) the futility stop gives up on it, or
-    at n_max. The engine (SequentialCertificate) and the simulator both call this."""
+    at n_max; with rule.decide_largest also once U is below the largest radius's threshold. The
+    running L never exceeds the running U (a look whose lower bound passes U is clamped to it: a
+    smaller L is as valid, and only paths whose looks contradict each other change), so once U is
+    below a threshold no later look certifies that radius. The engine (SequentialCertificate) and
+    the simulator both call this."""
     lo, hi = rule.bounds(successes, trials, look)
-    lower, upper = np.maximum(lower, lo), np.minimum(upper, hi)
+    upper = np.minimum(upper, hi)
+    lower = np.minimum(np.maximum(lower, lo), upper)
     thresholds = np.asarray(rule.thresholds)
     certified = (lower[..., None] > 0.5) & (lower[..., None] >= thresholds)
     all_done = certified.all(axis=-1)
     pending = np.argmin(certified, axis=-1)                         # the smallest uncertified radius
     stop = all_done | (upper < thresholds[pending]) | (np.asarray(trials) >= rule.n_max)
+    if rule.decide_largest:
+        stop = stop | (upper < thresholds[-1])
     if rule.futility is not None:
         stop = stop | (~all_done & rule.futile(successes, trials, pending))
     return lower, upper, stop
 
 
-def run_rule(rule: SequentialRule, votes) -> Tuple[np.ndarray, np.ndarray]:
+def run_rule(rule: SequentialRule, votes, after=None) -> Tuple[np.ndarray, np.ndarray]:
     """(final lower bound, estimation samples used) of the rule on many vote paths at once:
-    votes[i, j] = votes for cA in chunk j of rule.chunks() of path i. Vectorised `add`."""
+    votes[i, j] = votes for cA in chunk j of rule.chunks() of path i. Vectorised `add`. `after`
+    (estimation samples per path): the rule goes on from an earlier run's stop there, as
+    SequentialCertificate.resume does: it decides at that look and at later ones only."""
     votes = np.asarray(votes)
+    after = np.zeros(votes.shape[0]) if after is None else np.asarray(after, dtype=np.float64)
     chunks = rule.chunks()
     m = votes.shape[0]
     s = np.zeros(m)
@@ -431,7 +442,7 @@ def run_rule(rule: SequentialRule, votes) -> Tuple[np.ndarray, np.ndarray]:
         t += size
         lo, hi, stop = look_decision(rule, s[idx], np.full(len(idx), float(t)), j, lower[idx], upper[idx])
         lower[idx], upper[idx] = lo, hi
-        newly = idx[stop]
+        newly = idx[stop & (t >= after[idx])]
         used[newly] = t
         final[newly] = lower[newly]
         done[newly] = True
@@ -474,8 +485,11 @@ class SequentialState:
 def continues(rule: "SequentialRule", state: SequentialState) -> bool:
     """True when `rule` can go on from `state` exactly as if it had run from the first sample: the same
     looks and levels, a superset of the radii (such a rule had not stopped before this look: a rule
-    settling fewer radii stops no later on the same path; docs/table.md), and the state on a look."""
-    return (state.schedule == rule.schedule_key and set(state.radii) <= set(rule.radii)
+    settling fewer radii stops no later on the same path; docs/table.md), and the state on a look.
+    A rule that decides its largest radius goes on from any such state of its schedule: it runs from
+    where an earlier run left that radius undecided, to the first later look that decides it."""
+    radii = rule.decide_largest or set(state.radii) <= set(rule.radii)
+    return (state.schedule == rule.schedule_key and radii
             and state.samples in rule.looks() and 0 <= state.successes <= state.samples)
 
 

@@ -151,6 +151,8 @@ class ResolvedRun:
                             look_growth=rule.growth, bound=rule.bound)
             if rule.bound == "reach-cp":            # its added looks and levels (split-cp files stay as they were)
                 settings.update(schedule_radii=list(rule.schedule_radii), unanimity=rule.unanimity)
+            if rule.decide_largest:                 # the race's extensions (other files stay as they were)
+                settings["decide_largest"] = True
         if not self.is_sweep and r.method[0] != "diffsmooth":
             for k in ("local_sigma", "m", "local_noise"):
                 settings.pop(k)

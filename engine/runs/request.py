@@ -90,15 +90,17 @@ def parse_bound(text: Optional[str]) -> str:
 
 def sequential_rule(radii: Optional[str], sigma: float, alpha: float, n_max: int,
                     futility: Optional[str] = None, bound: Optional[str] = None,
-                    schedule_radii: Optional[str] = None) -> SequentialRule:
+                    schedule_radii: Optional[str] = None, decide_largest: bool = False) -> SequentialRule:
     """The rule of a sequential run from its options (radii required). `schedule_radii` (reach-cp):
-    the radii its added looks are placed for, when a run settles only some of them (a table's runs)."""
+    the radii its added looks are placed for, when a run settles only some of them (a table's runs);
+    `decide_largest`: stop once the largest radius is decided (the race's extensions)."""
     if not radii:
         raise UserError("`sequential` needs `radii`, e.g. 0.25,0.5,0.75,1.0")
     rule, margin = parse_futility(futility)
     schedule = parse_radii(schedule_radii) if schedule_radii else None
     return SequentialRule(parse_radii(radii), float(sigma), float(alpha), int(n_max), margin,
-                          bound=parse_bound(bound), futility_rule=rule, schedule_radii=schedule)
+                          bound=parse_bound(bound), futility_rule=rule, schedule_radii=schedule,
+                          decide_largest=bool(decide_largest))
 
 
 def _positive(name: str, value, allow_none: bool = False, high: Optional[int] = None, low: int = 1) -> None:
@@ -195,7 +197,7 @@ class RunRequest:
     @classmethod
     def parse(cls, mode: str, *, sequential: bool = False, radii: Optional[str] = None, n_max: Optional[int] = None,
               futility: Optional[str] = None, bound: Optional[str] = None, schedule_radii: Optional[str] = None,
-              **options) -> "RunRequest":
+              decide_largest: bool = False, **options) -> "RunRequest":
         """From option values (click's keyword arguments, or a Python caller's): lists become tuples,
         the sequential options become a SequentialRule, and everything is checked once."""
         for key in ("classifier", "method", "local_sigma", "m"):
@@ -212,9 +214,11 @@ class RunRequest:
             if mode != "certify":
                 raise UserError("`sequential` belongs to certify")
             rule = sequential_rule(radii, options.get("sigma", DEFAULT_SIGMA), options.get("alpha", DEFAULT_ALPHA),
-                                   n_max or options.get("n", DEFAULT_N), futility, bound, schedule_radii)
-        elif radii or n_max or futility or bound or schedule_radii:
-            raise UserError("`radii`, `n_max`, `futility`, `bound` and `schedule_radii` belong to `sequential`")
+                                   n_max or options.get("n", DEFAULT_N), futility, bound, schedule_radii,
+                                   decide_largest)
+        elif radii or n_max or futility or bound or schedule_radii or decide_largest:
+            raise UserError("`radii`, `n_max`, `futility`, `bound`, `schedule_radii` and `decide_largest` belong to "
+                            "`sequential`")
         return cls(mode=mode, sequential=rule, **options)
 
     def __post_init__(self):

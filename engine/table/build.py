@@ -65,7 +65,7 @@ class TableBuilder:
         # bound `all`'s only then; engine/table/race.py)
         return RunRequest.parse("certify", sequential=True, radii=",".join(f"{r:g}" for r in phase.radii),
                                 schedule_radii=",".join(f"{r:g}" for r in self.spec.radii),
-                                n_max=self.spec.n_max, out=str(phase.path), **options)
+                                decide_largest=phase.decides, n_max=self.spec.n_max, out=str(phase.path), **options)
 
     def phase_path(self, line: LineSpec, sigma: float, kind: str) -> Path:
         return phase_path(self.out, line, sigma, kind)

@@ -33,6 +33,7 @@ class Phase:
     path: Path
     kind: str                               # "pilot", "main", "first" or an extension's ("to0.5")
     starts: Optional[Dict[int, Dict[str, SequentialState]]] = None   # {image: {configuration: state}}: go on from there
+    decides: bool = False                   # stop once the largest radius is decided (the race's extensions)
 
     @property
     def key(self) -> tuple:

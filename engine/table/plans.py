@@ -24,7 +24,7 @@ from diffsmooth.engine.table.cost import RunCost, predict_race, predict_run
 from diffsmooth.engine.table.phases import Phase, PhaseResult
 from diffsmooth.engine.table.planning import TablePlan, pilot_indices, plan_from_pilot, plan_without_pilot
 from diffsmooth.engine.table.race import CellBound, initial_radii
-from diffsmooth.engine.table.race_build import LineRace, run_race
+from diffsmooth.engine.table.race_build import LineRace, decides, run_race
 from diffsmooth.engine.table.report import LineRows, certified
 
 Settles = Callable[[float, float], bool]
@@ -238,7 +238,7 @@ class RacePlan(Plan):
             def run_extension(sigma, radii, images, kind, line=line, race=race):
                 nonlocal extensions
                 phase = Phase(line, sigma, images, radii, table.phase_path(line, sigma, kind), kind,
-                              race.starts(sigma, radii, images))
+                              race.starts(sigma, radii, images, decide=decides(kind)), decides(kind))
                 extensions += table.runner.step(phase, costs).samples
             bounds[line.name] = run_race(race, self.tolerance, run_extension, table.log, record,
                                          write=table.folder.writer, recorded=recorded)

@@ -71,21 +71,27 @@ class Rows:
     drawn: np.ndarray           # estimation samples (samples - n0)
     prefix_to: np.ndarray       # the row's run settled every radius up to this index (-1: not radius 0)
     may_count: Optional[np.ndarray] = None   # the selected class is the label, or not recorded (None: every image)
+    decided_at: Optional[np.ndarray] = None  # the row's run decided this radius index (-1 / None: no such run)
 
     def __post_init__(self):
         if self.may_count is None:
             self.may_count = np.ones(len(self.radius), dtype=bool)
+        if self.decided_at is None:
+            self.decided_at = np.full(len(self.radius), -1, dtype=np.int64)
 
     @classmethod
-    def from_rows(cls, rows: Sequence[dict], n0: int, prefix_to: Sequence[int]) -> "Rows":
+    def from_rows(cls, rows: Sequence[dict], n0: int, prefix_to: Sequence[int],
+                  decided_at: Optional[Sequence[int]] = None) -> "Rows":
         """From result rows (sequential rows carry top_votes, and `selected` since it was added) in image
-        order, with each row's run's prefix. A row whose selected class is not its label never counts in a
-        cell under any rule (the rows of `all` select on the same samples): it is settled."""
+        order, with each row's run's prefix (and the radius its run decided, if one did). A row whose
+        selected class is not its label never counts in a cell under any rule (the rows of `all` select
+        on the same samples): it is settled."""
         may_count = np.array([r.get("selected") in (None, "") or int(r["selected"]) == int(r["label"]) for r in rows],
                              dtype=bool)
         return cls(np.array([float(r["radius"]) for r in rows]), np.array([int(r["correct"]) == 1 for r in rows]),
                    np.array([int(r["predict"]) < 0 for r in rows]), np.array([int(r["top_votes"]) for r in rows]),
-                   np.array([int(r["samples"]) - n0 for r in rows]), np.asarray(prefix_to, dtype=np.int64), may_count)
+                   np.array([int(r["samples"]) - n0 for r in rows]), np.asarray(prefix_to, dtype=np.int64), may_count,
+                   None if decided_at is None else np.asarray(decided_at, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -97,14 +103,10 @@ class CellStatus:
     chance: np.ndarray          # posterior chance that the image's vote rate reaches the votes the radius needs
 
 
-def all_would_stop(rule: SequentialRule, rows: Rows) -> np.ndarray:
-    """True where `all` (rule: every radius of the table) stops at the look where the row stopped.
-    The upper bound is this look's, not the running one (the row does not keep it): a sound, slightly
-    cautious test, since the running upper bound is never above it."""
-    thresholds = np.asarray(rule.thresholds)
-    certified = (~rows.abstained[:, None]) & (rows.radius[:, None] >= np.asarray(rule.radii)[None, :])
-    done = certified.all(axis=1)
-    pending = np.argmin(certified, axis=1)
+def look_upper(rule: SequentialRule, rows: Rows) -> np.ndarray:
+    """Each row's upper bound at the look where it stopped (1 where the row is not on a look). It is this
+    look's, not the running one (the row does not keep it): never below the running upper bound, so a
+    test on it is sound and slightly cautious."""
     looks = np.asarray(rule.looks())
     look = np.searchsorted(looks, rows.drawn)
     on_look = (rows.drawn > 0) & (look < len(looks)) & (looks[np.minimum(look, len(looks) - 1)] == rows.drawn)
@@ -113,6 +115,21 @@ def all_would_stop(rule: SequentialRule, rows: Rows) -> np.ndarray:
     for j in np.unique(look[on_look]):
         at = on_look & (look == j)
         upper[at] = rule.bounds(rows.votes[at].astype(np.float64), trials[at], int(j))[1]
+    return upper
+
+
+def all_would_stop(rule: SequentialRule, rows: Rows, upper: Optional[np.ndarray] = None) -> np.ndarray:
+    """True where `all` (rule: every radius of the table) stops at the look where the row stopped
+    (`upper`: look_upper's, when the caller has it)."""
+    thresholds = np.asarray(rule.thresholds)
+    certified = (~rows.abstained[:, None]) & (rows.radius[:, None] >= np.asarray(rule.radii)[None, :])
+    done = certified.all(axis=1)
+    pending = np.argmin(certified, axis=1)
+    looks = np.asarray(rule.looks())
+    look = np.searchsorted(looks, rows.drawn)
+    on_look = (rows.drawn > 0) & (look < len(looks)) & (looks[np.minimum(look, len(looks) - 1)] == rows.drawn)
+    trials = np.maximum(rows.drawn, 1).astype(np.float64)
+    upper = look_upper(rule, rows) if upper is None else upper
     stop = done | (rows.drawn >= rule.n_max) | (on_look & (upper < thresholds[pending]))
     if rule.futility is not None:
         stop |= on_look & ~done & rule.futile(rows.votes.astype(np.float64), trials, pending)
@@ -124,8 +141,12 @@ def cell_status(rule: SequentialRule, rows: Rows, k: int) -> CellStatus:
     r = rule.radii[k]
     certified = rows.correct & (rows.radius >= r)
     reachable = rule.needed[k] <= rule.n_max
+    upper = look_upper(rule, rows)
+    # a row's upper bound below the radius's threshold: the running lower bound never passes the running
+    # upper one (engine/certify/sequential.py look_decision), so no later look of `all` certifies it
+    ruled_out = upper < rule.thresholds[k]
     undecided = ((rows.correct | (rows.abstained & rows.may_count)) & ~certified & (rows.prefix_to < k)
-                 & ~all_would_stop(rule, rows) & reachable)
+                 & (rows.decided_at != k) & ~ruled_out & ~all_would_stop(rule, rows, upper) & reachable)
     need = min(1.0, rule.needed[k] / rule.n_max)
     chance = beta.sf(need, rows.votes + 0.5, np.maximum(rows.drawn - rows.votes, 0) + 0.5)
     return CellStatus(certified, undecided, chance)

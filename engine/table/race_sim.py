@@ -7,7 +7,7 @@ measurement: vote rates per image and sigma are given (from measured rows or a p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from diffsmooth.engine.table.race import (
 
 
 class SimulatedSigma:
-    """One sigma's images on one set of paths: rows of any radius set, cached, and each image's latest row.
+    """One sigma's images on one set of paths: rows of any radius set (cached), and each image's latest row.
     `correct`: the image's selected class is its label. `wrong_class_stop` (the table's runs): rows record
     the selected class, and an image whose selected class is not its label stops after its n0 selection
     samples (engine/certify/sequential.py); off, every image runs the rule and an abstaining row's class
@@ -41,36 +41,62 @@ class SimulatedSigma:
         self.rule = SequentialRule(self.radii, sigma, alpha, n_max)
         self.cuts, self.segments = shared_paths(np.asarray(rates, np.float64), [self.rule], n_max, rng)
         self.cache: Dict[Tuple[float, ...], tuple] = {}
-        self.sets: List[Tuple[float, ...]] = [first] * len(rates)
+        self.latest: Dict[str, np.ndarray] = {}         # each image's latest row, and how it was run
+        self.first = tuple(first)
+        self.settle(np.arange(len(rates)), self.first)
 
     def run(self, radii: Tuple[float, ...]) -> tuple:
         """(radius, estimation samples, top votes) of every image under the rule settling `radii`."""
         if radii not in self.cache:
             rule = SequentialRule(radii, self.sigma, self.alpha, self.n_max, schedule_radii=self.radii)
-            votes = chunk_votes(self.cuts, self.segments, rule)
-            lower, used = run_rule(rule, votes)
-            cumulative = np.concatenate([np.zeros((len(votes), 1)), np.cumsum(votes, axis=1)], axis=1)
-            at = np.searchsorted(np.concatenate([[0], rule.looks()]), used)
-            radius, top = radius_from_lower(lower, self.sigma), cumulative[np.arange(len(votes)), at]
-            if self.wrong_class_stop:                       # stopped after the selection, abstaining
-                radius, used, top = (np.where(self.correct, a, 0) for a in (radius, used, top))
-            self.cache[radii] = (radius, used, top)
+            self.cache[radii] = self._rows_of(rule, np.arange(len(self.correct)))
         return self.cache[radii]
 
+    def _rows_of(self, rule: SequentialRule, images: np.ndarray, after=None) -> tuple:
+        votes = chunk_votes(self.cuts, self.segments[images], rule)
+        lower, used = run_rule(rule, votes, after)
+        cumulative = np.concatenate([np.zeros((len(votes), 1)), np.cumsum(votes, axis=1)], axis=1)
+        at = np.searchsorted(np.concatenate([[0], rule.looks()]), used)
+        radius, top = radius_from_lower(lower, self.sigma), cumulative[np.arange(len(votes)), at]
+        if self.wrong_class_stop:                       # stopped after the selection, abstaining
+            radius, used, top = (np.where(self.correct[images], a, 0) for a in (radius, used, top))
+        return radius, used, top
+
+    def settle(self, images: np.ndarray, radii: Tuple[float, ...]) -> None:
+        """The images' latest rows become those of a run settling `radii` from the first sample."""
+        radius, used, top = self.run(tuple(radii))
+        fields = {"radius": radius, "used": used, "top": top}
+        if not self.latest:
+            self.latest = {key: np.zeros(len(self.correct), dtype=np.float64) for key in fields}
+            self.latest["prefix_to"] = np.full(len(self.correct), -1, dtype=np.int64)
+            self.latest["decided_at"] = np.full(len(self.correct), -1, dtype=np.int64)
+            self.latest["largest"] = np.full(len(self.correct), -1, dtype=np.int64)
+        for key, values in fields.items():
+            self.latest[key][images] = values[images]
+        self.latest["prefix_to"][images] = settled_prefix(self.radii, radii)
+        self.latest["decided_at"][images] = -1
+        self.latest["largest"][images] = self.radii.index(max(radii))
+
+    def decide(self, images: np.ndarray, k: int) -> None:
+        """The images go on from their latest rows with the rule that decides radius index k (the race's
+        extensions): to the first look at or after their rows' that decides it."""
+        images = np.asarray(images, dtype=np.int64)
+        rule = SequentialRule(prefix(self.radii, k), self.sigma, self.alpha, self.n_max, schedule_radii=self.radii,
+                              decide_largest=True)
+        radius, used, top = self._rows_of(rule, images, self.latest["used"][images])
+        self.latest["radius"][images], self.latest["used"][images], self.latest["top"][images] = radius, used, top
+        self.latest["prefix_to"][images] = -1
+        self.latest["decided_at"][images] = k
+
     def rows(self) -> Rows:
-        radius, used, votes = (np.empty(len(self.sets)) for _ in range(3))
-        prefix_to = np.empty(len(self.sets), dtype=np.int64)
-        for radii in set(self.sets):
-            at = np.array([s == radii for s in self.sets])
-            run = self.run(radii)
-            radius[at], used[at], votes[at] = run[0][at], run[1][at], run[2][at]
-            prefix_to[at] = settled_prefix(self.radii, radii)
-        abstained = radius <= 0
-        return Rows(radius, self.correct & ~abstained, abstained, votes.astype(np.int64), used.astype(np.int64),
-                    prefix_to, self.correct if self.wrong_class_stop else None)
+        latest = self.latest
+        abstained = latest["radius"] <= 0
+        return Rows(latest["radius"].copy(), self.correct & ~abstained, abstained, latest["top"].astype(np.int64),
+                    latest["used"].astype(np.int64), latest["prefix_to"].copy(),
+                    self.correct if self.wrong_class_stop else None, latest["decided_at"].copy())
 
     def samples(self) -> float:
-        return float(sum(self.run(s)[1][i] for i, s in enumerate(self.sets)))
+        return float(self.latest["used"].sum())
 
 
 STOP_REASONS = ("certified", "ruled out", "n-max", "wrong class")
@@ -103,17 +129,19 @@ class RaceOutcome:
     by_extension: Dict[Tuple[float, float, str], Tuple[int, float]] = None   # (sigma, radius, role): images, samples
 
 
-def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, continued: bool = True) -> RaceOutcome:
-    """Run the race to the end on simulated rows; an extension goes on from where each image's row
-    stopped (as the table does with the rows' states), or with `continued` off reruns it from its
-    first sample (n0 selection samples included). The rows are the same either way."""
+def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, continued: bool = True,
+                  decide: bool = True) -> RaceOutcome:
+    """Run the race to the end on simulated rows, as the table runs it: an extension at radius k goes on
+    from where each image's row stopped (the rows' states) to the look that decides k (`decide`). With
+    `decide` off it settles every radius up to max(k, the image's largest), and with `continued` off too
+    it reruns the image from its first sample (n0 selection samples included), with the same rows."""
     order = sorted(sims)
     rules = {s: sims[s].rule for s in order}
     initial = {s: sims[s].samples() for s in order}
     samples = dict(initial)
     first = {}
     for s in order:
-        settled = sims[s].sets[0]
+        settled = sims[s].first
         radius, used, _ = sims[s].run(settled)
         first[s] = samples_by_reason(sims[s].rule, settled, radius, used, n0)
     extensions = 0
@@ -124,12 +152,16 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, co
         if ext is None:
             break
         sim = sims[ext.contender]
-        spent = 0.0
-        for i in ext.images:
-            radii = prefix(sim.radii, max(ext.k, sim.radii.index(max(sim.sets[i]))))
-            before = float(sim.run(sim.sets[i])[1][i]) if continued else -n0
-            sim.sets[i] = radii
-            spent += float(sim.run(radii)[1][i]) - before
+        images = np.asarray(ext.images, dtype=np.int64)
+        before = sim.samples() if continued or decide else sim.samples() - len(images) * (n0 + 0.0) \
+            - float(sim.latest["used"][images].sum())
+        if decide:
+            sim.decide(images, ext.k)
+        else:                           # a rerun never settles less than the row it replaces
+            targets = np.maximum(ext.k, sim.latest["largest"][images])
+            for top in np.unique(targets):
+                sim.settle(images[targets == top], prefix(sim.radii, int(top)))
+        spent = sim.samples() - before
         samples[ext.contender] += spent
         key = (ext.contender, sim.radii[ext.k], ext.role)
         images, earlier = by_extension.get(key, (0, 0.0))

@@ -78,3 +78,53 @@ def test_a_state_from_another_schedule_or_more_radii_starts_afresh():
         drawn = []
         rows = drive(sequential_job(100, other, [first[0].state]), _counter(labels, drawn))
         assert drawn[0] == (0, 100) and rows == drive(sequential_job(100, other), _counter(labels, []))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_rule_deciding_its_largest_radius_goes_on_from_any_state_to_the_first_look_that_decides_it(seed):
+    """The race's extensions: from a state of another radius set (here {0, 1.25}, not a subset of {0 .. r}),
+    the rule with the radii up to r and decide_largest goes on to the first later look where `all` on the
+    same path would certify r, never could (running upper below Phi(r / sigma)), or stops; the vectorised
+    run_rule(..., after=) stops at the same look with the same bound."""
+    from diffsmooth.engine.certify.sequential import look_decision, run_rule
+    rate = (0.93, 0.97, 0.985, 0.99, 0.995, 0.9995)[seed]
+    labels = _labels(seed, 1, 100 + 20_000, [(3, rate)])
+    first = drive(sequential_job(100, _rule((0.0, 1.25))), _counter(labels, []))
+    state = first[0].state
+    for k in range(1, len(TABLE)):
+        decide = SequentialRule(TABLE[:k + 1], 0.5, ALPHA, 20_000, schedule_radii=TABLE, decide_largest=True)
+        assert continues(decide, state)
+        drawn = []
+        row = drive(sequential_job(100, decide, [state]), _counter(labels, drawn))[0]
+        assert min((f for f, _ in drawn), default=100 + row.state.samples) >= 100 + state.samples
+        # replay `all` (every radius) on the same path, look by look, from the first sample
+        every = _rule(TABLE)
+        hits = np.cumsum(labels[0, 100:] == row.prediction)
+        lower, upper, verdict = np.zeros(1), np.ones(1), None
+        for j, t in enumerate(every.looks()):
+            lower, upper, stop = look_decision(every, hits[t - 1:t].astype(float), np.array([float(t)]), j, lower, upper)
+            if t < state.samples:
+                continue
+            threshold = every.thresholds[k]
+            if lower[0] > 0.5 and lower[0] >= threshold:
+                verdict = (t, True)
+            elif upper[0] < threshold or stop[0]:
+                verdict = (t, False)
+            if verdict:
+                break
+        assert (row.state.samples, row.radius >= TABLE[k] and row.radius > 0) == verdict, (rate, k)
+        votes = np.diff(np.concatenate([[0], hits[np.asarray(decide.looks()) - 1]]))[None, :]
+        final, used = run_rule(decide, votes, after=[state.samples])
+        assert used[0] == row.state.samples and final[0] == pytest.approx(row.state.lower)
+
+
+def test_the_running_lower_bound_never_passes_the_running_upper_bound():
+    """A look whose lower bound exceeds the running upper bound (the looks contradict each other) is
+    clamped to it: such a path cannot certify a radius whose threshold an earlier look ruled out."""
+    from diffsmooth.engine.certify.sequential import look_decision
+    rule = _rule(TABLE)
+    j = rule.looks().index(1000)
+    lower, upper, _ = look_decision(rule, np.array([1000.0]), np.array([1000.0]), j, np.array([0.0]), np.array([0.9]))
+    assert upper[0] == 0.9 and lower[0] == 0.9            # every vote: this look alone would give ~0.99
+    unclamped = rule.bounds(np.array([1000.0]), np.array([1000.0]), j)[0]
+    assert unclamped[0] > 0.95

@@ -2,6 +2,7 @@
 the simulator, and the table run end to end against `--plan all`."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,7 +47,8 @@ def test_first_radii_are_zero_and_the_largest_within_two_and_a_half_sigma():
 def test_a_rows_certified_and_settled_radii_agree_with_all_on_the_same_path(sigma):
     """The claim the race rests on: on the same vote path, a run settling any subset of the radii
     certifies r only if `all` does, and where its row says r is settled (not undecided), `all`
-    certifies r exactly when the row does. Checked for every radius, on rates near every threshold."""
+    certifies r exactly when the row does; an extension deciding radius r from a row leaves it settled,
+    rightly. Checked for every radius, on rates near every threshold."""
     rng = np.random.default_rng(3)
     images = 600
     correct = rng.random(images) < 0.8
@@ -55,7 +57,7 @@ def test_a_rows_certified_and_settled_radii_agree_with_all_on_the_same_path(sigm
     all_certified = (correct & (full[0] > 0))[:, None] & (full[0][:, None] >= np.array(RADII)[None, :])   # > 0: not abstained
     undecided_seen = 0
     for subset in [(0.0, 0.5), (1.0,), (0.25, 1.5), (0.0, 0.25, 0.5, 0.75), RADII[:1], (0.75, 1.25)]:
-        sim.sets = [subset] * images
+        sim.settle(np.arange(images), subset)
         rows = sim.rows()
         for k in range(len(RADII)):
             status = cell_status(sim.rule, rows, k)
@@ -63,7 +65,21 @@ def test_a_rows_certified_and_settled_radii_agree_with_all_on_the_same_path(sigm
             settled = ~status.undecided
             assert np.array_equal(status.certified[settled], all_certified[settled, k]), (subset, k)
             undecided_seen += int(status.undecided.sum())
-    assert undecided_seen > 50                  # the claim was tested where it matters, not only on settled rows
+    decided_seen = 0                            # the race's extensions: decide radius k from the rows' looks
+    for subset in [(0.0, 1.0), (0.0, 0.25)]:
+        sim.settle(np.arange(images), subset)
+        for k in range(len(RADII)):
+            asked = np.flatnonzero(cell_status(sim.rule, sim.rows(), k).undecided)
+            sim.decide(asked, k)
+            status = cell_status(sim.rule, sim.rows(), k)
+            assert not status.undecided[asked].any(), (subset, k)
+            assert np.array_equal(status.certified[asked], all_certified[asked, k]), (subset, k)
+            for j in range(len(RADII)):         # and every other radius the rows now call settled is settled right
+                other = cell_status(sim.rule, sim.rows(), j)
+                settled = ~other.undecided
+                assert np.array_equal(other.certified[settled], all_certified[settled, j]), (subset, k, j)
+            decided_seen += len(asked)
+    assert undecided_seen > 50 and decided_seen > 50        # tested where it matters, not only on settled rows
     assert 0.1 < all_certified.mean() < 0.9     # certificates spread over the radii
 
 
@@ -159,8 +175,8 @@ def test_race_table_equals_the_all_table_records_its_bounds_and_resumes_to_the_s
     assert decisions["extensions"], "the race settled nothing: the test does not exercise it"
     assert "most each cell can be below" in (out / "table.md").read_text()
     assert race["samples"]["total"] > 0 and race["plan"]["mode"] == "race"
-    # an extension killed with its last row lost: the rerun replays the recorded decisions, same table
-    extension = next(p for p in sorted((out / "runs").glob("rs_s*_to*.tsv")))
+    # the last extension killed with its last row lost: the rerun replays the recorded decisions, same table
+    extension = _last_extension(out)
     before = rows_without_time(extension)
     kept = extension.read_text().splitlines(keepends=True)
     extension.write_text("".join(kept[:-1]))
@@ -195,12 +211,18 @@ def test_the_race_is_the_default_plan_and_a_tolerance_outside_0_100_is_refused(t
     assert result.exit_code == 2 and "tolerance" in result.output and not (tmp_path / "t").exists()
 
 
+def _last_extension(out: Path) -> Path:
+    """The result file of the race's last extension (where a kill loses a row), from race.json."""
+    last = json.loads((out / "race.json").read_text())["RS"]["extensions"][-1]
+    return out / "runs" / f"rs_s{last['sigma']:g}_{last['kind']}.tsv"
+
+
 @needs_demo
 @pytest.mark.slow
 def test_extensions_go_on_from_the_rows_states_with_the_rows_of_reruns_and_fewer_samples(tmp_path, monkeypatch):
-    """The race's extensions continue each image from its row's state (engine/runs/row_states.py): every
-    result file equals that of a race whose extensions rerun their images from the first sample, the
-    decisions are the same, and the table drew fewer samples."""
+    """The race's extensions continue each image from its row's state (engine/runs/row_states.py) until
+    the radius asked is decided: the same cells as a race whose extensions rerun their images from the
+    first sample to settle every radius up to the one asked (rows without states), for fewer samples."""
     from cli_helpers import assert_rows_spread
 
     from diffsmooth.engine.table.race_build import LineRace
@@ -213,48 +235,56 @@ def test_extensions_go_on_from_the_rows_states_with_the_rows_of_reruns_and_fewer
         return json.loads((tmp_path / folder / "summary.json").read_text())
 
     went_on = table("on")
-    monkeypatch.setattr(LineRace, "starts", lambda self, sigma, radii, images: {})
+    monkeypatch.setattr(LineRace, "starts", lambda self, sigma, radii, images, **how: {})
     rerun = table("rerun")
-    files = sorted(p.name for p in (tmp_path / "rerun" / "runs").glob("*.tsv"))
-    assert any("_to" in name for name in files), "no extension ran: the test does not exercise continuation"
-    assert files == sorted(p.name for p in (tmp_path / "on" / "runs").glob("*.tsv"))
-    for name in files:
+    files = {f: sorted(p.name for p in (tmp_path / f / "runs").glob("*.tsv")) for f in ("on", "rerun")}
+    assert any("_to" in name for name in files["rerun"]), "no extension ran: the test does not exercise continuation"
+    assert any("_at" in name for name in files["on"]) and not any("_to" in name for name in files["on"])
+    for name in (n for n in files["on"] if "_at" not in n):         # the first runs: the same rows
         assert rows_without_time(tmp_path / "on" / "runs" / name) == rows_without_time(tmp_path / "rerun" / "runs" / name), name
     assert_rows_spread(tmp_path / "on" / "runs" / "rs_s0.25.tsv", min_classes=3)
     assert (tmp_path / "on" / "runs" / "rs_s0.25.tsv.states.jsonl").is_file()
-    decisions = [json.loads((tmp_path / f / "race.json").read_text())["RS"]["extensions"] for f in ("on", "rerun")]
-    assert decisions[0] == decisions[1]
     assert went_on["samples"]["total"] < rerun["samples"]["total"]
     assert [c["certified_accuracy"] for c in went_on["rows"][0]["cells"]] == \
         [c["certified_accuracy"] for c in rerun["rows"][0]["cells"]]
     # an extension killed with its last row lost: the resumed table has the same rows and counts the same samples
     monkeypatch.undo()
-    extension = next(p for p in sorted((tmp_path / "on" / "runs").glob("rs_s*_to*.tsv")))
+    extension = _last_extension(tmp_path / "on")
     before = rows_without_time(extension)
     extension.write_text("".join(extension.read_text().splitlines(keepends=True)[:-1]))
     assert table("on")["samples"] == went_on["samples"] and rows_without_time(extension) == before
 
 
 def test_the_simulated_race_going_on_from_rows_draws_fewer_samples_for_the_same_cells():
+    """On the same paths: extensions that settle every radius up to the one asked give the same rows going
+    on from the rows' states as rerun from the first sample, for fewer samples; extensions that decide
+    only the radius asked (the table's) keep `all`'s cells (tolerance 0) for fewer samples still."""
     from diffsmooth.engine.table.race_sim import simulate_race
 
     rng = np.random.default_rng(8)
     images = 200
     rates = {s: _rates(rng, images) for s in (0.25, 0.5, 1.0)}
     correct = {s: rng.random(images) < 0.85 for s in rates}
-    outcomes = []
-    for continued in (True, False):
+    outcomes, all_cells = [], None
+    for continued, decide in ((True, False), (False, False), (True, True)):
         paths = np.random.default_rng(3)
         sims = {s: SimulatedSigma(s, rates[s], correct[s], RADII, 0.001, 10_000, paths, initial_radii(RADII, s))
                 for s in sorted(rates)}
-        outcomes.append(simulate_race(sims, 0, 100, continued=continued))
-    went_on, rerun = outcomes
+        if all_cells is None:
+            all_cells = np.array([max(int((sims[s].correct & (sims[s].run(RADII)[0] > 0)
+                                           & (sims[s].run(RADII)[0] >= r)).sum()) for s in sims) for r in RADII])
+        outcomes.append(simulate_race(sims, 0, 100, continued=continued, decide=decide))
+    went_on, rerun, decided = outcomes
     np.testing.assert_array_equal(went_on.cells, rerun.cells)
+    np.testing.assert_array_equal(went_on.cells, all_cells)
+    np.testing.assert_array_equal(decided.cells, all_cells)
     assert len(set(went_on.cells.tolist())) >= 4 and went_on.extensions == rerun.extensions > 0
     assert sum(went_on.samples.values()) < sum(rerun.samples.values())
-    assert went_on.first == rerun.first
-    for sigma in rates:                  # every extension sample is in by_extension, under its sigma
-        spent = sum(samples for (s, _, _), (_, samples) in went_on.by_extension.items() if s == sigma)
-        assert spent == pytest.approx(went_on.extended[sigma])
+    assert sum(decided.samples.values()) < sum(went_on.samples.values())
+    assert went_on.first == rerun.first == decided.first
+    for outcome in (went_on, decided):
+        for sigma in rates:              # every extension sample is in by_extension, under its sigma
+            spent = sum(samples for (s, _, _), (_, samples) in outcome.by_extension.items() if s == sigma)
+            assert spent == pytest.approx(outcome.extended[sigma])
     assert sum(images for images, _ in went_on.by_extension.values()) > 0
     assert {role for _, _, role in went_on.by_extension} <= {"likely winner", "shows it loses"}

@@ -67,7 +67,7 @@ def one_process(tmp_path_factory):
     held = _folder(out)
     predictions = {row.split("\t")[2] for name, rows in held.items() if name.endswith(".tsv") for row in rows[1:]}
     assert len(predictions - {"-1"}) >= 3, predictions          # votes spread: equal files say something
-    assert any("_to" in name for name in held) and held["shared_passes"] > 0     # extensions and shared passes ran
+    assert any("_at" in name for name in held) and held["shared_passes"] > 0     # extensions and shared passes ran
     return held
 
 
@@ -81,12 +81,22 @@ def test_a_table_on_gloo_ranks_equals_one_process(ranks, one_process, tmp_path):
     assert _folder(out) == one_process
     assert not list((out / "runs").glob("*.shard-*")), "rank files left behind"
     if ranks == 2:                              # a pass whose ranks wrote every row but were killed before the merge
-        _unmerge(out / "runs" / "rs-cohen-et-al_s0.5_to1.25.tsv", ranks)
+        _unmerge(_extension_with_rows(out), ranks)
         again = subprocess.run(_torchrun(ranks, out), capture_output=True, text=True, timeout=900, env=_env())
         assert again.returncode == 0, again.stderr[-3000:]
         resumed, whole = _folder(out), dict(one_process)
         resumed.pop("shared_passes"), whole.pop("shared_passes")
         assert resumed == whole
+
+
+def _extension_with_rows(out: Path) -> Path:
+    """The RS line's last extension file (race.json) with two rows or more: one whose ranks each wrote rows."""
+    steps = json.loads((out / "race.json").read_text())["RS (Cohen et al.)"]["extensions"]
+    for step in reversed(steps):
+        path = out / "runs" / f"rs-cohen-et-al_s{step['sigma']:g}_{step['kind']}.tsv"
+        if len(path.read_text().splitlines()) >= 3:
+            return path
+    raise AssertionError("no RS extension ran on two images or more")
 
 
 def _unmerge(merged: Path, ranks: int) -> None:
@@ -113,7 +123,7 @@ def _workers(agent: int) -> list:
 
 
 def _extension_rank_files(out: Path) -> list:
-    return [p for p in (out / "runs").glob("*_to*.shard-*.tsv") if len(p.read_text().splitlines()) >= 2]
+    return [p for p in (out / "runs").glob("*_at*.shard-*.tsv") if len(p.read_text().splitlines()) >= 2]
 
 
 def _signal(pids: list, sig: int) -> None:
@@ -153,7 +163,7 @@ def test_a_rank_killed_mid_extension_and_the_table_started_again_gives_the_same_
     proc.communicate(timeout=600)
     assert proc.returncode != 0
     assert not (out / "summary.json").exists()
-    assert list((out / "runs").glob("*_to*.shard-*.tsv")), "the kill left no rank file of the extension"
+    assert list((out / "runs").glob("*_at*.shard-*.tsv")), "the kill left no rank file of the extension"
     again = subprocess.run(_torchrun(2, out), capture_output=True, text=True, timeout=900, env=_env())
     assert again.returncode == 0, again.stderr[-3000:]
     resumed, whole = _folder(out), dict(one_process)
