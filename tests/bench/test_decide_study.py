@@ -45,12 +45,12 @@ def test_deciding_the_radius_asked_keeps_alls_cells_and_draws_fewer_samples():
             run = race(paths, RADII, 0, decide)
             assert run["cells"] == all_cells                                     # tolerance 0: exactly `all`'s
             totals[plan] += run["samples"]
-    assert totals["decide the radius asked"] < totals["as built"]
+    assert totals["decide the radius asked"] < totals["settle the radii up to the one asked"]
 
 
 def test_the_study_reads_a_table_folder_and_reports_both_plans(tmp_path):
     doc = study(_folder(tmp_path), None, seeds=2, rates="mixture", images=None, n_max=2000, tolerance_points=0.0)
-    assert set(doc["plans"]) == set(PLANS) and not doc["clamp_moved_any_cell"]
+    assert set(doc["plans"]) == set(PLANS) and not doc["reading_differs_any_cell"]
     assert all(p["below_all_worst"] == 0 for p in doc["plans"].values())
-    assert doc["plans"]["decide the radius asked"]["samples"] <= doc["plans"]["as built"]["samples"]
+    assert doc["plans"]["decide the radius asked"]["samples"] <= doc["plans"]["settle the radii up to the one asked"]["samples"]
     assert "decide the radius asked" in markdown(doc)
