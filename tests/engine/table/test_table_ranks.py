@@ -122,8 +122,17 @@ def _workers(agent: int) -> list:
     return [int(p) for p in children.read_text().split()] if children.exists() else []
 
 
-def _extension_rank_files(out: Path) -> list:
-    return [p for p in (out / "runs").glob("*_at*.shard-*.tsv") if len(p.read_text().splitlines()) >= 2]
+def _unfinished_extension(out: Path, whole: dict) -> bool:
+    """An extension's rank files hold rows, and fewer than the extension's file ends with in `whole` (the
+    one-process folder): its pass is unfinished, so no rank has reached the merge's barrier."""
+    for merged in {p.name.split(".shard-")[0] for p in (out / "runs").glob("*_at*.shard-*.tsv")}:
+        parts = [p for p in (out / "runs").glob(f"{merged}.shard-*.tsv")]
+        written = sum(max(len(p.read_text().splitlines()) - 1, 0) for p in parts)
+        if (out / "runs" / f"{merged}.tsv").exists():
+            written += len((out / "runs" / f"{merged}.tsv").read_text().splitlines()) - 1
+        if 0 < written and written < len(whole.get(f"runs/{merged}.tsv", [])) - 1:
+            return True
+    return False
 
 
 def _signal(pids: list, sig: int) -> None:
@@ -134,23 +143,23 @@ def _signal(pids: list, sig: int) -> None:
             pass
 
 
-def _kill_a_rank_mid_extension(cmd: list, out: Path) -> subprocess.Popen:
-    """Start `cmd` and SIGKILL its last rank once an extension's rank file has rows. The ranks are frozen
-    (SIGSTOP) while the files are looked at again, so the ranks cannot finish and merge the extension between
-    the look and the kill (a tiny extension can: that made the kill land after the merge)."""
+def _kill_a_rank_mid_extension(cmd: list, out: Path, whole: dict) -> subprocess.Popen:
+    """Start `cmd` and SIGKILL its last rank while an extension's pass is unfinished (its rank files hold
+    some of its rows). The ranks are frozen (SIGSTOP) while the files are looked at again: a rank must not
+    finish the pass between the look and the kill (after the pass's barrier rank 0 merges the rank files)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
-        if _extension_rank_files(out):
+        if _unfinished_extension(out, whole):
             workers = sorted(_workers(proc.pid))
             _signal(workers, signal.SIGSTOP)
-            still = _extension_rank_files(out)
-            if still and workers:
+            still = bool(workers) and _unfinished_extension(out, whole)
+            if still:
                 _signal(workers[-1:], signal.SIGKILL)
             _signal(workers[:-1] if still else workers, signal.SIGCONT)
-            if still and workers:
+            if still:
                 return proc
-        time.sleep(0.05)
+        time.sleep(0.02)
     proc.kill()
     pytest.fail("no extension started while the table ran")
 
@@ -159,7 +168,7 @@ def _kill_a_rank_mid_extension(cmd: list, out: Path) -> subprocess.Popen:
 @pytest.mark.slow
 def test_a_rank_killed_mid_extension_and_the_table_started_again_gives_the_same_folder(one_process, tmp_path):
     out = tmp_path / "t"
-    proc = _kill_a_rank_mid_extension(_torchrun(2, out), out)
+    proc = _kill_a_rank_mid_extension(_torchrun(2, out), out, one_process)
     proc.communicate(timeout=600)
     assert proc.returncode != 0
     assert not (out / "summary.json").exists()
