@@ -16,9 +16,10 @@ radius needs). At S's stop both have the same running bounds, so for each radius
   undecided  otherwise: `all` goes on, and only running it (radii R up to r) tells.
 For a cell (the best over sigmas) that gives the deterministic interval
 [max_s certified_s, max_s (certified_s + undecided_s)] for `all`'s value; the table reports the
-lower end. An extension settles an undecided image with the radii of R up to r, going on from the
-look where its row stopped (the row's state; counter-based noise: the samples `all` draws), which
-settles it exactly.
+lower end. An extension decides r for an undecided image, going on from the look where its row stopped
+(the row's state; counter-based noise: the samples `all` draws) to the first look where `all` would
+certify r, never could (the running upper bound below Phi(r / sigma): the rule never lets the running
+lower bound pass it), or would stop; that settles it exactly (docs/table.md, *Deciding one radius*).
 """
 
 from __future__ import annotations
@@ -103,14 +104,19 @@ class CellStatus:
     chance: np.ndarray          # posterior chance that the image's vote rate reaches the votes the radius needs
 
 
+def _looks_of(rule: SequentialRule, rows: Rows) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(look index, on a look of the rule?, trials) of each row's stop."""
+    looks = np.asarray(rule.looks())
+    look = np.searchsorted(looks, rows.drawn)
+    on_look = (rows.drawn > 0) & (look < len(looks)) & (looks[np.minimum(look, len(looks) - 1)] == rows.drawn)
+    return look, on_look, np.maximum(rows.drawn, 1).astype(np.float64)
+
+
 def look_upper(rule: SequentialRule, rows: Rows) -> np.ndarray:
     """Each row's upper bound at the look where it stopped (1 where the row is not on a look). It is this
     look's, not the running one (the row does not keep it): never below the running upper bound, so a
     test on it is sound and slightly cautious."""
-    looks = np.asarray(rule.looks())
-    look = np.searchsorted(looks, rows.drawn)
-    on_look = (rows.drawn > 0) & (look < len(looks)) & (looks[np.minimum(look, len(looks) - 1)] == rows.drawn)
-    trials = np.maximum(rows.drawn, 1).astype(np.float64)
+    look, on_look, trials = _looks_of(rule, rows)
     upper = np.ones(len(rows.drawn))
     for j in np.unique(look[on_look]):
         at = on_look & (look == j)
@@ -125,10 +131,7 @@ def all_would_stop(rule: SequentialRule, rows: Rows, upper: Optional[np.ndarray]
     certified = (~rows.abstained[:, None]) & (rows.radius[:, None] >= np.asarray(rule.radii)[None, :])
     done = certified.all(axis=1)
     pending = np.argmin(certified, axis=1)
-    looks = np.asarray(rule.looks())
-    look = np.searchsorted(looks, rows.drawn)
-    on_look = (rows.drawn > 0) & (look < len(looks)) & (looks[np.minimum(look, len(looks) - 1)] == rows.drawn)
-    trials = np.maximum(rows.drawn, 1).astype(np.float64)
+    _, on_look, trials = _looks_of(rule, rows)
     upper = look_upper(rule, rows) if upper is None else upper
     stop = done | (rows.drawn >= rule.n_max) | (on_look & (upper < thresholds[pending]))
     if rule.futility is not None:

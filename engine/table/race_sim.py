@@ -41,9 +41,11 @@ class SimulatedSigma:
         self.rule = SequentialRule(self.radii, sigma, alpha, n_max)
         self.cuts, self.segments = shared_paths(np.asarray(rates, np.float64), [self.rule], n_max, rng)
         self.cache: Dict[Tuple[float, ...], tuple] = {}
-        self.latest: Dict[str, np.ndarray] = {}         # each image's latest row, and how it was run
+        images = len(rates)                             # each image's latest row, and how it was run
+        self.latest = {"radius": np.zeros(images), "used": np.zeros(images), "top": np.zeros(images),
+                       **{key: np.full(images, -1, dtype=np.int64) for key in ("prefix_to", "decided_at", "largest")}}
         self.first = tuple(first)
-        self.settle(np.arange(len(rates)), self.first)
+        self.settle(np.arange(images), self.first)
 
     def run(self, radii: Tuple[float, ...]) -> tuple:
         """(radius, estimation samples, top votes) of every image under the rule settling `radii`."""
@@ -64,14 +66,7 @@ class SimulatedSigma:
 
     def settle(self, images: np.ndarray, radii: Tuple[float, ...]) -> None:
         """The images' latest rows become those of a run settling `radii` from the first sample."""
-        radius, used, top = self.run(tuple(radii))
-        fields = {"radius": radius, "used": used, "top": top}
-        if not self.latest:
-            self.latest = {key: np.zeros(len(self.correct), dtype=np.float64) for key in fields}
-            self.latest["prefix_to"] = np.full(len(self.correct), -1, dtype=np.int64)
-            self.latest["decided_at"] = np.full(len(self.correct), -1, dtype=np.int64)
-            self.latest["largest"] = np.full(len(self.correct), -1, dtype=np.int64)
-        for key, values in fields.items():
+        for key, values in zip(("radius", "used", "top"), self.run(tuple(radii))):
             self.latest[key][images] = values[images]
         self.latest["prefix_to"][images] = settled_prefix(self.radii, radii)
         self.latest["decided_at"][images] = -1
@@ -153,8 +148,9 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, co
             break
         sim = sims[ext.contender]
         images = np.asarray(ext.images, dtype=np.int64)
-        before = sim.samples() if continued or decide else sim.samples() - len(images) * (n0 + 0.0) \
-            - float(sim.latest["used"][images].sum())
+        before = sim.samples()
+        if not (continued or decide):   # a rerun from the first sample draws n0 and the earlier samples again
+            before -= float(sim.latest["used"][images].sum()) + n0 * len(images)
         if decide:
             sim.decide(images, ext.k)
         else:                           # a rerun never settles less than the row it replaces
