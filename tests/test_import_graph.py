@@ -6,7 +6,9 @@ wherever it sits) and looks for strongly connected groups of modules. An import 
 does not hide a circle from it.
 """
 
-import grimp
+import pytest
+
+grimp = pytest.importorskip("grimp", reason="grimp (import-linter's graph) is not installed: the dev extra installs it")
 
 
 def _circles(graph) -> list[frozenset]:
