@@ -223,11 +223,14 @@ def run_dataset(voter, run, files: Sequence, jobs: Jobs, *, on_row: Optional[Cal
                     if done.work.index in writer.done:
                         continue
                     row = result_row(done.work.index, done.work.tag, result, done.seconds, writer.columns)
+                    # the state first: a run killed between the two leaves a state without its row (the image
+                    # runs again, its new state read last), never a row without its state (which the race
+                    # would have to rerun from its first sample, into another file than one process's)
+                    if jobs.keep_states and getattr(result, "state", None) is not None:
+                        append_state(states_path(Path(writer.path)), done.work.index, result.state)
                     writer.write(**row)
                     if on_row:
                         on_row(row)
-                    if jobs.keep_states and getattr(result, "state", None) is not None:
-                        append_state(states_path(Path(writer.path)), done.work.index, result.state)
                 written += 1
             if bar is not None:
                 bar.update(1)

@@ -3,9 +3,10 @@ can go on from there (engine/certify/sequential.py, `SequentialState`; the table
 images this way instead of rerunning them from their first sample).
 
 FILE.tsv.states.jsonl holds one JSON line per image, {"idx": i, "state": {...}}, appended (and
-fsynced) after the image's row. The result file stays the record; a state is only a shortcut: one
-that is missing, torn or does not match its row makes the image run from its first sample instead,
-which gives the same row.
+fsynced) just before the image's row, so that a run killed between the two leaves a state without its
+row (the image runs again), never a row without its state. The result file stays the record; a state is
+only a shortcut: one that is missing, torn or does not match its row makes the image run from its first
+sample instead, which gives the same row.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ def states_path(result_file: Path) -> Path:
 def append_state(path: Path, index: int, state: SequentialState) -> None:
     """One image's state, as one line written at once."""
     line = json.dumps({"idx": int(index), "state": state.to_json()}, allow_nan=False) + "\n"
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(line)
+    with open(path, "a+b") as handle:
+        if handle.tell() > 0:                   # a line torn by a kill stays alone: this one is read whole
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                line = "\n" + line
+        handle.write(line.encode("utf-8"))
         handle.flush()
         os.fsync(handle.fileno())
 

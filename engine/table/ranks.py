@@ -113,15 +113,18 @@ class Ranks:
         self.barrier()
         if self.writer:
             for merged in merged_files:
-                parts = [p for p in self.all_files(merged) if p.is_file() and p.stat().st_size]
-                if parts:
-                    merge_results(parts, merged)
+                # the states before the rows, as a run writes them: a merge killed between the two leaves
+                # no merged row without its state
                 held = read_states(states_path(merged))
                 for part in self.all_files(merged)[:-1]:
                     for index, state in read_states(states_path(part)).items():
                         if index not in held:
                             append_state(states_path(merged), index, state)
                             held[index] = state
+                parts = [p for p in self.all_files(merged) if p.is_file() and p.stat().st_size]
+                if parts:
+                    merge_results(parts, merged)
+                for part in self.all_files(merged)[:-1]:
                     # every row and state of the rank's file is in the merged one now: the folder holds what
                     # one process's table holds
                     for path in (part, settings_path(part), states_path(part), lock_file(part)):

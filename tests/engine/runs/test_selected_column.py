@@ -67,3 +67,48 @@ def test_a_file_without_the_selected_column_resumes_with_its_own_columns(tmp_pat
     run(out, stop_wrong_class=False)
     columns, rows = read_result(out)
     assert columns == old and sorted(int(r["idx"]) for r in rows) == list(range(10))
+
+
+def test_a_run_killed_between_a_state_and_its_row_leaves_no_row_without_its_state(tmp_path, monkeypatch):
+    """The state is written before its row: killed in between, the file holds a state without a row (the image
+    runs again), never a row the race would have to rerun from its first sample; the resumed run gives every
+    row with its state, equal to an uninterrupted run's."""
+    import pytest
+
+    import diffsmooth.engine.runs.dataset_run as dataset_run
+    from diffsmooth.engine.runs.row_states import state_of
+    whole = tmp_path / "whole.tsv"
+    run(whole, stop_wrong_class=False)
+    out, calls, append = tmp_path / "killed.tsv", [], dataset_run.append_state
+
+    def killed_on_the_fourth(path, index, state):
+        append(path, index, state)
+        calls.append(index)
+        if len(calls) == 4:
+            raise KeyboardInterrupt                 # as a kill between the state and its row
+    monkeypatch.setattr(dataset_run, "append_state", killed_on_the_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        run(out, stop_wrong_class=False)
+    monkeypatch.setattr(dataset_run, "append_state", append)
+    _, rows = read_result(out)
+    states = read_states(states_path(out))
+    assert len(rows) == 3 and len(states) == 4
+    assert all(state_of(r, states, N0) is not None for r in rows)
+    run(out, stop_wrong_class=False)
+    _, rows = read_result(out)
+    states = read_states(states_path(out))
+    assert all(state_of(r, states, N0) is not None for r in rows)
+    strip = lambda rs: sorted(({k: v for k, v in r.items() if k != "time"} for r in rs), key=lambda r: int(r["idx"]))
+    assert strip(rows) == strip(read_result(whole)[1])
+    assert len({r["selected"] for r in rows}) >= 3                  # the rows spread over several classes
+
+
+def test_a_state_appended_after_a_torn_line_is_read_whole(tmp_path):
+    """A kill mid-line leaves a torn last line; the next state starts on a line of its own and is read."""
+    from diffsmooth.engine.runs.row_states import append_state
+    run(tmp_path / "a.tsv", stop_wrong_class=False, indices=range(3))
+    states = read_states(states_path(tmp_path / "a.tsv"))
+    torn = tmp_path / "torn.states.jsonl"
+    torn.write_text('{"idx": 0, "state": {"selec')
+    append_state(torn, 1, states[1])
+    assert read_states(torn) == {1: states[1]}
