@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: one command per part on a machine with one CUDA GPU, torch already installed, no network.
-#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|all]
+#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|all]
 #   DRY_RUN=1 bash bench/gpu_check.sh OUT_DIR PART     # print the steps and their limits, run nothing
 # Each part fits one 600 s call on a fresh H100 or H200, its own install included: the step limits of a
 # part (install, import check, its steps, summary) add up to at most 540 s (tests/engine/runs/test_gpu_readiness.py
@@ -19,12 +19,15 @@
 # fixes: the GPU tests that have not passed on a GPU yet, in one call (no timing runs): the Triton fused block
 #        and tritonized ResNet-110 (fp16 votes, compiled and replayed in a CUDA graph), a sweep against the CPU's
 #        rows, the demo pipeline in fp32/fp16/bf16; then every other GPU test.
+# headline: the demo table at the paper's shape (RS and DiffSmooth lines, 3 sigmas x 500 images, n-max 100,000,
+#        fp16 compiled, the default race), its samples per line against the measured 2026-11-27 table
+#        (docs/table-studies.md); resumable: a second call with OUT carried goes on.
 # all: every part in a row (more than one call's time).
 # Everything goes under OUT_DIR: one log per step, steps.tsv (step, exit status, seconds, limit),
 # gpu_check.log (this script's whole output), summary.md. bench.jsonl records peak GPU memory per run;
 # agreement.json is rewritten after each variant.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|all]}
+OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|all]}
 PART=${2:-speed}
 DRY_RUN=${DRY_RUN:-0}
 mkdir -p "$OUT"
@@ -137,14 +140,20 @@ part_ablation() {
         --results "$OUT/ablation.jsonl"
 }
 
+part_headline() {
+    run_step headline-table ${HEADLINE_LIMIT:-490} headline.txt \
+        $PY -m diffsmooth.cli table --demo --rows diffsmooth,rs --images 500 --n-max 100000 --device cuda \
+        --precision fp16 --pilot 25 --quiet --out "$OUT/headline"
+}
+
 summary() {
     run_step summary ${SUMMARY_LIMIT:-10} summary.md $PY -m diffsmooth.bench.gpu_summary "$OUT"
 }
 
 case "$PART" in
-    speed|sequential|table|ablation|fixes) ;;
+    speed|sequential|table|ablation|fixes|headline) ;;
     all) ;;
-    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation, fixes or all)"; exit 2 ;;
+    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation, fixes, headline or all)"; exit 2 ;;
 esac
 setup
 case "$PART" in
@@ -153,6 +162,7 @@ case "$PART" in
     table) part_table ;;
     ablation) part_ablation ;;
     fixes) part_fixes ;;
+    headline) part_headline ;;
     all) part_speed; part_sequential; part_table; part_ablation ;;
 esac
 summary

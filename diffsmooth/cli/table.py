@@ -6,7 +6,7 @@ import json
 
 import click
 
-from diffsmooth.cli.options import BATCH, SAMPLES, THREADS, Count, Number
+from diffsmooth.cli.options import BATCH, PRECISIONS, SAMPLES, THREADS, Count, Number
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, command_line
 from diffsmooth.engine.table.check import check_table
@@ -84,6 +84,8 @@ def _log(line: str) -> None:
 @click.option("--batch", type=BATCH, default=None, help="--demo: samples per forward batch.")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="--demo: the compiled static-batch fast path [default: on for CUDA].")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+              help="--demo: fp32, or fp16 / bf16 autocast on CUDA [default: fp32].")
 @click.option("--one-pass/--no-one-pass", "one_pass", default=True, show_default=True,
               help="Lines that denoise at the same sigma (dds, diffsmooth) run their full runs as one pass: the "
                    "denoiser runs once per batch and each line's rows equal its separate run's.")
@@ -92,7 +94,7 @@ def _log(line: str) -> None:
               help="--dry-run: also estimate the table on this many torchrun ranks (GPUs).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, pilot, margin, reach, rows, images, n_max, device,
-          threads, batch, compile_, one_pass, dry_run, ranks, quiet):
+          threads, batch, compile_, precision, one_pass, dry_run, ranks, quiet):
     """The paper's table in one command: which sigma settles which radius, the cost first, table.md/tex, curves.png.
 
     Certified accuracy per radius, best over sigma, for every line of SPEC (a TOML file; see
@@ -110,12 +112,13 @@ def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, 
         raise UserError("`models_dir` and `data_dir` belong to a SPEC (the demo ships its models and data)")
     if demo:
         table_spec = demo_spec(tuple(r.strip() for r in rows.split(",") if r.strip()), images, n_max, device, threads,
-                               batch, compile_)
+                               batch, compile_, precision)
         pilot = DEMO_PILOT_IMAGES if pilot is None else pilot
     else:
-        if (images, n_max, threads, batch, compile_) != (None,) * 5 or rows != "rs,dds,diffsmooth" or device != "cpu":
-            raise UserError("`rows`, `images`, `n_max`, `device`, `threads`, `batch` and `compile` belong to `demo`; "
-                            "a SPEC names them")
+        if (images, n_max, threads, batch, compile_, precision) != (None,) * 6 or rows != "rs,dds,diffsmooth" \
+                or device != "cpu":
+            raise UserError("`rows`, `images`, `n_max`, `device`, `threads`, `batch`, `compile` and `precision` belong "
+                            "to `demo`; a SPEC names them")
         table_spec = load_spec(spec, {"models": models_dir, "data": data_dir})
         pilot = PILOT_IMAGES if pilot is None else pilot
     report = check_table(table_spec, {"models": models_dir, "data": data_dir})      # before any sample: seconds

@@ -406,7 +406,7 @@ def _demo_line(row: str) -> LineSpec:
 
 def demo_spec(rows=("rs", "dds", "diffsmooth"), images: Optional[int] = None, n_max: Optional[int] = None,
               device: str = "cpu", threads: Optional[int] = None, batch: Optional[int] = None,
-              compile: Optional[bool] = None) -> TableSpec:
+              compile: Optional[bool] = None, precision: Optional[str] = None) -> TableSpec:
     """The embedded demo table: Fashion-MNIST demo models, three sigmas, radii 0 to 2.0; DiffSmooth
     with m = 1 and sigma' from `demo_local_sigma` keeps the default size near ten minutes on 2 CPU cores."""
     images = DEMO_IMAGES if images is None else images
@@ -419,7 +419,7 @@ def demo_spec(rows=("rs", "dds", "diffsmooth"), images: Optional[int] = None, n_
         raise UserError(f"--rows: name each of {', '.join(DEMO_ROWS)} at most once, got {','.join(rows)}")
     skip = max(1, 500 // images)
     run = {"device": device}
-    for key, value in (("threads", threads), ("batch", batch), ("compile", compile)):
+    for key, value in (("threads", threads), ("batch", batch), ("compile", compile), ("precision", precision)):
         if value is not None:
             run[key] = value
     spec = TableSpec("Fashion-MNIST demo", DEMO_SIGMAS, RADII, tuple(lines),

@@ -113,6 +113,24 @@ def test_demo_spec_has_three_sigmas_and_radii_to_two():
     assert [line.method for line in demo_spec(("rs", "diffsmooth")).lines] == ["rs", "diffsmooth"]
     with pytest.raises(UserError, match="unknown line"):
         demo_spec(("rs", "macer"))
+    assert "precision" not in demo_spec().run
+    assert demo_spec(device="cuda", precision="fp16").run == {"device": "cuda", "precision": "fp16"}
+
+
+def test_table_demo_takes_a_precision_and_a_spec_refuses_it(tmp_path):
+    """`table --demo --precision fp16 --device cuda` runs the demo as a spec with `precision = "fp16"` would (the
+    headline-shaped demo table on a GPU); --precision without --demo is refused in one line, and fp16 on the CPU
+    is refused by the run's own check in one line."""
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    spec = tmp_path / "s.toml"
+    spec.write_text('[[line]]\nmethod = "rs"\n')
+    refused = CliRunner().invoke(main, ["table", str(spec), "--precision", "fp16", "--out", str(tmp_path / "t")])
+    assert refused.exit_code != 0 and "--precision belong to --demo" in refused.output
+    on_cpu = CliRunner().invoke(main, ["table", "--demo", "--rows", "rs", "--images", "2", "--n-max", "200",
+                                       "--precision", "fp16", "--quiet", "--out", str(tmp_path / "c")])
+    assert on_cpu.exit_code != 0 and "fp16 is for CUDA" in on_cpu.output and "Traceback" not in on_cpu.output
 
 
 # -- the cost ------------------------------------------------------------------------------------
