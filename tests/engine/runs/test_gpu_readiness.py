@@ -580,3 +580,29 @@ def test_the_speed_part_measures_and_judges_every_variant_within_its_steps():
     for limit_var in ("CIFAR_LIMIT", "IMAGENET_LIMIT"):
         assert re.search(rf"--deadline-s \$\(\( \$\{{{limit_var}:-\d+\}} - \d+ \)\)", body), limit_var
     assert "--variants \"$AGREEMENT_VARIANTS\"" in body
+
+
+class _Drifting(torch.nn.Module):
+    """Scores off the truth by `fp16` while fusion is off and by `fused` while it is on (a stand-in for a deep
+    fp16 net whose fused and unfused kernels each drift from fp32)."""
+
+    def __init__(self, fp16: float, fused: float):
+        super().__init__()
+        self.fp16, self.fused = fp16, fused
+
+    def forward(self, x):
+        truth = x.flatten(1)[:, :10].float()
+        return truth + (self.fused if CUDNN_FUSION["enabled"] else self.fp16)
+
+
+def test_fusion_probe_measures_both_paths_against_the_fp32_network(monkeypatch):
+    """With the fp32 folded network, the probe keeps a fused path off fp32 by no more than twice the unfused fp16
+    path's own drift (past the absolute term alone, which refused it on an H200), and still refuses one far
+    worse."""
+    monkeypatch.setitem(CUDNN_FUSION, "enabled", True)
+    x, exact, messages = torch.rand(12, 1, 8, 8), _Drifting(0.0, 0.0), []
+    assert check_fusion(_Drifting(0.1, -0.1), x, messages.append, exact) and CUDNN_FUSION["enabled"]
+    assert not check_fusion(_Drifting(0.1, -0.1), x, messages.append) and "disagree" in messages[-1]
+    CUDNN_FUSION["enabled"] = True
+    assert not check_fusion(_Drifting(0.1, 0.5), x, messages.append, exact)
+    assert not CUDNN_FUSION["enabled"] and "disagree with fp32" in messages[-1]
