@@ -141,9 +141,13 @@ part_ablation() {
 }
 
 part_headline() {
-    run_step headline-table ${HEADLINE_LIMIT:-490} headline.txt \
-        $PY -m diffsmooth.cli table --demo --rows diffsmooth,rs --images 500 --n-max 100000 --device cuda \
-        --precision fp16 --pilot 25 --quiet --out "$OUT/headline"
+    # one table per line, as the 2026-11-27 measurement ran them (its samples per line are the comparison)
+    run_step headline-diffsmooth ${HEADLINE_DS_LIMIT:-320} headline_diffsmooth.txt \
+        $PY -m diffsmooth.cli table --demo --rows diffsmooth --images 500 --n-max 100000 --device cuda \
+        --precision fp16 --pilot 25 --quiet --out "$OUT/headline_diffsmooth"
+    run_step headline-rs ${HEADLINE_RS_LIMIT:-170} headline_rs.txt \
+        $PY -m diffsmooth.cli table --demo --rows rs --images 500 --n-max 100000 --device cuda \
+        --precision fp16 --pilot 25 --quiet --out "$OUT/headline_rs"
 }
 
 summary() {

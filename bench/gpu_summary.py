@@ -69,6 +69,30 @@ def _table_variants(path: Path) -> list:
     return lines
 
 
+# The headline-shaped demo race measured on an H200 on 2026-11-27 (main 3813ad8, before the wrong-class stop and
+# extensions deciding one radius): samples per line (../shared/measurements/2026-11-27-h200-table.md).
+HEADLINE_BEFORE = {"diffsmooth": 10_254_925, "rs": 6_823_919}
+
+
+def _headline(out: Path) -> list:
+    """`headline`'s tables: samples per line against fixed-n and against the measured 2026-11-27 table."""
+    lines = []
+    for line, before in HEADLINE_BEFORE.items():
+        doc = _json(out / f"headline_{line}" / "summary.json")
+        if not doc:
+            continue
+        samples = doc["samples"]
+        if not lines:
+            lines = ["", "the demo table at the paper's shape (3 sigmas x 500 images, n-max 100,000):", "",
+                     "| line | samples | fixed-n | fewer | 2026-11-27 (before) | change | seconds |",
+                     "|---|---|---|---|---|---|---|"]
+        seconds = (doc.get("seconds") or {}).get("measured")
+        lines.append(f"| {line} | {samples['total']:,} | {samples['fixed_n']:,} | "
+                     f"{samples['fixed_n'] / max(samples['total'], 1):.1f}x | {before:,} | "
+                     f"{samples['total'] / before - 1:+.1%} | {'-' if seconds is None else round(seconds)} |")
+    return lines
+
+
 def summarize(out_dir) -> str:
     out = Path(out_dir)
     lines = []
@@ -94,6 +118,7 @@ def summarize(out_dir) -> str:
     if sequential.exists():
         lines += ["", "sequential vs fixed-n CERTIFY:", "", sequential.read_text().strip()]
     lines += _table_variants(out / "table_gpu.txt")
+    lines += _headline(out)
     if agreement_doc:
         lines += ["", table(agreement_doc)]
     steps = _steps(out)

@@ -379,3 +379,22 @@ def test_agreement_bench_judges_dds_on_either_denoiser(monkeypatch):
         assert row["verdict"] == "ok" and row["differ"] == 0 and doc["checks"] == "no compiled variant judged"
     with pytest.raises(click.BadParameter, match="unknown variant"):
         agreement.run("cpu", images=2, samples=24, batch=8, variants=["eager fp64"])
+
+
+def test_gpu_summary_sets_the_headline_tables_against_the_measured_one(tmp_path):
+    """`headline`'s folders (one demo table per line) are summarised as samples, fixed-n, the factor and the change
+    against the 2026-11-27 H200 table; a part without them prints no such table."""
+    from click.testing import CliRunner
+
+    from diffsmooth.bench.gpu_summary import HEADLINE_BEFORE, summarize
+    from diffsmooth.cli import main
+    assert "paper's shape" not in summarize(tmp_path)
+    result = CliRunner().invoke(main, ["table", "--demo", "--rows", "rs", "--images", "4", "--n-max", "300",
+                                       "--pilot", "2", "--quiet", "--out", str(tmp_path / "headline_rs")])
+    assert result.exit_code == 0, result.output
+    samples = json.loads((tmp_path / "headline_rs" / "summary.json").read_text())["samples"]
+    row = next(l for l in summarize(tmp_path).splitlines() if l.startswith("| rs |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:5] == [f"{samples['total']:,}", f"{samples['fixed_n']:,}",
+                          f"{samples['fixed_n'] / samples['total']:.1f}x", f"{HEADLINE_BEFORE['rs']:,}"]
+    assert cells[5] == f"{samples['total'] / HEADLINE_BEFORE['rs'] - 1:+.1%}" and cells[6].isdigit()
