@@ -17,7 +17,7 @@ from diffsmooth.engine.base_classifier.local_smoothing import LOCAL_NOISE_MODES,
 from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.choices import DEFAULT_LOCAL_NOISE, DEFAULT_LOCAL_SIGMA, DEFAULT_M, METHODS
 from diffsmooth.engine.errors import UserError, first_line
-from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, fusion_verdict, probe_cudnn_fusion
+from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, fp32_scores, fusion_verdict, probe_cudnn_fusion
 
 
 @dataclass(frozen=True)
@@ -146,10 +146,7 @@ def checked_triton(fast: nn.Module, folded: nn.Module, x: torch.Tensor, log,
         with torch.inference_mode():
             expected = folded(x).float()
             got = fast(x).float()
-            truth = None
-            if exact is not None:
-                with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-                    truth = exact(x.float()).float()
+            truth = fp32_scores(exact, x)
     finally:
         CUDNN_FUSION["enabled"] = saved
     problem = fusion_verdict(got, expected, truth)

@@ -22,7 +22,7 @@ from diffsmooth.engine.errors import first_line
 from diffsmooth.engine.models.resnet import BasicBlock, Bottleneck, CifarResNet, NormalizedClassifier, ResNet50
 
 __all__ = ["fold_classifier", "fold_net", "FoldedConv", "conv_bias_add_relu", "probe_cudnn_fusion", "check_fusion",
-           "fusion_verdict", "CUDNN_FUSION", "FUSED_CALLS"]
+           "fusion_verdict", "fp32_scores", "CUDNN_FUSION", "FUSED_CALLS"]
 
 
 def _output_format(x: torch.Tensor) -> torch.memory_format:
@@ -113,6 +113,14 @@ def fusion_verdict(got: torch.Tensor, expected: torch.Tensor, truth: Optional[to
     return None
 
 
+def fp32_scores(exact: Optional[nn.Module], x: torch.Tensor) -> Optional[torch.Tensor]:
+    """The fp32 network's scores on x without TF32 (fusion_verdict's truth); None without the network."""
+    if exact is None:
+        return None
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        return exact(x.float()).float()
+
+
 def check_fusion(folded: nn.Module, x: torch.Tensor, log, exact: Optional[nn.Module] = None) -> bool:
     """Run `folded` on x with and without cuDNN fusion; keep fusion only when it runs, every output
     is finite and it agrees with the unfused path (with the fp32 folded network `exact`, as
@@ -120,10 +128,7 @@ def check_fusion(folded: nn.Module, x: torch.Tensor, log, exact: Optional[nn.Mod
     with torch.inference_mode():
         CUDNN_FUSION["enabled"] = False
         expected = folded(x).float()
-        truth = None
-        if exact is not None:
-            with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-                truth = exact(x.float()).float()
+        truth = fp32_scores(exact, x)
         CUDNN_FUSION["enabled"] = True
         try:
             got = folded(x).float()
