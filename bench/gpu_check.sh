@@ -6,7 +6,7 @@
 # part (install, import check, its steps, summary) add up to at most 540 s (tests/engine/runs/test_gpu_readiness.py
 # checks this). A failed install or import stops the script at once with one line.
 # speed: issue 45's variants: CIFAR-10's default CUDA path (beside the reference-equivalent baseline) and
-#        each variant in one process, ImageNet's default beside the best-guess variant at batch 64, with
+#        each variant in one process, ImageNet's default beside batch 128, with
 #        peak memory per phase; the agreement of every variant with eager fp32 (TF32 off) on the demo
 #        models. The GPU-marked tests run in `fixes`.
 # sequential: the demo's fixed-n vs --sequential comparison, and a reserved slot for the packed
@@ -83,9 +83,9 @@ except ImportError:
 # process (its compile counts as warm-up; a variant that would end past the deadline is not started and
 # the summary says so); ImageNet's default beside the best guess at a larger batch; every variant's
 # agreement with eager fp32. Override the lists with CIFAR_VARIANTS / IMAGENET_VARIANTS / AGREEMENT_VARIANTS.
-CIFAR_VARIANTS=${CIFAR_VARIANTS:-default,triton-blocks,freezing,coordinate-descent,triton-conv,max-autotune}
+CIFAR_VARIANTS=${CIFAR_VARIANTS:-default,pack-images=2,triton-blocks,freezing,coordinate-descent,triton-conv,max-autotune}
 IMAGENET_VARIANTS=${IMAGENET_VARIANTS:-default,batch=128}
-AGREEMENT_VARIANTS=${AGREEMENT_VARIANTS:-triton-blocks,freezing,coordinate-descent,triton-conv,max-autotune}
+AGREEMENT_VARIANTS=${AGREEMENT_VARIANTS:-pack-images=2,triton-blocks,freezing,coordinate-descent,triton-conv,max-autotune}
 
 part_speed() {
     run_step cifar10-variants ${CIFAR_LIMIT:-210} bench_cifar10.txt \

@@ -100,6 +100,7 @@ class BenchSettings:
     classifier_batch: Optional[int] = None
     triton_conv: bool = False
     triton_blocks: bool = False
+    pack_images: Optional[int] = None
     profile: Optional[str] = None           # folder for the kernel profile (bench/kernel_profile.py)
     variants: Tuple[str, ...] = ()          # measure each named variant in turn (bench/variants.py); () one run
     deadline_s: Optional[float] = None      # start no variant that would end past this many seconds
@@ -143,7 +144,8 @@ class BenchSettings:
         return FastPath.resolve(self.device, self.compile, self.cuda_graphs, self.streams, self.fused_attention,
                                 self.fused_conv, lean_unet=self.lean_unet, compile_mode=self.compile_mode,
                                 inductor=self.inductor, classifier_batch=self.classifier_batch,
-                                triton_conv=self.triton_conv, triton_blocks=self.triton_blocks)
+                                triton_conv=self.triton_conv, triton_blocks=self.triton_blocks,
+                                pack_images=self.pack_images)
 
     def for_variant(self, spec: str, first: bool) -> "BenchSettings":
         """These settings with a variant's changes on top (bench/variants.py); the reference-equivalent
@@ -167,7 +169,7 @@ class BenchSettings:
             if d[key] is None:
                 d.pop(key)
         for key in ("lean_unet", "compile_mode", "inductor", "classifier_batch", "triton_conv", "triton_blocks",
-                    "variants", "deadline_s"):
+                    "pack_images", "variants", "deadline_s"):
             if not d[key]:
                 d.pop(key)
             elif isinstance(d[key], tuple):
@@ -225,7 +227,8 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
                                   model_set.image_shape, model_set.num_classes, fused_attention=fast.fused_attention,
                                   fused_conv=fast.fused_conv, log=lambda message: print(message, file=sys.stderr),
                                   classifier_batch=probe_batch, lean_unet=fast.lean_unet,
-                                  triton_conv=fast.triton_conv, triton_blocks=fast.triton_blocks)
+                                  triton_conv=fast.triton_conv, triton_blocks=fast.triton_blocks,
+                                  pack_images=fast.pack_images)
     if backend == "onnxruntime":
         try:
             import onnxruntime  # noqa: F401

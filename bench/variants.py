@@ -12,6 +12,7 @@ change from the default CUDA path, e.g. `lean-unet+freezing+batch=64`. `default`
 | triton-conv | BatchNorm folded, Triton convolutions (`--triton-conv`) |
 | triton-blocks | the same, each stride-1 BasicBlock one Triton kernel (`--triton-conv --triton-blocks`) |
 | classifier-batch=N | at most N samples per classifier call (`--classifier-batch`) |
+| pack-images=K | a CIFAR ResNet's first stage on K (2 or 4) images per tensor (`--pack-images`) |
 | batch=N | the Monte Carlo batch (the UNet's) |
 """
 
@@ -22,6 +23,7 @@ from typing import Dict, Sequence, Tuple
 from diffsmooth.engine.backends.compile_options import INDUCTOR_KNOBS
 from diffsmooth.engine.choices import MAX_BATCH
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models.packed_resnet import PACKINGS
 
 __all__ = ["DEFAULT", "TOKENS", "parse_variant", "parse_variants", "variant_flags"]
 
@@ -34,7 +36,7 @@ FLAG_TOKENS: Dict[str, Dict[str, object]] = {
     "triton-blocks": {"triton_conv": True, "triton_blocks": True},
     **{knob: {"inductor": (knob,)} for knob in INDUCTOR_KNOBS},
 }
-NUMBER_TOKENS = {"classifier-batch": "classifier_batch", "batch": "batch"}
+NUMBER_TOKENS = {"classifier-batch": "classifier_batch", "batch": "batch", "pack-images": "pack_images"}
 TOKENS = (DEFAULT, *FLAG_TOKENS, *(f"{t}=N" for t in NUMBER_TOKENS))
 
 
@@ -55,6 +57,9 @@ def parse_variant(spec: str) -> Dict[str, object]:
                 number = int(value)
             except ValueError:
                 number = 0
+            if name == "pack-images" and number not in PACKINGS[1:]:
+                raise UserError(f"variant {spec!r}: pack-images needs {' or '.join(map(str, PACKINGS[1:]))}, "
+                                f"got {value!r}")
             if not 1 <= number <= MAX_BATCH:
                 raise UserError(f"variant {spec!r}: {name} needs an integer 1..{MAX_BATCH:,}, got {value!r}")
             new = {field: number}
@@ -73,6 +78,8 @@ def parse_variant(spec: str) -> Dict[str, object]:
                 changes[key] = v
     if changes.get("fused_conv") and changes.get("triton_conv"):
         raise UserError(f"variant {spec!r}: fused-conv and triton-conv are two kernels for the same convolutions")
+    if changes.get("pack_images") and (changes.get("fused_conv") or changes.get("triton_conv")):
+        raise UserError(f"variant {spec!r}: pack-images widens the convolutions that fused-conv / triton-conv replace")
     return changes
 
 

@@ -97,6 +97,8 @@ def _check_choices(values, allowed, name):
               help="ResNet classifiers with BatchNorm folded and each conv + add + ReLU one Triton kernel (CUDA).")
 @click.option("--triton-blocks", is_flag=True,
               help="With --triton-conv: each stride-1 residual block one Triton kernel (CUDA).")
+@click.option("--pack-images", type=click.Choice(["1", "2", "4"]), default=None,
+              help="CIFAR ResNets' 16-channel first stage on K images per tensor, block-diagonal weights [default: 1].")
 @click.option("--variants", default=None, metavar="SPEC[,SPEC]",
               help="Measure these fast-path variants in turn on the same models, e.g. default,lean-unet,"
                    "freezing+classifier-batch=500 (tokens: " + ", ".join(TOKENS) + "; bench/variants.py).")
@@ -140,6 +142,7 @@ def bench(**kw):
         fused_attention=kw["fused_attention"], fused_conv=kw["fused_conv"], profile=kw["profile"],
         lean_unet=kw["lean_unet"], compile_mode=kw["compile_mode"], inductor=parse_inductor_knobs(kw["inductor"]),
         classifier_batch=kw["classifier_batch"], triton_conv=kw["triton_conv"], triton_blocks=kw["triton_blocks"],
+        pack_images=None if kw["pack_images"] is None else int(kw["pack_images"]),
         variants=parse_variants(kw["variants"] or ""),
         deadline_s=kw["deadline_s"])
     appended = []

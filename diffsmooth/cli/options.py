@@ -155,6 +155,10 @@ def variant_options():
         click.option("--triton-blocks/--no-triton-blocks", "triton_blocks", default=False,
                      help="With --triton-conv: each stride-1 residual block one Triton kernel, its intermediate "
                           "kept on chip [default: off; never run on a GPU]."),
+        click.option("--pack-images", "pack_images", type=click.Choice(["1", "2", "4"]), default=None,
+                     callback=lambda ctx, param, value: None if value is None else int(value),
+                     help="CIFAR ResNets' 16-channel first stage on K images per tensor (block-diagonal weights, "
+                          "the same maths) [default: 1; never run on a GPU]."),
     )
 
 

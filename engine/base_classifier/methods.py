@@ -18,6 +18,7 @@ from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.choices import DEFAULT_LOCAL_NOISE, DEFAULT_LOCAL_SIGMA, DEFAULT_M, METHODS
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, fp32_scores, fusion_verdict, probe_cudnn_fusion
+from diffsmooth.engine.models.packed_resnet import pack_classifier
 
 
 @dataclass(frozen=True)
@@ -164,18 +165,24 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
                        image_shape: Tuple[int, ...], num_classes: Optional[int] = None,
                        fused_attention: bool = False, fused_conv: bool = False, log=None,
                        classifier_batch: int = 8, lean_unet: bool = False,
-                       triton_conv: bool = False, triton_blocks: bool = False) -> BaseClassifierStages:
+                       triton_conv: bool = False, triton_blocks: bool = False,
+                       pack_images: Optional[int] = None) -> BaseClassifierStages:
     """Stages for `config` on a TorchBackend; checks once that the models take `image_shape`.
     fused_attention / fused_conv: the GPU fast path's kernels for the UNet / the ResNet classifier;
     classifier_batch: images per classifier call in the run (where fused convolutions are probed);
     lean_unet: the denoiser on its UNet's eps-only copy, t*'s embedding once per call (DiffusionDenoiser.purifier);
     triton_conv: the folded ResNet classifier on the Triton convolution (tritonized_classifier), with
-    `triton_blocks` each stride-1 BasicBlock as one kernel."""
+    `triton_blocks` each stride-1 BasicBlock as one kernel; pack_images: a CIFAR ResNet's first stage on that many
+    images per tensor (engine/models/packed_resnet.py)."""
     if config.uses_denoiser and denoiser is None:
         raise UserError(f"method {config.method} needs a denoiser checkpoint (`denoiser`)")
     if fused_conv and triton_conv:
         raise UserError("`fused_conv` and `triton_conv` are two kernels for the same folded convolutions: pick one")
-    if fused_conv:
+    if pack_images and (fused_conv or triton_conv):
+        raise UserError("`pack_images` widens the convolutions that `fused_conv` / `triton_conv` replace: pick one")
+    if pack_images:
+        classifier = pack_classifier(classifier, pack_images, log)
+    elif fused_conv:
         classifier = folded_classifier(classifier, backend, image_shape, log, classifier_batch)
     elif triton_conv:
         classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch, triton_blocks)

@@ -134,7 +134,7 @@ def build_stages(config: MethodConfig, sources: ModelSources, image_shape: Tuple
                               classifier_batch=classifier_call_images(config, batch, image_shape, runner.device,
                                                                       fast.classifier_batch),
                               lean_unet=fast.lean_unet, triton_conv=fast.triton_conv,
-                              triton_blocks=fast.triton_blocks)
+                              triton_blocks=fast.triton_blocks, pack_images=fast.pack_images)
 
 
 def _torch_runner(device: str, precision: str, fast: FastPath, log, model_set: Optional[ModelSet]):

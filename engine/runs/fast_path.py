@@ -13,6 +13,7 @@ import torch
 
 from diffsmooth.engine.backends.compile_options import check_compile_mode, parse_inductor_knobs
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models.packed_resnet import PACKINGS
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE, AgreementReport, judge_agreement
 
 # Batch defaults from the H200 measurements (bench/results/h200-2026-11-26/): the compiled
@@ -50,28 +51,32 @@ class FastPath:
     classifier_batch: Optional[int] = None      # samples per classifier call (None: sized from free memory)
     triton_conv: bool = False                   # folded ResNet classifier on Triton convolutions
     triton_blocks: bool = False                 # with triton_conv: each stride-1 BasicBlock one Triton kernel
+    pack_images: Optional[int] = None           # CIFAR ResNet's first stage on K images per tensor (None: off)
 
     @classmethod
     def resolve(cls, device: str, compile: Optional[bool] = None, cuda_graphs: Optional[bool] = None,
                 streams: Optional[int] = None, fused_attention: Optional[bool] = None,
                 fused_conv: Optional[bool] = None, backend: str = "torch", *, lean_unet: Optional[bool] = None,
                 compile_mode: Optional[str] = None, inductor=(), classifier_batch: Optional[int] = None,
-                triton_conv: Optional[bool] = None, triton_blocks: Optional[bool] = None) -> "FastPath":
+                triton_conv: Optional[bool] = None, triton_blocks: Optional[bool] = None,
+                pack_images: Optional[int] = None) -> "FastPath":
         """The one place the fast path's defaults are decided. Torch backend: on CUDA everything on
         unless switched off; on CPU eager unless compile=True. Compiled stages always get static
         batches (one graph per run); fused attention defaults to on with compiled CUDA stages; fused
         (BatchNorm-folded) classifier convolutions only when asked for (docs/status.md says what has
-        run on a GPU). The lean UNet, the compile mode and inductor knobs, the classifier's own batch and
-        Triton convolutions are off until asked for: no GPU has measured them (docs/performance.md,
+        run on a GPU). The lean UNet, the compile mode and inductor knobs, the classifier's own batch, Triton
+        convolutions and the packed first stage are off until asked for: no GPU has measured them (docs/performance.md,
         "Time-per-sample variants"). TensorRT: static batches (plans are built for the run's batch) and, on
         CUDA, two streams. ONNX Runtime: none of it."""
         try:
             cuda = torch.device(device).type == "cuda"
         except RuntimeError:
             raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
+        pack_images = check_pack_images(pack_images)
         asked = [name for name, value in (("lean_unet", lean_unet), ("compile_mode", compile_mode),
                                           ("inductor", inductor), ("classifier_batch", classifier_batch),
-                                          ("triton_conv", triton_conv), ("triton_blocks", triton_blocks))
+                                          ("triton_conv", triton_conv), ("triton_blocks", triton_blocks),
+                                          ("pack_images", pack_images))
                  if value not in (None, False, (), "")]
         if backend != "torch" and asked:
             raise UserError(f"`{asked[0]}` is for the torch backend, not {backend}")
@@ -99,17 +104,20 @@ class FastPath:
                             "pick one")
         if triton_blocks and not triton_conv:
             raise UserError("`triton_blocks` fuses the Triton convolutions of a block: it needs `triton_conv`")
+        if pack_images and (fused_conv or triton_conv):
+            raise UserError(f"`pack_images` widens the convolutions that `{'fused_conv' if fused_conv else 'triton_conv'}`"
+                            f" replaces: pick one")
         return cls(compile=compile, cuda_graphs=cuda_graphs, streams=streams,
                    static_batch=compile or cuda_graphs, compiled_noise=compile and cuda,
                    fused_attention=fused_attention, fused_conv=bool(fused_conv), lean_unet=bool(lean_unet),
                    compile_mode=compile_mode, inductor=inductor, classifier_batch=classifier_batch,
-                   triton_conv=bool(triton_conv), triton_blocks=bool(triton_blocks))
+                   triton_conv=bool(triton_conv), triton_blocks=bool(triton_blocks), pack_images=pack_images)
 
     @property
     def changes_arithmetic(self) -> bool:
         """True when votes may differ from eager execution (compiled kernels, other attention / conv kernels)."""
         return (self.compile or self.cuda_graphs or self.fused_attention or self.fused_conv or self.lean_unet
-                or self.triton_conv)
+                or self.triton_conv or bool(self.pack_images))
 
     def as_dict(self) -> dict:
         """The settings as recorded next to result files; fused_attention, fused_conv and the time-per-sample
@@ -125,7 +133,16 @@ class FastPath:
 
 # FastPath fields recorded only when on / set (result files written without them still resume).
 OPTIONAL_KEYS = ("fused_attention", "fused_conv", "lean_unet", "compile_mode", "inductor", "classifier_batch",
-                 "triton_conv", "triton_blocks")
+                 "triton_conv", "triton_blocks", "pack_images")
+
+
+def check_pack_images(value) -> Optional[int]:
+    """`pack_images` as FastPath keeps it: None for off (or 1), else 2 or 4 (engine/models/packed_resnet.py)."""
+    if value is None or (value == 1 and not isinstance(value, bool)):
+        return None
+    if isinstance(value, bool) or value not in PACKINGS[1:]:
+        raise UserError(f"`pack_images` must be one of {', '.join(map(str, PACKINGS))}, got {value!r}")
+    return int(value)
 
 
 @contextlib.contextmanager

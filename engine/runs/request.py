@@ -36,6 +36,7 @@ from diffsmooth.engine.choices import (
     PRECISIONS,
 )
 from diffsmooth.engine.errors import UserError, check_alpha
+from diffsmooth.engine.runs.fast_path import check_pack_images
 
 MODES = ("certify", "predict")
 
@@ -185,6 +186,7 @@ class RunRequest:
     classifier_batch: Optional[int] = None
     triton_conv: bool = False
     triton_blocks: bool = False
+    pack_images: Optional[int] = None
     validate_samples: int = 500
     validate_images: int = 4
     expected_flip_rate: Optional[float] = None      # None: the measured rate of the run's methods and precision
@@ -258,6 +260,7 @@ class RunRequest:
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
         check_compile_mode(self.compile_mode)
+        check_pack_images(self.pack_images)
         if not isinstance(self.inductor, tuple) or not all(isinstance(k, str) for k in self.inductor):
             raise UserError(f"`inductor` must be a tuple of knob names, got {self.inductor!r}")
         parse_inductor_knobs(self.inductor)         # each a known knob, once
@@ -287,9 +290,9 @@ class RunRequest:
                                 "`local_sigma` / `m` once")
             if self.shard:
                 raise UserError("a sweep runs in one process (no `shard`)")
-            if self.fused_conv or self.triton_conv:
-                raise UserError(f"`{'fused_conv' if self.fused_conv else 'triton_conv'}` is for single configurations; "
-                                f"sweeps run the classifiers unfolded")
+            changed = next((name for name in ("fused_conv", "triton_conv", "pack_images") if getattr(self, name)), None)
+            if changed:
+                raise UserError(f"`{changed}` is for single configurations; sweeps run the classifiers as they are")
 
     def replace(self, **changes) -> "RunRequest":
         return dataclasses.replace(self, **changes)
