@@ -101,6 +101,7 @@ class BenchSettings:
     triton_conv: bool = False
     triton_blocks: bool = False
     pack_images: Optional[int] = None
+    classifier_compile_mode: Optional[str] = None
     profile: Optional[str] = None           # folder for the kernel profile (bench/kernel_profile.py)
     variants: Tuple[str, ...] = ()          # measure each named variant in turn (bench/variants.py); () one run
     deadline_s: Optional[float] = None      # start no variant that would end past this many seconds
@@ -145,7 +146,7 @@ class BenchSettings:
                                 self.fused_conv, lean_unet=self.lean_unet, compile_mode=self.compile_mode,
                                 inductor=self.inductor, classifier_batch=self.classifier_batch,
                                 triton_conv=self.triton_conv, triton_blocks=self.triton_blocks,
-                                pack_images=self.pack_images)
+                                pack_images=self.pack_images, classifier_compile_mode=self.classifier_compile_mode)
 
     def for_variant(self, spec: str, first: bool) -> "BenchSettings":
         """These settings with a variant's changes on top (bench/variants.py); the reference-equivalent
@@ -169,7 +170,7 @@ class BenchSettings:
             if d[key] is None:
                 d.pop(key)
         for key in ("lean_unet", "compile_mode", "inductor", "classifier_batch", "triton_conv", "triton_blocks",
-                    "pack_images", "variants", "deadline_s"):
+                    "pack_images", "classifier_compile_mode", "variants", "deadline_s"):
             if not d[key]:
                 d.pop(key)
             elif isinstance(d[key], tuple):
@@ -220,7 +221,8 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
     if backend == "torch":
         fast = settings.fast_path()
         runner = TorchBackend(device=settings.device, precision=precision, compile=fast.compile,
-                              cuda_graphs=fast.cuda_graphs, compile_mode=fast.compile_mode, inductor=fast.inductor)
+                              cuda_graphs=fast.cuda_graphs, compile_mode=fast.compile_mode, inductor=fast.inductor,
+                              classifier_compile_mode=fast.classifier_compile_mode)
         probe_batch = classifier_call_images(config, settings.batch, model_set.image_shape, runner.device,
                                              fast.classifier_batch)
         return build_torch_stages(config, model_set.classifier, model_set.denoiser, runner,

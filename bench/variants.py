@@ -7,6 +7,7 @@ change from the default CUDA path, e.g. `lean-unet+freezing+batch=64`. `default`
 | default | nothing (today's path) |
 | lean-unet | the UNet's eps-only copy, t*'s embedding once per call (`--lean-unet`) |
 | max-autotune | torch.compile mode max-autotune-no-cudagraphs (`--compile-mode`) |
+| classifier-max-autotune | that mode for the classifier stage alone (`--classifier-compile-mode`) |
 | coordinate-descent, freezing, no-epilogue-fusion, epilogue-fusion-first | inductor knobs (`--inductor`) |
 | fused-conv | BatchNorm folded, cuDNN fused conv + add + ReLU (`--fused-conv`) |
 | triton-conv | BatchNorm folded, Triton convolutions (`--triton-conv`) |
@@ -31,6 +32,7 @@ DEFAULT = "default"
 FLAG_TOKENS: Dict[str, Dict[str, object]] = {
     "lean-unet": {"lean_unet": True},
     "max-autotune": {"compile_mode": "max-autotune-no-cudagraphs"},
+    "classifier-max-autotune": {"classifier_compile_mode": "max-autotune-no-cudagraphs"},
     "fused-conv": {"fused_conv": True},
     "triton-conv": {"triton_conv": True},
     "triton-blocks": {"triton_conv": True, "triton_blocks": True},

@@ -91,6 +91,8 @@ def _check_choices(values, allowed, name):
               help="torch.compile mode of the stages [default: torch's default].")
 @click.option("--inductor", default=None, metavar="KNOB[,KNOB]",
               help="Inductor knobs for the compiled stages: " + ", ".join(INDUCTOR_KNOBS) + ".")
+@click.option("--classifier-compile-mode", type=click.Choice(COMPILE_MODES), default=None,
+              help="The classifier stage's own torch.compile mode [default: --compile-mode's].")
 @click.option("--classifier-batch", type=BATCH, default=None,
               help="Most samples per classifier call (x m images) [default: the whole batch when it fits].")
 @click.option("--triton-conv", is_flag=True,
@@ -143,6 +145,7 @@ def bench(**kw):
         lean_unet=kw["lean_unet"], compile_mode=kw["compile_mode"], inductor=parse_inductor_knobs(kw["inductor"]),
         classifier_batch=kw["classifier_batch"], triton_conv=kw["triton_conv"], triton_blocks=kw["triton_blocks"],
         pack_images=None if kw["pack_images"] is None else int(kw["pack_images"]),
+        classifier_compile_mode=kw["classifier_compile_mode"],
         variants=parse_variants(kw["variants"] or ""),
         deadline_s=kw["deadline_s"])
     appended = []

@@ -146,6 +146,9 @@ def variant_options():
         click.option("--inductor", default=None, metavar="KNOB[,KNOB]",
                      help="Inductor knobs for the compiled stages: " + ", ".join(INDUCTOR_KNOBS) +
                           " [default: none]."),
+        click.option("--classifier-compile-mode", type=click.Choice(COMPILE_MODES), default=None,
+                     help="The classifier stage's own torch.compile mode, e.g. max-autotune-no-cudagraphs for the "
+                          "classifier alone [default: --compile-mode's]."),
         click.option("--classifier-batch", type=BATCH, default=None,
                      help="Most samples per classifier call (x m images with local smoothing), apart from the "
                           "UNet's --batch [default: the whole batch when it fits half the free GPU memory]."),

@@ -9,6 +9,7 @@ mode and inductor knobs, when asked for, are that compile's own options (engine/
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 from typing import Optional
 
@@ -16,7 +17,7 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.backends.compile_cache import use_compile_cache
-from diffsmooth.engine.backends.compile_options import compile_options, freezes
+from diffsmooth.engine.backends.compile_options import check_compile_mode, compile_options, freezes
 from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
 from diffsmooth.engine.backends.recompile_limit import is_recompile_limit_hit, reserve_compiled_stage
 from diffsmooth.engine.errors import UserError
@@ -118,13 +119,17 @@ class TorchBackend:
 
     def __init__(self, device: str = "cpu", precision: str = "fp32", channels_last: Optional[bool] = None,
                  compile: bool = False, cuda_graphs: bool = False, log=None, compile_mode: Optional[str] = None,
-                 inductor: tuple = ()):
+                 inductor: tuple = (), classifier_compile_mode: Optional[str] = None):
         self.device = resolve_device(device)
         self.precision = precision
-        if (compile_mode not in (None, "default") or inductor) and not compile:
+        if (compile_mode not in (None, "default") or classifier_compile_mode not in (None, "default") or inductor) \
+                and not compile:
             raise UserError("`compile_mode` and `inductor` set how stages compile: they need `compile`")
         self.compile_mode, self.inductor = compile_mode, tuple(inductor)
         self.compile_options = compile_options(compile_mode, self.inductor) if compile else None
+        # the classifier stage's own mode (for_classifier); None: the same as every stage's
+        check_compile_mode(classifier_compile_mode)
+        self.classifier_compile_mode = None if classifier_compile_mode in (None, "default") else classifier_compile_mode
         self.freezing = bool(compile) and freezes(self.inductor)     # compiled graphs hold the weights as constants
         # channels_last pays off for compiled CUDA convolutions; elsewhere it only reorders memory.
         self.channels_last = (compile and self.device.type == "cuda") if channels_last is None else channels_last
@@ -135,6 +140,16 @@ class TorchBackend:
             use_compile_cache()
         if self.device.type == "cuda" and (compile or channels_last):
             torch.backends.cudnn.benchmark = True      # one static shape: autotune its convolutions once
+
+    def for_classifier(self) -> "TorchBackend":
+        """The backend the classifier stage is built with: this one, or, with `classifier_compile_mode`, a copy whose
+        stages compile in that mode (the inductor knobs kept), so autotuning spends its time on the classifier only."""
+        if self.classifier_compile_mode is None:
+            return self
+        twin = copy.copy(self)
+        twin.compile_mode, twin.classifier_compile_mode = self.classifier_compile_mode, None
+        twin.compile_options = compile_options(self.classifier_compile_mode, self.inductor)
+        return twin
 
     def stage(self, module: nn.Module, name: str):
         stage = TorchStage(module, name, self.device, self.precision, self.channels_last, self.compile, self.log,

@@ -189,7 +189,8 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     purify = (backend.stage(denoiser.purifier(config.sigma, fused_attention, lean=lean_unet), "denoiser")
               if config.uses_denoiser else None)
     head = score_module(config, classifier, image_shape)
-    score = backend.stage(head, "local-smoothing classifier" if config.method == "diffsmooth" else "classifier")
+    score = backend.for_classifier().stage(head, "local-smoothing classifier" if config.method == "diffsmooth"
+                                           else "classifier")
     local_shape = (config.m, *image_shape) if getattr(head, "takes_noise", False) else None
     stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
     stages.num_classes = probe(stages, image_shape)

@@ -140,7 +140,8 @@ def build_stages(config: MethodConfig, sources: ModelSources, image_shape: Tuple
 def _torch_runner(device: str, precision: str, fast: FastPath, log, model_set: Optional[ModelSet]):
     """The torch backend for the fast path; its stages come from `model_set` when one is given."""
     runner = TorchBackend(device=device, precision=precision, compile=fast.compile, cuda_graphs=fast.cuda_graphs, log=log,
-                          compile_mode=fast.compile_mode, inductor=fast.inductor)
+                          compile_mode=fast.compile_mode, inductor=fast.inductor,
+                          classifier_compile_mode=fast.classifier_compile_mode)
     return model_set.backend(runner) if model_set is not None else runner
 
 

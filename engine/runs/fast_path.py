@@ -52,6 +52,7 @@ class FastPath:
     triton_conv: bool = False                   # folded ResNet classifier on Triton convolutions
     triton_blocks: bool = False                 # with triton_conv: each stride-1 BasicBlock one Triton kernel
     pack_images: Optional[int] = None           # CIFAR ResNet's first stage on K images per tensor (None: off)
+    classifier_compile_mode: Optional[str] = None   # the classifier stage's own torch.compile mode (None: compile_mode)
 
     @classmethod
     def resolve(cls, device: str, compile: Optional[bool] = None, cuda_graphs: Optional[bool] = None,
@@ -59,7 +60,7 @@ class FastPath:
                 fused_conv: Optional[bool] = None, backend: str = "torch", *, lean_unet: Optional[bool] = None,
                 compile_mode: Optional[str] = None, inductor=(), classifier_batch: Optional[int] = None,
                 triton_conv: Optional[bool] = None, triton_blocks: Optional[bool] = None,
-                pack_images: Optional[int] = None) -> "FastPath":
+                pack_images: Optional[int] = None, classifier_compile_mode: Optional[str] = None) -> "FastPath":
         """The one place the fast path's defaults are decided. Torch backend: on CUDA everything on
         unless switched off; on CPU eager unless compile=True. Compiled stages always get static
         batches (one graph per run); fused attention defaults to on with compiled CUDA stages; fused
@@ -76,7 +77,8 @@ class FastPath:
         asked = [name for name, value in (("lean_unet", lean_unet), ("compile_mode", compile_mode),
                                           ("inductor", inductor), ("classifier_batch", classifier_batch),
                                           ("triton_conv", triton_conv), ("triton_blocks", triton_blocks),
-                                          ("pack_images", pack_images))
+                                          ("pack_images", pack_images),
+                                          ("classifier_compile_mode", classifier_compile_mode))
                  if value not in (None, False, (), "")]
         if backend != "torch" and asked:
             raise UserError(f"`{asked[0]}` is for the torch backend, not {backend}")
@@ -93,9 +95,12 @@ class FastPath:
             raise UserError(f"`streams` must be 1 or 2, got {streams}")
         fused_attention = (cuda and compile) if fused_attention is None else bool(fused_attention)
         compile_mode = check_compile_mode(None if compile_mode == "default" else compile_mode)
+        classifier_compile_mode = check_compile_mode(None if classifier_compile_mode == "default"
+                                                     else classifier_compile_mode)
         inductor = parse_inductor_knobs(inductor)
-        if (compile_mode or inductor) and not compile:
-            raise UserError("`compile_mode` and `inductor` set how stages compile: they need `compile`")
+        if (compile_mode or classifier_compile_mode or inductor) and not compile:
+            raise UserError("`compile_mode`, `classifier_compile_mode` and `inductor` set how stages compile: they "
+                            "need `compile`")
         if classifier_batch is not None and (isinstance(classifier_batch, bool) or not isinstance(classifier_batch, int)
                                              or classifier_batch < 1):
             raise UserError(f"`classifier_batch` must be an integer >= 1, got {classifier_batch!r}")
@@ -111,7 +116,8 @@ class FastPath:
                    static_batch=compile or cuda_graphs, compiled_noise=compile and cuda,
                    fused_attention=fused_attention, fused_conv=bool(fused_conv), lean_unet=bool(lean_unet),
                    compile_mode=compile_mode, inductor=inductor, classifier_batch=classifier_batch,
-                   triton_conv=bool(triton_conv), triton_blocks=bool(triton_blocks), pack_images=pack_images)
+                   triton_conv=bool(triton_conv), triton_blocks=bool(triton_blocks), pack_images=pack_images,
+                   classifier_compile_mode=classifier_compile_mode)
 
     @property
     def changes_arithmetic(self) -> bool:
@@ -133,7 +139,7 @@ class FastPath:
 
 # FastPath fields recorded only when on / set (result files written without them still resume).
 OPTIONAL_KEYS = ("fused_attention", "fused_conv", "lean_unet", "compile_mode", "inductor", "classifier_batch",
-                 "triton_conv", "triton_blocks", "pack_images")
+                 "triton_conv", "triton_blocks", "pack_images", "classifier_compile_mode")
 
 
 def check_pack_images(value) -> Optional[int]:

@@ -82,6 +82,10 @@ class _Reusing:
     def stage(self, module: nn.Module, name: str):
         return self._held.stage(self._runner, module, name)
 
+    def for_classifier(self) -> "_Reusing":
+        """The runner's classifier backend (TorchBackend.for_classifier), its stages drawn from the same set."""
+        return _Reusing(self._runner.for_classifier(), self._held)
+
 
 class ModelSet:
     """A table's built stages by architecture and backend settings; counts real builds and compiles."""

@@ -255,7 +255,8 @@ def plan_run(request: RunRequest) -> ResolvedRun:
                             request.fused_conv, backend=request.backend, lean_unet=request.lean_unet,
                             compile_mode=request.compile_mode, inductor=request.inductor,
                             classifier_batch=request.classifier_batch, triton_conv=request.triton_conv,
-                            triton_blocks=request.triton_blocks, pack_images=request.pack_images)
+                            triton_blocks=request.triton_blocks, pack_images=request.pack_images,
+                            classifier_compile_mode=request.classifier_compile_mode)
     batch = request.batch or default_batch(device, tuple(dataset.image_shape))
     out = Path(request.out)
     if shards.num_shards > 1:

@@ -187,6 +187,7 @@ class RunRequest:
     triton_conv: bool = False
     triton_blocks: bool = False
     pack_images: Optional[int] = None
+    classifier_compile_mode: Optional[str] = None
     validate_samples: int = 500
     validate_images: int = 4
     expected_flip_rate: Optional[float] = None      # None: the measured rate of the run's methods and precision
@@ -260,6 +261,7 @@ class RunRequest:
             if not isinstance(getattr(self, name), bool):
                 raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
         check_compile_mode(self.compile_mode)
+        check_compile_mode(self.classifier_compile_mode)
         check_pack_images(self.pack_images)
         if not isinstance(self.inductor, tuple) or not all(isinstance(k, str) for k in self.inductor):
             raise UserError(f"`inductor` must be a tuple of knob names, got {self.inductor!r}")
@@ -290,7 +292,8 @@ class RunRequest:
                                 "`local_sigma` / `m` once")
             if self.shard:
                 raise UserError("a sweep runs in one process (no `shard`)")
-            changed = next((name for name in ("fused_conv", "triton_conv", "pack_images") if getattr(self, name)), None)
+            changed = next((name for name in ("fused_conv", "triton_conv", "pack_images", "classifier_compile_mode")
+                            if getattr(self, name)), None)
             if changed:
                 raise UserError(f"`{changed}` is for single configurations; sweeps run the classifiers as they are")
 

@@ -384,3 +384,44 @@ def test_a_kernels_check_allows_what_the_runs_precision_itself_is_off_by():
     assert "checked at 8 images" in messages[-1]
     assert checked_triton(fast, folded, torch.zeros(8, 3), messages.append) is folded
     assert "disagree with torch's convolutions" in messages[-1]
+
+
+# -- the classifier's own compile mode ------------------------------------------------------------------
+
+def test_the_classifier_compiles_in_its_own_mode_and_the_denoiser_in_the_runs():
+    """`classifier_compile_mode`: the score stage's options autotune, the purifier's stay torch's default; the
+    inductor knobs reach both; a table's model set keys and reuses the classifier stage by those options."""
+    config, denoiser, classifier = build_tiny_stages()
+    backend = TorchBackend(compile=True, inductor=("coordinate-descent",),
+                           classifier_compile_mode="max-autotune-no-cudagraphs")
+    stages = build_torch_stages(config, classifier, denoiser, backend, SHAPE, 10)
+    assert stages.purify.options == {"coordinate_descent_tuning": True}
+    assert stages.score.options["max_autotune"] is True and stages.score.options["triton.cudagraphs"] is False
+    assert stages.score.options["coordinate_descent_tuning"] is True
+    plain = TorchBackend(compile=True)
+    assert plain.for_classifier() is plain
+    assert build_torch_stages(config, classifier, denoiser, plain, SHAPE, 10).score.options is None
+    models = ModelSet()
+    held = models.backend(backend)
+    first = build_torch_stages(config, classifier, denoiser, held, SHAPE, 10)
+    again = build_torch_stages(config, classifier, denoiser, held, SHAPE, 10)
+    assert again.score is first.score and again.purify is first.purify and models.reuses == 2
+    assert first.score.options["max_autotune"] is True
+    with pytest.raises(UserError, match="need `compile`"):
+        TorchBackend(classifier_compile_mode="max-autotune-no-cudagraphs")
+    with pytest.raises(UserError, match="compile_mode"):
+        TorchBackend(compile=True, classifier_compile_mode="reduce-overhead")
+
+
+def test_the_classifier_compile_mode_is_recorded_when_set_and_parses_as_a_variant():
+    from diffsmooth.bench.variants import parse_variant
+    assert "classifier_compile_mode" not in FastPath.resolve("cuda").as_dict()
+    on = FastPath.resolve("cuda", classifier_compile_mode="max-autotune-no-cudagraphs")
+    assert on.as_dict()["classifier_compile_mode"] == "max-autotune-no-cudagraphs" and on.compile_mode is None
+    assert FastPath.resolve("cuda", classifier_compile_mode="default").classifier_compile_mode is None
+    with pytest.raises(UserError, match="need `compile`"):
+        FastPath.resolve("cpu", classifier_compile_mode="max-autotune-no-cudagraphs")
+    assert parse_variant("classifier-max-autotune+pack-images=2") == {
+        "classifier_compile_mode": "max-autotune-no-cudagraphs", "pack_images": 2}
+    with pytest.raises(UserError, match="`classifier_compile_mode` is for single configurations"):
+        RunRequest.parse("certify", out="x.tsv", classifier_compile_mode="max-autotune-no-cudagraphs", m=[3, 5])
