@@ -22,14 +22,23 @@ from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 KINDS = (
     ("attention", ("flash", "fmha", "attention", "attn")),
     ("convolution", ("conv", "implicit_gemm", "xmma_fprop", "fprop", "winograd", "cudnn")),
-    ("matmul", ("gemm", "cutlass", "cublas", "matmul", "bmm", "addmm")),
+    ("matmul", ("gemm", "cutlass", "cublas", "matmul", "bmm", "addmm", "fused_mm", "nvjet")),
     ("fused elementwise / normalisation (inductor)", ("triton",)),
 )
 
 
+FUSED = KINDS[-1][0]
+
+
 def kind_of(name: str) -> str:
-    """The kind of a kernel from its name (see KINDS); 'other' when nothing matches."""
+    """The kind of a kernel from its name (see KINDS); 'other' when nothing matches. inductor's generated
+    pointwise / reduction kernels (triton_poi_, triton_red_, triton_per_) are fused elementwise work whatever
+    their names list: they carry the aten ops they were fused from, and `convolution` there is a conv's bias
+    add (the H200 profile of 2026-11-27 counted GroupNorm kernels as convolutions that way). Its templates
+    (triton_tem_: autotuned convolutions and matmuls) are read by the rest of the name."""
     lowered = name.lower()
+    if lowered.startswith("triton_") and not lowered.startswith("triton_tem"):
+        return FUSED
     for kind, needles in KINDS:
         if any(n in lowered for n in needles):
             return kind

@@ -279,6 +279,13 @@ def test_kernel_profile_accounts_for_the_pipelines_time(tiny_set, tmp_path):
     assert kind_of("pytorch_flash::flash_fwd_kernel") == "attention"
     assert kind_of("triton_per_fused_native_group_norm_silu_3") == "fused elementwise / normalisation (inductor)"
     assert kind_of("sm90_xmma_gemm_f16f16") == "matmul" and kind_of("Memset (Device)") == "other"
+    # inductor's fused kernels are named after the ops they fused, a conv's bias add among them
+    assert kind_of("triton_red_fused__to_copy_clone_convolution_mul_native_group_norm_sub_2") == \
+        "fused elementwise / normalisation (inductor)"
+    assert kind_of("triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy_add_split_transpose_view_31") == \
+        "fused elementwise / normalisation (inductor)"
+    assert kind_of("triton_tem_fused_convolution_relu_0") == "convolution" and kind_of("triton_tem_fused_mm_1") == "matmul"
+    assert kind_of("nvjet_sm90_hsh_256x128_64x4_1x2_h_bz_coopA_TTT") == "matmul"      # cuBLAS on Hopper
     settings = tiny_settings().resolved()
     stages = build_stages("torch", "fp32", tiny_set, settings)
     x = torch.rand(tiny_set.image_shape)
