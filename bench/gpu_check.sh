@@ -92,11 +92,11 @@ part_speed() {
         $PY -m diffsmooth.cli bench --models cifar10 --device cuda --precision fp16 --n 100000 --m 5 \
         --measure-n ${CIFAR_MEASURE_N:-4000} --quiet --results "$OUT/bench.jsonl" \
         --variants "$CIFAR_VARIANTS" --deadline-s $(( ${CIFAR_LIMIT:-210} - 10 ))
-    run_step imagenet-variants ${IMAGENET_LIMIT:-150} bench_imagenet.txt \
+    run_step imagenet-variants ${IMAGENET_LIMIT:-180} bench_imagenet.txt \
         $PY -m diffsmooth.cli bench --models imagenet --device cuda --precision fp16 --n 10000 --m 5 \
         --measure-n ${IMAGENET_MEASURE_N:-320} --quiet --results "$OUT/bench.jsonl" --no-reference \
-        --variants "$IMAGENET_VARIANTS" --deadline-s $(( ${IMAGENET_LIMIT:-150} - 10 ))
-    run_step agreement ${AGREEMENT_LIMIT:-140} agreement.txt \
+        --variants "$IMAGENET_VARIANTS" --deadline-s $(( ${IMAGENET_LIMIT:-180} - 10 ))
+    run_step agreement ${AGREEMENT_LIMIT:-110} agreement.txt \
         $PY -m diffsmooth.bench.agreement --device cuda --images 12 --samples 2000 --out "$OUT/agreement.json" \
         --variant "compiled fp16 (fast path)" --variants "$AGREEMENT_VARIANTS"
 }
