@@ -24,7 +24,7 @@ from typing import Dict, Sequence, Tuple
 from diffsmooth.engine.backends.compile_options import INDUCTOR_KNOBS
 from diffsmooth.engine.choices import MAX_BATCH
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.models.packed_resnet import PACKINGS
+from diffsmooth.engine.models.packed_resnet import packing
 
 __all__ = ["DEFAULT", "TOKENS", "parse_variant", "parse_variants", "variant_flags"]
 
@@ -59,9 +59,12 @@ def parse_variant(spec: str) -> Dict[str, object]:
                 number = int(value)
             except ValueError:
                 number = 0
-            if name == "pack-images" and number not in PACKINGS[1:]:
-                raise UserError(f"variant {spec!r}: pack-images needs {' or '.join(map(str, PACKINGS[1:]))}, "
-                                f"got {value!r}")
+            if name == "pack-images":
+                try:
+                    if packing(number) is None:
+                        raise UserError("pack-images=1 is the default: give 2 or 4")
+                except UserError as exc:
+                    raise UserError(f"variant {spec!r}: {exc}") from None
             if not 1 <= number <= MAX_BATCH:
                 raise UserError(f"variant {spec!r}: {name} needs an integer 1..{MAX_BATCH:,}, got {value!r}")
             new = {field: number}

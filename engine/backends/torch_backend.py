@@ -124,7 +124,8 @@ class TorchBackend:
         self.precision = precision
         if (compile_mode not in (None, "default") or classifier_compile_mode not in (None, "default") or inductor) \
                 and not compile:
-            raise UserError("`compile_mode` and `inductor` set how stages compile: they need `compile`")
+            raise UserError("`compile_mode`, `classifier_compile_mode` and `inductor` set how stages compile: they "
+                            "need `compile`")
         self.compile_mode, self.inductor = compile_mode, tuple(inductor)
         self.compile_options = compile_options(compile_mode, self.inductor) if compile else None
         # the classifier stage's own mode (for_classifier); None: the same as every stage's

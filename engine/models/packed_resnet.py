@@ -21,9 +21,18 @@ from torch import nn
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.resnet import BasicBlock, CifarResNet, NormalizedClassifier
 
-__all__ = ["PACKINGS", "PackedCifarResNet", "pack_classifier"]
+__all__ = ["PACKINGS", "PackedCifarResNet", "pack_classifier", "packing"]
 
 PACKINGS = (1, 2, 4)       # images per tensor in the first stage (1: the network as it is)
+
+
+def packing(value) -> Optional[int]:
+    """`pack_images` as the engine keeps it: None when off (None or 1), else 2 or 4; a UserError otherwise."""
+    if value is None or (value == 1 and not isinstance(value, bool)):
+        return None
+    if isinstance(value, bool) or value not in PACKINGS[1:]:
+        raise UserError(f"`pack_images` must be one of {', '.join(map(str, PACKINGS))}, got {value!r}")
+    return int(value)
 
 
 def _block_diagonal(conv: nn.Conv2d, k: int) -> nn.Conv2d:
@@ -72,8 +81,8 @@ class PackedCifarResNet(nn.Module):
 
     def __init__(self, net: CifarResNet, k: int):
         super().__init__()
-        if k not in PACKINGS[1:]:
-            raise UserError(f"`pack_images` must be one of {', '.join(map(str, PACKINGS))}, got {k!r}")
+        if packing(k) is None:
+            raise UserError("`pack_images`: a packed network holds 2 or 4 images per tensor, not 1")
         self.images_per_tensor = int(k)
         self.conv1, self.bn1 = _block_diagonal(net.conv1, k), _tiled(net.bn1, k)
         self.layer1 = nn.Sequential(*(_packed_block(block, k) for block in net.layer1))
@@ -102,10 +111,9 @@ def pack_classifier(classifier: nn.Module, k: int, log=None) -> nn.Module:
     """The classifier with its first stage packed k images per tensor (PackedCifarResNet), built from its
     eval-mode weights; the classifier itself for k = 1, or, with a message, when it is not a CIFAR ResNet."""
     log = log or (lambda message: None)
-    if k == 1:
+    k = packing(k)
+    if k is None:
         return classifier
-    if k not in PACKINGS:
-        raise UserError(f"`pack_images` must be one of {', '.join(map(str, PACKINGS))}, got {k!r}")
     net: Optional[nn.Module] = getattr(classifier, "net", None)
     if not isinstance(classifier, NormalizedClassifier) or not isinstance(net, CifarResNet):
         log(f"# `pack_images`: {type(net if net is not None else classifier).__name__} is not a CIFAR ResNet; "

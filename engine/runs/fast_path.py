@@ -13,7 +13,7 @@ import torch
 
 from diffsmooth.engine.backends.compile_options import check_compile_mode, parse_inductor_knobs
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.models.packed_resnet import PACKINGS
+from diffsmooth.engine.models.packed_resnet import packing
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE, AgreementReport, judge_agreement
 
 # Batch defaults from the H200 measurements (bench/results/h200-2026-11-26/): the compiled
@@ -73,7 +73,7 @@ class FastPath:
             cuda = torch.device(device).type == "cuda"
         except RuntimeError:
             raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
-        pack_images = check_pack_images(pack_images)
+        pack_images = packing(pack_images)
         asked = [name for name, value in (("lean_unet", lean_unet), ("compile_mode", compile_mode),
                                           ("inductor", inductor), ("classifier_batch", classifier_batch),
                                           ("triton_conv", triton_conv), ("triton_blocks", triton_blocks),
@@ -140,15 +140,6 @@ class FastPath:
 # FastPath fields recorded only when on / set (result files written without them still resume).
 OPTIONAL_KEYS = ("fused_attention", "fused_conv", "lean_unet", "compile_mode", "inductor", "classifier_batch",
                  "triton_conv", "triton_blocks", "pack_images", "classifier_compile_mode")
-
-
-def check_pack_images(value) -> Optional[int]:
-    """`pack_images` as FastPath keeps it: None for off (or 1), else 2 or 4 (engine/models/packed_resnet.py)."""
-    if value is None or (value == 1 and not isinstance(value, bool)):
-        return None
-    if isinstance(value, bool) or value not in PACKINGS[1:]:
-        raise UserError(f"`pack_images` must be one of {', '.join(map(str, PACKINGS))}, got {value!r}")
-    return int(value)
 
 
 @contextlib.contextmanager

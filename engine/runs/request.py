@@ -36,7 +36,7 @@ from diffsmooth.engine.choices import (
     PRECISIONS,
 )
 from diffsmooth.engine.errors import UserError, check_alpha
-from diffsmooth.engine.runs.fast_path import check_pack_images
+from diffsmooth.engine.models.packed_resnet import packing
 
 MODES = ("certify", "predict")
 
@@ -262,7 +262,7 @@ class RunRequest:
                 raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
         check_compile_mode(self.compile_mode)
         check_compile_mode(self.classifier_compile_mode)
-        check_pack_images(self.pack_images)
+        packing(self.pack_images)
         if not isinstance(self.inductor, tuple) or not all(isinstance(k, str) for k in self.inductor):
             raise UserError(f"`inductor` must be a tuple of knob names, got {self.inductor!r}")
         parse_inductor_knobs(self.inductor)         # each a known knob, once
