@@ -20,10 +20,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.backends.weights import OwnedModule
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
-from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.cohen import Certificate, check_certify_parameters
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.smooth import Smooth, require_image_index
@@ -39,7 +38,7 @@ from diffsmooth.engine.choices import (
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.checkpoints import load_classifier
-from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager
+from diffsmooth.engine.runs.assemble import build_pipeline, build_stages, check_against_eager
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath, default_batch
 from diffsmooth.engine.runs.locks import hold_lock
@@ -111,10 +110,9 @@ class SmoothedClassifier:
         return self._smooth[shape]
 
     def _pipeline(self, shape: Tuple[int, ...], fast: FastPath, precision: str) -> MonteCarloPipeline:
-        backend = TorchBackend(self.device, precision, compile=fast.compile, cuda_graphs=fast.cuda_graphs,
-                               compile_mode=fast.compile_mode, inductor=fast.inductor)
-        stages = build_torch_stages(self.config, self.classifier, self.denoiser, backend, shape,
-                                    fused_attention=fast.fused_attention, lean_unet=fast.lean_unet)
+        """The torch pipeline of one image shape, built as the command line builds it (every fast-path setting)."""
+        stages = build_stages(self.config, None, shape, device=self.device, precision=precision, fast=fast,
+                              models=(self.denoiser, self.classifier), batch=self.batch_for(shape))
         return build_pipeline(stages, self.sigma, self.seed, fast)
 
     def batch_for(self, image_shape: Tuple[int, ...]) -> int:
