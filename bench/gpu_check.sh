@@ -95,7 +95,7 @@ part_speed() {
     run_step imagenet-variants ${IMAGENET_LIMIT:-180} bench_imagenet.txt \
         $PY -m diffsmooth.cli bench --models imagenet --device cuda --precision fp16 --n 10000 --m 5 \
         --measure-n ${IMAGENET_MEASURE_N:-320} --quiet --results "$OUT/bench.jsonl" --no-reference \
-        --variants "$IMAGENET_VARIANTS" --deadline-s $(( ${IMAGENET_LIMIT:-180} - 10 ))
+        --profile "$OUT/profile-imagenet" --variants "$IMAGENET_VARIANTS" --deadline-s $(( ${IMAGENET_LIMIT:-180} - 10 ))
     run_step agreement ${AGREEMENT_LIMIT:-110} agreement.txt \
         $PY -m diffsmooth.bench.agreement --device cuda --images 12 --samples 2000 --out "$OUT/agreement.json" \
         --variant "compiled fp16 (fast path)" --variants "$AGREEMENT_VARIANTS"
