@@ -18,7 +18,7 @@
 # ablation: CIFAR-10 without fused attention.
 # fixes: the GPU tests that have not passed on a GPU yet, in one call (no timing runs): the Triton fused block
 #        and tritonized ResNet-110 (fp16 votes, compiled and replayed in a CUDA graph), a sweep against the CPU's
-#        rows, the demo pipeline in fp32/fp16/bf16; then every other GPU test.
+#        rows, the demo pipeline in fp32/fp16/bf16, the packed ResNet-110 (--pack-images 2); then every other GPU test.
 # headline: the demo table at the paper's shape (RS and DiffSmooth lines, 3 sigmas x 500 images, n-max 100,000,
 #        fp16 compiled, the default race), its samples per line against the measured 2026-11-27 table
 #        (docs/table-studies.md); resumable: a second call with OUT carried goes on.
@@ -125,10 +125,10 @@ part_fixes() {
     # The GPU tests that have not passed on a GPU since their code changed first (the Triton kernels and their
     # check, the sweep, the demo pipeline), then every other GPU test (the diffusers ones need diffusers:
     # docs/gpu-check.md; the import-graph test skips where grimp is absent).
-    FIXED="fused_block or tritonized or sweep or demo_pipeline"
+    FIXED="fused_block or tritonized or sweep or demo_pipeline or packed"
     run_step gpu-tests-fixed ${FIX_TESTS_LIMIT:-150} gpu_tests_fixed.log \
         $PY -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/test_gpu.py tests/engine/models/test_triton_conv.py \
-        -k "$FIXED"
+        tests/engine/models/test_packed_resnet.py -k "$FIXED"
     run_step gpu-tests-rest ${FIX_REST_LIMIT:-320} gpu_tests_rest.log \
         $PY -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/ -k "not ($FIXED)"
 }

@@ -137,3 +137,22 @@ def test_a_compiled_channels_last_packed_stage_votes_like_eager():
     assert got.shape == (9, 10) and len(set(expected.argmax(1).tolist())) >= 3
     assert torch.equal(got.argmax(1), expected.argmax(1))
     assert float((got - expected).abs().max()) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_packed_resnet110_in_fp16_on_the_cuda_fast_path_votes_like_fp32():
+    """As `--pack-images 2` runs on a GPU: channels_last, fp16 autocast, compiled, replayed from a CUDA graph, at
+    the fast path's 10,000 classifier images per call (cuDNN picks its kernels for the packed shape); the votes
+    agree with the unpacked network in fp32 (TF32 off) on >= 99.9% of images that spread over the classes."""
+    clf = prototype_classifier("cifar_resnet110", 32)
+    x = prototype_images(10_000, 32, 0.25, seed=7)
+    with torch.no_grad():
+        expected = torch.cat([clf(chunk) for chunk in x.split(1000)])
+    backend = TorchBackend(device="cuda", precision="fp16", compile=True, cuda_graphs=True)
+    stage = backend.stage(pack_classifier(clf, 2), "packed classifier")
+    for _ in range(3):                                   # warm-up, then capture and replay
+        got = stage(x.cuda()).float().cpu()
+    assert len(set(expected.argmax(1).tolist())) >= 8
+    agree = float((got.argmax(1) == expected.argmax(1)).float().mean())
+    assert agree >= 0.999, f"vote agreement {agree:.4%} (max |logit diff| {float((got - expected).abs().max()):.3g})"
