@@ -85,6 +85,23 @@ def test_the_packed_stages_count_like_the_default():
     np.testing.assert_array_equal(MonteCarloPipeline(stages, config.sigma, seed=3).count(x, 0, 0, 60, 20), default)
 
 
+def test_a_held_packed_stage_takes_another_classifiers_weights_like_a_fresh_build():
+    """A table's model set: a later run's packed classifier (same architecture, other weights) reuses the held
+    stage, its block-diagonal weights copied in, and scores as a fresh packed build of it does."""
+    from diffsmooth.engine.runs.model_set import ModelSet
+    first, second = randomized_bn_resnet("cifar_resnet20", seed=1), randomized_bn_resnet("cifar_resnet20", seed=2)
+    models = ModelSet()
+    backend = models.backend(TorchBackend())
+    held = backend.stage(pack_classifier(first, 2), "classifier")
+    again = backend.stage(pack_classifier(second, 2), "classifier")
+    assert again is held and models.reuses == 1
+    x = _images(6, seed=8)
+    with torch.no_grad():
+        fresh = second(x)
+        assert float((fresh - first(x)).abs().max()) > 1e-2
+        torch.testing.assert_close(held(x), fresh, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"pack_images": 3}, "one of 1, 2, 4"),
     ({"pack_images": True}, "one of 1, 2, 4"),
