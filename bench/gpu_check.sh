@@ -83,9 +83,9 @@ except ImportError:
 # process (its compile counts as warm-up; a variant that would end past the deadline is not started and
 # the summary says so); ImageNet's default beside the best guess at a larger batch; every variant's
 # agreement with eager fp32. Override the lists with CIFAR_VARIANTS / IMAGENET_VARIANTS / AGREEMENT_VARIANTS.
-CIFAR_VARIANTS=${CIFAR_VARIANTS:-default,pack-images=2,triton-blocks,classifier-max-autotune,freezing,coordinate-descent,triton-conv,max-autotune}
+CIFAR_VARIANTS=${CIFAR_VARIANTS:-default,pack-images=2,triton-blocks,classifier-max-autotune,pack-images=2+classifier-max-autotune,freezing,coordinate-descent,triton-conv,max-autotune}
 IMAGENET_VARIANTS=${IMAGENET_VARIANTS:-default,batch=128}
-AGREEMENT_VARIANTS=${AGREEMENT_VARIANTS:-pack-images=2,triton-blocks,classifier-max-autotune,freezing,coordinate-descent,triton-conv,max-autotune}
+AGREEMENT_VARIANTS=${AGREEMENT_VARIANTS:-pack-images=2,triton-blocks,classifier-max-autotune,pack-images=2+classifier-max-autotune,freezing,coordinate-descent,triton-conv,max-autotune}
 
 part_speed() {
     run_step cifar10-variants ${CIFAR_LIMIT:-210} bench_cifar10.txt \
