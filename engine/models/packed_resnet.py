@@ -1,8 +1,8 @@
 """A CIFAR ResNet whose narrow first stage runs several images per tensor (`--pack-images K`).
 
 The stem and the first stage of Cohen's CIFAR ResNets have 16 channels at 32 x 32. On an H200, cuDNN ran
-those convolutions at 0.62 TB/s and 45 TFLOP/s, against 1.6 TB/s for the 32-channel convolutions of the next
-stage, which move the same bytes (kernel profile of bench/results/h200-2026-11-27/speed/profile/). Here K images
+those convolutions at 0.62 TB/s and 45 TFLOP/s, against 1.6 TB/s and 236 TFLOP/s for the 32-channel convolutions
+of the next stage, which do the same FLOPs (kernel profile of bench/results/h200-2026-11-27/speed/profile/). Here K images
 share one tensor of K x 16 channels, and the convolutions' weights are block-diagonal: image j reads and
 writes only channels 16j..16j+15. The maths is unchanged, because every added product is a zero weight times
 an activation. cuDNN then sees the wider shape it runs well; the zero blocks cost K times the FLOPs of a stage
