@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Dict, Sequence, Tuple
 
 from diffsmooth.engine.backends.compile_options import INDUCTOR_KNOBS
+from diffsmooth.engine.base_classifier.methods import check_classifier_rewrites
 from diffsmooth.engine.choices import MAX_BATCH
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import packing
@@ -81,10 +82,11 @@ def parse_variant(spec: str) -> Dict[str, object]:
                 raise UserError(f"variant {spec!r} sets {key} twice")
             else:
                 changes[key] = v
-    if changes.get("fused_conv") and changes.get("triton_conv"):
-        raise UserError(f"variant {spec!r}: fused-conv and triton-conv are two kernels for the same convolutions")
-    if changes.get("pack_images") and (changes.get("fused_conv") or changes.get("triton_conv")):
-        raise UserError(f"variant {spec!r}: pack-images widens the convolutions that fused-conv / triton-conv replace")
+    try:
+        check_classifier_rewrites(changes.get("fused_conv", False), changes.get("triton_conv", False),
+                                  changes.get("pack_images"))
+    except UserError as exc:
+        raise UserError(f"variant {spec!r}: {exc}") from None
     return changes
 
 

@@ -131,6 +131,8 @@ class TorchBackend:
         # the classifier stage's own mode (for_classifier); None: the same as every stage's
         check_compile_mode(classifier_compile_mode)
         self.classifier_compile_mode = None if classifier_compile_mode in (None, "default") else classifier_compile_mode
+        self._classifier_options = (compile_options(self.classifier_compile_mode, self.inductor)
+                                    if compile and self.classifier_compile_mode else None)
         self.freezing = bool(compile) and freezes(self.inductor)     # compiled graphs hold the weights as constants
         # channels_last pays off for compiled CUDA convolutions; elsewhere it only reorders memory.
         self.channels_last = (compile and self.device.type == "cuda") if channels_last is None else channels_last
@@ -149,7 +151,7 @@ class TorchBackend:
             return self
         twin = copy.copy(self)
         twin.compile_mode, twin.classifier_compile_mode = self.classifier_compile_mode, None
-        twin.compile_options = compile_options(self.classifier_compile_mode, self.inductor)
+        twin.compile_options = self._classifier_options
         return twin
 
     def stage(self, module: nn.Module, name: str):

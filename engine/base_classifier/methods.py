@@ -161,6 +161,15 @@ def checked_triton(fast: nn.Module, folded: nn.Module, x: torch.Tensor, log,
     return fast
 
 
+def check_classifier_rewrites(fused_conv: bool, triton_conv: bool, pack_images: Optional[int]) -> None:
+    """The classifier rewrites that cannot go together, refused in one line (the one rule for the run options,
+    FastPath and bench variants): each replaces or reshapes the same convolutions."""
+    if fused_conv and triton_conv:
+        raise UserError("`fused_conv` and `triton_conv` are two kernels for the same folded convolutions: pick one")
+    if pack_images and (fused_conv or triton_conv):
+        raise UserError("`pack_images` widens the convolutions that `fused_conv` / `triton_conv` replace: pick one")
+
+
 def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, backend,
                        image_shape: Tuple[int, ...], num_classes: Optional[int] = None,
                        fused_attention: bool = False, fused_conv: bool = False, log=None,
@@ -176,10 +185,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     images per tensor (engine/models/packed_resnet.py)."""
     if config.uses_denoiser and denoiser is None:
         raise UserError(f"method {config.method} needs a denoiser checkpoint (`denoiser`)")
-    if fused_conv and triton_conv:
-        raise UserError("`fused_conv` and `triton_conv` are two kernels for the same folded convolutions: pick one")
-    if pack_images and (fused_conv or triton_conv):
-        raise UserError("`pack_images` widens the convolutions that `fused_conv` / `triton_conv` replace: pick one")
+    check_classifier_rewrites(fused_conv, triton_conv, pack_images)
     if pack_images:
         classifier = pack_classifier(classifier, pack_images, log)
     elif fused_conv:

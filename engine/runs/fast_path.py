@@ -12,6 +12,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 
 from diffsmooth.engine.backends.compile_options import check_compile_mode, parse_inductor_knobs
+from diffsmooth.engine.base_classifier.methods import check_classifier_rewrites
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import packing
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE, AgreementReport, judge_agreement
@@ -104,14 +105,9 @@ class FastPath:
         if classifier_batch is not None and (isinstance(classifier_batch, bool) or not isinstance(classifier_batch, int)
                                              or classifier_batch < 1):
             raise UserError(f"`classifier_batch` must be an integer >= 1, got {classifier_batch!r}")
-        if fused_conv and triton_conv:
-            raise UserError("`fused_conv` and `triton_conv` are two kernels for the same folded convolutions: "
-                            "pick one")
+        check_classifier_rewrites(fused_conv, triton_conv, pack_images)
         if triton_blocks and not triton_conv:
             raise UserError("`triton_blocks` fuses the Triton convolutions of a block: it needs `triton_conv`")
-        if pack_images and (fused_conv or triton_conv):
-            raise UserError(f"`pack_images` widens the convolutions that `{'fused_conv' if fused_conv else 'triton_conv'}`"
-                            f" replaces: pick one")
         return cls(compile=compile, cuda_graphs=cuda_graphs, streams=streams,
                    static_batch=compile or cuda_graphs, compiled_noise=compile and cuda,
                    fused_attention=fused_attention, fused_conv=bool(fused_conv), lean_unet=bool(lean_unet),
