@@ -425,6 +425,13 @@ def run_rule(rule: SequentialRule, votes, after=None) -> Tuple[np.ndarray, np.nd
     votes[i, j] = votes for cA in chunk j of rule.chunks() of path i. Vectorised `add`. `after`
     (estimation samples per path): the rule goes on from an earlier run's stop there, as
     SequentialCertificate.resume does: it decides at that look and at later ones only."""
+    final, used, _ = run_rule_bounds(rule, votes, after)
+    return final, used
+
+
+def run_rule_bounds(rule: SequentialRule, votes, after=None) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """run_rule's (final lower bound, estimation samples used) and the running upper bound at each stop
+    (what a row's state keeps)."""
     votes = np.asarray(votes)
     after = np.zeros(votes.shape[0]) if after is None else np.asarray(after, dtype=np.float64)
     chunks = rule.chunks()
@@ -433,7 +440,7 @@ def run_rule(rule: SequentialRule, votes, after=None) -> Tuple[np.ndarray, np.nd
     lower, upper = np.zeros(m), np.ones(m)
     done = np.zeros(m, dtype=bool)
     used = np.zeros(m, dtype=np.int64)
-    final = np.zeros(m)
+    final, final_upper = np.zeros(m), np.ones(m)
     t = 0
     for j, size in enumerate(chunks):
         live = ~done
@@ -444,11 +451,11 @@ def run_rule(rule: SequentialRule, votes, after=None) -> Tuple[np.ndarray, np.nd
         lower[idx], upper[idx] = lo, hi
         newly = idx[stop & (t >= after[idx])]
         used[newly] = t
-        final[newly] = lower[newly]
+        final[newly], final_upper[newly] = lower[newly], upper[newly]
         done[newly] = True
         if done.all():
             break
-    return final, used
+    return final, used, final_upper
 
 
 def radius_from_lower(lower, sigma: float) -> np.ndarray:

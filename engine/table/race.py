@@ -20,6 +20,15 @@ lower end. An extension decides r for an undecided image, going on from the look
 (the row's state; counter-based noise: the samples `all` draws) to the first look where `all` would
 certify r, never could (the running upper bound below Phi(r / sigma): the rule never lets the running
 lower bound pass it), or would stop; that settles it exactly (docs/table.md, *Deciding one radius*).
+
+What a row proves is read from its state where it kept one: the running upper bound (never above its
+stopping look's, and the one every rule on this schedule shares at that look), and every radius decided
+by a row that stopped at the same look (the same samples of the same path: the same state). A decision
+is never undone: a certified radius stays certified or, if a later look's upper bound clamps the lower
+one below it, ruled out; a radius ruled out stays ruled out (the running upper bound only falls); a look
+where `all` stops is one no extension goes past. So each extension decides at least one undecided
+(image, contender, radius) and a line's race takes at most images x contenders x radii of them
+(`extension_bound`).
 """
 
 from __future__ import annotations
@@ -73,26 +82,43 @@ class Rows:
     prefix_to: np.ndarray       # the row's run settled every radius up to this index (-1: not radius 0)
     may_count: Optional[np.ndarray] = None   # the selected class is the label, or not recorded (None: every image)
     decided_at: Optional[np.ndarray] = None  # the row's run decided this radius index (-1 / None: no such run)
+    upper: Optional[np.ndarray] = None       # the running upper bound at the row's stop (its state; 1: not kept)
+    decided: Optional[np.ndarray] = None     # [image, radius index]: a row at this look decided it (None: decided_at's)
 
     def __post_init__(self):
+        images = len(self.radius)
         if self.may_count is None:
-            self.may_count = np.ones(len(self.radius), dtype=bool)
+            self.may_count = np.ones(images, dtype=bool)
         if self.decided_at is None:
-            self.decided_at = np.full(len(self.radius), -1, dtype=np.int64)
+            self.decided_at = np.full(images, -1, dtype=np.int64)
+        if self.upper is None:
+            self.upper = np.ones(images)
+        if self.decided is None:
+            self.decided = np.zeros((images, 0), dtype=bool)
+
+    def decided_here(self, k: int) -> np.ndarray:
+        """True where a row that stopped at the image's latest look decided radius index k."""
+        if self.decided.shape[1] > k:
+            return self.decided[:, k] | (self.decided_at == k)
+        return self.decided_at == k
 
     @classmethod
     def from_rows(cls, rows: Sequence[dict], n0: int, prefix_to: Sequence[int],
-                  decided_at: Optional[Sequence[int]] = None) -> "Rows":
+                  decided_at: Optional[Sequence[int]] = None, upper: Optional[Sequence[float]] = None,
+                  decided: Optional[np.ndarray] = None) -> "Rows":
         """From result rows (sequential rows carry top_votes, and `selected` since it was added) in image
-        order, with each row's run's prefix (and the radius its run decided, if one did). A row whose
-        selected class is not its label never counts in a cell under any rule (the rows of `all` select
-        on the same samples): it is settled."""
+        order, with each row's run's prefix (and the radius its run decided, if one did; the running upper
+        bound and the radii decided at the row's look, where the rows' states tell). A row whose selected
+        class is not its label never counts in a cell under any rule (the rows of `all` select on the same
+        samples): it is settled."""
         may_count = np.array([r.get("selected") in (None, "") or int(r["selected"]) == int(r["label"]) for r in rows],
                              dtype=bool)
         return cls(np.array([float(r["radius"]) for r in rows]), np.array([int(r["correct"]) == 1 for r in rows]),
                    np.array([int(r["predict"]) < 0 for r in rows]), np.array([int(r["top_votes"]) for r in rows]),
                    np.array([int(r["samples"]) - n0 for r in rows]), np.asarray(prefix_to, dtype=np.int64), may_count,
-                   None if decided_at is None else np.asarray(decided_at, dtype=np.int64))
+                   None if decided_at is None else np.asarray(decided_at, dtype=np.int64),
+                   None if upper is None else np.asarray(upper, dtype=np.float64),
+                   None if decided is None else np.asarray(decided, dtype=bool))
 
 
 @dataclass(frozen=True)
@@ -113,15 +139,20 @@ def _looks_of(rule: SequentialRule, rows: Rows) -> Tuple[np.ndarray, np.ndarray,
 
 
 def look_upper(rule: SequentialRule, rows: Rows) -> np.ndarray:
-    """Each row's upper bound at the look where it stopped (1 where the row is not on a look). It is this
-    look's, not the running one (the row does not keep it): never below the running upper bound, so a
-    test on it is sound and slightly cautious."""
+    """Each row's upper bound at the look where it stopped (1 where the row is not on a look): this look's,
+    never below the running upper bound, so a test on it alone is sound and cautious."""
     look, on_look, trials = _looks_of(rule, rows)
     upper = np.ones(len(rows.drawn))
     for j in np.unique(look[on_look]):
         at = on_look & (look == j)
         upper[at] = rule.bounds(rows.votes[at].astype(np.float64), trials[at], int(j))[1]
     return upper
+
+
+def running_upper(rule: SequentialRule, rows: Rows) -> np.ndarray:
+    """The running upper bound at each row's stop: its state's where it kept one (the min over every look
+    so far, the one `all` has at that look on the same path), else its stopping look's (look_upper)."""
+    return np.minimum(look_upper(rule, rows), rows.upper)
 
 
 def all_would_stop(rule: SequentialRule, rows: Rows, upper: Optional[np.ndarray] = None) -> np.ndarray:
@@ -132,7 +163,7 @@ def all_would_stop(rule: SequentialRule, rows: Rows, upper: Optional[np.ndarray]
     done = certified.all(axis=1)
     pending = np.argmin(certified, axis=1)
     _, on_look, trials = _looks_of(rule, rows)
-    upper = look_upper(rule, rows) if upper is None else upper
+    upper = running_upper(rule, rows) if upper is None else upper
     stop = done | (rows.drawn >= rule.n_max) | (on_look & (upper < thresholds[pending]))
     if rule.futility is not None:
         stop |= on_look & ~done & rule.futile(rows.votes.astype(np.float64), trials, pending)
@@ -144,12 +175,12 @@ def cell_status(rule: SequentialRule, rows: Rows, k: int) -> CellStatus:
     r = rule.radii[k]
     certified = rows.correct & (rows.radius >= r)
     reachable = rule.needed[k] <= rule.n_max
-    upper = look_upper(rule, rows)
-    # a row's upper bound below the radius's threshold: the running lower bound never passes the running
-    # upper one (engine/certify/sequential.py look_decision), so no later look of `all` certifies it
+    upper = running_upper(rule, rows)
+    # the running upper bound below the radius's threshold: the running lower bound never passes it
+    # (engine/certify/sequential.py look_decision), so no later look of `all` certifies the radius
     ruled_out = upper < rule.thresholds[k]
     undecided = ((rows.correct | (rows.abstained & rows.may_count)) & ~certified & (rows.prefix_to < k)
-                 & (rows.decided_at != k) & ~ruled_out & ~all_would_stop(rule, rows, upper) & reachable)
+                 & ~rows.decided_here(k) & ~ruled_out & ~all_would_stop(rule, rows, upper) & reachable)
     need = min(1.0, rule.needed[k] / rule.n_max)
     chance = beta.sf(need, rows.votes + 0.5, np.maximum(rows.drawn - rows.votes, 0) + 0.5)
     return CellStatus(certified, undecided, chance)
@@ -219,6 +250,12 @@ def next_extension(rules: Dict[Hashable, SequentialRule], rows: Dict[Hashable, R
             undecided = least_likely_first[:(high[contender] - best - tolerance) * 2 ** asked_before]
         return Extension(contender, k, tuple(int(i) for i in sorted(undecided)), contender == likeliest)
     return None
+
+
+def extension_bound(images: int, contenders: int, radii: int) -> int:
+    """The most extensions a line's race can ask for: each decides at least one undecided (image,
+    contender, radius), and no decision is undone (the module's docstring)."""
+    return images * contenders * radii
 
 
 def tolerance_images(points: float, images: int) -> int:

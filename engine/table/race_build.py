@@ -23,9 +23,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
 
 from diffsmooth.engine.certify.sequential import SequentialRule, SequentialState, continues
+from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.row_states import read_states, state_of, states_path
 from diffsmooth.engine.table.race import (
@@ -33,6 +36,7 @@ from diffsmooth.engine.table.race import (
     Extension,
     Rows,
     cell_bounds,
+    extension_bound,
     initial_radii,
     next_extension,
     prefix,
@@ -59,6 +63,17 @@ def decides(kind: str) -> bool:
     return kind.startswith("at")
 
 
+class Latest(NamedTuple):
+    """An image's latest row and what the rows that stopped at its look prove (LineRace.latest)."""
+
+    prefix_to: int              # the largest radius index a run stopping here settled with every smaller one (-1: none)
+    decided: frozenset          # radius indices an extension stopping here decided
+    path: Path                  # the latest row's run (a file, or a sweep's folder)
+    row: dict
+    upper: float                # the running upper bound of the rows' states (1: no state kept)
+    decided_by: int = -1        # the radius index the latest row's own run decided (-1: none)
+
+
 @dataclass
 class LineRace:
     """One line's race: its sigma runs' rows, assembled per contender, and the decisions."""
@@ -78,25 +93,39 @@ class LineRace:
         out += [(-1, k, self.path(self.line, sigma, decide_kind(r))) for k, r in enumerate(radii)]
         return [entry for entry in out if entry[2].exists()]
 
-    def latest(self, sigma: float) -> Dict[str, Dict[int, Tuple[int, int, Path, dict]]]:
-        """{configuration: {image: (settled prefix, decided radius, run's path, row)}}: each image's latest
-        row, the one with the most samples (the later run on a tie)."""
-        out: Dict[str, Dict[int, Tuple[int, int, Path, dict]]] = {}
-        rank: Dict[Tuple[str, int], Tuple[int, int]] = {}
+    def latest(self, sigma: float) -> Dict[str, Dict[int, "Latest"]]:
+        """{configuration: {image: Latest}}: each image's latest row, the one with the most samples (the later
+        run on a tie), with what every row that stopped at the same look proves (the same samples and votes
+        of the same path: the same state): the largest prefix settled, the radii decided, the running upper
+        bound of the rows' states (1 where none kept one)."""
+        found: Dict[Tuple[str, int], List[Tuple[Tuple[int, int], int, int, Path, dict]]] = {}
+        kept: Dict[Path, Dict[int, SequentialState]] = {}
         for order, (k, decided, path) in enumerate(self.files(sigma)):
             for config, rows in _rows_of(path).items():
-                per = out.setdefault(config, {})
                 for row in rows:
-                    i, key = int(row["idx"]), (int(row["samples"]), order)
-                    if (config, i) not in rank or rank[(config, i)] <= key:
-                        rank[(config, i)] = key
-                        per[i] = (k, decided, path, row)
+                    i = int(row["idx"])
+                    found.setdefault((config, i), []).append(((int(row["samples"]), order), k, decided, path, row))
+        out: Dict[str, Dict[int, Latest]] = {}
+        for (config, i), entries in found.items():
+            _, k, decided, path, row = max(entries, key=lambda entry: entry[0])
+            same = [e for e in entries if e[4]["samples"] == row["samples"] and e[4].get("top_votes") == row.get("top_votes")]
+            upper = 1.0
+            for *_, run, other in same:
+                file = run if config == "" else run / f"{config}.tsv"
+                if file not in kept:
+                    kept[file] = read_states(states_path(file))
+                state = state_of(other, kept[file], self.spec.n0)
+                if state is not None:
+                    upper = min(upper, float(state.upper))
+            out.setdefault(config, {})[i] = Latest(max(e[1] for e in same), frozenset(e[2] for e in same if e[2] >= 0),
+                                                   path, row, upper, decided)
         return out
 
     def contenders(self, latest=None) -> Dict[Contender, Rows]:
         """Every (sigma, configuration) with a row for each image of the table (`latest`: each sigma's
         `latest()`, when the caller has read it already)."""
         latest = latest or {sigma: self.latest(sigma) for sigma in self.spec.sigmas}
+        radii = len(self.spec.radii)
         out = {}
         for sigma in self.spec.sigmas:
             for config, per in sorted(latest[sigma].items()):
@@ -104,8 +133,13 @@ class LineRace:
                 if missing:
                     raise RuntimeError(f"{self.line.name} sigma {sigma:g}: no row for image {missing[0]} after the first run")
                 chosen = [per[i] for i in self.indices]
-                out[(sigma, config)] = Rows.from_rows([row for *_, row in chosen], self.spec.n0,
-                                                      [k for k, *_ in chosen], [d for _, d, *_ in chosen])
+                decided = np.zeros((len(chosen), radii), dtype=bool)
+                for position, entry in enumerate(chosen):
+                    decided[position, sorted(entry.decided)] = True
+                out[(sigma, config)] = Rows.from_rows([entry.row for entry in chosen], self.spec.n0,
+                                                      [entry.prefix_to for entry in chosen],
+                                                      [entry.decided_by for entry in chosen],
+                                                      [entry.upper for entry in chosen], decided)
         return out
 
     def rows_by_sigma(self) -> Dict[float, Dict[str, List[dict]]]:
@@ -114,7 +148,7 @@ class LineRace:
         for sigma in self.spec.sigmas:
             latest = self.latest(sigma)
             if latest:
-                out[sigma] = {config: [per[i][-1] for i in self.indices if i in per] for config, per in sorted(latest.items())}
+                out[sigma] = {config: [per[i].row for i in self.indices if i in per] for config, per in sorted(latest.items())}
         return out
 
     def next(self, tolerance: int,
@@ -143,14 +177,14 @@ class LineRace:
                 groups.setdefault(extension_kind(radii[target]), (target, []))[1].append(image)
         return ext, groups
 
-    def _tops(self, sigma: float, latest: Dict[str, Dict[int, Tuple[int, int, Path, dict]]]) -> Dict[int, int]:
+    def _tops(self, sigma: float, latest: Dict[str, Dict[int, "Latest"]]) -> Dict[int, int]:
         """Each image's current run's largest settled radius, as an index into the table's radii."""
         radii = list(self.spec.radii)
         first = radii.index(max(initial_radii(radii, sigma)))
         out: Dict[int, int] = {}
         for config in latest.values():
-            for image, (k, *_) in config.items():
-                out[image] = max(out.get(image, first), k if k >= 0 else first)
+            for image, entry in config.items():
+                out[image] = max(out.get(image, first), entry.prefix_to if entry.prefix_to >= 0 else first)
         return out
 
     def starts(self, sigma: float, radii: Sequence[float], images: Sequence[int], decide: bool = False,
@@ -164,7 +198,7 @@ class LineRace:
         lacking = set()
         for config, per in (latest or self.latest(sigma)).items():
             for image in set(images) & set(per):
-                *_, run, row = per[image]
+                run, row = per[image].path, per[image].row
                 path = run if config == "" else run / f"{config}.tsv"
                 if path not in kept:
                     kept[path] = read_states(states_path(path))
@@ -174,6 +208,16 @@ class LineRace:
                 else:
                     lacking.add(image)
         return {image: named for image, named in out.items() if image not in lacking}
+
+    def held(self, sigma: float, config: str, kind: str, images: Sequence[int]) -> List[int]:
+        """The images whose rows the run `kind` of the sigma already holds (for this configuration): a runner
+        skips them, so an extension asking for them again would write no row."""
+        path = self.path(self.line, sigma, kind)
+        if not path.exists():
+            return []
+        rows = _rows_of(path)
+        there = {int(row["idx"]) for row in rows.get(config, [])} if config in rows else set()
+        return [i for i in images if i in there]
 
     def bounds(self) -> List[CellBound]:
         rows = self.contenders()
@@ -203,6 +247,8 @@ def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[f
     for step in steps:              # a resumed table first finishes the extensions it had decided, in order
         radii = prefix(race.spec.radii, list(race.spec.radii).index(step["radii_to"]))
         run_extension(step["sigma"], radii, step["images"], step.get("kind", extension_kind(radii[-1])))
+    replayed = len({step.get("decision", n) for n, step in enumerate(steps)})
+    bound = extension_bound(len(race.indices), len(race.contenders()), len(race.spec.radii))
     while True:
         radii_list = list(race.spec.radii)
         decisions = {step.get("decision", n): step for n, step in enumerate(steps)}     # one per decision
@@ -211,6 +257,7 @@ def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[f
         if ext is None:
             break
         sigma, radius = ext.contender[0], race.spec.radii[ext.k]
+        _refuse_a_step_that_decides_nothing(race, ext, groups, len(history) - replayed, bound)
         for kind, (target, images) in sorted(groups.items()):
             radii = prefix(race.spec.radii, target)
             until = "until it is decided" if decides(kind) else f"to the radii up to {radii[-1]:g}"
@@ -231,6 +278,29 @@ def run_race(race: LineRace, tolerance_points: float, run_extension: Callable[[f
                                        for b in bounds]}
     _write(record, done, write)
     return bounds
+
+
+def _refuse_a_step_that_decides_nothing(race: LineRace, ext: Extension, groups: Dict[str, Tuple[int, List[int]]],
+                                        new_steps: int, bound: int) -> None:
+    """Defence in depth (the race cannot loop, docs/table.md): a step asking a run for images it already holds
+    (it would write no row, and the race would ask again), or a line's race past extension_bound, stops the
+    table with one line; every row written so far stays on disk and race.json keeps the steps that ran."""
+    sigma, config, radius = ext.contender[0], ext.contender[1], race.spec.radii[ext.k]
+    where = f"table: race, {race.line.name}, sigma {sigma:g}{f' ({config})' if config else ''}, r = {radius:g}"
+    for kind, (_, images) in sorted(groups.items()):
+        held = race.held(sigma, config, kind, images)
+        if held:
+            raise UserError(f"{where}: the race asked again for image(s) {_listed(held)} that run {kind} already "
+                            f"holds (it would write no row and never end); every row so far is kept: please report it")
+    if new_steps >= bound:
+        raise UserError(f"{where}: the race asked for more than {bound} extensions (images x contenders x radii, each "
+                        f"deciding one at least), the last for image(s) {_listed([race.indices[i] for i in ext.images])}; "
+                        f"every row so far is kept: please report it")
+
+
+def _listed(images: Sequence[int], most: int = 8) -> str:
+    shown = ", ".join(str(i) for i in list(images)[:most])
+    return shown + (f" and {len(images) - most} more" if len(images) > most else "")
 
 
 def _write(record: Path, done: dict, write: bool) -> None:

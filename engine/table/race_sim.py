@@ -12,7 +12,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from diffsmooth.engine.certify.cohen import lower_confidence_bounds
-from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_lower, run_rule
+from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_lower, run_rule_bounds
 from diffsmooth.engine.runs.simulation import chunk_votes, shared_paths
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, RACE_REACH_SIGMAS
 from diffsmooth.engine.table.planning import assign_radii, pilot_indices
@@ -43,12 +43,14 @@ class SimulatedSigma:
         self.cache: Dict[Tuple[float, ...], tuple] = {}
         images = len(rates)                             # each image's latest row, and how it was run
         self.latest = {"radius": np.zeros(images), "used": np.zeros(images), "top": np.zeros(images),
+                       "upper": np.ones(images), "decided": np.zeros((images, len(self.radii)), dtype=bool),
                        **{key: np.full(images, -1, dtype=np.int64) for key in ("prefix_to", "decided_at", "largest")}}
         self.first = tuple(first)
         self.settle(np.arange(images), self.first)
 
     def run(self, radii: Tuple[float, ...]) -> tuple:
-        """(radius, estimation samples, top votes) of every image under the rule settling `radii`."""
+        """(radius, estimation samples, top votes, running upper bound) of every image under the rule
+        settling `radii`."""
         if radii not in self.cache:
             rule = SequentialRule(radii, self.sigma, self.alpha, self.n_max, schedule_radii=self.radii)
             self.cache[radii] = self._rows_of(rule, np.arange(len(self.correct)))
@@ -56,20 +58,33 @@ class SimulatedSigma:
 
     def _rows_of(self, rule: SequentialRule, images: np.ndarray, after=None) -> tuple:
         votes = chunk_votes(self.cuts, self.segments[images], rule)
-        lower, used = run_rule(rule, votes, after)
+        lower, used, upper = run_rule_bounds(rule, votes, after)
         cumulative = np.concatenate([np.zeros((len(votes), 1)), np.cumsum(votes, axis=1)], axis=1)
         at = np.searchsorted(np.concatenate([[0], rule.looks()]), used)
         radius, top = radius_from_lower(lower, self.sigma), cumulative[np.arange(len(votes)), at]
         if self.wrong_class_stop:                       # stopped after the selection, abstaining
             radius, used, top = (np.where(self.correct[images], a, 0) for a in (radius, used, top))
-        return radius, used, top
+            upper = np.where(self.correct[images], upper, 1.0)
+        return radius, used, top, upper
+
+    def _move(self, images: np.ndarray, rows: tuple, prefix_to: int, decided: int) -> None:
+        """The images' latest rows become `rows`; a row at the look of the one before keeps what that proved
+        (the same state: its prefix and decided radii, as LineRace.latest reads the files)."""
+        radius, used, top, upper = (values for values in rows)
+        same = used == self.latest["used"][images]
+        self.latest["prefix_to"][images] = np.where(same, np.maximum(self.latest["prefix_to"][images], prefix_to),
+                                                    prefix_to)
+        self.latest["decided"][images[~same]] = False
+        if decided >= 0:
+            self.latest["decided"][images, decided] = True
+        self.latest["decided_at"][images] = decided
+        for key, values in zip(("radius", "used", "top", "upper"), (radius, used, top, upper)):
+            self.latest[key][images] = values
 
     def settle(self, images: np.ndarray, radii: Tuple[float, ...]) -> None:
         """The images' latest rows become those of a run settling `radii` from the first sample."""
-        for key, values in zip(("radius", "used", "top"), self.run(tuple(radii))):
-            self.latest[key][images] = values[images]
-        self.latest["prefix_to"][images] = settled_prefix(self.radii, radii)
-        self.latest["decided_at"][images] = -1
+        images = np.asarray(images, dtype=np.int64)
+        self._move(images, tuple(values[images] for values in self.run(tuple(radii))), settled_prefix(self.radii, radii), -1)
         self.latest["largest"][images] = self.radii.index(max(radii))
 
     def decide(self, images: np.ndarray, k: int) -> None:
@@ -78,17 +93,15 @@ class SimulatedSigma:
         images = np.asarray(images, dtype=np.int64)
         rule = SequentialRule(prefix(self.radii, k), self.sigma, self.alpha, self.n_max, schedule_radii=self.radii,
                               decide_largest=True)
-        radius, used, top = self._rows_of(rule, images, self.latest["used"][images])
-        self.latest["radius"][images], self.latest["used"][images], self.latest["top"][images] = radius, used, top
-        self.latest["prefix_to"][images] = -1
-        self.latest["decided_at"][images] = k
+        self._move(images, self._rows_of(rule, images, self.latest["used"][images]), -1, k)
 
     def rows(self) -> Rows:
         latest = self.latest
         abstained = latest["radius"] <= 0
         return Rows(latest["radius"].copy(), self.correct & ~abstained, abstained, latest["top"].astype(np.int64),
                     latest["used"].astype(np.int64), latest["prefix_to"].copy(),
-                    self.correct if self.wrong_class_stop else None, latest["decided_at"].copy())
+                    self.correct if self.wrong_class_stop else None, latest["decided_at"].copy(), latest["upper"].copy(),
+                    latest["decided"].copy())
 
     def samples(self) -> float:
         return float(self.latest["used"].sum())
@@ -137,7 +150,7 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, co
     first = {}
     for s in order:
         settled = sims[s].first
-        radius, used, _ = sims[s].run(settled)
+        radius, used, *_ = sims[s].run(settled)
         first[s] = samples_by_reason(sims[s].rule, settled, radius, used, n0)
     extensions = 0
     history = []

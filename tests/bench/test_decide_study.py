@@ -24,7 +24,7 @@ def test_all_read_on_every_look_certifies_what_the_engines_rule_certifies_image_
     sims = _paths(1)
     for sigma, sim in sims.items():
         paths = PathLooks(sim)
-        radius, used, _ = sim.run(RADII)
+        radius, used, *_ = sim.run(RADII)
         looks = np.asarray(sim.rule.looks())
         ran = sim.correct
         np.testing.assert_array_equal(looks[paths.stop][ran], used[ran])        # `all` stops where the rule does
