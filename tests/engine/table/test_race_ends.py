@@ -267,3 +267,23 @@ def test_twenty_thousand_simulated_paths_at_phi_3_where_the_old_reading_looped_a
                         lambda rules, rows, *a, **k: old_next(rules, {c: _last_only(r) for c, r in rows.items()}, *a, **k))
     with pytest.raises(AssertionError, match="past the race's bound"):
         simulated_races(0.05, 100_000, rates, seed=20)
+
+
+def test_the_table_command_stops_such_a_race_with_one_line_and_exit_2_keeping_its_rows(tmp_path, monkeypatch):
+    """Through `diffsmooth table`: a race step planted to ask a run for images it holds ends the command with
+    exit 2 and one line naming the line, sigma and radius; the first runs' rows stay on disk."""
+    from click.testing import CliRunner
+    from table_fixtures import small_table_spec
+
+    from diffsmooth.cli import main
+
+    monkeypatch.setattr(LineRace, "held", lambda self, sigma, config, kind, images: list(images))
+    spec = tmp_path / "spec.toml"
+    spec.write_text(small_table_spec(radii=(0.25, 0.5, 0.75, 1.0)))
+    out = tmp_path / "t"
+    result = CliRunner().invoke(main, ["table", str(spec), "--out", str(out), "--pilot", "2", "--quiet", "--tolerance", "0"])
+    assert result.exit_code == 2, result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "table: race, RS, sigma" in last and "r = " in last and "already holds" in last and "Traceback" not in result.output
+    first_runs = sorted(p.name for p in (out / "runs").glob("*.tsv"))
+    assert first_runs == ["rs_s0.25.tsv", "rs_s0.5.tsv"] and all(len(read_rows(out / "runs" / n)) == 7 for n in first_runs)
