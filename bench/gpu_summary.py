@@ -70,7 +70,7 @@ def _table_variants(path: Path) -> list:
 
 
 # The headline-shaped demo race measured on an H200 on 2026-11-27 (main 3813ad8, before the wrong-class stop and
-# extensions deciding one radius): samples per line (../shared/measurements/2026-11-27-h200-table.md).
+# extensions deciding one radius): samples per line (docs/table-studies.md, "Measured").
 HEADLINE_BEFORE = {"diffsmooth": 10_254_925, "rs": 6_823_919}
 
 

@@ -1,4 +1,4 @@
-"""Every relative link of the README, docs/ and the benchmark results' READMEs names a file that exists
+"""Every relative link of the README, docs/, the benchmark results' READMEs and the studies' index names a file that exists
 and, with an #anchor, a heading of that file (GitHub's anchors: lower case, punctuation dropped, spaces
 to hyphens, a repeated heading numbered -1, -2, ...)."""
 
@@ -11,7 +11,8 @@ FENCE = re.compile(r"^(```|~~~)")
 
 
 def pages() -> list:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "bench").rglob("README.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "bench").rglob("README.md")),
+            ROOT / "studies" / "README.md"]
 
 
 def _prose(text: str) -> str:

@@ -8,7 +8,7 @@ so the nA whose radius prints the same is found (`recover_votes`). Paths of i.i.
 p then run through fixed-n CERTIFY and through sequential rules (the engine's vectorised
 `run_rule`), all on the SAME paths, so differences are paired. A model of a measurement, not a
 measurement: it assumes the selection picks the same class and that votes are i.i.d. given p.
-bench/sequential_sim.py prints tables from it; the table command predicts its cost with it.
+studies/sequential_sim.py prints tables from it; the table command predicts its cost with it.
 """
 
 from __future__ import annotations

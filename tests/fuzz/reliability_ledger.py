@@ -1,4 +1,4 @@
-"""A count of what the fuzz and fault tests tried, for the reliability figure (bench/reliability.py).
+"""A count of what the fuzz and fault tests tried, for the reliability figure (studies/reliability.py).
 
 Every hostile input a test gives a command, every valid extreme it checks is accepted and every fault
 it injects is recorded here with whether it ended as required; tests/fuzz/conftest.py writes the

@@ -1,9 +1,11 @@
 #!/bin/bash
 # The commands of README.md (ABBA), as run; the tables went to /tmp/op/bench.
 # ABBA: separate, one pass, one pass, separate
-cd /work/wt-onepass
-export PYTHONPATH=/work/wt-onepass
-R=/tmp/op/bench
+#   bash bench.sh [CHECKOUT] [OUT]     # CHECKOUT: the code to run (default: this repository), OUT: default /tmp/op/bench
+CODE=$(cd "${1:-$(dirname "$0")/../../..}" && pwd)
+cd "$CODE"
+export PYTHONPATH="$CODE"
+R=${2:-/tmp/op/bench}
 rm -rf $R; mkdir -p $R
 for run in sep1:--no-one-pass one1:--one-pass one2:--one-pass sep2:--no-one-pass; do
   name=${run%%:*}; flag=${run#*:}

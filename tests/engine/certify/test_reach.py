@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from diffsmooth.bench.sequential_coverage import exact_miscoverage, scanned_rates, split_cp_lower
 from diffsmooth.engine.certify.cohen import lower_confidence_bounds
 from diffsmooth.engine.certify.sequential import (
     SequentialCertificate,
@@ -17,6 +16,7 @@ from diffsmooth.engine.certify.sequential import (
     run_rule,
     unanimity_lower,
 )
+from studies.sequential_coverage import exact_miscoverage, scanned_rates, split_cp_lower
 
 ALPHA = 0.001
 

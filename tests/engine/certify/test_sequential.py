@@ -271,9 +271,9 @@ def test_futility_option_parsing():
 
 @pytest.mark.parametrize("bound", ["split-cp", "mixture"])
 def test_simulation_rule_equals_engine_rule(bound):
-    """The vectorised rule (run_rule, which bench/sequential_sim.py calls) makes the engine's
+    """The vectorised rule (run_rule, which studies/sequential_sim.py calls) makes the engine's
     decisions, path by path, for both bounds and both futility rules."""
-    from diffsmooth.bench.sequential_sim import simulate_sequential
+    from studies.sequential_sim import simulate_sequential
     radii, sigma, alpha, n_max = (0.25, 0.5, 0.75, 1.0), 0.5, 0.001, 10000
     p = np.array([0.3, 0.55, 0.69, 0.75, 0.84, 0.85, 0.9, 0.93, 0.975, 0.98, 0.995, 1.0] * 2)
     for futility, futility_rule in ((None, "pace"), (1.25, "projection"), (None, None)):
@@ -298,7 +298,7 @@ def test_new_rule_reported_radius_is_valid(p):
     """The default rule (finer looks + futility stop) end to end: over 2,000 simulated paths the
     REPORTED radius at the stopping time exceeds the true radius sigma * Phi^-1(p) in <= alpha
     of them (p at and between the thresholds, where stopping decisions are closest)."""
-    from diffsmooth.bench.sequential_sim import simulate_sequential
+    from studies.sequential_sim import simulate_sequential
     radii, sigma, n_max = (0.25, 0.5, 0.75, 1.0), 0.5, 10000
     rule = SequentialRule(radii, sigma, ALPHA, n_max)
     assert rule.futility is not None
@@ -455,7 +455,7 @@ def test_cli_sequential_option_errors(tmp_path, spread_models):
 
 def _coverage_holds(lower, chunks, alpha, paths=20000, ps=(0.5, norm.cdf(1.0), 0.99)):
     """Miscoverage at the looks within estimation noise of alpha (<= 1.6 alpha over 20,000 paths)."""
-    from diffsmooth.bench.sequential_coverage import miscoverage
+    from studies.sequential_coverage import miscoverage
     for p in ps:
         failures = miscoverage(lower, chunks, p, paths, np.random.default_rng(int(p * 1e6)))
         assert failures <= 1.6 * alpha * paths, (p, failures)
@@ -463,10 +463,10 @@ def _coverage_holds(lower, chunks, alpha, paths=20000, ps=(0.5, norm.cdf(1.0), 0
 
 @pytest.mark.slow
 def test_split_cp_coverage_at_the_looks_and_a_naive_rule_fails():
-    """The smaller version of `python -m diffsmooth.bench.sequential_coverage`: split CP keeps its
+    """The smaller version of `python -m studies.sequential_coverage`: split CP keeps its
     lower bound below p at every look on all but ~alpha of the paths; Clopper-Pearson at alpha at
     every look (the naive rule, ~1% misses) fails the same check."""
-    from diffsmooth.bench.sequential_coverage import naive_cp_lower, split_cp_lower
+    from studies.sequential_coverage import naive_cp_lower, split_cp_lower
     rule = SequentialRule((0.25, 0.5, 0.75, 1.0), 0.5, 0.001, 10000)
     _coverage_holds(split_cp_lower(rule), rule.chunks(), rule.alpha)
     with pytest.raises(AssertionError):
@@ -612,10 +612,10 @@ def test_last_look_validation():
 @pytest.mark.parametrize("share", [0.1, 0.05])
 @pytest.mark.parametrize("bound", ["split-cp", "reach-cp"])
 def test_the_exact_miscoverage_of_a_smaller_last_look_stays_below_alpha(bound, share):
-    """The dynamic program of bench/sequential_coverage.py (no stopping: every stopping rule's upper
+    """The dynamic program of studies/sequential_coverage.py (no stopping: every stopping rule's upper
     bound) at n-max 2,000 and alpha 0.05, at the thresholds and a scan of p: <= alpha for the split,
     and the same DP finds CP at alpha at every look above it (the check has power)."""
-    from diffsmooth.bench.sequential_coverage import exact_miscoverage, naive_cp_lower, scanned_rates, split_cp_lower
+    from studies.sequential_coverage import exact_miscoverage, naive_cp_lower, scanned_rates, split_cp_lower
     rule = SequentialRule((0.25, 0.5, 1.0), 0.5, 0.05, 2000, bound=bound, last_look=share)
     ps = sorted(set(scanned_rates(rule, 12).tolist()) | {float(p) for p in rule.thresholds})
     worst = max(exact_miscoverage(split_cp_lower(rule), rule.chunks(), p) for p in ps)

@@ -158,7 +158,8 @@ DEFAULT_NAMES = re.compile(r"^(DEFAULT_\w+|INITIAL_REACH|PILOT\w*|DEMO_PILOT\w*|
 DEFAULT_PARAMS = {"pilot", "margin", "reach", "tolerance", "tolerance_points", "plan", "n0", "n_max", "alpha",
                   "local_sigma", "m"}
 TABLE_FILES = [*sorted((ROOT / "engine" / "table").glob("*.py")), ROOT / "diffsmooth" / "cli" / "table.py",
-               *(ROOT / "bench" / f"{name}.py" for name in ("race_study", "table_study", "plan_ceilings", "table_gpu"))]
+               *(ROOT / "studies" / f"{name}.py" for name in ("race_study", "table_study", "plan_ceilings")),
+               ROOT / "bench" / "table_gpu.py"]
 
 
 def second_definitions(path: Path, root: Path = ROOT) -> list:

@@ -1,11 +1,11 @@
-"""bench/plan_ceilings.py: Wald's bound per certificate, the winners, and the ceilings' order on the same paths."""
+"""studies/plan_ceilings.py: Wald's bound per certificate, the winners, and the ceilings' order on the same paths."""
 
 import numpy as np
 from scipy.stats import norm
 
-from diffsmooth.bench.plan_ceilings import PLANS, cell_winners, information_samples, markdown, study
-from diffsmooth.bench.race_study import estimate
-from tests.bench.test_race_study import _folder
+from studies.plan_ceilings import PLANS, cell_winners, information_samples, markdown, study
+from studies.race_study import estimate
+from tests.studies.test_race_study import _folder
 
 
 def test_the_information_bound_with_every_vote_is_the_fewest_samples_that_can_certify():

@@ -1,4 +1,4 @@
-"""bench/table_study.py on three small measured tables (auto, all, fixed) of one line."""
+"""studies/table_study.py on three small measured tables (auto, all, fixed) of one line."""
 
 import json
 
@@ -6,8 +6,8 @@ import pytest
 from cli_helpers import invoke_ok
 from table_fixtures import small_table_spec
 
-from diffsmooth.bench.table_study import estimate_line, study
 from diffsmooth.engine.demo import shipped as demo_assets
+from studies.table_study import estimate_line, study
 
 SPEC = small_table_spec((0.25, 0.5))
 

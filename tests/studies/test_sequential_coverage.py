@@ -1,4 +1,4 @@
-"""bench/sequential_coverage.py: the exact miscoverage of the sequential looks (a dynamic program over
+"""studies/sequential_coverage.py: the exact miscoverage of the sequential looks (a dynamic program over
 the vote count, no stopping) against a brute-force sum over every path and against the Monte Carlo."""
 
 import functools
@@ -9,8 +9,11 @@ import pytest
 from click.testing import CliRunner
 from scipy.stats import binom, norm
 
-import diffsmooth.bench.sequential_coverage as coverage
-from diffsmooth.bench.sequential_coverage import (
+import studies.sequential_coverage as coverage
+from diffsmooth.engine.certify.cohen import lower_confidence_bounds
+from diffsmooth.engine.certify.sequential import SequentialRule, split_levels
+from diffsmooth.engine.runs.analyze import clopper_pearson
+from studies.sequential_coverage import (
     exact_miscoverage,
     exact_miscoverage_by_look,
     first_exceeding,
@@ -19,9 +22,6 @@ from diffsmooth.bench.sequential_coverage import (
     naive_cp_lower,
     split_cp_lower,
 )
-from diffsmooth.engine.certify.cohen import lower_confidence_bounds
-from diffsmooth.engine.certify.sequential import SequentialRule, split_levels
-from diffsmooth.engine.runs.analyze import clopper_pearson
 
 
 @functools.lru_cache(maxsize=None)

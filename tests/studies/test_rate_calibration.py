@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from diffsmooth.bench.rate_calibration import MODELS, calibrate
+from studies.rate_calibration import MODELS, calibrate
 
 HEADER = "idx\tlabel\tpredict\tradius\tcorrect\ttime\tsamples\ttop_votes\n"
 
@@ -40,7 +40,7 @@ def test_rerun_and_probe_checks_score_each_prior_and_refuse_rows_that_are_no_pre
     missed before. A probe file continues images 0 and 1 of the later folder's rows."""
     import click
 
-    from diffsmooth.bench.rate_calibration import compare, fitted_table, poisson_binomial_p, probe_check, rerun_checks
+    from studies.rate_calibration import compare, fitted_table, poisson_binomial_p, probe_check, rerun_checks
 
     race, later = tmp_path / "race", tmp_path / "all"
     _write_run(race / "runs" / "line_s0.25.tsv", [(0, 371, 371), (1, 371, 371), (2, 371, 371), (3, 371, 371),

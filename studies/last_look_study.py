@@ -2,20 +2,20 @@
 SIMULATED samples and cells against fixed-n, for several splits of the default rule (reach-cp with
 the pace-floor stop).
 
-    python -m diffsmooth.bench.last_look_study coverage [--n-max 10000,100000] [--shares 0.5,0.3,0.2,0.1,0.05] \
+    python -m studies.last_look_study coverage [--n-max 10000,100000] [--shares 0.5,0.3,0.2,0.1,0.05] \
         [--scan 60] --out bench/results/last_look/coverage.md
-    python -m diffsmooth.bench.last_look_study paths --rows bench/results/table_demo_rs_500x10000/all \
+    python -m studies.last_look_study paths --rows bench/results/table_demo_rs_500x10000/all \
         [--n-max 100000] [--seeds 20] [--shares ...] --out bench/results/last_look/rs_all_500_n100000.md
 
 `coverage`: for each share, the exact miscoverage P(lower bound > p at some look) of the rule's looks
-and levels with no stopping (bench/sequential_coverage.py's dynamic program: an upper bound for every
+and levels with no stopping (studies/sequential_coverage.py's dynamic program: an upper bound for every
 stopping rule on those looks), worst over the thresholds Phi(r / sigma) with 0.5 ... 0.9999, and
 over a scan of p (`scanned_rates`: evenly spaced p, p near 1, the unanimity bands of every look).
 The union bound keeps it <= alpha for every share; the table shows it.
 
 `paths`: every share on the SAME paired vote paths per seed (the looks do not depend on the share,
 so the paths are the same draws), each seed's vote rates drawn from the rows' posteriors (the
-mixture model, engine/runs/rate_model.py, as bench/race_study.py by default):
+mixture model, engine/runs/rate_model.py, as studies/race_study.py by default):
   `all` per sigma: engine/runs/simulation.py `simulate` (every radius of the table, one sigma at a
       time): samples and certified accuracy per radius against fixed-n on those paths;
   the table's plans: engine/table/race_sim.simulate_plans (fixed-n, `all`, the race), whose cells are
@@ -38,12 +38,12 @@ import click
 import numpy as np
 
 import diffsmooth.engine.table.race_sim as race_sim
-from diffsmooth.bench.race_study import rates_from, seed_rates
-from diffsmooth.bench.sequential_coverage import exact_miscoverage_by_look, rates, scanned_rates, split_cp_lower
 from diffsmooth.engine.certify.sequential import DEFAULT_LAST_LOOK, LAST_LOOK_OLD, SequentialRule
 from diffsmooth.engine.runs.request import parse_radii
 from diffsmooth.engine.runs.simulation import Image, simulate
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, TOLERANCE_POINTS
+from studies.race_study import rates_from, seed_rates
+from studies.sequential_coverage import exact_miscoverage_by_look, rates, scanned_rates, split_cp_lower
 
 SHARES = "0.5,0.3,0.2,0.1,0.05"
 PLANS = ("all", "race")
@@ -251,7 +251,7 @@ def coverage(n_maxes, shares, alpha, sigma, radii, points, out):
     radii = sorted(parse_radii(radii))
     records = [coverage_record(int(n), x, alpha, sigma, radii, points) for n in n_maxes.split(",")
                for x in parse_shares(shares)]
-    command = (f"python -m diffsmooth.bench.last_look_study coverage --n-max {n_maxes} --shares {shares} "
+    command = (f"python -m studies.last_look_study coverage --n-max {n_maxes} --shares {shares} "
                f"--alpha {alpha:g} --sigma {sigma:g} --radii {','.join(f'{r:g}' for r in radii)} --scan {points}")
     write({"alpha": alpha, "method": "exact (dynamic program, no stopping)", "records": records},
           coverage_markdown(records, alpha, command), out)
@@ -269,7 +269,7 @@ def coverage(n_maxes, shares, alpha, sigma, radii, points, out):
 def paths(folder, n_max, seeds, shares, tolerance, no_plans, out):
     """SIMULATED samples and cells against fixed-n of each split on paired paths."""
     doc = path_study(Path(folder), n_max, seeds, parse_shares(shares), tolerance, plans=not no_plans)
-    command = (f"python -m diffsmooth.bench.last_look_study paths --rows {folder} --n-max {n_max} --seeds {seeds} "
+    command = (f"python -m studies.last_look_study paths --rows {folder} --n-max {n_max} --seeds {seeds} "
                f"--shares {shares}" + (" --no-plans" if no_plans else "") + (f" --out {out}" if out else ""))
     doc["command"] = command
     write(doc, paths_markdown(doc, command), out)

@@ -4,7 +4,7 @@ them (the caching allocator's rounding, cuDNN workspaces and compiled code aside
 the ImageNet run at batch 32 showed 115 GiB of peak allocated memory on an H200: the estimates here are
 what its tensors need; docs/performance.md, "ImageNet memory", says where the rest came from.
 
-    python -m diffsmooth.bench.memory --models imagenet --batch 32,64 --precision fp16
+    python -m studies.memory --models imagenet --batch 32,64 --precision fp16
 """
 
 from __future__ import annotations
@@ -112,12 +112,11 @@ def model_set_memory(models: str, batches: Sequence[int], precision: str = "fp16
     one call) at each batch in `precision` (fp16 / bf16 stand for autocast: every op in that dtype, the
     UNet's GroupNorm in fp32 as it runs), and the reference-equivalent baseline (fp32, legacy attention,
     m classifier calls of `reference_batch`)."""
+    from diffsmooth.bench.models import SET_SPECS
     from diffsmooth.engine.base_classifier.diffusion_denoiser import DiffusionDenoiser, schedule_for
     from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
     from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
     from diffsmooth.engine.models.unet import UNetModel, unet_config
-
-    from .models import SET_SPECS
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     spec = SET_SPECS[models]
     shape = tuple(spec["shape"])

@@ -1,8 +1,8 @@
 """The class each image's n0 selection samples pick, per sigma, for a demo table line: what sequential rows
 record since the `selected` column exists, computed for rows written before it (a study of the wrong-class
-stop replays those rows with it: bench/race_study.py --selected).
+stop replays those rows with it: studies/race_study.py --selected).
 
-    python -m diffsmooth.bench.selected_classes --rows rs --images 500 [--compile] --out FILE.json
+    python -m studies.selected_classes --rows rs --images 500 [--compile] --out FILE.json
 
 The selection uses samples 0..n0-1 of each image under the table's seed, as every table run does, so the
 classes are those the stored runs selected; `--check DIR` compares them with a table folder's rows (a row

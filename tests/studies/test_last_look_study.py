@@ -1,4 +1,4 @@
-"""bench/last_look_study.py: the last look's shares on the same paired paths, and their exact miscoverage."""
+"""studies/last_look_study.py: the last look's shares on the same paired paths, and their exact miscoverage."""
 
 import json
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from diffsmooth.bench.last_look_study import main, passes, path_study
 from diffsmooth.engine.certify.sequential import SequentialRule
-from tests.bench.test_race_study import _folder
+from studies.last_look_study import main, passes, path_study
+from tests.studies.test_race_study import _folder
 
 
 def test_every_share_runs_on_the_same_paths_and_fewer_samples_come_with_a_smaller_last_look(tmp_path):

@@ -11,7 +11,7 @@ image's state is its position (a look) on its vote path, read with the running b
 both kinds replay engine/table/race.py's `next_extension` on the same paths with the same statuses, and
 `all`'s cells are checked against the engine's rule (race_sim mirrors the table itself).
 
-    python -m diffsmooth.bench.decide_study --rows DIR --selected FILE [--seeds 20] [--images 500]
+    python -m studies.decide_study --rows DIR --selected FILE [--seeds 20] [--images 500]
         [--rates beta-mixture] [--out FILE.md]
 """
 
@@ -25,11 +25,11 @@ import click
 import numpy as np
 from scipy.stats import beta
 
-from diffsmooth.bench.race_study import RATE_MODELS, load_selected, rates_from, seed_rates, tiled
 from diffsmooth.engine.runs.simulation import chunk_votes
 from diffsmooth.engine.table.defaults import TOLERANCE_POINTS
 from diffsmooth.engine.table.race import CellStatus, initial_radii, next_extension, tolerance_images
 from diffsmooth.engine.table.race_sim import SimulatedSigma
+from studies.race_study import RATE_MODELS, load_selected, rates_from, seed_rates, tiled
 
 NEVER = np.iinfo(np.int64).max
 PLANS = ("settle the radii up to the one asked", "decide the radius asked")
@@ -191,7 +191,7 @@ def markdown(doc: dict) -> str:
 @click.option("--rows", "folder", type=click.Path(exists=True, file_okay=False), required=True,
               help="A table folder: its first line's rows give each image's vote rate per sigma.")
 @click.option("--selected", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Each image's selected class (bench/selected_classes.py) for rows that do not record it.")
+              help="Each image's selected class (studies/selected_classes.py) for rows that do not record it.")
 @click.option("--seeds", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--rates", type=click.Choice(RATE_MODELS), default="beta-mixture", show_default=True)
 @click.option("--images", type=click.IntRange(1), default=None, help="Repeat the rows' images up to this many.")

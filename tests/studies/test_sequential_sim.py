@@ -1,12 +1,12 @@
-"""bench/sequential_sim.py: vote rates recovered from printed radii, and the simulated table."""
+"""studies/sequential_sim.py: vote rates recovered from printed radii, and the simulated table."""
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from diffsmooth.bench.sequential_sim import main, recover_votes
 from diffsmooth.engine.certify.cohen import certified_radius
 from diffsmooth.engine.runs.results import format_radius
+from studies.sequential_sim import main, recover_votes
 
 
 def test_recover_votes_reprints_the_radius():
@@ -49,8 +49,8 @@ def test_sim_table_from_a_tsv(tmp_path):
 def test_sim_computes_no_bound_of_its_own():
     """One implementation: the simulator's core lives in the engine (the table command predicts with
     it) and takes its bounds and its rule from engine/certify; the bench only prints tables."""
-    import diffsmooth.bench.sequential_sim as bench_sim
     import diffsmooth.engine.runs.simulation as sim
+    import studies.sequential_sim as bench_sim
     from diffsmooth.engine.certify import cohen, sequential
     assert sim.lower_confidence_bounds is cohen.lower_confidence_bounds and sim.run_rule is sequential.run_rule
     assert not hasattr(sim, "beta") and not hasattr(sim, "confidence_bounds")
@@ -60,8 +60,8 @@ def test_sim_computes_no_bound_of_its_own():
 def test_rules_and_fixed_n_share_one_path_per_image():
     """Paired comparison: each rule's chunk votes are cut from the same path, whose total is the
     fixed-n count, also for rules whose looks differ."""
-    from diffsmooth.bench.sequential_sim import chunk_votes, shared_paths
     from diffsmooth.engine.certify.sequential import SequentialRule
+    from studies.sequential_sim import chunk_votes, shared_paths
     rules = [SequentialRule((0.5,), 0.5, 0.001, 5000, growth=g) for g in (1.2, 2.0)]
     assert rules[0].looks() != rules[1].looks()
     p = np.linspace(0.5, 0.99, 40)

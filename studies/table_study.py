@@ -1,7 +1,7 @@
 """What `diffsmooth table`'s plans cost and change for a table's first line, from measured table folders
 (MEASURED) and, on paired simulated vote paths, against fixed-n CERTIFY (SIMULATED).
 
-    python -m diffsmooth.bench.table_study --auto DIR --all DIR [--fixed DIR] [--seeds 20]
+    python -m studies.table_study --auto DIR --all DIR [--fixed DIR] [--seeds 20]
         [--n-max-sim 100000] [--out bench/results/table_demo_rs_500x10000]
 
 MEASURED: the auto and all tables' cells, samples and seconds (their summary.json), and a measured

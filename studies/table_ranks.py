@@ -2,7 +2,7 @@
 samples drawn, each rank's computed samples and the busiest rank's over the mean, and whether the two
 folders hold the same rows. Runs the command line as child processes.
 
-    python -m diffsmooth.bench.table_ranks --out DIR [--ranks 2] [--images 16] [--n-max 2000]
+    python -m studies.table_ranks --out DIR [--ranks 2] [--images 16] [--n-max 2000]
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""bench/race_study.py on a table folder of synthetic rows: the rates it reads, the plans it compares."""
+"""studies/race_study.py on a table folder of synthetic rows: the rates it reads, the plans it compares."""
 
 import json
 
 import numpy as np
 import pytest
 
-from diffsmooth.bench.race_study import estimate, markdown, rates_from, study
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, SEQUENTIAL_EXTRA_BEFORE_SELECTED
+from studies.race_study import estimate, markdown, rates_from, study
 
 COLUMNS = CERTIFY_COLUMNS + SEQUENTIAL_EXTRA_BEFORE_SELECTED     # rows as stored before `selected`
 
@@ -31,7 +31,7 @@ def _folder(tmp_path, images=60):
 
 
 def test_the_selected_class_comes_from_the_row_else_from_a_selected_file_else_from_correct():
-    from diffsmooth.bench.race_study import right_class
+    from studies.race_study import right_class
 
     row = {"idx": "4", "label": "3", "predict": "-1", "correct": "0"}
     assert right_class(row, None, 0.5) is False                                  # unknown: as before, another class
@@ -88,7 +88,7 @@ def test_the_mixture_replays_unanimous_rows_as_unanimous_where_jeffreys_cannot(t
 
 
 def test_the_fitted_beta_mixture_gives_each_seed_rates_from_the_rows_posteriors(tmp_path):
-    from diffsmooth.bench.race_study import seed_rates
+    from studies.race_study import seed_rates
 
     data = rates_from(_folder(tmp_path))
     rng = np.random.default_rng(0)

@@ -1,6 +1,6 @@
 """EXACT coverage of the sequential lower bounds at the looks (is P(L ever > pA) <= alpha?).
 
-    python -m diffsmooth.bench.sequential_coverage [--bound reach-cp] [--scan 200] [--paths 50000] \
+    python -m studies.sequential_coverage [--bound reach-cp] [--scan 200] [--paths 50000] \
         [--out bench/results/sequential_coverage]
 
 For each n_max and each true vote rate p (each radius threshold Phi(r / sigma), and 0.5, 0.9,

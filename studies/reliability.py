@@ -3,8 +3,8 @@ they injected into running certifications, and whether every one ended as requir
 `error:` line with exit code 2 and nothing written; a valid extreme accepted; a fault survived with
 the finished rows intact and a rerun giving the uninterrupted run's rows).
 
-    python -m diffsmooth.bench.reliability            # tests/fuzz, the slow fault tests included
-    python -m diffsmooth.bench.reliability --fast     # hostile inputs only (-m "not slow")
+    python -m studies.reliability            # tests/fuzz, the slow fault tests included
+    python -m studies.reliability --fast     # hostile inputs only (-m "not slow")
 
 Runs pytest on tests/fuzz with $DIFFSMOOTH_RELIABILITY_JSON set, so the tests' ledger
 (tests/fuzz/reliability_ledger.py) is written to OUT/reliability.json; adds OUT/reliability.md. Needs a
@@ -62,7 +62,7 @@ def main(out, fast):
     if not ledger.exists():
         raise click.ClickException(f"pytest wrote no ledger (exit status {status})")
     doc = json.loads(ledger.read_text())
-    doc.update(bench_command="python -m diffsmooth.bench.reliability" + (" --fast" if fast else ""),
+    doc.update(bench_command="python -m studies.reliability" + (" --fast" if fast else ""),
                wall_seconds=round(time.time() - start, 1))
     ledger.write_text(json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n")
     (out / "reliability.md").write_text(markdown(doc))

@@ -1,6 +1,6 @@
 """MEASURED against SIMULATED: how well each vote-rate model predicts what a table's reruns did.
 
-    python -m diffsmooth.bench.rate_calibration FOLDER... [--out FILE]
+    python -m studies.rate_calibration FOLDER... [--out FILE]
 
 A race folder (`diffsmooth table`, plan race) holds each sigma's first run (LINE_sSIGMA.tsv) and its
 extensions (LINE_sSIGMA_toR.tsv), which rerun images from their first sample with more radii: an
@@ -10,7 +10,7 @@ unanimous image stops in that file; the sum is compared with the count observed.
 estimate (the simulator's rate until now), Jeffreys' posterior, and the mixture with a point mass at
 1 whose weight is fitted to the first runs' rows only (engine/runs/rate_model.py).
 
-    python -m diffsmooth.bench.rate_calibration --rerun RACE_FOLDER [--later FOLDER]... \
+    python -m studies.rate_calibration --rerun RACE_FOLDER [--later FOLDER]... \
         [--probe PROBE.json]... [--rows FOLDER]... [--models A,B] [--json FILE] [--out FILE]
 
 compares the multi-parameter priors of engine/runs/rate_model.py (RATE_PRIORS) on what came after a row:
@@ -18,7 +18,7 @@ compares the multi-parameter priors of engine/runs/rate_model.py (RATE_PRIORS) o
 - a rerun check (`--rerun`): each image's row in the race folder's first run (LINE_sSIGMA.tsv) against its
   longest row in the race folder and the `--later` folders of the same line (every table run draws the same
   samples of an image under the table's seed, so a longer row's first samples are the shorter row's: checked);
-- a probe check (`--probe`, bench/rate_probe.py): each probed image's row against the votes counted beyond it.
+- a probe check (`--probe`, studies/rate_probe.py): each probed image's row against the votes counted beyond it.
 
 Every check is scored two ways. *rows*: the prior is fitted to the check's rows of every image (what a simulator
 fitting to a table's rows sees) and predicts what came after for every checked image. *half*: two folds of the
@@ -202,7 +202,7 @@ def rerun_checks(race: Path, later: List[Path]) -> List[dict]:
 
 
 def probe_check(path: Path) -> dict:
-    """A probe check from a bench/rate_probe.py file; the fit sees the longest row of every image of the sigma in
+    """A probe check from a studies/rate_probe.py file; the fit sees the longest row of every image of the sigma in
     the probed folder."""
     doc = json.loads(path.read_text())
     folder, sigma, n0 = Path(doc["folder"]), float(doc["sigma"]), int(doc["n0"])
@@ -400,7 +400,7 @@ def compare_markdown(entries: List[dict]) -> str:
 @click.option("--later", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="More table folders of the same lines whose rows continue the first runs' (repeatable).")
 @click.option("--probe", "probes", multiple=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="A bench/rate_probe.py file (repeatable).")
+              help="A studies/rate_probe.py file (repeatable).")
 @click.option("--rows", "rows_folders", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A table folder whose rows each prior is fitted to, per sigma, alone and pooled with the checks' "
                    "(repeatable; the parameters table).")

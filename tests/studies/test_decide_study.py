@@ -1,12 +1,12 @@
-"""bench/decide_study.py: its reading of `all` on every look equals the engine's rule image by image, and
+"""studies/decide_study.py: its reading of `all` on every look equals the engine's rule image by image, and
 the race that decides only the radius asked keeps `all`'s cells and draws fewer samples."""
 
 import numpy as np
 
-from diffsmooth.bench.decide_study import PLANS, PathLooks, markdown, race, study
 from diffsmooth.engine.table.race import initial_radii
 from diffsmooth.engine.table.race_sim import SimulatedSigma
-from tests.bench.test_race_study import _folder
+from studies.decide_study import PLANS, PathLooks, markdown, race, study
+from tests.studies.test_race_study import _folder
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
 

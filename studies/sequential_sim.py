@@ -1,6 +1,6 @@
 """SIMULATED fixed-n vs sequential CERTIFY from measured vote rates (no model, no GPU).
 
-    python -m diffsmooth.bench.sequential_sim --rows bench/results/h200-2026-11-26/sequential/fixed.tsv [--n-max 100000]
+    python -m studies.sequential_sim --rows bench/results/h200-2026-11-26/sequential/fixed.tsv [--n-max 100000]
 
 Each image's vote rate p for its predicted class is recovered from a fixed-n CERTIFY TSV: the
 printed radius is sigma * Phi^-1(Clopper-Pearson lower bound of nA out of n) to 3 significant

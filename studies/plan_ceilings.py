@@ -1,8 +1,8 @@
-"""How far a table plan could go, SIMULATED on the same paired vote paths as bench/race_study.py:
+"""How far a table plan could go, SIMULATED on the same paired vote paths as studies/race_study.py:
 the race against a plan that knows every cell's winner in advance, and against an ESTIMATED lower
 bound on the samples of any valid rule that certifies those cells.
 
-    python -m diffsmooth.bench.plan_ceilings --rows DIR [--n-max 100000] [--seeds 20] [--images N]
+    python -m studies.plan_ceilings --rows DIR [--n-max 100000] [--seeds 20] [--images N]
         [--estimate SECONDS_PER_IMAGE IMAGES] [--out FILE.md]
 
 - *winner known*: each sigma settles only the radii where it has `all`'s best count (ties go to the
@@ -23,7 +23,10 @@ import click
 import numpy as np
 from scipy.stats import norm
 
-from diffsmooth.bench.race_study import (
+from diffsmooth.engine.table.defaults import RACE_REACH_SIGMAS
+from diffsmooth.engine.table.race import initial_radii, tolerance_images
+from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_race
+from studies.race_study import (
     RATE_TEXT,
     estimate,
     estimate_lines,
@@ -35,9 +38,6 @@ from diffsmooth.bench.race_study import (
     stop_text,
     tiled,
 )
-from diffsmooth.engine.table.defaults import RACE_REACH_SIGMAS
-from diffsmooth.engine.table.race import initial_radii, tolerance_images
-from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_race
 
 PLANS = ("fixed", "all", "race", "winner known", "winner known, tolerance", "information bound")
 

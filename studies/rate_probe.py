@@ -1,13 +1,13 @@
 """MEASURED: the votes a demo table line's images give beyond their rows, to check vote-rate models.
 
-    python -m diffsmooth.bench.rate_probe --rows rs --folder DIR --sigma S --unanimous U --near N \
+    python -m studies.rate_probe --rows rs --folder DIR --sigma S --unanimous U --near N \
         --more M [--compile] [--threads 1] --out FILE.json [--time]
 
 The run is built as a table builds it (demo_spec, spec.request_options, plan_run, build_voter; as
-bench/selected_classes.py does). The noise is counter-based: sample j of image i under the table's seed
+studies/selected_classes.py does). The noise is counter-based: sample j of image i under the table's seed
 is the same in every run, so counting samples [row end, row end + M) continues each image's row exactly
 where it stopped. For the sigma, each image's longest row in the folder's runs (every file of that
-sigma, as bench/race_study.py reads them) is its row; rows whose class is known (predict >= 0 or a
+sigma, as studies/race_study.py reads them) is its row; rows whose class is known (predict >= 0 or a
 `selected` column) are candidates:
 
 - `--unanimous U`: U rows with every vote (top_votes == samples - n0), evenly spaced in image order;

@@ -2,7 +2,7 @@
 local-smoothing classify + bincount), torch eager vs ONNX Runtime CPU, side by side in one run and
 with the same thread count for both.
 
-    python -m diffsmooth.bench.ort_vs_torch [--sets demo,cifar10] [--json]
+    python -m studies.ort_vs_torch [--sets demo,cifar10] [--json]
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 stop), fixed-n and the oracle, per radius, on the project's row sets; and the fewest samples at
 which an image with every vote certifies r / sigma = 2, 2.5, 3, 3.5 under each rule.
 
-    python -m diffsmooth.bench.sequential_reach --rows ROWS [--sigma S --radii R] --n-max 10000,100000 [--seeds 20]
-    python -m diffsmooth.bench.sequential_reach --unanimous
+    python -m studies.sequential_reach --rows ROWS [--sigma S --radii R] --n-max 10000,100000 [--seeds 20]
+    python -m studies.sequential_reach --unanimous
 
 A sequential row set (with `top_votes`) brings its own sigma and radii from its settings file. Every
 rule runs on the same vote paths as fixed-n (engine/runs/simulation.py), so the changes are paired.

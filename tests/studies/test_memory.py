@@ -1,4 +1,4 @@
-"""bench/memory.py: the bytes alive during a forward pass, counted on meta tensors (issue 45's ImageNet
+"""studies/memory.py: the bytes alive during a forward pass, counted on meta tensors (issue 45's ImageNet
 memory question: docs/performance.md, "ImageNet memory")."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from diffsmooth.bench.memory import LiveBytes, forward_peak, model_set_memory, stage_memory
+from studies.memory import LiveBytes, forward_peak, model_set_memory, stage_memory
 
 
 def test_live_bytes_counts_what_is_alive_not_what_was_made():

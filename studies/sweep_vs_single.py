@@ -1,7 +1,7 @@
 """Sweep vs one-by-one: the paper's grid (4 sigma' x 5 m x 2 classifiers + DDS) at one sigma,
 certified in ONE pass (denoise once per batch) against the same configurations run separately.
 
-    python -m diffsmooth.bench.sweep_vs_single [--n 200] [--images 2] [--json]
+    python -m studies.sweep_vs_single [--n 200] [--images 2] [--json]
 
 Measured on the demo models (embedded weights when present, else the same architectures with
 random weights), then extrapolated to the full-size CIFAR-10 UNet + ResNet-110 from their

@@ -2,7 +2,7 @@
 paired vote paths from a measured table's rows, with where the samples go (by sigma and by why an
 image's run stopped), and an ESTIMATED GPU line.
 
-    python -m diffsmooth.bench.race_study --rows DIR [--n-max 100000] [--seeds 20] [--tolerance 0.5]
+    python -m studies.race_study --rows DIR [--n-max 100000] [--seeds 20] [--tolerance 0.5]
         [--estimate SECONDS_PER_IMAGE IMAGES] [--out FILE.md]
 
 Each image's vote rate per sigma is read from the table folder's rows of its first line (any plan;
@@ -26,7 +26,7 @@ from diffsmooth.engine.table.race_sim import STOP_REASONS, simulate_plans
 from diffsmooth.engine.table.spec import LineSpec
 
 PLANS = ("fixed", "all", "auto", "race")
-RATE_MODELS = ("mixture", "jeffreys", "beta-mixture", "beta")   # engine/runs/rate_model.py; bench/rate_calibration.py checks them
+RATE_MODELS = ("mixture", "jeffreys", "beta-mixture", "beta")  # engine/runs/rate_model.py; rate_calibration.py checks them
 RATE_TEXT = {"mixture": "each seed draws every image's rate from its posterior (point mass at 1 fitted to the rows, "
                         "else Jeffreys)", "jeffreys": "Jeffreys' estimate of each row",
              "beta-mixture": "each seed draws every image's rate from its posterior under a point mass at 1 plus a "
@@ -38,7 +38,7 @@ REASONS = STOP_REASONS + ("extended",)
 
 def right_class(row: dict, selected: Optional[dict], sigma: float) -> bool:
     """The image's selected class is its label: from the row's `selected` column, else from `selected` (a
-    bench/selected_classes.py file), else the row's `correct` (an abstaining row then counts as another class,
+    studies/selected_classes.py file), else the row's `correct` (an abstaining row then counts as another class,
     as studies did before the selected class was recorded)."""
     if row.get("selected") not in (None, ""):
         return int(row["selected"]) == int(row["label"])
@@ -119,7 +119,7 @@ def tiled(data: dict, images: Optional[int]) -> dict:
 
 
 def load_selected(path: Optional[str]) -> Optional[dict]:
-    """A bench/selected_classes.py file, or None."""
+    """A studies/selected_classes.py file, or None."""
     return json.loads(Path(path).read_text()) if path else None
 
 
@@ -251,7 +251,7 @@ def estimate_lines(doc: dict, plans: Sequence[str]) -> List[str]:
 
 
 def simulation_options(command):
-    """The options every study of simulated table plans takes (this one and bench/plan_ceilings.py)."""
+    """The options every study of simulated table plans takes (this one and studies/plan_ceilings.py)."""
     options = [
         click.option("--rows", "folder", type=click.Path(exists=True, file_okay=False), required=True,
                      help="A table folder (any plan): its first line's rows give each image's vote rate per sigma."),
@@ -270,7 +270,7 @@ def simulation_options(command):
         click.option("--out", type=click.Path(dir_okay=False), default=None,
                      help="Write the markdown (and FILE.json) here."),
         click.option("--selected", type=click.Path(exists=True, dir_okay=False), default=None,
-                     help="Each image's selected class (bench/selected_classes.py), for rows written before sequential "
+                     help="Each image's selected class (studies/selected_classes.py), for rows written before sequential "
                           "rows recorded it; else an abstaining row counts as another class."),
         click.option("--wrong-class-stop/--no-wrong-class-stop", default=True, show_default=True,
                      help="The table's wrong-class stop (an image whose selected class is not its label stops after "
