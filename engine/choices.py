@@ -15,7 +15,7 @@ SCHEDULES = ("linear", "cosine")                         # diffusion noise sched
 NORMALIZATIONS = ("normalize", "center", "none")         # the input layer in front of a classifier
 STATS = ("cifar10", "imagenet", "fashion-mnist")         # mean/std tables of the normalisation
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
-PRECISIONS = ("fp32", "fp16", "bf16")                    # torch backend
+RUN_PRECISIONS = ("fp32", "fp16", "bf16")                # what a run may ask for; the torch backend runs each
 GRAPH_PRECISIONS = ("fp32", "fp16")                      # exported ONNX graphs and TensorRT plans
 SEQUENTIAL_BOUNDS = ("reach-cp", "split-cp", "mixture")              # lower bounds of a sequential run (certify/sequential.py)
 
@@ -40,5 +40,6 @@ DEFAULT_SIGMA = 0.5                 # the smoothing noise of `certify` without -
 DEFAULT_LOCAL_SIGMA = 0.25          # DiffSmooth's sigma' of `certify` without --local-sigma
 DEFAULT_M = 5                       # DiffSmooth's local noises per sample (m)
 DEFAULT_LOCAL_NOISE = LOCAL_NOISE_MODES[0]              # "fixed": drawn once
+FIXED_LOCAL_NOISE_SEED = 42         # the reference draws its fixed local noises with seed 42 (certify/noise.py)
 DEFAULT_SPLIT = "test"
 DEFAULT_SKIP = 1                    # every image of the split

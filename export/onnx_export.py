@@ -20,6 +20,7 @@ from torch import nn
 
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
+from diffsmooth.engine.choices import FIXED_LOCAL_NOISE_SEED, GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.diffusers_folder import denoiser_identity, is_diffusers_folder
@@ -29,7 +30,6 @@ from .graph_passes import check_structure, fuse_affine_chains, initializer_bytes
 from .manifest import file_hashes, package_versions, write_manifest
 
 OPSET = 17
-PRECISIONS = ("fp32", "fp16")
 # Protobuf cannot serialise a message over 2 GiB; keep a margin for the graph structure itself.
 EXTERNAL_DATA_THRESHOLD = (2 << 30) - (64 << 20)
 
@@ -143,8 +143,8 @@ def save_graph(model: onnx.ModelProto, path, external_data_threshold: int = EXTE
 def _variants(model: onnx.ModelProto, precisions: Sequence[str]):
     """(precision, model) for each requested precision; fp16 is converted from a copy of fp32."""
     for p in precisions:
-        if p not in PRECISIONS:
-            raise UserError(f"export precision must be one of {', '.join(PRECISIONS)}, got {p!r}")
+        if p not in GRAPH_PRECISIONS:
+            raise UserError(f"export precision must be one of {', '.join(GRAPH_PRECISIONS)}, got {p!r}")
     for p in precisions:
         if p == "fp32":
             yield p, model
@@ -303,7 +303,7 @@ def classifier_file_name(config: MethodConfig, image_shape, precision: str) -> s
     name = f"classifier_{config.method}_s{config.sigma:g}"
     if config.method == "diffsmooth":
         name += f"_m{config.m}_ls{config.local_sigma:g}_{config.local_noise}"
-        if config.local_noise == "fixed" and config.local_noise_seed != 42:
+        if config.local_noise == "fixed" and config.local_noise_seed != FIXED_LOCAL_NOISE_SEED:
             name += f"_seed{config.local_noise_seed}"
     return f"{name}_{shape_tag(image_shape)}_{precision}.onnx"
 

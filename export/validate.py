@@ -18,6 +18,7 @@ from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_de
 from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
+from diffsmooth.engine.choices import FIXED_LOCAL_NOISE_SEED
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
@@ -323,7 +324,7 @@ def config_from_manifest(manifest: dict) -> MethodConfig:
     if manifest.get("method") == "diffsmooth":
         return MethodConfig("diffsmooth", float(manifest["sigma"]), int(manifest["m"]),
                             float(manifest["local_sigma"]), manifest["local_noise"],
-                            int(manifest.get("local_noise_seed") or 42))
+                            int(manifest.get("local_noise_seed") or FIXED_LOCAL_NOISE_SEED))
     return MethodConfig(manifest["method"], float(manifest["sigma"]))
 
 

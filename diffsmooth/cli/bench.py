@@ -13,9 +13,20 @@ from diffsmooth.bench.harness import BenchSettings, run_bench, to_jsonable
 from diffsmooth.bench.models import MODEL_SETS
 from diffsmooth.bench.report import render
 from diffsmooth.bench.variants import TOKENS, parse_variants
-from diffsmooth.cli.options import BATCH, LOCAL_NOISES, LOCAL_SIGMA, SAMPLES, SEED, SIGMA, THREADS, Count, Number
+from diffsmooth.cli.param_types import BATCH, LOCAL_NOISES, LOCAL_SIGMA, SAMPLES, SEED, SIGMA, THREADS, Count, Number
 from diffsmooth.engine.backends.compile_options import COMPILE_MODES, INDUCTOR_KNOBS, parse_inductor_knobs
-from diffsmooth.engine.choices import BACKENDS, LOCAL_NOISE_MODES, METHODS, PRECISIONS
+from diffsmooth.engine.choices import (
+    BACKENDS,
+    DEFAULT_LOCAL_NOISE,
+    DEFAULT_LOCAL_SIGMA,
+    DEFAULT_M,
+    DEFAULT_METHOD,
+    DEFAULT_N0,
+    DEFAULT_SIGMA,
+    LOCAL_NOISE_MODES,
+    METHODS,
+    RUN_PRECISIONS,
+)
 
 
 def _csv(kind=str):
@@ -57,14 +68,14 @@ def _check_choices(values, allowed, name):
               help="Scheduler folder of a diffusers UNet folder given as --denoiser.")
 @click.option("--arch", default=None,
               help="Classifier architecture instead of the set's (e.g. beit_large_patch16_224, timm:<name>; random weights).")
-@click.option("--method", type=click.Choice(METHODS), default="diffsmooth", show_default=True)
-@click.option("--sigma", type=SIGMA, default=0.5, show_default=True, help="Smoothing noise std.")
-@click.option("--n0", type=SAMPLES, default=100, show_default=True, help="Selection samples per image.")
+@click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True)
+@click.option("--sigma", type=SIGMA, default=DEFAULT_SIGMA, show_default=True, help="Smoothing noise std.")
+@click.option("--n0", type=SAMPLES, default=DEFAULT_N0, show_default=True, help="Selection samples per image.")
 @click.option("--n", type=SAMPLES, default=None, help="Estimation samples to extrapolate to [default: 100000; "
                                                        "imagenet 10000].")
-@click.option("--m", "m", type=LOCAL_NOISES, default=5, show_default=True, help="Local noises (diffsmooth).")
-@click.option("--local-sigma", type=LOCAL_SIGMA, default=0.25, show_default=True)
-@click.option("--local-noise", type=click.Choice(LOCAL_NOISE_MODES), default="fixed", show_default=True)
+@click.option("--m", "m", type=LOCAL_NOISES, default=DEFAULT_M, show_default=True, help="Local noises (diffsmooth).")
+@click.option("--local-sigma", type=LOCAL_SIGMA, default=DEFAULT_LOCAL_SIGMA, show_default=True)
+@click.option("--local-noise", type=click.Choice(LOCAL_NOISE_MODES), default=DEFAULT_LOCAL_NOISE, show_default=True)
 @click.option("--batch", type=BATCH, default=None,
               help="Engine batch [default: CPU demo/cifar10 50, imagenet 4; CUDA 2000/2000/32].")
 @click.option("--measure-n", type=SAMPLES, default=None,
@@ -128,7 +139,7 @@ def _check_choices(values, allowed, name):
 def bench(**kw):
     """Time certification per image, stage by stage; FLOP/s vs peak; engine vs reference-equivalent."""
     _check_choices(kw["backends"], BACKENDS, "--backend")
-    _check_choices(kw["precisions"], PRECISIONS, "--precision")
+    _check_choices(kw["precisions"], RUN_PRECISIONS, "--precision")
     if kw["plot"] and not kw["sweep"]:
         raise click.BadParameter("--plot draws the sweep: add --sweep", param_hint="--plot")
     settings = BenchSettings(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.options import BATCH, GRAPH_PRECISIONS, Number, validation_options
+from diffsmooth.cli.options import validation_options
+from diffsmooth.cli.param_types import BATCH, Number
+from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.export import plan_check
 
 

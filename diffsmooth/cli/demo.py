@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.options import ALPHA, BATCH, LOCAL_NOISES, LOCAL_SIGMA, SAMPLES, SEED, SIGMA, THREADS, Count, precision_option
+from diffsmooth.cli.options import precision_option
+from diffsmooth.cli.param_types import ALPHA, BATCH, LOCAL_NOISES, LOCAL_SIGMA, SAMPLES, SEED, SIGMA, THREADS, Count
 from diffsmooth.engine.choices import (
     DEFAULT_ALPHA,
     DEFAULT_LOCAL_SIGMA,

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from diffsmooth.cli.options import Number
+from diffsmooth.cli.param_types import Number
 from diffsmooth.engine.env_report import collect_env, format_env
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.options import BATCH, method_options, model_options, validation_options
+from diffsmooth.cli.options import method_options, model_options, validation_options
+from diffsmooth.cli.param_types import BATCH
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder, read_diffusers_folder

@@ -1,12 +1,24 @@
 """Option groups shared by the commands, their choices taken from the engine's own constants
-(engine/choices.py), so a name is spelled once. Each group is a decorator adding its options."""
+(engine/choices.py), so a name is spelled once. Each group is a decorator adding its options; the number
+types they use are param_types.py's."""
 
 from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.param_types import Count, Number
-from diffsmooth.engine.backends.compile_options import COMPILE_MODES, INDUCTOR_KNOBS
+from diffsmooth.cli.fast_path_options import fast_path_options
+from diffsmooth.cli.param_types import (
+    ALPHA,
+    BATCH,
+    DIFFUSION_STEPS,
+    LOCAL_NOISES,
+    LOCAL_SIGMA,
+    SAMPLES,
+    SEED,
+    SIGMA,
+    THREADS,
+    Count,
+)
 from diffsmooth.engine.choices import (
     BACKENDS,
     DATASET_KINDS,
@@ -21,39 +33,20 @@ from diffsmooth.engine.choices import (
     DEFAULT_SIGMA,
     DEFAULT_SKIP,
     DEFAULT_SPLIT,
-    GRAPH_PRECISIONS,
+    FIXED_LOCAL_NOISE_SEED,
     LOCAL_NOISE_MODES,
-    MAX_BATCH,
-    MAX_DIFFUSION_STEPS,
-    MAX_LOCAL_NOISES,
-    MAX_SAMPLES,
-    MAX_SEED,
-    MAX_THREADS,
     MAX_WINDOW,
     METHODS,
     NORMALIZATIONS,
-    PRECISIONS,
     PRESETS,
+    RUN_PRECISIONS,
     SCHEDULES,
     SEQUENTIAL_BOUNDS,
     STATS,
 )
 
-__all__ = ["ALPHA", "BATCH", "DIFFUSION_STEPS", "GRAPH_PRECISIONS", "LOCAL_NOISES", "LOCAL_SIGMA", "SAMPLES", "SEED",
-           "SIGMA", "THREADS", "Count", "Number", "dataset_option", "distinct", "group", "method_options",
-           "model_options", "precision_option", "run_options", "sequential_options",
-           "validation_options"]
-
-
-SIGMA = Number(0, low_open=True, label="sigma")
-LOCAL_SIGMA = Number(0, label="local sigma")
-ALPHA = Number(0, 1, low_open=True, high_open=True, label="alpha")
-SEED = Count(0, MAX_SEED, "seeds are 64-bit noise keys")
-SAMPLES = Count(1, MAX_SAMPLES, "Monte Carlo sample indices are 32-bit")
-BATCH = Count(1, MAX_BATCH, "buffers of the batch size are allocated up front")
-THREADS = Count(1, MAX_THREADS)
-LOCAL_NOISES = Count(1, MAX_LOCAL_NOISES, "m classifier calls per sample", label="m (local noises)")
-DIFFUSION_STEPS = Count(1, MAX_DIFFUSION_STEPS)
+__all__ = ["dataset_option", "distinct", "group", "method_options", "model_options", "precision_option",
+           "run_options", "sequential_options", "validation_options"]
 
 
 def distinct(ctx, param, values):
@@ -81,7 +74,7 @@ def dataset_option(help_text="Dataset layout [default: embedded demo subset]."):
     return click.option("--dataset", type=click.Choice(DATASET_KINDS), help=help_text)
 
 
-def precision_option(choices=PRECISIONS):
+def precision_option(choices=RUN_PRECISIONS):
     return click.option("--precision", type=click.Choice(choices), default="fp32", show_default=True)
 
 
@@ -127,41 +120,10 @@ def method_options(sweep: bool = True):
                                                       if sweep else ".")),
         click.option("--local-noise", type=click.Choice(LOCAL_NOISE_MODES), default=DEFAULT_LOCAL_NOISE,
                      show_default=True,
-                     help="fixed: drawn once (seed 42), as the reference; fresh: new per sample (Algorithm 3)."
-                     if sweep else "fixed: m noises baked into the graph (seed 42); fresh: the graph takes them "
-                                   "as input."),
-    )
-
-
-def variant_options():
-    """The time-per-sample fast-path variants, each off until a GPU has measured it (docs/performance.md); `bench`
-    takes the same options."""
-    return (
-        click.option("--lean-unet/--no-lean-unet", "lean_unet", default=None,
-                     help="The UNet computes only its noise estimate (not the learned-sigma channels) and t*'s "
-                          "time embedding once per batch; the same maths [default: off; never run on a GPU]."),
-        click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default=None,
-                     help="torch.compile mode of the stages; max-autotune-no-cudagraphs autotunes conv/matmul "
-                          "kernels (a much longer first compile) [default: torch's default]."),
-        click.option("--inductor", default=None, metavar="KNOB[,KNOB]",
-                     help="Inductor knobs for the compiled stages: " + ", ".join(INDUCTOR_KNOBS) +
-                          " [default: none]."),
-        click.option("--classifier-compile-mode", type=click.Choice(COMPILE_MODES), default=None,
-                     help="The classifier stage's own torch.compile mode, e.g. max-autotune-no-cudagraphs for the "
-                          "classifier alone [default: --compile-mode's]."),
-        click.option("--classifier-batch", type=BATCH, default=None,
-                     help="Most samples per classifier call (x m images with local smoothing), apart from the "
-                          "UNet's --batch [default: the whole batch when it fits half the free GPU memory]."),
-        click.option("--triton-conv/--no-triton-conv", "triton_conv", default=False,
-                     help="ResNet classifiers with BatchNorm folded and each conv + bias + add + ReLU one Triton "
-                          "kernel on CUDA [default: off; never run on a GPU]."),
-        click.option("--triton-blocks/--no-triton-blocks", "triton_blocks", default=False,
-                     help="With --triton-conv: each stride-1 residual block one Triton kernel, its intermediate "
-                          "kept on chip [default: off; never run on a GPU]."),
-        click.option("--pack-images", "pack_images", type=click.Choice(["1", "2", "4"]), default=None,
-                     callback=lambda ctx, param, value: None if value is None else int(value),
-                     help="CIFAR ResNets' 16-channel first stage on K images per tensor (block-diagonal weights, "
-                          "the same maths) [default: 1; never run on a GPU]."),
+                     help=f"fixed: drawn once (seed {FIXED_LOCAL_NOISE_SEED}), as the reference; fresh: new per sample "
+                          "(Algorithm 3)." if sweep else
+                     f"fixed: m noises baked into the graph (seed {FIXED_LOCAL_NOISE_SEED}); fresh: the graph takes "
+                     "them as input."),
     )
 
 
@@ -188,28 +150,7 @@ def run_options(f):
                      help="Exported graphs for --backend onnxruntime (and their built plans for tensorrt)."),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
         precision_option(),
-        click.option("--compile/--no-compile", "compile", default=None,
-                     help="torch.compile the stages at one static batch shape [default: on for CUDA]."),
-        click.option("--cuda-graphs/--no-cuda-graphs", "cuda_graphs", default=None,
-                     help="Replay each compiled stage from a CUDA graph [default: on with --compile on CUDA]."),
-        click.option("--streams", type=click.IntRange(1, 2), default=None,
-                     help="2: denoise batch k+1 while classifying batch k on two CUDA streams [default: 2 on CUDA]."),
-        click.option("--fused-attention/--no-fused-attention", "fused_attention", default=None,
-                     help="Run the UNet's attention through scaled_dot_product_attention (flash kernels) "
-                          "[default: on with --compile on CUDA]."),
-        click.option("--fused-conv/--no-fused-conv", "fused_conv", default=False,
-                     help="ResNet classifiers with BatchNorm folded into the convolutions and conv + add + ReLU "
-                          "as one cuDNN call on CUDA [default: off; see docs/status.md]."),
-        *variant_options(),
-        click.option("--validate-samples", type=Count(0, MAX_SAMPLES), default=500, show_default=True,
-                     help="Samples per image on which a compiled / fp16 / bf16 path's production counts are "
-                          "checked against eager fp32 (TF32 off) once per run (0: skip)."),
-        click.option("--validate-images", type=click.IntRange(1), default=4, show_default=True,
-                     help="How many of the first selected images that check uses."),
-        click.option("--expected-flip-rate", type=Number(0, 1, low_open=True, label="the flip rate"), default=None,
-                     help="Per-sample vote flip rate a correct fast path shows; the check refuses a run that exceeds "
-                          "it with 1-in-10,000 odds [default: measured on an H200, by precision and method: fp16 "
-                          "1.3e-4, bf16 1.7e-3; DDS (a clean-trained classifier) fp16 1.1e-3, bf16 1.7e-2]."),
+        *fast_path_options(),
         click.option("--out", type=click.Path(), required=True, help="Result TSV (resumed if it exists)."),
         click.option("--shard", default=None, metavar="I/K",
                      help="Certify only a static shard I of K of the selected images (e.g. Slurm arrays); "

@@ -1,11 +1,14 @@
 """The command line's number types: a finite float within bounds and an integer count within bounds,
-each refusing a bad value with one line that names the option."""
+each refusing a bad value with one line that names the option; and the numbers the commands share, each
+with the range the engine can take (engine/choices.py)."""
 
 from __future__ import annotations
 
 import math
 
 import click
+
+from diffsmooth.engine.choices import MAX_BATCH, MAX_DIFFUSION_STEPS, MAX_LOCAL_NOISES, MAX_SAMPLES, MAX_SEED, MAX_THREADS
 
 
 class Number(click.ParamType):
@@ -51,3 +54,14 @@ class Count(click.ParamType):
         if self.high is not None and number > self.high:
             self.fail(f"{label}must be <= {self.high:,}{f' ({self.why})' if self.why else ''}, got {number}", param, ctx)
         return number
+
+
+SIGMA = Number(0, low_open=True, label="sigma")
+LOCAL_SIGMA = Number(0, label="local sigma")
+ALPHA = Number(0, 1, low_open=True, high_open=True, label="alpha")
+SEED = Count(0, MAX_SEED, "seeds are 64-bit noise keys")
+SAMPLES = Count(1, MAX_SAMPLES, "Monte Carlo sample indices are 32-bit")
+BATCH = Count(1, MAX_BATCH, "buffers of the batch size are allocated up front")
+THREADS = Count(1, MAX_THREADS)
+LOCAL_NOISES = Count(1, MAX_LOCAL_NOISES, "m classifier calls per sample", label="m (local noises)")
+DIFFUSION_STEPS = Count(1, MAX_DIFFUSION_STEPS)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.options import LOCAL_SIGMA, SEED, SIGMA, Count, dataset_option, model_options
+from diffsmooth.cli.options import dataset_option, model_options
+from diffsmooth.cli.param_types import LOCAL_SIGMA, SEED, SIGMA, Count
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.demo.run import purify_grid
 from diffsmooth.engine.errors import UserError

@@ -6,7 +6,8 @@ import json
 
 import click
 
-from diffsmooth.cli.options import BATCH, PRECISIONS, SAMPLES, THREADS, Count, Number
+from diffsmooth.cli.param_types import BATCH, SAMPLES, THREADS, Count, Number
+from diffsmooth.engine.choices import RUN_PRECISIONS
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, command_line
 from diffsmooth.engine.table.check import check_table
@@ -20,7 +21,7 @@ from diffsmooth.engine.table.defaults import (
     RADII,
     TOLERANCE_POINTS,
 )
-from diffsmooth.engine.table.planning import PLANS
+from diffsmooth.engine.table.plans import PLAN_NAMES
 from diffsmooth.engine.table.spec import (
     DEMO_IMAGES,
     DEMO_N_MAX,
@@ -56,7 +57,7 @@ def _log(line: str) -> None:
 @click.option("--smoke", is_flag=True,
               help=f"After the check, run SPEC at a smoke size ({SMOKE_IMAGES} images, n {SMOKE_N}; on the CPU where "
                    f"CUDA is missing): every line, sigma and file end to end in minutes; the numbers mean nothing.")
-@click.option("--plan", "plan", type=click.Choice(PLANS), default=PLAN, show_default=True,
+@click.option("--plan", "plan", type=click.Choice(PLAN_NAMES), default=PLAN, show_default=True,
               help="race: the sigmas race for each radius until every cell is within --tolerance of all's; auto: a "
                    "pilot assigns each radius to the sigmas that can win it; all: every sigma settles every radius "
                    "(sequential); fixed: fixed-n CERTIFY at n = n-max (the paper's way).")
@@ -84,7 +85,7 @@ def _log(line: str) -> None:
 @click.option("--batch", type=BATCH, default=None, help="--demo: samples per forward batch.")
 @click.option("--compile/--no-compile", "compile_", default=None,
               help="--demo: the compiled static-batch fast path [default: on for CUDA].")
-@click.option("--precision", type=click.Choice(PRECISIONS), default=None,
+@click.option("--precision", type=click.Choice(RUN_PRECISIONS), default=None,
               help="--demo: fp32, or fp16 / bf16 autocast on CUDA [default: fp32].")
 @click.option("--one-pass/--no-one-pass", "one_pass", default=True, show_default=True,
               help="Lines that denoise at the same sigma (dds, diffsmooth) run their full runs as one pass: the "

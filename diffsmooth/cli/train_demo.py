@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from diffsmooth.cli.options import BATCH, THREADS, Count, Number
+from diffsmooth.cli.param_types import BATCH, THREADS, Count, Number
 from diffsmooth.engine.choices import MAX_THREADS
 from diffsmooth.engine.demo.training import DEFAULT_DATA_DIR, QUICK_BUDGET, DemoBudget
 from diffsmooth.engine.demo.training import train_demo as run

@@ -22,7 +22,8 @@ from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
 from diffsmooth.engine.backends.recompile_limit import is_recompile_limit_hit, reserve_compiled_stage
 from diffsmooth.engine.errors import UserError
 
-PRECISIONS = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+# a run's precision (choices.RUN_PRECISIONS) -> the dtype torch.autocast runs the stages at (fp32: no autocast)
+AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def resolve_device(device: str) -> torch.device:
@@ -57,8 +58,8 @@ class TorchStage:
 
     def __init__(self, module: nn.Module, name: str, device: torch.device, precision: str = "fp32",
                  channels_last: bool = False, compile: bool = False, log=None, options: Optional[dict] = None):
-        if precision not in PRECISIONS:
-            raise UserError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        if precision not in AUTOCAST_DTYPES:
+            raise UserError(f"precision must be one of {', '.join(AUTOCAST_DTYPES)}, got {precision!r}")
         if precision != "fp32" and device.type != "cuda":
             raise UserError(f"precision {precision} is for CUDA devices; use fp32 on {device.type}")
         self.name, self.device, self.precision = name, device, precision
@@ -84,7 +85,7 @@ class TorchStage:
             self.module = torch.compile(module, dynamic=False)
 
     def _autocast(self):
-        dtype = PRECISIONS[self.precision]
+        dtype = AUTOCAST_DTYPES[self.precision]
         if dtype is None:
             return contextlib.nullcontext()
         # No weight-cast cache: a CUDA graph must capture the casts, not reuse tensors made outside it.

@@ -21,6 +21,7 @@ from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.local_smoothing import local_probabilities
 from diffsmooth.engine.base_classifier.methods import MethodConfig, probe
 from diffsmooth.engine.certify.noise import fixed_local_noise
+from diffsmooth.engine.choices import FIXED_LOCAL_NOISE_SEED
 from diffsmooth.engine.errors import UserError, first_line
 
 
@@ -77,7 +78,7 @@ class ConfigurationHeads(nn.Module):
     table's model set copies them into one built (and compiled) stage (engine/runs/model_set.py)."""
 
     def __init__(self, configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], image_shape,
-                 local_noise: str = "fixed", local_noise_seed: int = 42):
+                 local_noise: str = "fixed", local_noise_seed: int = FIXED_LOCAL_NOISE_SEED):
         super().__init__()
         configs = list(configs)
         names = sorted({c.classifier for c in configs})

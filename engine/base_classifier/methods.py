@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.backends.torch_backend import PRECISIONS
+from diffsmooth.engine.backends.torch_backend import AUTOCAST_DTYPES
 from diffsmooth.engine.base_classifier.local_smoothing import LOCAL_NOISE_MODES, LocalSmoothingHead, LogitsHead
 from diffsmooth.engine.certify.noise import fixed_local_noise
-from diffsmooth.engine.choices import DEFAULT_LOCAL_NOISE, DEFAULT_LOCAL_SIGMA, DEFAULT_M, METHODS
+from diffsmooth.engine.choices import DEFAULT_LOCAL_NOISE, DEFAULT_LOCAL_SIGMA, DEFAULT_M, FIXED_LOCAL_NOISE_SEED, METHODS
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, fp32_scores, fusion_verdict, probe_cudnn_fusion
 from diffsmooth.engine.models.packed_resnet import pack_classifier
@@ -30,7 +30,7 @@ class MethodConfig:
     m: int = DEFAULT_M
     local_sigma: float = DEFAULT_LOCAL_SIGMA
     local_noise: str = DEFAULT_LOCAL_NOISE
-    local_noise_seed: int = 42      # the reference draws its fixed local noises with seed 42
+    local_noise_seed: int = FIXED_LOCAL_NOISE_SEED
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -93,7 +93,7 @@ def _folded_fp32(classifier: nn.Module, backend) -> Optional[nn.Module]:
 def _folded_on_device(classifier: nn.Module, backend, option: str, log) -> Optional[nn.Module]:
     """The classifier with BatchNorm folded, in the backend's precision, on its device (NHWC on CUDA: the
     layout cuDNN's fused kernels and the Triton kernel read); None, with a message, when it is not a ResNet."""
-    folded = fold_classifier(classifier.eval(), PRECISIONS[backend.precision] or torch.float32)
+    folded = fold_classifier(classifier.eval(), AUTOCAST_DTYPES[backend.precision] or torch.float32)
     if folded is None:
         log(f"# `{option}`: {type(classifier).__name__} is not a CIFAR ResNet / ResNet-50; it runs unfolded")
         return None

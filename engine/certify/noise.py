@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from diffsmooth.engine.choices import FIXED_LOCAL_NOISE_SEED
+
 MASK32 = 0xFFFFFFFF
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57      # Philox multipliers
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85      # Weyl key increments
@@ -140,7 +142,7 @@ def gaussian(seed: int, stream: int, image: int, first_sample: int, num_samples:
     return gaussian_rows(keys, images, samples, shape, compiled)
 
 
-def fixed_local_noise(m: int, shape, seed: int = 42) -> torch.Tensor:
-    """The reference's local noises: drawn once, shape (m, *shape), torch CPU generator seeded 42."""
+def fixed_local_noise(m: int, shape, seed: int = FIXED_LOCAL_NOISE_SEED) -> torch.Tensor:
+    """The reference's local noises: drawn once, shape (m, *shape), torch CPU generator seeded 42 by default."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randn((m, *shape), generator=generator, dtype=torch.float32)

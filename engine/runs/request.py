@@ -33,7 +33,7 @@ from diffsmooth.engine.choices import (
     MAX_SEED,
     MAX_THREADS,
     MAX_WINDOW,
-    PRECISIONS,
+    RUN_PRECISIONS,
 )
 from diffsmooth.engine.errors import UserError, check_alpha
 from diffsmooth.engine.models.packed_resnet import packing
@@ -270,8 +270,8 @@ class RunRequest:
             raise UserError(f"`streams` must be 1 or 2, got {self.streams!r}")
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
-        if self.precision not in PRECISIONS:
-            raise UserError(f"`precision` must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.precision not in RUN_PRECISIONS:
+            raise UserError(f"`precision` must be one of {', '.join(RUN_PRECISIONS)}, got {self.precision!r}")
         if self.local_noise not in LOCAL_NOISE_MODES:
             raise UserError(f"`local_noise` must be one of {', '.join(LOCAL_NOISE_MODES)}, got {self.local_noise!r}")
         for ls in self.local_sigma:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from diffsmooth.engine.choices import DEFAULT_M
 
 # How a table is planned (`--plan`, `--pilot`, `--tolerance`, `--margin`, `--reach`)
-PLAN = "race"                       # the sigmas race for each radius (planning.PLANS lists the others)
+PLAN = "race"                       # the sigmas race for each radius (plans.PLAN_NAMES lists the others)
 PILOT_IMAGES = 25                   # pilot images of a spec's table: an even stride through the selection
 DEMO_PILOT_IMAGES = 4               # ... of the demo table (16 images)
 TOLERANCE_POINTS = 0.5              # race: the most, in points, a cell may be below `--plan all`'s

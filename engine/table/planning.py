@@ -29,8 +29,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.table.defaults import MARGIN, RACE_REACH_SIGMAS
 
-PLANS = ("race", "auto", "all", "fixed")        # engine/table/plans.py: one class each
-
 
 def pilot_indices(indices: Sequence[int], pilot: int) -> List[int]:
     """`pilot` indices spread evenly through the selection (not its first ones)."""

@@ -269,10 +269,11 @@ class RacePlan(Plan):
 
 
 PLAN_CLASSES = {plan.name: plan for plan in (RacePlan, AutoPlan, AllPlan, FixedPlan)}
+PLAN_NAMES = tuple(PLAN_CLASSES)               # `--plan`'s choices: race, auto, all, fixed
 
 
 def plan_for(name: str, pilot: int, margin: float, reach: float, tolerance: float) -> Plan:
-    """The plan called `name` (engine/table/planning.PLANS), with the table's settings."""
+    """The plan called `name` (one of PLAN_NAMES), with the table's settings."""
     return PLAN_CLASSES[name](pilot, margin, reach, tolerance)
 
 

@@ -64,12 +64,12 @@ def test_options_offer_the_engines_names():
         assert _choices(command, "local_noise") == choices.LOCAL_NOISE_MODES
     assert _choices(certify, "dataset") == choices.DATASET_KINDS
     assert _choices(certify, "backend") == choices.BACKENDS
-    assert _choices(certify, "precision") == choices.PRECISIONS
+    assert _choices(certify, "precision") == choices.RUN_PRECISIONS
     assert _choices(_load("build-engine"), "precisions") == choices.GRAPH_PRECISIONS
 
 
 def test_the_engines_tables_cover_exactly_the_names():
-    from diffsmooth.engine.backends.torch_backend import PRECISIONS
+    from diffsmooth.engine.backends.torch_backend import AUTOCAST_DTYPES
     from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
     from diffsmooth.engine.models.resnet import DATASET_STATS, DEFAULT_NORMALIZATION
     from diffsmooth.engine.models.unet import PRESETS
@@ -77,7 +77,7 @@ def test_the_engines_tables_cover_exactly_the_names():
     from diffsmooth.engine.runs.sources import PRESET_STATS
     assert set(PRESETS) == set(PRESET_SCHEDULES) == set(PRESET_STATS) == set(choices.PRESETS)
     assert set(DATASET_STATS) == set(DEFAULT_NORMALIZATION) == set(choices.STATS)
-    assert set(PRECISIONS) == set(choices.PRECISIONS)
+    assert set(AUTOCAST_DTYPES) == set(choices.RUN_PRECISIONS)
     assert set(KIND_STATS) == set(choices.DATASET_KINDS)
     assert set(PRESET_STATS.values()) | set(KIND_STATS.values()) <= set(choices.STATS)
 
