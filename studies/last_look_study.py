@@ -20,14 +20,12 @@ mixture model, engine/runs/rate_model.py, as studies/race_study.py by default):
       time): samples and certified accuracy per radius against fixed-n on those paths;
   the table's plans: engine/table/race_sim.simulate_plans (fixed-n, `all`, the race), whose cells are
       the best over sigma, with the rule of each share (its SimulatedSigma builds its rules with
-      `SequentialRule`, so the study hands it one with `last_look` set; nothing else changes).
+      `SequentialRule(..., last_look=share)`: simulate_plans passes the share on; nothing else changes).
 A model of a measurement, not a measurement (SIMULATED).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import math
 import time
@@ -37,11 +35,11 @@ from typing import Dict, List, Optional, Sequence
 import click
 import numpy as np
 
-import diffsmooth.engine.table.race_sim as race_sim
 from diffsmooth.engine.certify.sequential import DEFAULT_LAST_LOOK, LAST_LOOK_OLD, SequentialRule
 from diffsmooth.engine.runs.request import parse_radii
 from diffsmooth.engine.runs.simulation import Image, simulate
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, TOLERANCE_POINTS
+from diffsmooth.engine.table.race_sim import simulate_plans
 from studies.race_study import rates_from, seed_rates
 from studies.sequential_coverage import exact_miscoverage_by_look, rates, scanned_rates, split_cp_lower
 
@@ -104,17 +102,6 @@ def coverage_markdown(records: List[dict], alpha: float, command: str) -> str:
 
 # ---------------------------------------------------------------- paths (SIMULATED)
 
-@contextlib.contextmanager
-def rule_with_share(share: float):
-    """race_sim's SequentialRule with `last_look` = share while the block runs (its other arguments as given)."""
-    original = race_sim.SequentialRule
-    race_sim.SequentialRule = functools.partial(SequentialRule, last_look=share)
-    try:
-        yield
-    finally:
-        race_sim.SequentialRule = original
-
-
 def path_study(folder: Path, n_max: int, seeds: int, shares: Sequence[float], tolerance: float,
                pilot: int = PILOT_IMAGES, plans: bool = True) -> dict:
     data = rates_from(folder)
@@ -140,9 +127,8 @@ def path_study(folder: Path, n_max: int, seeds: int, shares: Sequence[float], to
         if plans:
             runs = {}
             for x in shares:
-                with rule_with_share(x):
-                    runs[f"{x:g}"] = race_sim.simulate_plans(drawn, data["correct"], radii, alpha, n_max, n0, tolerance,
-                                                             np.random.default_rng([seed, 46]), pilot=pilot)
+                runs[f"{x:g}"] = simulate_plans(drawn, data["correct"], radii, alpha, n_max, n0, tolerance,
+                                                np.random.default_rng([seed, 46]), pilot=pilot, last_look=x)
             fixed_cells = [r["fixed"]["cells"] for r in runs.values()]
             if any(not np.array_equal(fixed_cells[0], c) for c in fixed_cells):
                 raise RuntimeError("the shares' fixed-n cells differ: the paths are not paired")

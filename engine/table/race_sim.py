@@ -12,7 +12,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from diffsmooth.engine.certify.cohen import lower_confidence_bounds
-from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_lower, run_rule_bounds
+from diffsmooth.engine.certify.sequential import DEFAULT_LAST_LOOK, SequentialRule, radius_from_lower, run_rule_bounds
 from diffsmooth.engine.runs.simulation import chunk_votes, shared_paths
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, RACE_REACH_SIGMAS
 from diffsmooth.engine.table.planning import assign_radii, pilot_indices
@@ -31,14 +31,16 @@ class SimulatedSigma:
     `correct`: the image's selected class is its label. `wrong_class_stop` (the table's runs): rows record
     the selected class, and an image whose selected class is not its label stops after its n0 selection
     samples (engine/certify/sequential.py); off, every image runs the rule and an abstaining row's class
-    is unknown to the race (rows written before `selected` existed)."""
+    is unknown to the race (rows written before `selected` existed). `last_look`: every rule's
+    SequentialRule.last_look (its default unless a study compares shares)."""
 
     def __init__(self, sigma: float, rates: np.ndarray, correct: np.ndarray, radii: Sequence[float], alpha: float,
-                 n_max: int, rng, first: Tuple[float, ...], wrong_class_stop: bool = True):
+                 n_max: int, rng, first: Tuple[float, ...], wrong_class_stop: bool = True,
+                 last_look: float = DEFAULT_LAST_LOOK):
         self.sigma, self.correct, self.alpha, self.n_max = sigma, np.asarray(correct, bool), alpha, n_max
-        self.wrong_class_stop = bool(wrong_class_stop)
+        self.wrong_class_stop, self.last_look = bool(wrong_class_stop), last_look
         self.radii = tuple(sorted(radii))
-        self.rule = SequentialRule(self.radii, sigma, alpha, n_max)
+        self.rule = SequentialRule(self.radii, sigma, alpha, n_max, last_look=last_look)
         self.cuts, self.segments = shared_paths(np.asarray(rates, np.float64), [self.rule], n_max, rng)
         self.cache: Dict[Tuple[float, ...], tuple] = {}
         images = len(rates)                             # each image's latest row, and how it was run
@@ -52,7 +54,8 @@ class SimulatedSigma:
         """(radius, estimation samples, top votes, running upper bound) of every image under the rule
         settling `radii`."""
         if radii not in self.cache:
-            rule = SequentialRule(radii, self.sigma, self.alpha, self.n_max, schedule_radii=self.radii)
+            rule = SequentialRule(radii, self.sigma, self.alpha, self.n_max, schedule_radii=self.radii,
+                                  last_look=self.last_look)
             self.cache[radii] = self._rows_of(rule, np.arange(len(self.correct)))
         return self.cache[radii]
 
@@ -92,7 +95,7 @@ class SimulatedSigma:
         extensions): to the first look at or after their rows' that decides it."""
         images = np.asarray(images, dtype=np.int64)
         rule = SequentialRule(prefix(self.radii, k), self.sigma, self.alpha, self.n_max, schedule_radii=self.radii,
-                              decide_largest=True)
+                              decide_largest=True, last_look=self.last_look)
         self._move(images, self._rows_of(rule, images, self.latest["used"][images]), -1, k)
 
     def rows(self) -> Rows:
@@ -187,15 +190,16 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, co
 def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float],
                    alpha: float, n_max: int, n0: int, tolerance_points: float, rng,
                    reach: float = RACE_REACH_SIGMAS, pilot: int = PILOT_IMAGES, wrong_class_stop: bool = True,
-                   first_smallest: bool = True) -> dict:
+                   first_smallest: bool = True, last_look: float = DEFAULT_LAST_LOOK) -> dict:
     """One seed of fixed-n, `all`, the pilot plan (`auto`, the previous default: `pilot` images settle
     every radius, the rest what engine/table/planning.py assigns) and the race, all on the same paths:
     {plan: {'samples' (n0 included), 'cells' (%), 'by_sigma': {sigma: {why: samples}}}}. `correct`: the
-    selected class is the label; `wrong_class_stop`: SimulatedSigma (fixed-n never stops)."""
+    selected class is the label; `wrong_class_stop`, `last_look`: SimulatedSigma (fixed-n never stops)."""
     sigmas = sorted(rates)
     images = len(rates[sigmas[0]])
     sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng,
-                              initial_radii(radii, s, reach, first_smallest), wrong_class_stop) for s in sigmas}
+                              initial_radii(radii, s, reach, first_smallest), wrong_class_stop, last_look)
+            for s in sigmas}
     in_pilot = np.isin(np.arange(images), pilot_indices(list(range(images)), pilot))
     out = {plan: {"samples": 0.0, "cells": np.zeros(len(radii)), "by_sigma": {}} for plan in ("fixed", "all", "auto")}
 
