@@ -127,10 +127,10 @@ part_fixes() {
     # docs/gpu-check.md; the import-graph test skips where grimp is absent).
     FIXED="fused_block or tritonized or sweep or demo_pipeline or packed"
     run_step gpu-tests-fixed ${FIX_TESTS_LIMIT:-150} gpu_tests_fixed.log \
-        $PY -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/test_gpu.py tests/engine/models/test_triton_conv.py \
+        $PY -m pytest -v -p no:cacheprovider -o addopts= --tb=short -m gpu tests/test_gpu.py tests/engine/models/test_triton_conv.py \
         tests/engine/models/test_packed_resnet.py -k "$FIXED"
     run_step gpu-tests-rest ${FIX_REST_LIMIT:-320} gpu_tests_rest.log \
-        $PY -m pytest -v -p no:cacheprovider --tb=short -m gpu tests/ -k "not ($FIXED)"
+        $PY -m pytest -v -p no:cacheprovider -o addopts= --tb=short -m gpu tests/ -k "not ($FIXED)"
 }
 
 part_ablation() {

@@ -9,10 +9,19 @@ resume, shards, ranks) therefore compare files that a wrong noise index or batch
 """
 
 import json
+import os
 
-import numpy as np
-import pytest
-import torch
+# Under pytest-xdist every worker process gets one core's share: one intra-op thread (and its children, through
+# OMP_NUM_THREADS), so two workers on two cores do not each spin two OpenMP threads. Set before torch's import.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    torch.set_num_threads(1)        # in case a plugin imported torch before OMP_NUM_THREADS was set
 from tiny_fixtures import SIGMA, TINY_UNET, centroid_classifier, tiny_images  # noqa: E402,F401
 
 

@@ -20,7 +20,8 @@ def test_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
     code = readme_python()
     assert len(code.strip().splitlines()) <= 15
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
     printed = capsys.readouterr().out.splitlines()
     label, prediction, radius = printed[0].split()
     assert int(label) == 0 or int(label) > 0                 # a label, the class, the radius as numbers
@@ -30,11 +31,10 @@ def test_readme_python_example_runs_as_written(tmp_path, monkeypatch, capsys):
     assert "wrote 5 rows" in printed[1]
     predictions = {line.split("\t")[2] for line in rows[1:]}
     assert len(predictions - {"-1"}) >= 3, predictions
-    # the same call again resumes: nothing new to write
-    again = {}
-    exec(compile(code.replace("print(summary.line())", "again['line'] = summary.line()"), "README.md", "exec"),
-         {"again": again})
-    assert "wrote 0 rows (5 already done)" in again["line"]
+    # the same dataset call again resumes: nothing new to write (the example's own objects, not a second run of it)
+    again = scope["model"].certify_dataset(scope["data"], "diffsmooth.tsv", n0=100, n=200, alpha=0.001, skip=100)
+    assert "wrote 0 rows (5 already done)" in again.line()
+    assert 'certify_dataset(data, "diffsmooth.tsv", n0=100, n=200, alpha=0.001, skip=100)' in code
 
 
 def test_api_certificate_matches_the_command_line_row(tmp_path):

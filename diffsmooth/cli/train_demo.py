@@ -38,7 +38,7 @@ EPOCHS = Number(0.001, 1e6)
               help="Steps per classifier (overrides both epoch options).")
 @click.option("--classifier-batch-size", type=BATCH, help="Classifier batch size [default: 128].")
 @click.option("--train-limit", type=Count(1), help="Train on only the first N images.")
-@click.option("--test-limit", type=Count(1), help="Evaluate on only the first N test images.")
+@click.option("--test-limit", type=Count(1), help="Evaluate on only the first N test images (and of the embedded subset).")
 @click.option("--workers", type=Count(1, MAX_THREADS),
               help="Processes training models in parallel [default: usable cores, at most 2].")
 @click.option("--threads", type=THREADS, help="Torch threads per worker [default: cores // workers].")

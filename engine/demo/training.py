@@ -441,7 +441,9 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
     n_train = len(load_dataset("idx", data_dir, split="train"))
     n_train = min(n_train, budget.train_limit or n_train)
     x_test, y_test = _load_split(data_dir, "test", budget.test_limit)
-    x_sub, y_sub = load_arrays(load_dataset("embedded"))
+    embedded = load_dataset("embedded")         # a smoke test's test_limit limits this subset's metrics too
+    x_sub, y_sub = load_arrays(embedded, None if budget.test_limit is None else list(range(min(budget.test_limit,
+                                                                                                len(embedded)))))
     schedule = PRESET_SCHEDULES["demo"]
     unet_path = out / "demo_unet.pt"
 
@@ -500,7 +502,8 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
             data=dict(directory=str(data_dir), sha256=hashes, train_images=n_train,
                       test_images=int(x_test.shape[0]),
                       preprocessing="uint8/255, zero-pad 28x28 -> 32x32 (load_dataset('idx', dir, split))",
-                      embedded_subset="load_dataset('embedded'): 500 test images, first 50 per class"),
+                      embedded_subset="load_dataset('embedded'): 500 test images, first 50 per class"
+                      + ("" if budget.test_limit is None else f" (metrics on its first {int(x_sub.shape[0])})")),
             evaluation=dict(
                 noise=("noisy = images + sigma * torch.randn(images.shape, generator="
                        f"torch.Generator().manual_seed({EVAL_NOISE_SEED})) on the whole [N,1,32,32] "

@@ -263,8 +263,8 @@ def test_train_demo_only_missing(tmp_path, tiny_idx_dir, one_thread):
     """--only-missing trains only the models absent from --out, leaves the present files byte-identical
     (not even rewritten) and merges the new entry into MODELS.json, the kept entries unchanged."""
     out = tmp_path / "assets"
-    args = ["train-demo", "--quick", "--data", tiny_idx_dir, "--out", out, "--workers", "1", "--threads", "1",
-            "--no-progress"]
+    args = ["train-demo", "--quick", "--test-limit", "8", "--data", tiny_idx_dir, "--out", out, "--workers", "1",
+            "--threads", "1", "--no-progress"]
     invoke_ok(args)                                     # the pre-made files: a complete quick run
     full = json.loads((out / "MODELS.json").read_text())
     newest = demo_assets.demo_classifier_name(SIGMAS[-1])
