@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     torch.set_num_threads(1)        # in case a plugin imported torch before OMP_NUM_THREADS was set
-from tiny_fixtures import SIGMA, TINY_UNET, centroid_classifier, tiny_images  # noqa: E402,F401
+from tiny_fixtures import SIGMA, TINY_UNET, centroid_classifier, random_unet, tiny_images  # noqa: E402,F401
 
 
 @pytest.fixture
@@ -41,15 +41,9 @@ def tiny_models(tmp_path_factory):
     """Paths of a tiny cifar10-family UNet state dict, two Cohen-style classifiers and an npz."""
     from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
     from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state
-    from diffsmooth.engine.models.unet import UNetModel, unet_config
 
     root = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    unet = UNetModel(unet_config("cifar10", **TINY_UNET))
-    with torch.no_grad():                    # the official init zeroes output convs; make eps non-trivial
-        for p in unet.parameters():
-            if p.abs().sum() == 0:
-                p.normal_(0, 0.02)
+    unet = random_unet()
     save_unet_state(root / "unet.pt", unet)
     images = tiny_images()
     purify = DiffusionDenoiser(unet, PRESET_SCHEDULES["cifar10"]).purifier(SIGMA)

@@ -6,7 +6,7 @@ import torch
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
+from diffsmooth.engine.models.resnet import CifarResNet, NormalizedClassifier, build_classifier_net, normalization_layer
 
 SHAPE = (3, 8, 8)
 
@@ -14,15 +14,10 @@ SHAPE = (3, 8, 8)
 def build_tiny_stages():
     """diffsmooth stages (fresh local noise, m=3) on a tiny UNet and a small conv classifier whose
     votes spread over several classes (an untrained resnet20 votes one class only)."""
+    from tiny_fixtures import random_unet
+
     from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
-    from diffsmooth.engine.models.unet import UNetModel, unet_config
-    from tests.conftest import TINY_UNET
-    torch.manual_seed(0)
-    unet = UNetModel(unet_config("cifar10", **TINY_UNET))
-    with torch.no_grad():
-        for p in unet.parameters():
-            if p.abs().sum() == 0:
-                p.normal_(0, 0.02)
+    unet = random_unet()
     denoiser = DiffusionDenoiser(unet, PRESET_SCHEDULES["cifar10"])
     classifier = spread_classifier(2)
     config = MethodConfig("diffsmooth", 0.5, m=3, local_sigma=0.25, local_noise="fresh")
@@ -62,10 +57,22 @@ def randomize_batch_norm(net: torch.nn.Module) -> torch.nn.Module:
     return net
 
 
+# The smallest CIFAR ResNet (depth 8, one BasicBlock per stage; not a registered architecture): every kind of layer
+# the deeper ones have (the stem, 3x3 stride 1 and 2, the 1x1 stride-2 shortcuts, a stride-1 identity block) at a
+# fraction of their compile and Triton-interpreter time. Tests whose claim is not about depth build this one.
+RESNET8 = "cifar_resnet8"
+
+
+def cifar_net(arch: str, channels: int = 3) -> torch.nn.Module:
+    """build_classifier_net(arch, 10, channels), or the depth-8 CIFAR ResNet for RESNET8."""
+    return CifarResNet(8, 10, channels) if arch == RESNET8 else build_classifier_net(arch, 10, channels)
+
+
 def randomized_bn_resnet(arch: str, seed: int = 0, channels: int = 3) -> NormalizedClassifier:
-    """A ResNet with non-trivial BatchNorm statistics (folding must use them) whose votes spread."""
+    """A ResNet (an architecture name, or RESNET8) with non-trivial BatchNorm statistics (folding must use them)
+    whose votes spread."""
     torch.manual_seed(seed)
-    net = randomize_batch_norm(build_classifier_net(arch, 10, channels))
+    net = randomize_batch_norm(cifar_net(arch, channels))
     with torch.no_grad():
         net.fc.weight.normal_(0, 1.0)
     norm = normalization_layer("normalize", "cifar10") if channels == 3 else torch.nn.Identity()

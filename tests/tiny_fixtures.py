@@ -9,6 +9,20 @@ TINY_UNET = {"image_size": 8, "model_channels": 32, "num_res_blocks": 1, "channe
 SIGMA = 0.25          # the tests' smoothing sigma: the votes of the tiny classifiers spread at this level
 
 
+def random_unet(**config):
+    """A cifar10-family UNet (`config` overrides, TINY_UNET by default) at seed 0, its zero-initialised output
+    convolutions drawn too so that eps is not trivially zero."""
+    from diffsmooth.engine.models.unet import UNetModel, unet_config
+
+    torch.manual_seed(0)
+    unet = UNetModel(unet_config("cifar10", **(config or TINY_UNET)))
+    with torch.no_grad():
+        for p in unet.parameters():
+            if p.abs().sum() == 0:
+                p.normal_(0, 0.02)
+    return unet
+
+
 def tiny_images() -> np.ndarray:
     """Six 8x8 RGB images: a saturated colour each, half mixed with random texture."""
     rng = np.random.default_rng(0)

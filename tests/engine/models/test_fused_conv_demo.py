@@ -98,8 +98,10 @@ def test_the_real_image_oracle_notices_a_wrong_fused_call(monkeypatch, fault):
 @pytest.mark.slow
 def test_the_gpu_fused_conv_test_image_spreads_its_votes_on_the_cpu(monkeypatch):
     """test_gpu.py's test_fused_conv_classifier_on_cuda counts GPU_FUSED_CONV_IMAGE (diffsmooth, sigma 0.5,
-    m 5, 1000 samples) and requires votes on two classes or more. Here the same run on the CPU, --fused-conv
-    with the CUDA kernel's fused calls emulated, and the unfolded classifier: both spread, the same counts."""
+    m 5, 1000 samples in batches of 250) and requires votes on two classes or more. Here the first of those
+    batches (samples 0-249: the noise is indexed by sample, so they are the GPU run's first 250) on the CPU,
+    --fused-conv with the CUDA kernel's fused calls emulated, and the unfolded classifier: both spread, the
+    same counts. Votes that spread over the first 250 samples spread over all 1000."""
     from diffsmooth.engine.base_classifier import methods
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.data import load_dataset
@@ -113,7 +115,7 @@ def test_the_gpu_fused_conv_test_image_spreads_its_votes_on_the_cpu(monkeypatch)
     def counts(fused_conv):
         pipe = build_smooth(config, sources, (1, 32, 32), 10, device="cpu", precision="fp32",
                             fast=FastPath(fused_conv=fused_conv), models=models).pipeline
-        return pipe.count(x, GPU_FUSED_CONV_IMAGE, 0, 1000, 250)
+        return pipe.count(x, GPU_FUSED_CONV_IMAGE, 0, 250, 250)
     reference = counts(False)
     assert (reference > 0).sum() >= 2, f"image {GPU_FUSED_CONV_IMAGE} is unanimous for the unfolded model: {reference}"
     calls = _fake_cudnn(monkeypatch)
@@ -122,4 +124,4 @@ def test_the_gpu_fused_conv_test_image_spreads_its_votes_on_the_cpu(monkeypatch)
                         lambda *a, **k: real(*a, **k).to(memory_format=CL))
     fused = counts(True)
     assert calls, "the fused call was never reached"
-    assert np.abs(fused - reference).sum() <= 4, (fused, reference)
+    assert np.abs(fused - reference).sum() <= 1, (fused, reference)         # 4 of 1000 before: fp32 rounding

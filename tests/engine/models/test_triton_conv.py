@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from stage_fixtures import randomize_batch_norm
+from stage_fixtures import cifar_net, randomize_batch_norm
 
 from diffsmooth.engine.models import folded_resnet, triton_conv
 from diffsmooth.engine.models.folded_resnet import FoldedConv, _reference, fold_classifier
-from diffsmooth.engine.models.resnet import BasicBlock, NormalizedClassifier, build_classifier_net, normalization_layer
+from diffsmooth.engine.models.resnet import BasicBlock, NormalizedClassifier, normalization_layer
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[3]
@@ -145,12 +145,12 @@ def prototype_images(n, size, noise, seed, device="cpu"):
 
 
 def prototype_classifier(arch, size, residual_scale=0.5, device="cpu"):
-    """A random ResNet with randomised BatchNorm statistics (every folded term matters) whose last layer is
-    the nearest-centroid rule over the prototypes' features, so votes spread over the 10 classes with
-    margins that fp16 keeps (the residual branches scaled by `residual_scale` keep a deep random net's
-    features apart). Eval mode, fp32, on `device`."""
+    """A random ResNet (an architecture name, or stage_fixtures.RESNET8) with randomised BatchNorm statistics
+    (every folded term matters) whose last layer is the nearest-centroid rule over the prototypes' features, so
+    votes spread over the 10 classes with margins that fp16 keeps (the residual branches scaled by
+    `residual_scale` keep a deep random net's features apart). Eval mode, fp32, on `device`."""
     torch.manual_seed(0)
-    net = randomize_batch_norm(build_classifier_net(arch, 10, 3))
+    net = randomize_batch_norm(cifar_net(arch))
     with torch.no_grad():
         for m in net.modules():
             if isinstance(m, BasicBlock):
@@ -263,7 +263,7 @@ def _interpreted_slow_measurements() -> dict:
         got = triton_conv._launch_block(*args, config=config)
         out["configs"][str(config)] = float((got.double() - exact).abs().max()) / (1 + float(exact.abs().max()))
     clf = prototype_classifier("cifar_resnet20", 8)
-    x = prototype_images(10, 8, 0.25, seed=5)
+    x = prototype_images(4, 8, 0.25, seed=5)     # 4 images, 4 classes: a block's cost is per tile (image) here
     with torch.no_grad():
         expected = clf(x)
     folded = fold_classifier(clf)
@@ -367,13 +367,15 @@ def test_a_block_the_fused_kernel_cannot_take_falls_back(interpreted):
 @pytest.mark.slow
 def test_every_block_config_and_a_fused_resnet20():
     """Each fused-block config on a 12x12 image (one to four tiles, some over the border), and a ResNet-20
-    whose seven stride-1 blocks run fused (the rest per convolution): the unfolded model's logits and votes."""
+    whose seven stride-1 blocks run fused (the rest per convolution) on four images of four classes (four
+    tiles on three programs): the unfolded model's logits and votes."""
     result = _run_interpreter("interpret-slow")
     assert len(result["configs"]) == len(triton_conv.BLOCK_CONFIGS)
     assert all(d <= TOLERANCE["float32"] for d in result["configs"].values()), result["configs"]
     net = result["resnet20"]
     assert net["block_calls"] == 7 and net["conv_calls"] == 7, net
-    assert len(set(net["expected_argmax"])) >= 6 and net["argmax"] == net["expected_argmax"]
+    assert len(set(net["expected_argmax"])) == len(net["expected_argmax"]) == 4
+    assert net["argmax"] == net["expected_argmax"]
     assert net["diff"] <= 1e-4 * (1 + net["scale"]), net["diff"]
 
 
@@ -740,6 +742,7 @@ def test_tritonized_classifier_compiles_and_replays_in_a_cuda_graph(fuse_blocks)
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(1)            # the interpreter is Python-bound; a second thread only spins
     if sys.argv[1:] == ["interpret"]:
         print("RESULT " + json.dumps(_interpreted_measurements()))
     elif sys.argv[1:] == ["interpret-slow"]:

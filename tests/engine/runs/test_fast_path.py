@@ -181,7 +181,10 @@ def test_validation_refuses_a_path_that_disagrees(tiny_stages):
 
 @pytest.mark.slow
 def test_compiled_noise_bit_identical_on_cpu():
-    for args in ((123456789012, STREAM_LOCAL, 7, 100, 6, (2, 3, 5)), (0, 0, 2**32 - 1, 2**32 - 6, 6, (2, 3, 5))):
+    """Large seed, stream and image indices, and the last sample indices before 2**32: the compiled draw is the
+    eager one, bit for bit. Shaped as tests/bench/test_bench.py's agreement check draws it (batches of 8 one-channel
+    32x32 images): one compiled kernel serves both in a run."""
+    for args in ((123456789012, STREAM_LOCAL, 7, 100, 8, (1, 32, 32)), (0, 0, 2**32 - 1, 2**32 - 8, 8, (1, 32, 32))):
         eager = gaussian(*args)
         compiled = gaussian(*args, compiled=True)
         assert torch.equal(eager, compiled)
@@ -209,9 +212,11 @@ def test_folded_resnet_classifier_counts_equal_the_unfolded_one_on_cpu(tiny_stag
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")          # as test_model_set.py's compiled tests, which reuse these graphs
 def test_compiled_stages_match_eager_on_cpu(tiny_stages):
     """torch.compile (inductor C++) of both stages at one static shape, with fused attention as on
-    CUDA: the same counts as eager with the reference attention."""
+    CUDA: the same counts as eager with the reference attention. (test_model_set.py's compiled tests build
+    these very graphs: batches of 32, fused attention; inductor's FX graph cache compiles them once a run.)"""
     fast = make_pipeline(tiny_stages, backend=TorchBackend(compile=True), fused_attention=True, static_batch=True)
     eager = make_pipeline(tiny_stages)
     x = image(8)

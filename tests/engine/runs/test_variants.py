@@ -183,10 +183,11 @@ def test_certify_refuses_a_compile_mode_without_compile_in_one_line(tmp_path, ti
 # -- compiled CPU stages under each setting (inductor's C++ backend) ------------------------------------
 
 @pytest.fixture(scope="module")
-def demo_models():
-    from diffsmooth.engine.runs.assemble import ModelSources, load_models
-    config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
-    return config, *load_models(config, ModelSources.demo())
+def bn_resnet():
+    """A BatchNorm ResNet (what freezing folds) with randomised statistics: the depth-8 CIFAR ResNet, every kind of
+    layer of the demo's ResNet-20 at a fraction of its compile time."""
+    from stage_fixtures import RESNET8, randomized_bn_resnet
+    return randomized_bn_resnet(RESNET8, seed=3)
 
 
 SWEEP = pytest.mark.skipif(os.environ.get("DIFFSMOOTH_COMPILE_SWEEP") != "1",
@@ -195,39 +196,52 @@ SWEEP = pytest.mark.skipif(os.environ.get("DIFFSMOOTH_COMPILE_SWEEP") != "1",
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("mode, knobs", [(None, ("freezing",)),
                                          pytest.param(None, ("coordinate-descent",), marks=SWEEP),
                                          pytest.param("max-autotune-no-cudagraphs", (), marks=SWEEP),
                                          pytest.param(None, ("no-epilogue-fusion", "epilogue-fusion-first"), marks=SWEEP)])
-def test_a_compiled_classifier_stage_under_each_setting_votes_like_eager(demo_models, mode, knobs):
-    """The demo's local-smoothing classifier (a BatchNorm ResNet: what freezing folds), compiled on CPU."""
-    from diffsmooth.engine.data import load_dataset
-    config, denoiser, classifier = demo_models
-    data = load_dataset("embedded")
-    clean = torch.stack([data[i][0] for i in range(0, 80, 10)])            # 8 real images: votes that spread
-    x = clean + 0.5 * torch.randn(clean.shape, generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        denoised = denoiser.purifier(0.5)(x)
-    eager = TorchBackend().stage(score_module(config, classifier, (1, 32, 32)), "eager")(denoised)
+def test_a_compiled_classifier_stage_under_each_setting_votes_like_eager(bn_resnet, mode, knobs):
+    """The local-smoothing classifier stage (m=5) on a BatchNorm ResNet (what freezing folds), compiled on CPU,
+    scores 8 images as eager does; the images' votes spread."""
+    config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
+    denoised = torch.stack([image(i) for i in range(8)])           # the classifier stage's inputs: 8 images
+    eager = TorchBackend().stage(score_module(config, bn_resnet, SHAPE), "eager")(denoised)
     stage = TorchBackend(compile=True, compile_mode=mode, inductor=knobs).stage(
-        score_module(config, classifier, (1, 32, 32)), "compiled")
+        score_module(config, bn_resnet, SHAPE), "compiled")
     compiled = stage(denoised)
-    assert len(set(eager.argmax(-1).tolist())) >= 2
+    assert stage.compiled and stage.options == compile_options(mode, knobs)
+    assert len(set(eager.argmax(-1).tolist())) >= 3
     assert torch.equal(compiled.argmax(-1), eager.argmax(-1))
     assert float((compiled - eager).abs().max()) < 1e-4
 
 
+# The smallest UNet the lean path runs through: one level, one residual block (the middle block's attention
+# only), learned sigma (the lean copy drops the variance filters), every block reading t*'s time embedding.
+# Its inductor compile costs about 60% of the tests' tiny UNet's, which has nothing more the lean path touches.
+LEANEST_UNET = {"image_size": 8, "model_channels": 32, "num_res_blocks": 1, "channel_mult": [1],
+                "attention_resolutions": [], "dropout": 0.0}
+
+
 @pytest.mark.slow
-def test_a_compiled_lean_purifier_follows_set_coefficients(demo_models):
+@pytest.mark.usefixtures("one_thread")
+def test_a_compiled_lean_purifier_follows_set_coefficients():
     """Compiled, the lean purifier's batch-1 time embedding is read from the t* buffer at run time."""
-    _, denoiser, _ = demo_models
+    from tiny_fixtures import random_unet
+
+    from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser
+    unet = random_unet(**LEANEST_UNET)
+    denoiser = DiffusionDenoiser(unet, PRESET_SCHEDULES["cifar10"])
+    assert unet.config.learn_sigma
     stage = TorchBackend(compile=True).stage(denoiser.purifier(0.25, lean=True), "denoiser")
-    x = torch.rand(8, 1, 32, 32, generator=torch.Generator().manual_seed(1))
+    assert stage.compiled
+    x = torch.rand(8, *SHAPE, generator=torch.Generator().manual_seed(1))
     at_quarter = stage(x)
     stage.module._orig_mod.set_coefficients(denoiser.schedule.coefficients(0.5))
     with torch.inference_mode():
         expected = denoiser.purifier(0.5)(x)
         assert float((at_quarter - denoiser.purifier(0.25)(x)).abs().max()) < 1e-5
+        assert float((expected - denoiser.purifier(0.25)(x)).abs().max()) > 1e-2      # sigma matters to the output
     assert float((stage(x) - expected).abs().max()) < 1e-5
 
 
@@ -261,26 +275,54 @@ def test_triton_conv_is_refused_in_one_line_where_the_kernel_cannot_run(tmp_path
 
 
 TRITON_SCRIPT = """
-import json, sys
-import numpy as np
-from stage_fixtures import SHAPE, build_tiny_stages, image, make_pipeline, randomized_bn_resnet
+import json
+import torch
+from stage_fixtures import RESNET8, SHAPE, build_tiny_stages, image, make_pipeline, randomized_bn_resnet
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models import triton_conv
+from diffsmooth.engine.models.folded_resnet import FoldedConv, fold_classifier
+from diffsmooth.engine.models.resnet import BasicBlock
+torch.set_num_threads(1)                 # tiny tensors; the interpreter is single-threaded Python
 tiny = build_tiny_stages()
 config, denoiser, _ = tiny
-resnet = randomized_bn_resnet("cifar_resnet20", seed=0)
-x = image(11)
-out = {"interpreted": triton_conv._INTERPRETED,
-       "reference": make_pipeline(tiny, classifier=resnet).count(x, 0, 0, 40, 20).tolist()}
+# The smallest CIFAR ResNet with every kind of call: depth 8, one block per stage (the RGB stem, 3x3 stride 1
+# and 2, 1x1 stride-2 shortcuts, one stride-1 identity block), randomised BatchNorm; its votes spread here.
+resnet = randomized_bn_resnet(RESNET8, seed=3)
+convs = [m for m in fold_classifier(resnet).modules() if isinstance(m, FoldedConv)]
+x = image(1)
+
+
+def recorded(pipeline):                  # the pipeline, its score stage's outputs (mean softmax over m) kept
+    inner, seen = pipeline.stages.score, []
+
+    class Recording:
+        name, device, precision = inner.name, inner.device, inner.precision
+
+        def __call__(self, *inputs):
+            seen.append(inner(*inputs))
+            return seen[-1]
+    pipeline.stages.score = Recording()
+    return pipeline, seen
+
+
+reference, reference_scores = recorded(make_pipeline(tiny, classifier=resnet))
+out = {"interpreted": triton_conv._INTERPRETED, "reference": reference.count(x, 0, 0, 4, 4).tolist(),
+       "convs_per_pass": len(convs), "kinds": sorted({(m.weight.shape[-1], m.stride) for m in convs}),
+       "stem_channels": convs[0].weight.shape[1],
+       "identity_blocks": sum(isinstance(b, BasicBlock) and b.downsample is None for b in resnet.modules())}
 for blocks in (False, True):
     stages = build_torch_stages(config, resnet, denoiser, TorchBackend(), SHAPE, 10, triton_conv=True,
                                 triton_blocks=blocks)
     before, blocks_before = triton_conv.TRITON_CALLS["count"], triton_conv.TRITON_BLOCK_CALLS["count"]
-    got = MonteCarloPipeline(stages, config.sigma, seed=3).count(x, 0, 0, 40, 20)
-    out["blocks" if blocks else "convs"] = {"counts": got.tolist(), "calls": triton_conv.TRITON_CALLS["count"] - before,
-                                            "block_calls": triton_conv.TRITON_BLOCK_CALLS["count"] - blocks_before}
+    pipeline, scores = recorded(MonteCarloPipeline(stages, config.sigma, seed=3))
+    got = pipeline.count(x, 0, 0, 4, 4)
+    out["blocks" if blocks else "convs"] = {
+        "counts": got.tolist(), "calls": triton_conv.TRITON_CALLS["count"] - before,
+        "block_calls": triton_conv.TRITON_BLOCK_CALLS["count"] - blocks_before,
+        "score_diff": float((torch.cat(scores) - torch.cat(reference_scores)).abs().max()),
+        "score_shape": list(torch.cat(scores).shape)}
 print("RESULT " + json.dumps(out))
 """
 
@@ -288,7 +330,11 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.slow
 def test_triton_conv_stages_vote_like_the_unfolded_classifier_under_the_interpreter():
     """--triton-conv's stages end to end with the kernel itself run by Triton's interpreter on the CPU
-    (TRITON_INTERPRET=1 before the import, hence a child process): the same counts as the unfolded ResNet."""
+    (TRITON_INTERPRET=1 before the import, hence a child process): the same counts and the same local-smoothing
+    probabilities as the unfolded ResNet, per convolution and with the identity blocks fused. The network is
+    a depth-8 CIFAR ResNet (every kind of call the kernels take: the RGB stem, 3x3 stride 1 and 2, the 1x1
+    stride-2 shortcut, a stride-1 identity block), one batch of 4 samples (12 classifier images): the
+    interpreter's cost is per program, and each kernel's numbers are checked in test_triton_conv.py."""
     import os
     import subprocess
     import sys
@@ -304,11 +350,16 @@ def test_triton_conv_stages_vote_like_the_unfolded_classifier_under_the_interpre
                           env=env, cwd=str(root))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[7:])
-    assert result["interpreted"] and sum(1 for c in result["reference"][0] if c) >= 2
-    convs, blocks = result["convs"], result["blocks"]
-    assert convs["calls"] >= 2 * 19 and convs["block_calls"] == 0       # every conv of both batches ran the kernel
-    assert blocks["block_calls"] >= 2 * 6 and blocks["calls"] < convs["calls"]     # identity blocks as one kernel
+    assert result["interpreted"] and sum(1 for c in result["reference"][0] if c) >= 3     # votes spread
+    assert result["kinds"] == [[1, 2], [3, 1], [3, 2]] and result["stem_channels"] == 3   # every kind of call
+    convs, blocks, n_convs = result["convs"], result["blocks"], result["convs_per_pass"]
+    assert n_convs == 9 and result["identity_blocks"] == 1
+    assert convs["calls"] == n_convs and convs["block_calls"] == 0       # every conv of the batch ran the kernel
+    assert blocks["block_calls"] == result["identity_blocks"]             # the identity block as one kernel,
+    assert blocks["calls"] == n_convs - 2 * result["identity_blocks"]     # the other convolutions per call
     assert convs["counts"] == blocks["counts"] == result["reference"]
+    for path in (convs, blocks):
+        assert path["score_shape"] == [4, 10] and path["score_diff"] <= 1e-5, path
 
 
 def test_the_triton_check_keeps_the_kernels_only_when_they_agree_with_torch_convolutions(monkeypatch):

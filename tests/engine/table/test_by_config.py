@@ -176,7 +176,8 @@ def test_group_is_a_line_key_that_keeps_older_specs_fingerprints():
 
 # -- the outputs of a table on the demo models ------------------------------------------------------
 
-SPEC = small_table_spec(title="layout | test", n_max=100, skip=72) + """[[line]]
+# seven images (skip 72) at n = n-max = 50: the counts still spread over several values
+SPEC = small_table_spec(title="layout | test", n_max=50, skip=72) + """[[line]]
 name = "DiffSmooth_sweep"
 method = "diffsmooth"
 local_sigma = { "0.25" = 0.25, "0.5" = [0.25, 0.5] }
@@ -230,6 +231,11 @@ def test_fixed_table_writes_a_row_per_sigma_and_configuration_with_acr(tmp_path)
     assert tex.count("\\textbf") == sum(c["best"] for r in layout["rows"] for c in r["cells"]) + sum(
         r["best_acr"] for r in layout["rows"])
     assert (out / "table.md").is_file() and summary["rows"][0]["name"] == "RS"      # the best-over-sigma layout too
+    # fixed-n CERTIFY (the paper's way): n0 + n-max samples for every image of every run (a sweep: one run per
+    # sigma), an ACR column in table.md too, and result files in the reference layout (no samples column)
+    assert summary["samples"]["total"] == summary["samples"]["fixed_n"] == 7 * (20 + 50) * 4
+    assert summary["rows"][0]["acr"] is not None and "ACR" in (out / "table.md").read_text()
+    assert "samples" not in read_rows(runs / "rs_s0.25.tsv")[0]
 
 
 @needs_demo

@@ -1,7 +1,7 @@
 """Lines that share the denoiser at a sigma (DDS, DiffSmooth) run their full runs as one pass
 (engine/table/one_pass.py): every file of the table, its settings, table.md, race.json and the cells
-equal those of separate runs; an interrupted pass resumes to the same rows; summary.json counts the
-shared passes."""
+equal those of separate runs, a pass interrupted and resumed included; summary.json counts the shared
+passes."""
 
 import json
 import tomllib
@@ -19,9 +19,9 @@ from diffsmooth.engine.table.spec import parse_spec
 
 needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
 
-# the small table's images and sizes with a DDS and a DiffSmooth line (m = 2: the pass's local noises
-# must be the line's own) instead of RS
-SPEC = small_table_spec().split("[[line]]")[0] + """
+# the small table's images (n-max 100) with a DDS and a DiffSmooth line (m = 2: the pass's local noises
+# must be the line's own) instead of RS; its race extends both lines at sigma 0.5
+SPEC = small_table_spec(n_max=100).split("[[line]]")[0] + """
 [[line]]
 name = "DDS"
 method = "dds"
@@ -61,26 +61,9 @@ def _same_table(got, want):
 
 @needs_demo
 @pytest.mark.slow
-def test_one_pass_rows_equal_separate_runs(separate, tmp_path):
-    said = []
-    got = _build(tmp_path / "t", log=said.append)
-    # first runs and reruns of both lines at both sigmas; the rows spread over classes and votes
-    assert {"dds_s0.25.tsv", "dds_s0.5.tsv", "diffsmooth_s0.25.tsv", "diffsmooth_s0.5.tsv"} <= set(got["rows"])
-    for name in ("dds_s0.5.tsv", "diffsmooth_s0.5.tsv"):
-        rows = got["rows"][name]
-        assert len({r["predict"] for r in rows}) >= 3, rows
-        assert len({r["radius"] for r in rows if float(r["radius"]) > 0}) >= 2, rows
-        assert any(0 < int(r["top_votes"]) < int(r["samples"]) - 20 for r in rows), rows
-    assert got["rows"]["dds_s0.5.tsv"] != got["rows"]["diffsmooth_s0.5.tsv"]
-    _same_table(got, separate)
-    # each sigma's pilot and first run: one pass for both lines; separate runs share none
-    assert (got["summary"]["shared_passes"], separate["summary"]["shared_passes"]) == (4, 0)
-    assert sum("one pass: the denoiser runs once" in line for line in said) == 4
-
-
-@needs_demo
-@pytest.mark.slow
-def test_an_interrupted_pass_resumes_to_the_rows_of_separate_runs(separate, tmp_path, monkeypatch):
+def test_one_pass_rows_equal_separate_runs_and_an_interrupted_pass_resumes_to_them(separate, tmp_path, monkeypatch):
+    """One table in two invocations: the pilots' passes, a first run's pass stopped by SIGTERM after three images,
+    then the rest (that pass resumed, the other sigma's first run, the race's extensions) equal separate runs."""
     real = table_runner.run_dataset
     calls = []
 
@@ -97,17 +80,33 @@ def test_an_interrupted_pass_resumes_to_the_rows_of_separate_runs(separate, tmp_
         return real(*args, on_row=on_row, **kwargs)
 
     monkeypatch.setattr(table_runner, "run_dataset", stops_after_three_images)
-    out = tmp_path / "t"
+    out, said = tmp_path / "t", []
+    stopped = TableBuilder(parse_spec(tomllib.loads(SPEC)), out, plan="race", pilot=2, log=said.append, progress=False)
     with pytest.raises(TableInterrupted, match="SIGTERM during DDS \\+ DiffSmooth sigma 0.5 \\(first\\)"):
-        _build(out)
+        stopped.build()
     assert calls == [2, 2, 2]                   # each pass writes both lines' files
     for name in ("dds_s0.5.tsv", "diffsmooth_s0.5.tsv"):
         assert len(read_rows(out / "runs" / name)) == 2 + 3        # the pilot's images and three of the first run's
     assert not list((out / "runs").glob("dds_s*_[at][to]*.tsv"))         # no extension ran
+    assert stopped.runner.shared_passes == 2    # the pilots' (the stopped pass is not counted)
     monkeypatch.setattr(table_runner, "run_dataset", real)
-    got = _build(out)
+    said_again = []
+    got = _build(out, log=said_again.append)
+    # first runs and reruns of both lines at both sigmas; the rows spread over classes and votes
+    assert {"dds_s0.25.tsv", "dds_s0.5.tsv", "diffsmooth_s0.25.tsv", "diffsmooth_s0.5.tsv"} <= set(got["rows"])
+    assert any("_at" in name for name in got["rows"])     # the race extended a line
+    for name in ("dds_s0.5.tsv", "diffsmooth_s0.5.tsv"):
+        rows = got["rows"][name]
+        assert len({r["predict"] for r in rows}) >= 3, rows
+        assert len({r["radius"] for r in rows if float(r["radius"]) > 0}) >= 2, rows
+        assert any(0 < int(r["top_votes"]) < int(r["samples"]) - 20 for r in rows), rows
+    assert got["rows"]["dds_s0.5.tsv"] != got["rows"]["diffsmooth_s0.5.tsv"]
     _same_table(got, separate)
-    assert got["summary"]["shared_passes"] == 2          # this invocation: the first runs (the pilots were done)
+    # each sigma's pilot and first run: one pass for both lines (the resumed invocation: the first runs); separate
+    # runs share none
+    assert (got["summary"]["shared_passes"], separate["summary"]["shared_passes"]) == (2, 0)
+    assert sum("one pass: the denoiser runs once" in line for line in said) == 3         # the stopped one included
+    assert sum("one pass: the denoiser runs once" in line for line in said_again) == 2
 
 
 def test_lines_that_denoise_at_one_sigma_share_a_pass_and_nothing_else_does(tmp_path):
@@ -151,8 +150,9 @@ def test_a_pass_holds_only_the_lines_configurations_and_refuses_a_name_twice(tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("plan", ["auto", "all"])
 def test_the_other_plans_share_their_full_runs_with_the_rows_of_separate_runs(tmp_path, plan):
+    # sigma 0.5 alone, four images (labels 9, 4, 0, 5)
     spec = parse_spec(tomllib.loads(SPEC.replace("sigmas = [0.25, 0.5]", "sigmas = [0.5]")
-                                    .replace("skip = 83", "skip = 125")))
+                                    .replace("skip = 83", "skip = 166")))
     got = {}
     for one in (True, False):
         out = tmp_path / str(one)
@@ -164,3 +164,5 @@ def test_the_other_plans_share_their_full_runs_with_the_rows_of_separate_runs(tm
         got[one]["shared"] = builder.runner.shared_passes
     assert got[True] == dict(got[False], shared=2 if plan == "auto" else 1)      # auto: its pilot and its main runs
     assert len(got[True]) == (4 if plan == "all" else 6)
+    rows = [r for name, file in got[True].items() if name.endswith(".tsv") for r in file]
+    assert len({r["predict"] for r in rows} - {"-1"}) >= 3, rows         # votes spread: equal files say something

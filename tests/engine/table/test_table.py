@@ -247,14 +247,7 @@ def test_table_writes_its_outputs_resumes_to_the_same_table_and_refuses_another_
     assert (out / "table.md").read_text() == table
 
 
-@needs_demo
-@pytest.mark.slow
-def test_fixed_plan_has_an_acr_column_and_draws_n_max_per_image(tmp_path):
-    invoke_ok(_table(tmp_path, "--plan", "fixed")[3:])
-    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
-    assert summary["samples"]["total"] == summary["samples"]["fixed_n"] == 7 * 220 * 2
-    assert summary["rows"][0]["acr"] is not None and "ACR" in (tmp_path / "t" / "table.md").read_text()
-    assert "samples" not in read_rows(tmp_path / "t" / "runs" / "rs_s0.25.tsv")[0]
+# --plan fixed (an ACR column, n0 + n-max samples per image): test_by_config.py's fixed table
 
 
 @needs_demo

@@ -1,8 +1,12 @@
 """`diffsmooth table` under torchrun (gloo on the CPU): the folder of an N-rank table equals a one-process
-table's (every result file's rows, row states and settings, race.json, plan.json, table.md, the samples);
-a rank killed mid-extension and the table started again give the same folder; ranks that see different
-specs, or a refusal on rank 0, stop every rank with one line. (torchrun's --max-restarts does not restart
-gloo workers on this torch: docs/table.md#on-many-gpus-torchrun.)"""
+table's (every result file's rows, row states and settings, race.json, plan.json, table.md, the samples, the
+shared passes); a rank killed mid-extension and the table started again give the same folder, as do ranks
+killed after writing every row of a pass but before its merge; ranks that see different specs, or a refusal on
+rank 0, stop every rank with one line. (torchrun's --max-restarts does not restart gloo workers on this torch:
+docs/table.md#on-many-gpus-torchrun.)
+
+Two tables keep this cheap: the demo's two lines that denoise on 2 ranks (its race has extensions, DDS and
+DiffSmooth share one pass at each sigma), and the demo's RS line on 3 ranks (no UNet; 8 images split unevenly)."""
 
 import json
 import os
@@ -20,17 +24,20 @@ from diffsmooth.engine.errors import UserError
 
 needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
 
-# the demo table with every line: its race has extensions, and DDS + DiffSmooth share one pass at each sigma
-DEMO = ["table", "--demo", "--images", "8", "--n-max", "300", "--threads", "1", "--quiet"]
+# the demo table's lines that denoise: its race has extensions, and DDS + DiffSmooth share one pass at each sigma
+DEMO = ["table", "--demo", "--rows", "dds,diffsmooth", "--images", "5", "--n-max", "150", "--threads", "1", "--quiet"]
+# the demo's RS line: no UNet, extensions of 1 to 5 images (over 3 ranks: uneven shares)
+RS = ["table", "--demo", "--rows", "rs", "--images", "8", "--n-max", "300", "--threads", "1", "--quiet"]
+ONE_PASS = "one pass: the denoiser runs once per batch"       # each rank logs it as a shared pass starts
 
 
 def _port() -> int:
     return 29000 + (os.getpid() * 7 + int(time.time() * 1000)) % 900
 
 
-def _torchrun(ranks: int, out: Path, *extra: str) -> list:
+def _torchrun(ranks: int, out: Path, *extra: str, table=DEMO) -> list:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(_port()),
-            *extra, "-m", "diffsmooth.cli", *DEMO, "--out", str(out)]
+            *extra, "-m", "diffsmooth.cli", *table, "--out", str(out)]
 
 
 def _env() -> dict:
@@ -59,45 +66,56 @@ def _folder(out: Path) -> dict:
     return held
 
 
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
+def _one_process(out: Path, table: list) -> dict:
+    """The table in this process, its folder; its votes spread (equal folders say something) and its race extends."""
     from cli_helpers import invoke_ok
-    out = tmp_path_factory.mktemp("one") / "t"
-    invoke_ok([*DEMO, "--out", out])
+    invoke_ok([*table, "--out", out])
     held = _folder(out)
     predictions = {row.split("\t")[2] for name, rows in held.items() if name.endswith(".tsv") for row in rows[1:]}
-    assert len(predictions - {"-1"}) >= 3, predictions          # votes spread: equal files say something
-    assert any("_at" in name for name in held) and held["shared_passes"] > 0     # extensions and shared passes ran
+    assert len(predictions - {"-1"}) >= 3, predictions
+    assert any("_at" in name for name in held), sorted(held)
     return held
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    held = _one_process(tmp_path_factory.mktemp("one") / "t", DEMO)
+    assert held["shared_passes"] > 0                # DDS + DiffSmooth shared their pilots' and first runs' passes
+    return held
+
+
+def _no_rank_files(out: Path) -> None:
+    assert not list((out / "runs").glob("*.shard-*")), "rank files left behind"
+
+
+def _rerun(ranks: int, out: Path, table=DEMO) -> dict:
+    """The table on `ranks` gloo ranks into `out` (again); its folder."""
+    proc = subprocess.run(_torchrun(ranks, out, table=table), capture_output=True, text=True, timeout=900, env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _no_rank_files(out)
+    return _folder(out)
 
 
 @needs_demo
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_a_table_on_gloo_ranks_equals_one_process(ranks, one_process, tmp_path):
-    out = tmp_path / "t"
-    proc = subprocess.run(_torchrun(ranks, out), capture_output=True, text=True, timeout=900, env=_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert _folder(out) == one_process
-    assert not list((out / "runs").glob("*.shard-*")), "rank files left behind"
-    if ranks == 2:                              # a pass whose ranks wrote every row but were killed before the merge
-        _unmerge(_extension_with_rows(out), ranks)
-        again = subprocess.run(_torchrun(ranks, out), capture_output=True, text=True, timeout=900, env=_env())
-        assert again.returncode == 0, again.stderr[-3000:]
-        resumed, whole = _folder(out), dict(one_process)
-        resumed.pop("shared_passes"), whole.pop("shared_passes")
-        assert resumed == whole
+def test_a_table_on_three_gloo_ranks_equals_one_process(tmp_path):
+    whole = _one_process(tmp_path / "one", RS)
+    # the ranks' shares are uneven: some pass holds a number of images that 3 does not divide
+    assert any((len(rows) - 1) % 3 for name, rows in whole.items() if name.endswith(".tsv")), sorted(whole)
+    assert _rerun(3, tmp_path / "t", RS) == whole
 
 
 def _extension_with_rows(out: Path) -> Path:
-    """The RS line's last extension file (race.json) with two rows or more: one whose ranks each wrote rows."""
-    steps = json.loads((out / "race.json").read_text())["RS (Cohen et al.)"]["extensions"]
-    for step in reversed(steps):
-        path = out / "runs" / f"rs-cohen-et-al_s{step['sigma']:g}_{step['kind']}.tsv"
-        if len(path.read_text().splitlines()) >= 3:
-            return path
-    raise AssertionError("no RS extension ran on two images or more")
-
+    """The last extension file (race.json; the last line's) with two rows or more: one whose ranks each wrote rows."""
+    from diffsmooth.engine.table.phases import phase_path
+    from diffsmooth.engine.table.spec import demo_spec
+    race = json.loads((out / "race.json").read_text())
+    for line in reversed(demo_spec(("dds", "diffsmooth")).lines):
+        for step in reversed(race[line.name]["extensions"]):
+            path = phase_path(out, line, step["sigma"], step["kind"])
+            if len(path.read_text().splitlines()) >= 3:
+                return path
+    raise AssertionError("no extension ran on two images or more")
 
 def _unmerge(merged: Path, ranks: int) -> None:
     """Split a merged result file and its row states over rank files, as ranks leave them before the merge."""
@@ -123,14 +141,16 @@ def _workers(agent: int) -> list:
 
 
 def _unfinished_extension(out: Path, whole: dict) -> bool:
-    """An extension's rank files hold rows, and fewer than the extension's file ends with in `whole` (the
-    one-process folder): its pass is unfinished, so no rank has reached the merge's barrier."""
+    """Every rank's file of an extension holds rows, and together fewer than the extension's file ends with in
+    `whole` (the one-process folder): its pass is unfinished, so no rank has reached the merge's barrier, and the
+    rank killed leaves finished rows behind."""
     for merged in {p.name.split(".shard-")[0] for p in (out / "runs").glob("*_at*.shard-*.tsv")}:
         parts = [p for p in (out / "runs").glob(f"{merged}.shard-*.tsv")]
-        written = sum(max(len(p.read_text().splitlines()) - 1, 0) for p in parts)
+        held = [max(len(p.read_text().splitlines()) - 1, 0) for p in parts]
+        written = sum(held)
         if (out / "runs" / f"{merged}.tsv").exists():
             written += len((out / "runs" / f"{merged}.tsv").read_text().splitlines()) - 1
-        if 0 < written and written < len(whole.get(f"runs/{merged}.tsv", [])) - 1:
+        if len(held) >= 2 and min(held) > 0 and written < len(whole.get(f"runs/{merged}.tsv", [])) - 1:
             return True
     return False
 
@@ -166,17 +186,26 @@ def _kill_a_rank_mid_extension(cmd: list, out: Path, whole: dict) -> subprocess.
 
 @needs_demo
 @pytest.mark.slow
-def test_a_rank_killed_mid_extension_and_the_table_started_again_gives_the_same_folder(one_process, tmp_path):
+def test_a_table_on_two_gloo_ranks_killed_and_started_again_equals_one_process(one_process, tmp_path):
+    """Killed mid-extension (a rank SIGKILLed, its pass unfinished), started again: one process's folder. Then
+    a pass whose ranks wrote every row but were killed before the merge (its rows left in rank files), started
+    again: the same folder."""
     out = tmp_path / "t"
     proc = _kill_a_rank_mid_extension(_torchrun(2, out), out, one_process)
-    proc.communicate(timeout=600)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode != 0
     assert not (out / "summary.json").exists()
     assert list((out / "runs").glob("*_at*.shard-*.tsv")), "the kill left no rank file of the extension"
-    again = subprocess.run(_torchrun(2, out), capture_output=True, text=True, timeout=900, env=_env())
-    assert again.returncode == 0, again.stderr[-3000:]
-    resumed, whole = _folder(out), dict(one_process)
-    assert resumed.pop("shared_passes") < whole.pop("shared_passes")      # this invocation's: the first runs were done
+    resumed, whole = _rerun(2, out), dict(one_process)
+    # the ranks shared the passes one process shares, every one before the kill (the first runs precede the
+    # race's extensions): each of the 2 ranks logged each, and the rerun had none left to run
+    assert err.count(ONE_PASS) == 2 * whole["shared_passes"], err[-3000:]
+    assert resumed.pop("shared_passes") == 0
+    whole.pop("shared_passes")
+    assert resumed == whole
+    _unmerge(_extension_with_rows(out), 2)
+    resumed = _rerun(2, out)
+    resumed.pop("shared_passes")
     assert resumed == whole
 
 

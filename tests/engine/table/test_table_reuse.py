@@ -17,8 +17,9 @@ from diffsmooth.engine.table.spec import parse_spec
 needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
 
 # the small RS table plus a DDS line: the UNet's purifier moves between sigmas (t*, scale factors),
-# RS and DDS share the classifier's architecture, each sigma has its own demo classifier weights
-SPEC = small_table_spec() + """
+# RS and DDS share the classifier's architecture, each sigma has its own demo classifier weights; four
+# images (labels 9, 1, 0, 8) at n-max 100 fill every pilot and main file
+SPEC = small_table_spec(n_max=100, skip=140) + """
 [[line]]
 name = "DDS"
 method = "dds"
@@ -47,7 +48,7 @@ def _build(out, monkeypatch, model_set=ModelSet):
 def test_rows_with_reused_models_equal_rows_with_models_built_for_every_run(tmp_path, monkeypatch):
     reused, summary = _build(tmp_path / "reused", monkeypatch)
     fresh, summary_fresh = _build(tmp_path / "fresh", monkeypatch, BuildsEveryRun)
-    assert len(reused) >= 6 and reused == fresh
+    assert len(reused) == 8 and reused == fresh                                    # pilot and main: 2 lines x 2 sigmas
     # one classifier architecture (RS and DDS, every sigma) and one purifier: two builds in all
     assert (summary["builds"], summary["compiles"]) == (2, 0)
     assert summary_fresh["builds"] > 2 * summary["builds"]
