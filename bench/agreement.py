@@ -42,14 +42,23 @@ VARIANTS = (  # name, precision, FastPath fields (None: the device's default fas
 DEFAULT_VARIANTS = ("eager fp16", "eager bf16", "compiled fp16 (fast path)", "compiled fp16 + fused conv")
 SPEC_PRECISION = "fp16"     # the precision bench variants (--variants) are judged in: the GPU path's
 
-# What is smoothed: DiffSmooth (the default), or DDS (m = 1, a classifier trained on clean images) behind the
-# engine's UNet or diffusers' UNet2DModel; the DDS pair measured DDS's design flip rates and shows whether the
-# diffusers adapter adds to them. Each variant is judged at its setup's design rate, as the run-time check is.
+def _clean_classifier() -> str:
+    """The demo classifier trained on clean images (DDS's)."""
+    return str(demo_assets.demo_classifier_path(0.0))
+
+
+# What is smoothed (setup -> what, its method config, its model sources): DiffSmooth (the default), or DDS (m = 1,
+# a classifier trained on clean images) behind the engine's UNet or diffusers' UNet2DModel; the DDS pair measured
+# DDS's design flip rates and shows whether the diffusers adapter adds to them. Each variant is judged at its
+# setup's design rate, as the run-time check is.
 SETUPS = {
     "diffsmooth": ("diffsmooth sigma 0.5, m=5, sigma' 0.25 (demo models)",
-                   MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)),
-    "dds": ("dds sigma 0.5 (demo UNet, classifier trained on clean images)", MethodConfig("dds", 0.5)),
-    "dds-diffusers": ("dds sigma 0.5 (demo diffusers DDPM, classifier trained on clean images)", MethodConfig("dds", 0.5)),
+                   MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25), ModelSources.demo),
+    "dds": ("dds sigma 0.5 (demo UNet, classifier trained on clean images)", MethodConfig("dds", 0.5),
+            lambda: ModelSources.demo(classifier=_clean_classifier())),
+    "dds-diffusers": ("dds sigma 0.5 (demo diffusers DDPM, classifier trained on clean images)", MethodConfig("dds", 0.5),
+                      lambda: ModelSources(denoiser=str(demo_assets.DEMO_DDPM), stats=demo_assets.DEMO_STATS,
+                                           classifier=_clean_classifier())),
 }
 
 
@@ -68,15 +77,6 @@ def _fast_path(device: str, fields):
     return FastPath(**fields)
 
 
-def _sources(setup: str) -> ModelSources:
-    if setup == "diffsmooth":
-        return ModelSources.demo()
-    classifier = str(demo_assets.demo_classifier_path(0.0))
-    if setup == "dds":
-        return ModelSources.demo(classifier=classifier)
-    return ModelSources(denoiser=str(demo_assets.DEMO_DDPM), stats=demo_assets.DEMO_STATS, classifier=classifier)
-
-
 def spec_name(spec: str) -> str:
     """The agreement row of a bench variant (bench/variants.py): the fp16 fast path with its changes."""
     return f"compiled fp16 + {spec}"
@@ -86,7 +86,7 @@ def _pipelines(device: str, setup: str, variants, specs: Sequence[str] = ()):
     """The eager fp32 reference and the chosen variants, built lazily (a variant is built when it is judged,
     so a step cut off by its limit has spent nothing on the ones it never reached)."""
     config = SETUPS[setup][1]
-    sources = _sources(setup)
+    sources = SETUPS[setup][2]()
     models = load_models(config, sources)
 
     def build(precision, fast):

@@ -45,14 +45,14 @@ def compare_rows(run: dict, settings) -> dict:
     rows = []
     for ds, method, m, n, seconds, source, den_s in published_for(dataset, settings.method):
         ours = None
-        if method != "diffsmooth" or m == settings.m:
+        if m is None or m == settings.m:          # a method without m, or the run's m
             ours = extrapolate_seconds(measured["per_sample_s"], measured["per_image_fixed_s"], settings.n0, n)
         samples = settings.n0 + n
         row = {"dataset": ds, "method": method, "m": m, "n": n, "published_s": seconds, "source": source,
                "published_denoiser_s": den_s, "published_samples_per_s": samples / seconds,
                "measured_extrapolated_s": ours,
                "measured_over_published": ours / seconds if ours else None}
-        if like_for_like and (method != "diffsmooth" or m == settings.m):
+        if like_for_like and (m is None or m == settings.m):
             row["published_implied_tflops"] = flops * samples / seconds / 1e12
         rows.append(row)
     note = HARDWARE_NOTE

@@ -20,9 +20,10 @@ from tqdm import tqdm
 
 from diffsmooth.engine.backends.tensorrt_backend import tensorrt_available
 from diffsmooth.engine.backends.torch_backend import TorchBackend, resolve_device
-from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages, score_module
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
 from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
+from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages, score_module
 from diffsmooth.engine.certify.cohen import certify_from_counts
 from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
@@ -118,7 +119,7 @@ class BenchSettings:
                     measure_n=given(self.measure_n, spec["measure_n_cuda" if cuda else "measure_n"]))
         batches, ms = SWEEP_DEFAULTS[self.models]
         s = replace(s, sweep_batches=tuple(self.sweep_batches or batches),
-                    sweep_ms=tuple(self.sweep_ms or (ms if self.method == "diffsmooth" else (s.m,))))
+                    sweep_ms=tuple(self.sweep_ms or (ms if method_named(self.method).local_smoothing else (s.m,))))
         for name in ("n0", "n", "batch", "images", "measure_n", "reference_batch", "m"):
             if getattr(s, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
@@ -199,7 +200,7 @@ def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = Non
     head = score_module(config, model_set.classifier, shape)
     extra = [(config.m, *shape)] if getattr(head, "takes_noise", False) else []
     cls, cls_ops = stage_flops(head, shape, extra)
-    calls = config.m if config.method == "diffsmooth" else 1
+    calls = config.kind.classifier_calls(config)
     return {
         "convention": CONVENTION,
         "denoiser_per_sample": den,
@@ -641,7 +642,7 @@ def _measure_settings(settings: BenchSettings, model_set, images, doc: dict, wor
             run = {
                 "backend": backend, "precision": precision, "device": str(stages.device),
                 "models": settings.models, "method": settings.method, "m": settings.m if
-                settings.method == "diffsmooth" else None, "batch": settings.batch,
+                method_named(settings.method).local_smoothing else None, "batch": settings.batch,
                 "model_info": model_set.description, "stages": stages.describe(),
                 "flops": flops,
                 "warmup": {"build_models_s": model_set.build_s, "build_stages_s": build_s,

@@ -20,6 +20,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from diffsmooth.engine.base_classifier.methods import method_named
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 
 REFERENCE_BATCH = 50
@@ -37,11 +38,13 @@ class ReferenceEquivalent:
         self.classifier = classifier.eval().to(self.device)
         self.num_classes = int(num_classes)
         self.sigma = float(sigma)
-        self.m = int(m) if method == "diffsmooth" else 1
-        self.local_sigma = float(local_sigma) if method == "diffsmooth" else 0.0
+        kind = method_named(method)
+        self.local_smoothing = kind.local_smoothing
+        self.m = int(m) if kind.local_smoothing else 1
+        self.local_sigma = float(local_sigma) if kind.local_smoothing else 0.0
         self.unet = None
         self.one_step = None                # a diffusers folder's coefficients (Python floats), else tables
-        if method != "rs":
+        if kind.denoises:
             if denoiser is None:
                 raise ValueError(f"method {method} needs a denoiser")
             self.unet = denoiser.unet.eval().to(self.device)
@@ -57,7 +60,7 @@ class ReferenceEquivalent:
                 self.rescale = 1000.0 / schedule.num_steps if schedule.rescale_timesteps else None
             else:
                 self.one_step = schedule.coefficients(self.sigma)
-        if method == "diffsmooth":
+        if kind.local_smoothing:
             self._local_seed_gen = torch.Generator(device="cpu").manual_seed(local_noise_seed)
         self.local_noises = None            # drawn once on the CPU at first use, shape (m, C, H, W)
 
@@ -90,7 +93,7 @@ class ReferenceEquivalent:
         return (x0 + 1.0) / 2.0
 
     def _classify(self, x: torch.Tensor) -> torch.Tensor:
-        if self.method != "diffsmooth":
+        if not self.local_smoothing:
             return self.classifier(x)
         if self.local_noises is None:
             self.local_noises = torch.randn((self.m, *x.shape[1:]), generator=self._local_seed_gen).to(x.device)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+from diffsmooth.engine.base_classifier.methods import method_named
+
 from .kernel_profile import summary_lines
 
 STAGE_LABELS = {"noise": "noise generation", "denoise": "denoise (UNet)", "classify": "classify (+local smoothing)",
@@ -59,7 +61,7 @@ def render(doc: dict) -> str:
     hw = m["gpu"] or f"{m['cpu_model']} ({m['cpu_cores']} cores, torch threads {m['torch_threads']})"
     out.append(f"machine: {hw}; load average {m['load_average']}; torch {m['torch']}, "
                f"onnxruntime {m['onnxruntime'] or 'not installed'}")
-    mm = f", m={s['m']}, sigma'={s['local_sigma']}" if s["method"] == "diffsmooth" else ""
+    mm = f", m={s['m']}, sigma'={s['local_sigma']}" if method_named(s["method"]).local_smoothing else ""
     out.append(f"models: {s['models']}; method {s['method']}, sigma={s['sigma']}{mm}; n0={s['n0']}, n={s['n']}, "
                f"batch {s['batch']}, {s['images']} image(s), device {s['device']}")
     for skip in doc["skipped"]:

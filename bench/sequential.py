@@ -22,10 +22,11 @@ from pathlib import Path
 import click
 import torch
 
-from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.certify.cohen import certify_from_counts, top_class
 from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.sequential import certify_sequential
+from diffsmooth.engine.choices import DEFAULT_METHOD, METHODS
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.demo.run import spread_indices
 from diffsmooth.engine.errors import UserError
@@ -89,7 +90,7 @@ def _accuracy_rows(rows, radii):
 def markdown(report: dict) -> str:
     s = report["settings"]
     radii = [f"{r:g}" for r in s["radii"]]
-    local = f" (m={s['m']}, sigma'={s['local_sigma']})" if s["method"] == "diffsmooth" else ""
+    local = f" (m={s['m']}, sigma'={s['local_sigma']})" if method_named(s["method"]).local_smoothing else ""
     lines = [f"{s['method']} sigma={s['sigma']}{local}, n0={s['n0']}, "
              f"alpha={s['alpha']}, {report['images']} demo images, device={s['device']} {s['precision']}, "
              f"batch={s['batch']}", "",
@@ -194,7 +195,7 @@ def run(images: int, n: int, n0: int, alpha: float, radii: str, batch: int, devi
 @click.option("--batch", type=int, default=1000, show_default=True, help="Forward batch (results do not depend on it).")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--precision", type=click.Choice(["fp32", "fp16", "bf16"]), default="fp32", show_default=True)
-@click.option("--method", type=click.Choice(["rs", "dds", "diffsmooth"]), default="diffsmooth", show_default=True)
+@click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True)
 @click.option("--sigma", type=float, default=0.5, show_default=True)
 @click.option("--m", "m", type=int, default=5, show_default=True)
 @click.option("--local-sigma", type=float, default=0.25, show_default=True)

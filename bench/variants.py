@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Dict, Sequence, Tuple
 
 from diffsmooth.engine.backends.compile_options import INDUCTOR_KNOBS
-from diffsmooth.engine.base_classifier.methods import check_classifier_rewrites
+from diffsmooth.engine.base_classifier.torch_stages import check_classifier_rewrites
 from diffsmooth.engine.choices import MAX_BATCH
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import packing

@@ -7,7 +7,9 @@ the models; the modules that act on a name or a number import it from here.
 
 from __future__ import annotations
 
-METHODS = ("rs", "dds", "diffsmooth")                    # base classifiers: RS, DDS, DiffSmooth
+# The built-in base classifiers (RS, DDS, DiffSmooth): a class each in engine/base_classifier/methods/, which
+# registers them in this order and may register more; the command line accepts every registered one.
+METHODS = ("rs", "dds", "diffsmooth")
 LOCAL_NOISE_MODES = ("fixed", "fresh")                   # DiffSmooth's local noises: drawn once, or per sample
 DATASET_KINDS = ("cifar10", "imagenet", "npz", "idx", "embedded")
 PRESETS = ("cifar10", "imagenet", "demo")                # UNet architecture + schedule of a checkpoint family

@@ -22,7 +22,7 @@ from torch import nn
 
 from diffsmooth.engine.backends.weights import OwnedModule
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
-from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.certify.cohen import Certificate, check_certify_parameters
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.smooth import Smooth, require_image_index
@@ -68,10 +68,11 @@ class SmoothedClassifier:
                  batch: Optional[int] = None):
         if not isinstance(classifier, nn.Module):
             raise UserError("`classifier` must be a torch module (see diffsmooth.load_classifier)")
-        if self.method != "rs" and not isinstance(denoiser, DiffusionDenoiser):
+        denoises = method_named(self.method).denoises           # an unknown method: one line
+        if denoises and not isinstance(denoiser, DiffusionDenoiser):
             raise UserError(f"{type(self).__name__} needs `denoiser` (see diffsmooth.load_denoiser)")
         self.config = MethodConfig(self.method, float(sigma), int(m), float(local_sigma), local_noise)
-        given = {"classifier": classifier, "denoiser": denoiser if self.method != "rs" else None}
+        given = {"classifier": classifier, "denoiser": denoiser if denoises else None}
         self._given = {name: OwnedModule(name, module) for name, module in given.items() if module is not None}
         self.classifier = self._given["classifier"].copy
         self.denoiser = self._given["denoiser"].copy if "denoiser" in self._given else None

@@ -19,8 +19,9 @@ from onnx.external_data_helper import load_external_data_for_model
 from torch import nn
 
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
-from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
-from diffsmooth.engine.choices import FIXED_LOCAL_NOISE_SEED, GRAPH_PRECISIONS
+from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.torch_stages import score_module
+from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.diffusers_folder import denoiser_identity, is_diffusers_folder
@@ -300,11 +301,7 @@ def export_unet(denoiser: DiffusionDenoiser, image_shape, out_dir, *, precisions
 
 
 def classifier_file_name(config: MethodConfig, image_shape, precision: str) -> str:
-    name = f"classifier_{config.method}_s{config.sigma:g}"
-    if config.method == "diffsmooth":
-        name += f"_m{config.m}_ls{config.local_sigma:g}_{config.local_noise}"
-        if config.local_noise == "fixed" and config.local_noise_seed != FIXED_LOCAL_NOISE_SEED:
-            name += f"_seed{config.local_noise_seed}"
+    name = f"classifier_{config.method}_s{config.sigma:g}{config.kind.graph_tag(config)}"
     return f"{name}_{shape_tag(image_shape)}_{precision}.onnx"
 
 
@@ -325,7 +322,7 @@ def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, 
         inputs["noise"] = ["batch", int(config.m), *shape]
     with torch.no_grad():
         num_classes = int(head(*args).shape[1])
-    output = "probs" if config.method == "diffsmooth" else "logits"
+    output = config.kind.output_name
     model = trace_to_onnx(head, args, names, [output])
     written = []
     for precision, variant in _variants(model, precisions):
@@ -334,10 +331,8 @@ def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, 
         fields = _base_fields("classifier", precision, shape, inputs, (output, ["batch", num_classes]), source)
         method = config.as_dict()
         fields.update(method=config.method, sigma=float(config.sigma), num_classes=num_classes,
-                      scores="mean_softmax" if config.method == "diffsmooth" else "logits")
-        if config.method == "diffsmooth":
-            fields.update(m=int(config.m), local_sigma=float(config.local_sigma), local_noise=config.local_noise,
-                          local_noise_seed=int(config.local_noise_seed) if config.local_noise == "fixed" else None)
+                      scores=config.kind.scores)
+        fields.update(config.kind.graph_fields(config))
         fields["method_config"] = method
         fields.update(facts)
         write_manifest(path, _with_defaults(fields))

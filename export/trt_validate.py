@@ -87,8 +87,7 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
             reference["score"] = reference_fn(ref_path, "classifier (ONNX Runtime fp32)")
             candidate["score"] = stage_fn(cls.plan_path, "classifier (TensorRT)", cls.precision)
             batch = min(batch, _max_batch(cls))
-            if config.method == "diffsmooth" and config.local_noise == "fresh":
-                local_shape = (int(config.m), *map(int, shape))
+            local_shape = config.kind.fresh_noise_shape(config, shape)
         if den is not None and reference["purify"] is None:
             raise UserError(f"no fp32 denoiser graph in {onnx_dir} to validate {den.plan_path.name} against")
         precision = (cls or den).precision

@@ -15,10 +15,10 @@ from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
 from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
 from diffsmooth.engine.backends.torch_backend import TorchStage
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
-from diffsmooth.engine.base_classifier.methods import MethodConfig, score_module
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
+from diffsmooth.engine.base_classifier.torch_stages import score_module
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
-from diffsmooth.engine.choices import FIXED_LOCAL_NOISE_SEED
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
@@ -321,11 +321,8 @@ def load_classifier_for(manifest: dict):
 
 
 def config_from_manifest(manifest: dict) -> MethodConfig:
-    if manifest.get("method") == "diffsmooth":
-        return MethodConfig("diffsmooth", float(manifest["sigma"]), int(manifest["m"]),
-                            float(manifest["local_sigma"]), manifest["local_noise"],
-                            int(manifest.get("local_noise_seed") or FIXED_LOCAL_NOISE_SEED))
-    return MethodConfig(manifest["method"], float(manifest["sigma"]))
+    """The method config a classifier graph was exported for (its method reads its own fields)."""
+    return method_named(manifest.get("method")).config_from_manifest(manifest)
 
 
 def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dataset: Optional[str] = None,

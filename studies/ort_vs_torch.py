@@ -23,8 +23,9 @@ from diffsmooth.bench.models import build_model_set
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.onnxruntime_backend import physical_cores
 from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
+from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.export.manifest import package_versions
 from diffsmooth.export.onnx_export import export_models

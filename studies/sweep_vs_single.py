@@ -19,7 +19,7 @@ import torch
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser, load_denoiser
-from diffsmooth.engine.base_classifier.methods import build_torch_stages
+from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models import shipped as demo_assets
 from diffsmooth.engine.models.checkpoints import load_classifier

@@ -22,7 +22,13 @@ import torch  # noqa: E402
 
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     torch.set_num_threads(1)        # in case a plugin imported torch before OMP_NUM_THREADS was set
+from suite_order import heavy_first  # noqa: E402
 from tiny_fixtures import SIGMA, TINY_UNET, centroid_classifier, random_unet, tiny_images  # noqa: E402,F401
+
+
+def pytest_collection_modifyitems(config, items):
+    """The heaviest modules first (tests/suite_order.py)."""
+    heavy_first(items)
 
 
 @pytest.fixture

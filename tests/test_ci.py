@@ -63,3 +63,11 @@ def test_every_package_folder_is_installed():
                 continue
             package = ".".join([name, *relative.parts])
             assert package in listed, f"{package} ({init.parent}) is not in pyproject.toml's packages"
+
+
+def test_the_heavy_modules_handed_out_first_exist():
+    """A renamed module would silently lose its place at the front of the queue (tests/suite_order.py)."""
+    from suite_order import HEAVY_FIRST
+    assert len(set(HEAVY_FIRST)) == len(HEAVY_FIRST)
+    for path in HEAVY_FIRST:
+        assert (ROOT / path).is_file(), path

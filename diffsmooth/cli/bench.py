@@ -13,7 +13,7 @@ from diffsmooth.bench.harness import BenchSettings, run_bench, to_jsonable
 from diffsmooth.bench.models import MODEL_SETS
 from diffsmooth.bench.report import render
 from diffsmooth.bench.variants import TOKENS, parse_variants
-from diffsmooth.cli.param_types import BATCH, LOCAL_NOISES, LOCAL_SIGMA, SAMPLES, SEED, SIGMA, THREADS, Count, Number
+from diffsmooth.cli.param_types import BATCH, LOCAL_NOISES, LOCAL_SIGMA, METHOD, SAMPLES, SEED, SIGMA, THREADS, Count, Number
 from diffsmooth.engine.backends.compile_options import COMPILE_MODES, INDUCTOR_KNOBS, parse_inductor_knobs
 from diffsmooth.engine.choices import (
     BACKENDS,
@@ -24,7 +24,6 @@ from diffsmooth.engine.choices import (
     DEFAULT_N0,
     DEFAULT_SIGMA,
     LOCAL_NOISE_MODES,
-    METHODS,
     RUN_PRECISIONS,
 )
 
@@ -68,7 +67,7 @@ def _check_choices(values, allowed, name):
               help="Scheduler folder of a diffusers UNet folder given as --denoiser.")
 @click.option("--arch", default=None,
               help="Classifier architecture instead of the set's (e.g. beit_large_patch16_224, timm:<name>; random weights).")
-@click.option("--method", type=click.Choice(METHODS), default=DEFAULT_METHOD, show_default=True)
+@click.option("--method", type=METHOD, default=DEFAULT_METHOD, show_default=True)
 @click.option("--sigma", type=SIGMA, default=DEFAULT_SIGMA, show_default=True, help="Smoothing noise std.")
 @click.option("--n0", type=SAMPLES, default=DEFAULT_N0, show_default=True, help="Selection samples per image.")
 @click.option("--n", type=SAMPLES, default=None, help="Estimation samples to extrapolate to [default: 100000; "

@@ -13,6 +13,7 @@ from diffsmooth.cli.param_types import (
     DIFFUSION_STEPS,
     LOCAL_NOISES,
     LOCAL_SIGMA,
+    METHOD,
     SAMPLES,
     SEED,
     SIGMA,
@@ -36,7 +37,6 @@ from diffsmooth.engine.choices import (
     FIXED_LOCAL_NOISE_SEED,
     LOCAL_NOISE_MODES,
     MAX_WINDOW,
-    METHODS,
     NORMALIZATIONS,
     PRESETS,
     RUN_PRECISIONS,
@@ -106,7 +106,7 @@ def method_options(sweep: bool = True):
     repeat = {"multiple": True} if sweep else {}
     again = "; repeat for a sweep." if sweep else "."
     return group(
-        click.option("--method", type=click.Choice(METHODS), default=[DEFAULT_METHOD] if sweep else DEFAULT_METHOD,
+        click.option("--method", type=METHOD, default=[DEFAULT_METHOD] if sweep else DEFAULT_METHOD,
                      show_default=True, callback=distinct if sweep else None, **repeat,
                      help="Repeat for a sweep." if sweep else None),
         click.option("--sigma", type=SIGMA, default=DEFAULT_SIGMA, show_default=True,

@@ -8,7 +8,15 @@ import math
 
 import click
 
-from diffsmooth.engine.choices import MAX_BATCH, MAX_DIFFUSION_STEPS, MAX_LOCAL_NOISES, MAX_SAMPLES, MAX_SEED, MAX_THREADS
+from diffsmooth.engine.choices import (
+    MAX_BATCH,
+    MAX_DIFFUSION_STEPS,
+    MAX_LOCAL_NOISES,
+    MAX_SAMPLES,
+    MAX_SEED,
+    MAX_THREADS,
+    METHODS,
+)
 
 
 class Number(click.ParamType):
@@ -38,6 +46,19 @@ class Number(click.ParamType):
         return number + 0.0                     # -0.0 -> 0.0: one spelling in recorded settings
 
 
+class MethodName(click.Choice):
+    """A registered method's name (engine/base_classifier/methods/): the built-in ones in the help, any registered
+    one accepted, read from the registry when the option is parsed (so `--help` loads no torch)."""
+
+    def __init__(self):
+        super().__init__(METHODS)
+
+    def convert(self, value, param, ctx):
+        from diffsmooth.engine.base_classifier.methods import method_names
+        self.choices = method_names()
+        return super().convert(value, param, ctx)
+
+
 class Count(click.ParamType):
     """An integer in [low, high]; `why` says where the upper bound comes from."""
 
@@ -65,3 +86,4 @@ BATCH = Count(1, MAX_BATCH, "buffers of the batch size are allocated up front")
 THREADS = Count(1, MAX_THREADS)
 LOCAL_NOISES = Count(1, MAX_LOCAL_NOISES, "m classifier calls per sample", label="m (local noises)")
 DIFFUSION_STEPS = Count(1, MAX_DIFFUSION_STEPS)
+METHOD = MethodName()

@@ -19,7 +19,8 @@ from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.local_smoothing import local_probabilities
-from diffsmooth.engine.base_classifier.methods import MethodConfig, probe
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
+from diffsmooth.engine.base_classifier.torch_stages import probe
 from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.choices import FIXED_LOCAL_NOISE_SEED
 from diffsmooth.engine.errors import UserError, first_line
@@ -35,19 +36,16 @@ class Configuration:
     @property
     def name(self) -> str:
         """The configuration's result-file stem, e.g. diffsmooth__resnet110__ls0.25__m5."""
-        base = f"{self.method.method}__{self.classifier}"
-        if self.method.method != "diffsmooth":
-            return base
-        return f"{base}__ls{self.method.local_sigma:g}__m{self.method.m}"
+        return f"{self.method.method}__{self.classifier}{self.method.kind.config_tag(self.method)}"
 
 
 def configurations(methods: Sequence[str], sigma: float, local_sigmas: Sequence[float], ms: Sequence[int],
                    local_noise: str, classifiers_for) -> List[Configuration]:
     """Every (method, classifier, sigma', m) asked for; `classifiers_for(method, sigma')` names the
-    classifiers a method uses at that local sigma (sigma' None for rs / dds)."""
+    classifiers a method uses at that local sigma (sigma' None for a method without local smoothing)."""
     found = []
     for method in methods:
-        if method == "diffsmooth":
+        if method_named(method).local_smoothing:
             found += [Configuration(MethodConfig(method, sigma, int(m), float(ls), local_noise), clf)
                       for ls in local_sigmas for clf in classifiers_for(method, float(ls)) for m in ms]
         else:
@@ -59,10 +57,10 @@ def configurations(methods: Sequence[str], sigma: float, local_sigmas: Sequence[
 
 
 def inputs_of(configs: Sequence[Configuration]) -> Tuple[str, ...]:
-    """Which samples the configurations read: the noisy ones (rs), the denoised ones (dds, diffsmooth)."""
-    methods = {c.method.method for c in configs}
-    return tuple(name for name, wanted in (("noisy", "rs" in methods), ("denoised", bool(methods - {"rs"})))
-                 if wanted)
+    """Which samples the configurations read: the noisy ones (rs), the denoised ones (dds, diffsmooth); in that
+    order."""
+    read = {c.method.kind.reads for c in configs}
+    return tuple(name for name in ("noisy", "denoised") if name in read)
 
 
 class ConfigurationHeads(nn.Module):
@@ -71,7 +69,7 @@ class ConfigurationHeads(nn.Module):
     Local smoothing of one classifier at one sigma' runs once on the largest m's noises; smaller m
     average a prefix of its softmax outputs, so m in {1,3,5,11,21} costs one call at m = 21.
 
-    What the forward pass does is in plain attributes (`plan`: per configuration its method, the index
+    What the forward pass does is in plain attributes (`plan`: per configuration the samples it reads, the index
     of its classifier, of its local-smoothing call and of its noise group, and m) and in tensors (the
     classifiers' weights, each call's sigma' and the fixed noises are buffers), never in a sigma,
     a sigma' or a file name: the heads of another sigma or sigma' have the same architecture, so a
@@ -86,7 +84,7 @@ class ConfigurationHeads(nn.Module):
         self.inputs = inputs_of(configs)
         self.local_noise = local_noise
         self.image_shape = tuple(int(d) for d in image_shape)
-        ms = sorted({c.method.m for c in configs if c.method.method == "diffsmooth"})
+        ms = sorted({c.method.m for c in configs if c.method.kind.local_smoothing})
         self.largest_m = ms[-1] if ms else None
         groups = self._noise_groups(ms, local_noise_seed)
         self.groups = [(big_m, members) for big_m, members, _ in groups]
@@ -96,8 +94,8 @@ class ConfigurationHeads(nn.Module):
         plan = []
         for c in configs:
             index = names.index(c.classifier)
-            if c.method.method != "diffsmooth":
-                plan.append((c.method.method, index, None, None, None))
+            if not c.method.kind.local_smoothing:
+                plan.append((c.method.kind.reads, index, None, None, None))
                 continue
             k = next(k for k, (_, members) in enumerate(self.groups) if c.method.m in members)
             call = (c.classifier, float(c.method.local_sigma), k)
@@ -105,7 +103,7 @@ class ConfigurationHeads(nn.Module):
                 self.register_buffer(f"local_sigma_{len(calls)}", torch.tensor(call[1], dtype=torch.float32),
                                      persistent=False)
                 calls.append(call)
-            plan.append((c.method.method, index, calls.index(call), k, int(c.method.m)))
+            plan.append((c.method.kind.reads, index, calls.index(call), k, int(c.method.m)))
         self.plan = tuple(plan)
 
     @property
@@ -128,13 +126,11 @@ class ConfigurationHeads(nn.Module):
         fresh = inputs[len(self.inputs)] if self.takes_noise else None
         probabilities = {}
         scores = []
-        for method, index, call, k, m in self.plan:
+        for reads, index, call, k, m in self.plan:
             classifier = self.classifiers[index]
-            if method == "rs":
-                score = classifier(samples["noisy"]).float()
-            elif method == "dds":
-                score = classifier(samples["denoised"]).float()
-            else:
+            if call is None:                    # the plain classifier on the samples the method reads
+                score = classifier(samples[reads]).float()
+            else:                               # local smoothing: a prefix of one call's m noises
                 big_m = self.groups[k][0]
                 if call not in probabilities:
                     delta = fresh if fresh is not None else getattr(self, f"noise_{k}").unsqueeze(0)
@@ -208,7 +204,7 @@ def stacked_configuration_stages(configs: Sequence[Configuration], stages_of) ->
     singles = [stages_of(c) for c in configs]
     purify = next((s.purify for s in singles if s.purify is not None), None)
     fresh_ms = [c.method.m for c, s in zip(configs, singles) if s.local_noise_shape is not None]
-    heads = [(s.score, inputs.index("noisy" if c.method.method == "rs" else "denoised"),
+    heads = [(s.score, inputs.index(c.method.kind.reads),
               c.method.m if s.local_noise_shape is not None else None) for c, s in zip(configs, singles)]
     local_shape = None
     if fresh_ms:

@@ -11,7 +11,8 @@ import torch
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
 from diffsmooth.engine.backends.onnxruntime_backend import ORT_PRECISIONS, OrtStage
-from diffsmooth.engine.base_classifier.methods import MethodConfig, probe
+from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.torch_stages import probe
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 
@@ -22,10 +23,7 @@ def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[di
     denoiser = {"sigma": float(config.sigma), "image_shape": shape, "precision": precision}
     classifier = {"method": config.method, "sigma": float(config.sigma), "image_shape": shape,
                   "precision": precision}
-    if config.method == "diffsmooth":
-        classifier.update(m=int(config.m), local_sigma=float(config.local_sigma), local_noise=config.local_noise)
-        if config.local_noise == "fixed":
-            classifier["local_noise_seed"] = int(config.local_noise_seed)
+    classifier.update({k: v for k, v in config.kind.graph_fields(config).items() if v is not None})
     return denoiser, classifier
 
 
@@ -61,8 +59,7 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
     path, manifest = find_graph(found, "classifier", want_classifier, onnx_dir)
     if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{path.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
-    label = "local-smoothing classifier" if config.method == "diffsmooth" else "classifier"
-    score = OrtStage(path, f"{label}[{path.name}]", dev, precision, provider, threads)
+    score = OrtStage(path, f"{config.kind.classifier_label}[{path.name}]", dev, precision, provider, threads)
     return exported_stages(config, image_shape, num_classes, purify, score, path.name, "graph")
 
 
@@ -70,8 +67,7 @@ def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int
                     file_name: str, kind: str) -> BaseClassifierStages:
     """Stages from exported stages (ONNX graphs or TensorRT plans): checks that the classifier's inputs
     fit the local-noise mode, probes them once, and checks the number of classes against the data."""
-    local_shape = (int(config.m), *map(int, image_shape)) if (
-        config.method == "diffsmooth" and config.local_noise == "fresh") else None
+    local_shape = config.kind.fresh_noise_shape(config, image_shape)
     if len(score.input_names) != (2 if local_shape else 1):
         raise UserError(f"{file_name} takes inputs {score.input_names}, which does not fit "
                         f"local noise mode {config.local_noise!r}")

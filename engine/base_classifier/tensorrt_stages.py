@@ -52,6 +52,5 @@ def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: O
     plan, _, manifest = plan_for(onnx_dir, "classifier", want_classifier, precision, classifier=classifier, **key)
     if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{plan.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
-    label = "local-smoothing classifier" if config.method == "diffsmooth" else "classifier"
-    score = TrtStage(plan, f"{label}[{plan.name}]", dev, precision, trt)
+    score = TrtStage(plan, f"{config.kind.classifier_label}[{plan.name}]", dev, precision, trt)
     return exported_stages(config, image_shape, num_classes, purify, score, plan.name, "plan")

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from diffsmooth.engine.base_classifier.methods import METHODS, MethodConfig
+from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, fixed_local_noise, gaussian
-from diffsmooth.engine.choices import DEFAULT_ALPHA, DEFAULT_LOCAL_SIGMA, DEFAULT_M, DEFAULT_N0, DEFAULT_SEED
+from diffsmooth.engine.choices import DEFAULT_ALPHA, DEFAULT_LOCAL_SIGMA, DEFAULT_M, DEFAULT_N0, DEFAULT_SEED, METHODS
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize

@@ -10,7 +10,6 @@ from diffsmooth.engine.models.shipped import (  # noqa: F401
     DEMO_TRAINING_SIGMAS,
     DEMO_UNET,
     demo_classifier_at,
-    demo_classifier_for,
     demo_classifier_name,
     demo_classifier_path,
     demo_sigmas_text,

@@ -56,12 +56,6 @@ def demo_classifier_at(noise_level: float, method: str | None = None) -> Path:
     return path
 
 
-def demo_classifier_for(method: str, sigma: float, local_sigma: float) -> Path:
-    """The demo classifier matching the noise level the method's classifier sees."""
-    level = {"rs": sigma, "dds": 0.0, "diffsmooth": local_sigma}[method]
-    return demo_classifier_at(level, method)
-
-
 def require_demo_assets() -> None:
     if not DEMO_UNET.exists():
         raise UserError(f"the embedded demo models are missing ({DEMO_UNET}); "

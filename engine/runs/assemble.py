@@ -24,9 +24,10 @@ from diffsmooth.engine.base_classifier.configurations import (
     torch_configuration_stages,
 )
 from diffsmooth.engine.base_classifier.denoise import load_denoiser
-from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
 from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
+from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, initial_score_chunks
 from diffsmooth.engine.certify.smooth import Smooth
 from diffsmooth.engine.choices import BACKENDS
@@ -98,7 +99,7 @@ def classifier_path_for(config: MethodConfig, sources: ModelSources) -> str:
         return sources.classifier
     if sources.preset != demo_assets.DEMO_PRESET:
         raise UserError("give `classifier` CHECKPOINT")
-    return str(demo_assets.demo_classifier_for(config.method, config.sigma, config.local_sigma))
+    return str(config.kind.demo_classifier(config.sigma, config.local_sigma))
 
 
 def load_classifier_from(config: MethodConfig, sources: ModelSources):
@@ -217,7 +218,7 @@ def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[
     """Images per classifier call in a run at `batch`: the pipeline's first chunk of the batch (at most
     `classifier_batch` samples when given), times m for local smoothing (the shape the fused-convolution
     probe must see)."""
-    per_sample = config.m if config.method == "diffsmooth" else 1
+    per_sample = config.kind.classifier_calls(config)
     numel = 1
     for d in image_shape:
         numel *= int(d)

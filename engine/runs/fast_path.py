@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import torch
 
 from diffsmooth.engine.backends.compile_options import check_compile_mode, parse_inductor_knobs
-from diffsmooth.engine.base_classifier.methods import check_classifier_rewrites
+from diffsmooth.engine.base_classifier.torch_stages import check_classifier_rewrites
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import packing
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE, AgreementReport, judge_agreement

@@ -16,6 +16,7 @@ import torch
 
 from diffsmooth.engine.base_classifier.configurations import Configuration, configurations
 from diffsmooth.engine.base_classifier.diffusers_denoise import check_sigma
+from diffsmooth.engine.base_classifier.methods import method_named
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
@@ -153,7 +154,7 @@ class ResolvedRun:
                 settings.update(schedule_radii=list(rule.schedule_radii), unanimity=rule.unanimity)
             if rule.decide_largest:                 # the race's extensions (other files stay as they were)
                 settings["decide_largest"] = True
-        if not self.is_sweep and r.method[0] != "diffsmooth":
+        if not self.is_sweep and not method_named(r.method[0]).local_smoothing:
             for k in ("local_sigma", "m", "local_noise"):
                 settings.pop(k)
         if r.scheduler is not None:
@@ -166,8 +167,8 @@ class ResolvedRun:
         """The sweep folder's index.json: the recorded settings and each configuration's file."""
         return {"settings": self.recorded(), "entries": [
             {"method": c.method.method, "classifier": c.classifier,
-             "local_sigma": c.method.local_sigma if c.method.method == "diffsmooth" else None,
-             "m": c.method.m if c.method.method == "diffsmooth" else None, "file": f"{c.name}.tsv"}
+             "local_sigma": c.method.local_sigma if c.method.kind.local_smoothing else None,
+             "m": c.method.m if c.method.kind.local_smoothing else None, "file": f"{c.name}.tsv"}
             for c in self.configurations]}
 
     def check_resumable(self, record: bool) -> None:
@@ -223,7 +224,7 @@ def classifier_names(request: RunRequest, sources: ModelSources) -> Tuple[Dict[s
     def classifiers_for(method, local_sigma):
         if sources.preset != shipped.DEMO_PRESET:
             raise UserError("give `classifier` CHECKPOINT")
-        path = shipped.demo_classifier_for(method, request.sigma, local_sigma if local_sigma is not None else 0.0)
+        path = method_named(method).demo_classifier(request.sigma, local_sigma if local_sigma is not None else 0.0)
         paths[path.stem] = str(path)
         return [path.stem]
     return paths, classifiers_for

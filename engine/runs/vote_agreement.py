@@ -2,10 +2,10 @@
 per-sample scores of both paths. Plain numpy/scipy, so any scheduler that yields counts can be judged.
 
 Sizing: a correct path flips a vote with a per-sample probability that depends on its precision and on
-the method (DESIGN_FLIP_RATES, measured on an H200). Each of the two comparisons (production counts,
-per-sample votes) allows the number of flips that such a path exceeds with probability <= half the
-false-refusal rate, so a correct path is refused less than once in 1 / FALSE_REFUSAL runs; a wrong
-image, noise or batch moves far more votes.
+the method (each method's `flip_rates`, engine/base_classifier/methods/, measured on an H200). Each of the
+two comparisons (production counts, per-sample votes) allows the number of flips that such a path exceeds
+with probability <= half the false-refusal rate, so a correct path is refused less than once in
+1 / FALSE_REFUSAL runs; a wrong image, noise or batch moves far more votes.
 """
 
 from __future__ import annotations
@@ -16,21 +16,11 @@ from typing import List, Optional, Sequence
 import numpy as np
 from scipy.stats import binom
 
-# Per-sample vote flips of a correct path against eager fp32 (TF32 off), measured on an H200 on the demo
-# models (bench.agreement; bench/results/h200-2026-11-26/, h200-2026-11-27/). The rate is the method's: DDS
-# puts a classifier trained on clean images behind the one-shot denoiser, and more of its inputs lie near a
-# decision boundary than a noise-trained classifier's do (the same on the engine's UNet and a diffusers DDPM).
-# RS has not been measured on its own; it uses the noise-trained classifiers' rates.
-DESIGN_FLIP_RATES = {
-    ("noise-trained", "fp16"): 1.3e-4,   # DiffSmooth m = 5, compiled fp16: 5 + 6 of 40,000
-    ("noise-trained", "bf16"): 1.7e-3,   # DiffSmooth m = 5, eager bf16
-    ("dds", "fp16"): 1.1e-3,             # eager fp16: 18 of 16,000 (diffusers DDPM), 10 (demo UNet)
-    # bf16 DDS: 0.6-0.7% over 8 images (114 of 16,000 diffusers DDPM, 101 demo UNet), but the check's own four
-    # images (the first selected) flipped 34 and 29 of 2,000: flips cluster on images near a boundary, so the
-    # rate is the check's worst measured one, not the spread images' average.
-    ("dds", "bf16"): 1.7e-2,
-}
-FP16_FLIP_RATE = DESIGN_FLIP_RATES[("noise-trained", "fp16")]
+from diffsmooth.engine.base_classifier.methods import method_named
+
+# Per-sample vote flips of a correct path against eager fp32 (TF32 off): each method's own (its `flip_rates`,
+# measured on an H200 on the demo models). The default of a check that names no method: DiffSmooth's fp16 rate.
+FP16_FLIP_RATE = method_named("diffsmooth").flip_rates["fp16"]
 FALSE_REFUSAL = 1e-4         # a correct path at the design flip rate is refused less often than this
 SCORE_TOLERANCE = 0.05       # max |score difference| / (1 + max |reference score|): fp16 measured 1e-3
 
@@ -49,7 +39,7 @@ def design_flip_rate(precision: str, methods: Sequence[str]) -> float:
     """The flip rate the check expects of a run: the largest measured rate among its methods at its precision
     (an fp32 fast path counts as fp16: cuDNN's TF32 convolutions keep fp16's 10 mantissa bits)."""
     bits = "bf16" if precision == "bf16" else "fp16"
-    return max(DESIGN_FLIP_RATES[("dds" if method == "dds" else "noise-trained", bits)] for method in methods)
+    return max(method_named(method).flip_rates[bits] for method in methods)
 
 
 def moved_votes(a: np.ndarray, b: np.ndarray) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
+from diffsmooth.engine.base_classifier.methods import method_named, method_names
 from diffsmooth.engine.runs.analyze import average_certified_radius
 from diffsmooth.engine.table.report import LineRows, certified, tex_text
 
@@ -53,7 +54,7 @@ def parse_config(name: str) -> tuple:
     `diffsmooth__STEM__lsSIGMA'__mM` (engine/base_classifier/configurations.py); the classifier's
     stem may itself hold `__`."""
     method, _, rest = name.partition("__")
-    if method != "diffsmooth":
+    if method not in method_names() or not method_named(method).local_smoothing:      # a single run's: no method
         return method, rest, None, None
     classifier, local, m = rest.rsplit("__", 2)
     return method, classifier, float(local[2:]), int(m[1:])
@@ -125,7 +126,7 @@ def _columns(rows: Sequence[ConfigRow]) -> dict:
     for row in rows:
         per_line_sigma.setdefault((row.line, row.sigma), set()).add(row.classifier)
     return {"group": any(row.group is not None for row in rows),
-            "local": any(row.method == "diffsmooth" for row in rows),
+            "local": any(row.local_sigma is not None for row in rows),
             "classifier": any(len(v) > 1 for v in per_line_sigma.values()),
             "acr": any(row.acr is not None for row in rows)}
 

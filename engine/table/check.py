@@ -19,6 +19,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from diffsmooth.engine.base_classifier.methods import method_named
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import extract_state_dict, read_checkpoint
@@ -107,7 +108,7 @@ def named_files(spec: TableSpec) -> Dict[str, FileUse]:
     """Every checkpoint the spec names, with its users ("line L at sigma s")."""
     files: Dict[str, FileUse] = {}
     denoiser = spec.models.get("denoiser")
-    if denoiser and any(line.denoiser is None and line.method != "rs" for line in spec.lines):
+    if denoiser and any(line.denoiser is None and method_named(line.method).denoises for line in spec.lines):
         files[str(denoiser)] = FileUse("denoiser", ["[models]"], settings=dict(spec.models))
     for line in spec.lines:
         if line.denoiser is not None:
@@ -233,7 +234,7 @@ def describe_runs(spec: TableSpec) -> List[str]:
             ("the model's own" if line.source else f"{default} (default)")
         for sigma in spec.sigmas:
             what = [line.method, f"classifier {', '.join(line.classifier.get(sigma, ())) or 'demo'}"]
-            if line.method == "diffsmooth":
+            if method_named(line.method).local_smoothing:
                 what.append(f"sigma' {', '.join(f'{v:g}' for v in line.local_sigmas(sigma))}")
                 what.append(f"m {', '.join(str(v) for v in line.local_noises(sigma))}")
             out.append(f"run: {line.name}, sigma {sigma:g}: {'; '.join(what)}; normalization {layer}")

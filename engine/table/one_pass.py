@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from diffsmooth.engine.base_classifier.methods import method_named
 from diffsmooth.engine.runs.plan import ResolvedRun
 
-DENOISED = ("dds", "diffsmooth")                   # the methods that draw the UNet
 # request options that may differ between the lines of one pass (what scores the denoised samples)
 PER_LINE = ("method", "classifier", "local_sigma", "m", "out")
 
@@ -56,7 +56,7 @@ class SharedPass(ResolvedRun):
 
 def pass_key(request, phase) -> Optional[tuple]:
     """What phases must share to run as one pass (None: the phase runs alone); `request(phase)`: its run's request."""
-    if phase.line.method not in DENOISED:
+    if not method_named(phase.line.method).denoises:
         return None
     options = request(phase)
     fixed = tuple((k, repr(getattr(options, k))) for k in sorted(f.name for f in dataclasses.fields(options))

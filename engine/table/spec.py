@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from diffsmooth.engine.base_classifier.methods import method_named, method_names
 from diffsmooth.engine.choices import (
     DEFAULT_ALPHA,
     DEFAULT_LOCAL_NOISE,
@@ -76,8 +77,7 @@ FOLDERS = ("models", "data")                    # the {models} / {data} placehol
 LINE_PATHS = ("classifier", "denoiser", "scheduler")      # a line's keys that hold paths
 
 DEMO_SIGMAS = tuple(s for s in DEMO_TRAINING_SIGMAS if s > 0)
-DEMO_LINES = {"rs": "RS (Cohen et al.)", "dds": "DDS (denoise, m=1)", "diffsmooth": "DiffSmooth"}
-# --rows of the demo table: a method's line, or DDS with the demo's diffusers DDPM as its denoiser
+# --rows of the demo table: a built-in method's line, or DDS with the demo's diffusers DDPM as its denoiser
 DEMO_ROWS = {**{m: m for m in METHODS}, "dds-ddpm": "dds"}
 DEMO_ROW_NAMES = {"dds-ddpm": "DDS (diffusers DDPM)"}
 
@@ -278,14 +278,16 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
             raise UserError(f"{at} must be a table")
         _unknown(at, raw, LINE_KEYS)
         method = raw.get("method")
-        if method not in METHODS:
-            raise UserError(f"{at}: method must be one of {', '.join(METHODS)}, got {method!r}")
-        name = raw.get("name", DEMO_LINES[method])
+        if not isinstance(method, str) or method not in method_names():
+            raise UserError(f"{at}: method must be one of {', '.join(method_names())}, got {method!r}")
+        kind = method_named(method)
+        name = raw.get("name", kind.line_name or method)
         if not isinstance(name, str) or not name.strip() or name in names:
             raise UserError(f"{at}: name must be a new non-empty string, got {name!r}")
         names.add(name)
-        if method != "diffsmooth" and ({"local_sigma", "m"} & set(raw)):
-            raise UserError(f"{at}: local_sigma and m belong to diffsmooth lines")
+        if not kind.local_smoothing and ({"local_sigma", "m"} & set(raw)):
+            local = [n for n in method_names() if method_named(n).local_smoothing]
+            raise UserError(f"{at}: local_sigma and m belong to {' and '.join(local)} lines")
         source, layer = raw.get("source"), raw.get("normalization")
         if source is not None and source not in SOURCES:
             raise UserError(f"{at}: source must be one of {', '.join(SOURCES)}, got {source!r}")
@@ -294,9 +296,10 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
         group = raw.get("group")
         if group is not None and (not isinstance(group, str) or not group.strip()):
             raise UserError(f"{at}: group must be a non-empty string, got {group!r}")
-        if method == "rs" and ({"denoiser", "scheduler"} & set(raw)):
-            raise UserError(f"{at}: an rs line does not denoise: denoiser and scheduler belong to dds and "
-                            "diffsmooth lines")
+        if not kind.denoises and ({"denoiser", "scheduler"} & set(raw)):
+            denoising = [n for n in method_names() if method_named(n).denoises]
+            raise UserError(f"{at}: an {method} line does not denoise: denoiser and scheduler belong to "
+                            f"{' and '.join(denoising)} lines")
         if "scheduler" in raw and "denoiser" not in raw:
             raise UserError(f"{at}: scheduler goes with the line's own denoiser (a diffusers UNet folder)")
         denoiser = _path(f"{at}.denoiser", raw["denoiser"]) if "denoiser" in raw else None
@@ -393,14 +396,15 @@ def demo_local_sigma(sigma: float) -> float:
 def _demo_line(row: str) -> LineSpec:
     """One line of the demo table (a --rows name)."""
     method = DEMO_ROWS[row]
-    name = DEMO_ROW_NAMES.get(row, DEMO_LINES[method])
+    kind = method_named(method)
+    name = DEMO_ROW_NAMES.get(row, kind.line_name)
     if row == "dds-ddpm":
         if not shipped.DEMO_DDPM.exists():
             raise UserError(f"--rows dds-ddpm: the demo's diffusers denoiser is missing ({shipped.DEMO_DDPM}); "
                             f"run `diffsmooth train-demo --only-missing` to create it")
-        clean = (str(shipped.demo_classifier_for("dds", 0.0, 0.0)),)     # DDS's classifier, as the demo's dds line
+        clean = (str(kind.demo_classifier(0.0, 0.0)),)             # DDS's classifier, as the demo's dds line
         return LineSpec(name, method, {s: clean for s in DEMO_SIGMAS}, {}, {}, denoiser=str(shipped.DEMO_DDPM))
-    local = {s: (demo_local_sigma(s),) for s in DEMO_SIGMAS} if method == "diffsmooth" else {}
+    local = {s: (demo_local_sigma(s),) for s in DEMO_SIGMAS} if kind.local_smoothing else {}
     return LineSpec(name, method, {}, local, {s: (1,) for s in DEMO_SIGMAS} if local else {})
 
 

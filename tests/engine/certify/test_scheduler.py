@@ -12,7 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages
+from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.cohen import certify_job, predict_job
 from diffsmooth.engine.certify.jobs import drive
 from diffsmooth.engine.certify.lanes import SerialLanes

@@ -102,7 +102,7 @@ def test_the_gpu_fused_conv_test_image_spreads_its_votes_on_the_cpu(monkeypatch)
     batches (samples 0-249: the noise is indexed by sample, so they are the GPU run's first 250) on the CPU,
     --fused-conv with the CUDA kernel's fused calls emulated, and the unfolded classifier: both spread, the
     same counts. Votes that spread over the first 250 samples spread over all 1000."""
-    from diffsmooth.engine.base_classifier import methods
+    from diffsmooth.engine.base_classifier import torch_stages
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.data import load_dataset
     from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_models
@@ -119,8 +119,8 @@ def test_the_gpu_fused_conv_test_image_spreads_its_votes_on_the_cpu(monkeypatch)
     reference = counts(False)
     assert (reference > 0).sum() >= 2, f"image {GPU_FUSED_CONV_IMAGE} is unanimous for the unfolded model: {reference}"
     calls = _fake_cudnn(monkeypatch)
-    real = methods.folded_classifier
-    monkeypatch.setattr(methods, "folded_classifier",                # channels_last weights, as on CUDA
+    real = torch_stages.folded_classifier
+    monkeypatch.setattr(torch_stages, "folded_classifier",                # channels_last weights, as on CUDA
                         lambda *a, **k: real(*a, **k).to(memory_format=CL))
     fused = counts(True)
     assert calls, "the fused call was never reached"

@@ -16,7 +16,7 @@ from test_triton_conv import prototype_classifier, prototype_images
 
 from diffsmooth.bench.variants import parse_variant
 from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.methods import build_torch_stages
+from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import PackedCifarResNet, pack_classifier

@@ -8,7 +8,7 @@ import torch
 from stage_fixtures import SHAPE, image, make_pipeline, spread_classifier  # noqa: F401
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.methods import build_torch_stages
+from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.lanes import SerialLanes
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, gaussian

@@ -99,17 +99,17 @@ def test_fusion_is_probed_at_the_runs_classifier_call(monkeypatch):
     on CPU, where the classifier runs in one call)."""
     from stage_fixtures import randomized_bn_resnet
 
-    from diffsmooth.engine.base_classifier import methods
+    from diffsmooth.engine.base_classifier import torch_stages
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
     from diffsmooth.engine.runs.fast_path import FastPath
     seen = []
-    real = methods.folded_classifier
+    real = torch_stages.folded_classifier
 
     def recording(classifier, backend, image_shape, log=None, probe_batch=8):
         seen.append(probe_batch)
         return real(classifier, backend, image_shape, log, probe_batch)
-    monkeypatch.setattr(methods, "folded_classifier", recording)
+    monkeypatch.setattr(torch_stages, "folded_classifier", recording)
     config = MethodConfig("rs", 0.25)
     build_smooth(config, ModelSources(), (3, 8, 8), 10, fast=FastPath(fused_conv=True),
                  models=(None, randomized_bn_resnet("cifar_resnet20")), batch=40)
@@ -158,9 +158,10 @@ def test_design_flip_rate_follows_precision_and_the_most_sensitive_method():
     more than fp16; an fp32 fast path is judged like fp16; a sweep takes its most sensitive method's rate, and
     the DDS bf16 check (2,000 samples) allows the 34 flips the H200 showed on the check's images, which the fp16
     rate refuses."""
-    from diffsmooth.engine.runs.vote_agreement import DESIGN_FLIP_RATES, FP16_FLIP_RATE, design_flip_rate, flip_budget
+    from diffsmooth.engine.base_classifier.methods import method_named
+    from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE, design_flip_rate, flip_budget
     assert design_flip_rate("fp16", ["diffsmooth"]) == design_flip_rate("fp32", ["rs"]) == FP16_FLIP_RATE
-    assert design_flip_rate("bf16", ["diffsmooth"]) == DESIGN_FLIP_RATES[("noise-trained", "bf16")]
+    assert design_flip_rate("bf16", ["diffsmooth"]) == method_named("diffsmooth").flip_rates["bf16"]
     assert design_flip_rate("fp16", ["dds"]) > design_flip_rate("fp16", ["diffsmooth"])
     assert design_flip_rate("bf16", ["dds"]) > design_flip_rate("fp16", ["dds"])
     assert design_flip_rate("bf16", ["diffsmooth", "dds"]) == design_flip_rate("bf16", ["dds"])

@@ -12,7 +12,8 @@ from diffsmooth.engine.backends.recompile_limit import compiled_graphs
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
-from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages, score_module
+from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages, score_module
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.runs.model_set import ModelSet, architecture
 

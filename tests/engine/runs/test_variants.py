@@ -15,7 +15,8 @@ from stage_fixtures import SHAPE, build_tiny_stages, image, make_pipeline
 
 from diffsmooth.engine.backends.compile_options import compile_options, parse_inductor_knobs
 from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.methods import MethodConfig, build_torch_stages, score_module
+from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages, score_module
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, initial_score_chunks
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.fast_path import OPTIONAL_KEYS, FastPath
@@ -279,7 +280,7 @@ import json
 import torch
 from stage_fixtures import RESNET8, SHAPE, build_tiny_stages, image, make_pipeline, randomized_bn_resnet
 from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.methods import build_torch_stages
+from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models import triton_conv
 from diffsmooth.engine.models.folded_resnet import FoldedConv, fold_classifier
@@ -363,12 +364,12 @@ def test_triton_conv_stages_vote_like_the_unfolded_classifier_under_the_interpre
 
 
 def test_the_triton_check_keeps_the_kernels_only_when_they_agree_with_torch_convolutions(monkeypatch):
-    """What --triton-conv runs on CUDA after its check (methods.checked_triton), driven on the CPU: the reference
+    """What --triton-conv runs on CUDA after its check (torch_stages.checked_triton), driven on the CPU: the reference
     is the folded network on torch's conv2d (cuDNN's runtime fusion off while it runs), a tritonized net that
     disagrees or is not finite gives way to the folded one, which then stays off cuDNN's fused kernels."""
     from stage_fixtures import randomized_bn_resnet
 
-    from diffsmooth.engine.base_classifier.methods import checked_triton
+    from diffsmooth.engine.base_classifier.torch_stages import checked_triton
     from diffsmooth.engine.models import folded_resnet
     from diffsmooth.engine.models.folded_resnet import fold_classifier
     from diffsmooth.engine.models.triton_conv import tritonize
@@ -406,7 +407,7 @@ def test_a_kernels_check_allows_what_the_runs_precision_itself_is_off_by():
     the absolute term (what refused the Triton kernel and cuDNN's fusion on a random-weight ResNet-110); one far
     worse than fp16's own drift, a non-finite one or one of another shape does not; checked_triton judges
     against `exact` when given, and against the fp16 reference alone without it."""
-    from diffsmooth.engine.base_classifier.methods import checked_triton
+    from diffsmooth.engine.base_classifier.torch_stages import checked_triton
     from diffsmooth.engine.models.folded_resnet import fusion_verdict
     g = torch.Generator().manual_seed(0)
     truth = torch.randn(8, 10, generator=g)

@@ -1,11 +1,9 @@
-"""The three base classifiers in one place: `rs` (no denoiser), `dds` (one-shot denoise, plain
-classifier), `diffsmooth` (one-shot denoise + local smoothing over m noises of std sigma')."""
+"""A method's stages on the torch backend: the denoiser's purifier and the method's score head, with the classifier
+rewrites of the fast path (folded, fused, Triton, packed) and one probe that turns a shape the models cannot take
+into one line."""
 
 from __future__ import annotations
 
-import math
-import numbers
-from dataclasses import asdict, dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -13,58 +11,16 @@ from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.torch_backend import AUTOCAST_DTYPES
-from diffsmooth.engine.base_classifier.local_smoothing import LOCAL_NOISE_MODES, LocalSmoothingHead, LogitsHead
-from diffsmooth.engine.certify.noise import fixed_local_noise
-from diffsmooth.engine.choices import DEFAULT_LOCAL_NOISE, DEFAULT_LOCAL_SIGMA, DEFAULT_M, FIXED_LOCAL_NOISE_SEED, METHODS
+from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, fp32_scores, fusion_verdict, probe_cudnn_fusion
 from diffsmooth.engine.models.packed_resnet import pack_classifier
 
 
-@dataclass(frozen=True)
-class MethodConfig:
-    """What the base classifier is: method, smoothing sigma, and the local-smoothing settings."""
-
-    method: str
-    sigma: float
-    m: int = DEFAULT_M
-    local_sigma: float = DEFAULT_LOCAL_SIGMA
-    local_noise: str = DEFAULT_LOCAL_NOISE
-    local_noise_seed: int = FIXED_LOCAL_NOISE_SEED
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise UserError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
-        if not (isinstance(self.sigma, numbers.Real) and math.isfinite(self.sigma) and self.sigma > 0):
-            raise UserError(f"sigma must be > 0 and finite, got {self.sigma}")
-        if self.method == "diffsmooth":
-            if isinstance(self.m, bool) or not isinstance(self.m, numbers.Integral) or self.m < 1:
-                raise UserError(f"m (local noises) must be >= 1, got {self.m}")
-            if not (isinstance(self.local_sigma, numbers.Real) and math.isfinite(self.local_sigma)
-                    and self.local_sigma >= 0):
-                raise UserError(f"local sigma must be >= 0 and finite, got {self.local_sigma}")
-            if self.local_noise not in LOCAL_NOISE_MODES:
-                raise UserError(f"local noise must be one of {', '.join(LOCAL_NOISE_MODES)}, got {self.local_noise!r}")
-
-    @property
-    def uses_denoiser(self) -> bool:
-        return self.method != "rs"
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        if self.method != "diffsmooth":
-            for key in ("m", "local_sigma", "local_noise", "local_noise_seed"):
-                d.pop(key)
-        return d
-
-
 def score_module(config: MethodConfig, classifier: nn.Module, image_shape: Tuple[int, ...]) -> nn.Module:
-    """The classifier half of the base classifier as one module (what the ONNX export also uses)."""
-    if config.method != "diffsmooth":
-        return LogitsHead(classifier)
-    fixed = (fixed_local_noise(config.m, image_shape, config.local_noise_seed)
-             if config.local_noise == "fixed" else None)
-    return LocalSmoothingHead(classifier, config.m, config.local_sigma, config.local_noise, fixed)
+    """The classifier half of the base classifier as one module, the method's score head (what the ONNX export
+    also uses)."""
+    return config.kind.score_head(config, classifier, image_shape)
 
 
 def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ...], log=None,
@@ -195,8 +151,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     purify = (backend.stage(denoiser.purifier(config.sigma, fused_attention, lean=lean_unet), "denoiser")
               if config.uses_denoiser else None)
     head = score_module(config, classifier, image_shape)
-    score = backend.for_classifier().stage(head, "local-smoothing classifier" if config.method == "diffsmooth"
-                                           else "classifier")
+    score = backend.for_classifier().stage(head, config.kind.classifier_label)
     local_shape = (config.m, *image_shape) if getattr(head, "takes_noise", False) else None
     stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
     stages.num_classes = probe(stages, image_shape)

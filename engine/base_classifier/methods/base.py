@@ -1,0 +1,80 @@
+"""What a base-classifier method is to the engine: one class that owns everything that differs between
+methods (its settings, the stages it needs, its score head, its exported graph, its design flip rate), so
+the rest of the engine asks the method instead of comparing its name (docs/extending.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Dict, Optional, Tuple
+
+from torch import nn
+
+from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
+from diffsmooth.engine.base_classifier.methods.config import MethodConfig
+from diffsmooth.engine.models import shipped
+
+
+class Method:
+    """A base classifier f: the noisy sample x + sigma * eps, denoised or not, scored by a classifier head whose
+    argmax is the vote. This default is DDS-shaped (denoise, then the classifier's logits); a method overrides
+    what it does differently. Register a subclass with `methods.register` to make it a `--method`."""
+
+    name: ClassVar[str] = ""                    # the method's name: --method, specs, result settings
+    line_name: ClassVar[str] = ""               # a table line's default name
+    denoises: ClassVar[bool] = True             # the classifier reads purified samples (the UNet runs)
+    local_smoothing: ClassVar[bool] = False     # reads m, sigma' and the local noises (DiffSmooth's settings)
+    settings: ClassVar[Tuple[str, ...]] = ()    # the MethodConfig fields it reads beyond its name and sigma
+    classifier_label: ClassVar[str] = "classifier"      # the score stage's name in logs
+    scores: ClassVar[str] = "logits"            # what its score head returns (an exported graph's `scores`)
+    output_name: ClassVar[str] = "logits"       # the exported classifier graph's output
+    # Per-sample vote flips of a correct fp16 / bf16 path against eager fp32 that the run-time agreement check
+    # expects (engine/runs/vote_agreement.py); each method's figures say where they were measured.
+    flip_rates: ClassVar[Dict[str, float]] = {}
+
+    @property
+    def reads(self) -> str:
+        """Which samples its classifier scores: "denoised" (purify's output) or "noisy" (x + sigma * eps)."""
+        return "denoised" if self.denoises else "noisy"
+
+    def validate(self, config: MethodConfig) -> None:
+        """Refuse the config's settings in one line (UserError) where this method cannot run them."""
+
+    def score_head(self, config: MethodConfig, classifier: nn.Module, image_shape: Tuple[int, ...]) -> nn.Module:
+        """The classifier half of f as one module: samples [B,C,H,W] (+ fresh noise) -> scores [B,K]."""
+        return LogitsHead(classifier)
+
+    def classifier_calls(self, config: MethodConfig) -> int:
+        """Classifier images per Monte Carlo sample."""
+        return 1
+
+    def fresh_noise_shape(self, config: MethodConfig, image_shape) -> Optional[Tuple[int, ...]]:
+        """The per-sample noise its score head takes besides the samples ([B, *shape]), or None."""
+        return None
+
+    def config_tag(self, config: MethodConfig) -> str:
+        """What a sweep configuration's file name adds after `method__classifier` (its settings)."""
+        return ""
+
+    def graph_tag(self, config: MethodConfig) -> str:
+        """What an exported classifier graph's file name adds after `classifier_METHOD_sSIGMA`."""
+        return ""
+
+    def graph_fields(self, config: MethodConfig) -> dict:
+        """Its settings in an exported classifier graph's manifest (None: the setting does not apply)."""
+        return {}
+
+    def config_from_manifest(self, manifest: dict) -> MethodConfig:
+        """The config a classifier graph was exported for, from its manifest (graph_fields' inverse)."""
+        return MethodConfig(self.name, float(manifest["sigma"]))
+
+    def demo_noise_level(self, sigma: float, local_sigma: float) -> float:
+        """The Gaussian noise std its demo classifier was trained at (the noise its classifier sees)."""
+        return 0.0
+
+    def demo_classifier(self, sigma: float, local_sigma: float) -> Path:
+        """The shipped demo classifier trained at the noise level this method's classifier sees."""
+        return shipped.demo_classifier_at(self.demo_noise_level(sigma, local_sigma), self.name)
+
+    def describe(self, config: MethodConfig) -> str:
+        """One line of its settings for reports, e.g. ', m=5, sigma'=0.25'."""
+        return ""
