@@ -19,19 +19,18 @@ import torch
 from tqdm import tqdm
 
 from diffsmooth.engine.backends.tensorrt_backend import tensorrt_available
-from diffsmooth.engine.backends.torch_backend import TorchBackend, resolve_device
+from diffsmooth.engine.backends.torch_backend import resolve_device
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
-from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
-from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages, score_module
+from diffsmooth.engine.base_classifier.torch_stages import score_module
 from diffsmooth.engine.certify.cohen import certify_from_counts
 from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-from diffsmooth.engine.choices import MAX_SEED
+from diffsmooth.engine.choices import GRAPH_PRECISIONS, MAX_SEED
 from diffsmooth.engine.errors import UserError, first_line
-from diffsmooth.engine.runs.assemble import classifier_call_images
+from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
+from diffsmooth.engine.runs.stage_backends import StageBuild, TensorRTStages, TorchStages, stage_backend
 
 from ..export.trt_build import build_plans, current_target
 from .compare import compare_rows
@@ -219,35 +218,32 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
     config = _method_config(settings, m)
     if precision != "fp32" and torch.device(settings.device).type != "cuda":
         raise _Skip(f"precision {precision} runs only on CUDA devices (device is {settings.device})")
-    if backend == "torch":
-        fast = settings.fast_path()
-        runner = TorchBackend(device=settings.device, precision=precision, compile=fast.compile,
-                              cuda_graphs=fast.cuda_graphs, compile_mode=fast.compile_mode, inductor=fast.inductor,
-                              classifier_compile_mode=fast.classifier_compile_mode)
-        probe_batch = classifier_call_images(config, settings.batch, model_set.image_shape, runner.device,
-                                             fast.classifier_batch)
-        return build_torch_stages(config, model_set.classifier, model_set.denoiser, runner,
-                                  model_set.image_shape, model_set.num_classes, fused_attention=fast.fused_attention,
-                                  fused_conv=fast.fused_conv, log=lambda message: print(message, file=sys.stderr),
-                                  classifier_batch=probe_batch, lean_unet=fast.lean_unet,
-                                  triton_conv=fast.triton_conv, triton_blocks=fast.triton_blocks,
-                                  pack_images=fast.pack_images)
-    if backend == "onnxruntime":
+    build = StageBuild(device=settings.device, precision=precision, batch=settings.batch, onnx_dir=workdir,
+                       threads=settings.threads, log=lambda message: print(message, file=sys.stderr),
+                       fast=settings.fast_path() if stage_backend(backend).runs_modules else FastPath())
+    runner = stage_backend(backend)
+    if isinstance(runner, TorchStages):         # the model set's loaded modules
+        return runner.from_models(config, model_set.classifier, model_set.denoiser, model_set.image_shape,
+                                  model_set.num_classes, build)
+    if isinstance(runner, TensorRTStages):
+        ok, why = tensorrt_available()
+        if not ok:
+            raise _Skip(why)
+    else:
         try:
             import onnxruntime  # noqa: F401
         except ImportError as exc:
             raise _Skip(f"onnxruntime backend not available ({exc})") from None
-        if precision not in ("fp32", "fp16"):
-            raise _Skip(f"onnxruntime runs fp32 or fp16 graphs, not {precision}")
-        try:
-            _export_graphs(config, precision, model_set, workdir)
-            return build_onnx_stages(workdir, config, model_set.image_shape, model_set.num_classes,
-                                     device=settings.device, precision=precision, threads=settings.threads)
-        except Exception as exc:  # the backend is optional: any failure to export/load is a skip
-            raise _Skip(f"onnxruntime graphs could not be exported/loaded: {first_line(exc)}") from None
-    if backend == "tensorrt":
-        return _tensorrt_stages(config, precision, model_set, settings, workdir)
-    raise UserError(f"unknown backend {backend!r}: choose torch, onnxruntime or tensorrt")
+    if precision not in GRAPH_PRECISIONS:
+        raise _Skip(f"{backend} runs the exported fp32 or fp16 graphs, not {precision}")
+    try:
+        _export_graphs(config, precision, model_set, workdir)
+        if isinstance(runner, TensorRTStages):      # plans for settings.batch (not vote-validated: build-engine does)
+            build_plans(workdir, current_target(settings.device), batch=settings.batch, precisions=(precision,),
+                        echo=lambda line: print(line, file=sys.stderr))
+        return runner.stages(config, ModelSources(), model_set.image_shape, model_set.num_classes, build)
+    except Exception as exc:  # the exported backends are optional: any failure to export/build/load is a skip
+        raise _Skip(f"{backend} graphs could not be exported/built/loaded: {first_line(exc)}") from None
 
 
 def _export_graphs(config, precision, model_set, workdir) -> None:
@@ -257,24 +253,6 @@ def _export_graphs(config, precision, model_set, workdir) -> None:
     export_models(config, model_set.image_shape, workdir, denoiser=model_set.denoiser,
                   classifier=model_set.classifier, fp16=precision == "fp16",
                   preset=None if model_set.weights == "diffusers folder" else SET_SPECS[model_set.name]["preset"])
-
-
-def _tensorrt_stages(config, precision, model_set, settings, workdir):
-    """Export the graphs, build plans for settings.batch (not vote-validated: `build-engine` does
-    that), load them; a _Skip when TensorRT or the GPU is missing. Never run on this project's machines."""
-    ok, why = tensorrt_available()
-    if not ok:
-        raise _Skip(why)
-    if precision not in ("fp32", "fp16"):
-        raise _Skip(f"tensorrt runs plans of the fp32 or fp16 graphs, not {precision}")
-    try:
-        _export_graphs(config, precision, model_set, workdir)
-        build_plans(workdir, current_target(settings.device), batch=settings.batch, precisions=(precision,),
-                    echo=lambda line: print(line, file=sys.stderr))
-        return build_trt_stages(workdir, config, model_set.image_shape, model_set.num_classes,
-                                device=settings.device, precision=precision, batch=settings.batch)
-    except UserError as exc:
-        raise _Skip(f"tensorrt plans could not be built/loaded: {exc}") from None
 
 
 def engine_seconds_table(measured: dict, settings: BenchSettings, ns) -> Dict[str, float]:
@@ -632,7 +610,7 @@ def _measure_settings(settings: BenchSettings, model_set, images, doc: dict, wor
                                            cudnn_benchmark=official_cudnn_benchmark(
                                                settings.arch or SET_SPECS[settings.models]["arch"]))
             measured, reference = measure(stages, model_set, images, settings, baseline,
-                                          fast=settings.fast_path() if backend == "torch" else None)
+                                          fast=settings.fast_path() if stage_backend(backend).runs_modules else None)
             peak_memory = dict(_peak_over_phases(measured.pop("memory_phases")),
                                note="build, warm-up, engine and reference-equivalent runs of this record; phases: "
                                     "warmup (build, compile, cuDNN benchmark trials, graph capture), timed (timed "
@@ -649,7 +627,7 @@ def _measure_settings(settings: BenchSettings, model_set, images, doc: dict, wor
                            "first_batch_s": measured.pop("first_batch_s"),
                            "note": "excluded from all rates"},
                 "measured": measured, "rates": rates, "achieved": achieved, "peak_memory": peak_memory,
-                "fast_path": settings.fast_path().as_dict() if backend == "torch" else None,
+                "fast_path": settings.fast_path().as_dict() if stage_backend(backend).runs_modules else None,
                 "extrapolated": {"n0": settings.n0, "note": EXTRAPOLATION_NOTE,
                                  "seconds_per_image": engine_seconds_table(measured, settings, ns)},
             }
@@ -661,7 +639,7 @@ def _measure_settings(settings: BenchSettings, model_set, images, doc: dict, wor
                                                    speedup=ref_table[str(settings.n)] / engine_at_n)
             if settings.compare:
                 run["compare"] = compare_rows(run, settings)
-            if settings.profile and backend == "torch":
+            if settings.profile and stage_backend(backend).runs_modules:
                 fast = settings.fast_path()
                 run["kernel_profile"] = profile_pipeline(
                     stages, settings.sigma, images[0][0], settings.batch, settings.profile,

@@ -37,11 +37,12 @@ from diffsmooth.engine.certify.scheduler import Scheduler, Work
 from diffsmooth.engine.certify.sequential import sequential_job
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.demo.run import spread_indices
-from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
+from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.request import sequential_rule
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.sharding import pull_from_store
+from diffsmooth.engine.runs.stage_backends import build_smooth
 
 RADII = "0.25,0.5,0.75,1.0"
 

@@ -31,10 +31,11 @@ from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.demo.run import spread_indices
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.analyze import certified_accuracy, clopper_pearson
-from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
+from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.request import sequential_rule
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, SEQUENTIAL_EXTRA, ResultWriter, format_radius, format_time
+from diffsmooth.engine.runs.stage_backends import build_smooth
 
 
 class _Stopped(Exception):

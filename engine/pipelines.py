@@ -38,11 +38,12 @@ from diffsmooth.engine.choices import (
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.checkpoints import load_classifier
-from diffsmooth.engine.runs.assemble import build_pipeline, build_stages, check_against_eager
+from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath, default_batch
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings
+from diffsmooth.engine.runs.stage_backends import build_stages
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 
 

@@ -32,8 +32,9 @@ def test_philox_integer_stream_identical_on_cuda():
 def _demo_pipelines(precision, **pipeline_options):
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.demo import shipped as demo_assets
-    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_models
+    from diffsmooth.engine.runs.assemble import ModelSources, load_models
     from diffsmooth.engine.runs.fast_path import FastPath
+    from diffsmooth.engine.runs.stage_backends import build_smooth
     if not demo_assets.DEMO_UNET.exists():
         pytest.skip("embedded demo weights not built")
     config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
@@ -72,8 +73,9 @@ def test_the_demo_diffusers_ddpm_on_cuda(precision):
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.data import load_dataset
     from diffsmooth.engine.demo import shipped as demo_assets
-    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_models
+    from diffsmooth.engine.runs.assemble import ModelSources, load_models
     from diffsmooth.engine.runs.fast_path import FastPath, measure_agreement
+    from diffsmooth.engine.runs.stage_backends import build_smooth
     if not demo_assets.DEMO_DDPM.exists():
         pytest.skip("the demo's diffusers denoiser is not built")
     config = MethodConfig("dds", 0.5)

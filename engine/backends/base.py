@@ -71,3 +71,18 @@ class BaseClassifierStages:
 
     def describe_config(self, config: int) -> str:
         return f"configuration {self.configs[config]}" if self.configs else self.describe()
+
+
+class StageBackend(Protocol):
+    """A backend as a run sees it: builds the stages of one method config, or of a sweep's configurations on the
+    same samples, from the run's model sources and how it builds (engine/runs/stage_backends.py has the three,
+    torch, onnxruntime and tensorrt, and the one place that picks one by name)."""
+
+    name: str
+    runs_modules: bool          # builds from torch modules (its fast path is checked against eager fp32 per run)
+
+    def stages(self, config, sources, image_shape: Tuple[int, ...], num_classes: Optional[int],
+               build) -> "BaseClassifierStages": ...
+
+    def sweep_stages(self, configs, classifier_paths, sources, image_shape: Tuple[int, ...],
+                     num_classes: Optional[int], build) -> "BaseClassifierStages": ...

@@ -17,10 +17,11 @@ from diffsmooth.engine.choices import DEFAULT_ALPHA, DEFAULT_LOCAL_SIGMA, DEFAUL
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize
-from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, classifier_path_for, load_denoiser_from
+from diffsmooth.engine.runs.assemble import ModelSources, classifier_path_for, load_denoiser_from
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, run_dataset
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings, settings_path
+from diffsmooth.engine.runs.stage_backends import build_smooth
 
 
 def spread_indices(total: int, count: int) -> List[int]:

@@ -1,13 +1,9 @@
-"""From model sources to a ready voter: load models -> build backend stages -> pipeline, for one
-configuration or a sweep's configurations.
-
-This is the one place that knows which backend was asked for; everything downstream only sees
-stages (engine/backends/base.py).
-"""
+"""From model sources to loaded models, and from stages to a ready voter: what a run's models are
+(`ModelSources`, the loaders), the pipeline around built stages, and the once-per-run check of a fast path
+against eager fp32. Building the stages on a backend is engine/runs/stage_backends.py's."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -17,25 +13,16 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.configurations import (
     Configuration,
-    stacked_configuration_stages,
-    torch_configuration_stages,
 )
 from diffsmooth.engine.base_classifier.denoise import load_denoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
-from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, initial_score_chunks
-from diffsmooth.engine.certify.smooth import Smooth
-from diffsmooth.engine.choices import BACKENDS
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped as demo_assets
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.runs.fast_path import VALIDATE_SAMPLES, FastPath, validate_fast_path
-from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE
 
 
@@ -116,74 +103,6 @@ def load_models(config: MethodConfig, sources: ModelSources):
     return denoiser, load_classifier_from(config, sources)
 
 
-def build_stages(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
-                 num_classes: Optional[int] = None, *, backend: str = "torch", device: str = "cpu",
-                 precision: str = "fp32", onnx_dir: Optional[str] = None, fast: FastPath = FastPath(),
-                 models=None, log=None, batch: int = 1000, model_set: Optional[ModelSet] = None) -> BaseClassifierStages:
-    """The stages of one configuration on the requested backend; probes the models with `image_shape`.
-    `models` = (denoiser, classifier) already loaded (torch backend); `model_set`: a table's built
-    stages, reused (weights copied in) where the architecture matches."""
-    if backend != "torch":
-        stages = _exported_stages(config, sources, image_shape, num_classes, backend, device, precision, onnx_dir, batch)
-        if model_set is not None:
-            model_set.note_built(stages)
-        return stages
-    runner = _torch_runner(device, precision, fast, log, model_set)
-    denoiser, classifier = models or load_models(config, sources)
-    return build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
-                              fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=log,
-                              classifier_batch=classifier_call_images(config, batch, image_shape, runner.device,
-                                                                      fast.classifier_batch),
-                              lean_unet=fast.lean_unet, triton_conv=fast.triton_conv,
-                              triton_blocks=fast.triton_blocks, pack_images=fast.pack_images)
-
-
-def _torch_runner(device: str, precision: str, fast: FastPath, log, model_set: Optional[ModelSet]):
-    """The torch backend for the fast path; its stages come from `model_set` when one is given."""
-    runner = TorchBackend(device=device, precision=precision, compile=fast.compile, cuda_graphs=fast.cuda_graphs, log=log,
-                          compile_mode=fast.compile_mode, inductor=fast.inductor,
-                          classifier_compile_mode=fast.classifier_compile_mode)
-    return model_set.backend(runner) if model_set is not None else runner
-
-
-def _exported_stages(config: MethodConfig, sources: ModelSources, image_shape, num_classes, backend: str, device: str,
-                     precision: str, onnx_dir: Optional[str], batch: int) -> BaseClassifierStages:
-    """One configuration's stages from exported graphs (ONNX Runtime) or plans (TensorRT)."""
-    if not onnx_dir:
-        raise UserError(f"`backend` {backend} needs `onnx_dir` (graphs from `diffsmooth export`"
-                        + (", plans from `diffsmooth build-engine`)" if backend == "tensorrt" else ")"))
-    if backend == "onnxruntime":
-        return build_onnx_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision,
-                                 classifier=sources.classifier)
-    if backend == "tensorrt":
-        return build_trt_stages(onnx_dir, config, image_shape, num_classes, device=device, precision=precision,
-                                batch=batch, classifier=sources.classifier)
-    raise UserError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-
-
-def build_sweep_stages(configs: Sequence[Configuration], classifier_paths: Dict[str, str], sources: ModelSources,
-                       image_shape: Tuple[int, ...], num_classes: Optional[int] = None, *, backend: str = "torch",
-                       device: str = "cpu", precision: str = "fp32", onnx_dir: Optional[str] = None,
-                       fast: FastPath = FastPath(), models=None, log=None, batch: int = 1000,
-                       model_set: Optional[ModelSet] = None) -> BaseClassifierStages:
-    """The stages of several configurations at one sigma scored on the same samples (a sweep): on the
-    torch backend one module scoring all of them; on exported backends each configuration's graph or
-    plan, stacked. `models` = (denoiser, {name: classifier}) already loaded (torch backend);
-    `model_set` as for build_stages."""
-    if backend == "torch":
-        runner = _torch_runner(device, precision, fast, log, model_set)
-        denoiser, classifiers = models or load_sweep_models(configs, classifier_paths, sources)
-        return torch_configuration_stages(configs, classifiers, denoiser, runner, image_shape, num_classes,
-                                          fused_attention=fast.fused_attention, lean_unet=fast.lean_unet)
-
-    def stages_of(c: Configuration) -> BaseClassifierStages:
-        one = dataclasses.replace(sources, classifier=classifier_paths[c.classifier])
-        return build_stages(c.method, one, image_shape, num_classes, backend=backend, device=device,
-                            precision=precision, onnx_dir=onnx_dir, fast=fast, log=log, batch=batch,
-                            model_set=model_set)
-    return stacked_configuration_stages(configs, stages_of)
-
-
 def load_sweep_models(configs: Sequence[Configuration], classifier_paths: Dict[str, str], sources: ModelSources):
     """(denoiser or None, {name: classifier}) of a sweep, each classifier loaded once."""
     needs_denoiser = any(c.method.uses_denoiser for c in configs)
@@ -200,17 +119,6 @@ def build_pipeline(stages: BaseClassifierStages, sigma: float, seed: int, fast: 
     """The voter of the stages with the fast path's batch shape, lanes and noise kernel."""
     return MonteCarloPipeline(stages, sigma, seed, static_batch=fast.static_batch, streams=fast.streams,
                               compiled_noise=fast.compiled_noise, log=log, classifier_batch=fast.classifier_batch)
-
-
-def build_smooth(config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
-                 num_classes: Optional[int] = None, *, backend: str = "torch", device: str = "cpu",
-                 precision: str = "fp32", seed: int = 0, onnx_dir: Optional[str] = None,
-                 fast: Optional[FastPath] = None, models=None, log=None, batch: int = 1000) -> Smooth:
-    """A Smooth for `config` on the requested backend (the fast path resolved for the device when not given)."""
-    fast = fast if fast is not None else FastPath.resolve(device, backend=backend)
-    stages = build_stages(config, sources, image_shape, num_classes, backend=backend, device=device,
-                          precision=precision, onnx_dir=onnx_dir, fast=fast, models=models, log=log, batch=batch)
-    return Smooth(build_pipeline(stages, config.sigma, seed, fast, log))
 
 
 def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[int, ...], device,

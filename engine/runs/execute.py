@@ -11,20 +11,14 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-from diffsmooth.engine.runs.assemble import (
-    build_pipeline,
-    build_stages,
-    build_sweep_stages,
-    check_against_eager,
-    load_models,
-    load_sweep_models,
-)
+from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager, load_models, load_sweep_models
 from diffsmooth.engine.runs.dataset_run import Jobs, RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import ResolvedRun
 from diffsmooth.engine.runs.results import merge_results, read_rows, shard_path
 from diffsmooth.engine.runs.sharding import finish, pull_from_store, wait_for_all
+from diffsmooth.engine.runs.stage_backends import build_stages, build_sweep_stages, stage_backend
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 
 
@@ -47,7 +41,8 @@ def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optiona
         return build_stages(run.configurations[0].method, run.sources, run.image_shape, run.dataset.num_classes,
                             **common)
 
-    check = r.backend == "torch" and (run.fast.changes_arithmetic or r.precision != "fp32") and r.validate_samples > 0
+    check = (stage_backend(r.backend).runs_modules and (run.fast.changes_arithmetic or r.precision != "fp32")
+             and r.validate_samples > 0)
     models = loaded_models(run) if check else None
     voter = build_pipeline(stages(run.fast, r.precision, models, model_set), r.sigma, r.seed, run.fast, log)
     voter.seal_weights()        # a row is written only from the weights built (and checked) here

@@ -468,10 +468,10 @@ def test_cli_build_engine_options_are_checked(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "no such directory" in r.output
 
 
-def test_bench_skips_tensorrt_with_the_reason(no_tensorrt):
-    from diffsmooth.bench.harness import _Skip, _tensorrt_stages
+def test_bench_skips_tensorrt_with_the_reason(no_tensorrt, tmp_path):
+    from diffsmooth.bench.harness import BenchSettings, _Skip, build_stages
     with pytest.raises(_Skip, match="tensorrt is not installed"):
-        _tensorrt_stages(None, "fp16", None, None, None)
+        build_stages("tensorrt", "fp32", None, BenchSettings(batch=8), workdir=str(tmp_path))
 
 
 def _has_cupy():

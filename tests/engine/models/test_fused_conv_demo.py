@@ -105,8 +105,9 @@ def test_the_gpu_fused_conv_test_image_spreads_its_votes_on_the_cpu(monkeypatch)
     from diffsmooth.engine.base_classifier import torch_stages
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.data import load_dataset
-    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth, load_models
+    from diffsmooth.engine.runs.assemble import ModelSources, load_models
     from diffsmooth.engine.runs.fast_path import FastPath
+    from diffsmooth.engine.runs.stage_backends import build_smooth
     config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
     sources = ModelSources.demo()
     models = load_models(config, sources)

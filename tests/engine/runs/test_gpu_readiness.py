@@ -101,8 +101,9 @@ def test_fusion_is_probed_at_the_runs_classifier_call(monkeypatch):
 
     from diffsmooth.engine.base_classifier import torch_stages
     from diffsmooth.engine.base_classifier.methods import MethodConfig
-    from diffsmooth.engine.runs.assemble import ModelSources, build_smooth
+    from diffsmooth.engine.runs.assemble import ModelSources
     from diffsmooth.engine.runs.fast_path import FastPath
+    from diffsmooth.engine.runs.stage_backends import build_smooth
     seen = []
     real = torch_stages.folded_classifier
 
