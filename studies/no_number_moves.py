@@ -39,9 +39,9 @@ EXPORTS = {
 }
 BENCH = ["bench", "--models", "demo", "--n0", "10", "--n", "100", "--measure-n", "40", "--batch", "20", "--images", "1",
          "--json", "--quiet", "--threads", "1"]
-VOLATILE = {"time", "seconds", "elapsed", "wall_s", "created", "path", "machine", "host", "load_average",
-            "torch", "onnxruntime", "onnx", "python", "platform", "versions", "written_at", "date"}
-BENCH_KEPT = ("flops", "stages", "model_info", "method", "m", "batch", "agreement", "votes", "counts")
+VOLATILE = {"time", "seconds", "per_second", "elapsed", "wall_s", "created", "path", "command", "machine", "host",
+            "load_average", "torch", "onnxruntime", "onnx", "python", "platform", "versions", "written_at", "date"}
+BENCH_KEPT = ("flops", "stages", "model_info", "method", "m", "batch", "reference_equivalent")
 
 
 def _cli(checkout: Path, args, out_file=None) -> str:
@@ -71,7 +71,7 @@ def _clean(value):
     """`value` without volatile keys (times, paths, versions, machine facts)."""
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()
-                if not any(word in k.lower() for word in VOLATILE) and not k.lower().endswith("_s")}
+                if not any(word in k.lower() for word in VOLATILE) and not k.lower().endswith(("_s", "speedup"))}
     if isinstance(value, list):
         return [_clean(v) for v in value]
     return value

@@ -30,7 +30,8 @@ from diffsmooth.engine.table.defaults import MARGIN, PILOT_IMAGES, PLAN, RACE_RE
 from diffsmooth.engine.table.folder import TableFolder
 from diffsmooth.engine.table.outputs import write_outputs
 from diffsmooth.engine.table.phases import Phase, PhaseResult, TableInterrupted, phase_path, stop_between_runs
-from diffsmooth.engine.table.plans import plan_for
+from diffsmooth.engine.table.plan_table import PlanTable
+from diffsmooth.engine.table.plans import table_plan
 from diffsmooth.engine.table.ranks import Ranks
 from diffsmooth.engine.table.runner import PhaseRunner
 from diffsmooth.engine.table.spec import LineSpec, TableSpec
@@ -45,7 +46,7 @@ class TableBuilder:
                  log: Callable[[str], None] = print, command: str = "", progress: bool = True,
                  reach: float = RACE_REACH_SIGMAS, tolerance: float = TOLERANCE_POINTS, one_pass: bool = True):
         self.spec, self.log, self.command, self.progress = spec, log, command, progress
-        self.plan = plan_for(plan, pilot, margin, reach, tolerance)
+        self.plan = table_plan(plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance)
         self.ranks = Ranks.join(spec.run.get("device", "cpu"))      # torchrun's, or this process alone
         self.folder = TableFolder(out, log, writer=self.ranks.writer)
         # lines that denoise at a sigma draw the UNet once (engine/table/one_pass.py)
@@ -95,7 +96,8 @@ class TableBuilder:
             ranks.agree(self.claim_folder)
             (self.out / "runs").mkdir(parents=True, exist_ok=True)
             with stop_between_runs() as self.runner.stop:
-                outcome = self.plan.execute(self, indices, dry_run)
+                table = PlanTable(self.spec, self.runner, self.folder, self.request, self.log)
+                outcome = self.plan.execute(table, indices, dry_run)
             if outcome is None:
                 return None
             computed = ranks.gather(self.runner.samples_computed)      # each rank's share of the work

@@ -8,8 +8,9 @@ auto  a pilot settles every radius for every sigma; the other images settle the 
 all   every sigma settles every radius with the sequential rule
 fixed fixed-n CERTIFY at n = n-max for every sigma (the paper's way)
 
-`plan_for` is the one place a plan's name picks its class. A plan runs phases through the table's
-PhaseRunner and hands back an Outcome; the builder writes the folder's outputs from it.
+`table_plan` is the one place a plan's name picks its class; each plan takes only the settings it
+reads. A plan runs phases through the table's PhaseRunner and hands back an Outcome; the builder writes the
+folder's outputs from it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from diffsmooth.engine.table.cost import RunCost, predict_race, predict_run
 from diffsmooth.engine.table.phases import Phase, PhaseResult
+from diffsmooth.engine.table.plan_table import PlanTable
 from diffsmooth.engine.table.planning import TablePlan, pilot_indices, plan_from_pilot, plan_without_pilot
 from diffsmooth.engine.table.race import CellBound, initial_radii
 from diffsmooth.engine.table.race_build import LineRace, decides, run_race
@@ -44,24 +46,29 @@ class Outcome:
 
 
 class Plan:
-    """A plan: `execute` runs it on the table (a TableBuilder: spec, folder, runner, log, request, phase_path)."""
+    """A plan: `execute` runs it on the table it sees (engine/table/plan_table.py's PlanTable: the spec, the phases
+    it runs, the few records it keeps, the log)."""
 
     name = ""
+    settings: Tuple[str, ...] = ()          # the table settings it reads (--pilot, --margin, --reach, --tolerance)
     reports_acr = False                     # the average certified radius is defined for fixed-n rows only
     keeps_states = False                    # sequential rows keep their states for later runs to go on from
 
-    def __init__(self, pilot: int, margin: float, reach: float, tolerance: float):
-        self.pilot, self.margin, self.reach, self.tolerance = pilot, margin, reach, tolerance
+    def __init__(self, **settings):
+        if set(settings) != set(self.settings):
+            raise TypeError(f"plan {self.name} takes {', '.join(self.settings) or 'no settings'}, got {sorted(settings)}")
+        for key, value in settings.items():
+            setattr(self, key, value)
 
     def identity(self) -> dict:
         """This plan's settings as table.json records them (a rerun with others is refused)."""
         return {"plan": self.name, "pilot": None, "margin": None, "reach": None}
 
-    def execute(self, table, indices: Sequence[int], dry_run: bool) -> Optional[Outcome]:
+    def execute(self, table: PlanTable, indices: Sequence[int], dry_run: bool) -> Optional[Outcome]:
         raise NotImplementedError
 
-    def _fix(self, table, plan: TablePlan) -> TablePlan:
-        table.runner.ranks.agree(lambda: table.folder.fix_plan(plan))
+    def _fix(self, table: PlanTable, plan: TablePlan) -> TablePlan:
+        table.fix_plan(plan)
         for text in self.lines(plan):
             table.log(text)
         return plan
@@ -106,14 +113,14 @@ class AllPlan(Plan):
         plan = self._fix(table, plan_without_pilot(self.name, indices, spec.sigmas, spec.radii))
         return self._main(table, plan, {}, dry_run)
 
-    def _main(self, table, plan: TablePlan, pilot: Dict[tuple, PhaseResult], dry_run: bool) -> Optional[Outcome]:
+    def _main(self, table: PlanTable, plan: TablePlan, pilot: Dict[tuple, PhaseResult], dry_run: bool) -> Optional[Outcome]:
         """Predict, then run the main phase (in reverse, so its first run keeps the last pilot run's models)."""
         spec = table.spec
         costs = predict_main(table, self, plan, pilot)
         if dry_run:
             return None
         pairs = [(line, sigma) for line in spec.lines for sigma in spec.sigmas]
-        main = table.runner.run([Phase(line, sigma, plan.main, self.main_radii(plan, sigma),
+        main = table.run([Phase(line, sigma, plan.main, self.main_radii(plan, sigma),
                                        table.phase_path(line, sigma, "main"), "main")
                                  for line, sigma in reversed(pairs) if plan.radii_for(sigma) and plan.main], costs)
         rows_by_line = {line.name: _combined(line.name, spec.sigmas, pilot, main) for line in spec.lines}
@@ -147,6 +154,7 @@ class AutoPlan(AllPlan):
     that can still win it (planning.assign_radii: `margin`, `reach`)."""
 
     name = "auto"
+    settings = ("pilot", "margin", "reach")
 
     def how(self, n_max):
         return f"sequential CERTIFY (n-max {n_max:,}), each radius settled by the sigma runs a pilot assigned it"
@@ -162,8 +170,8 @@ class AutoPlan(AllPlan):
         spec = table.spec
         pilot = pilot_indices(indices, self.pilot)
         table.log(f"table: pilot of {len(pilot)} of {len(indices)} images settles every radius for every sigma")
-        results = table.runner.run([Phase(line, sigma, pilot, spec.radii, table.phase_path(line, sigma, "pilot"), "pilot")
-                                    for line in spec.lines for sigma in spec.sigmas])
+        results = table.run([Phase(line, sigma, pilot, spec.radii, table.phase_path(line, sigma, "pilot"), "pilot")
+                             for line in spec.lines for sigma in spec.sigmas])
         counts_by_line = {line.name: {sigma: {r: max(certified(rows, r) for rows in results[(line.name, sigma)].rows.values())
                                               for r in spec.radii} for sigma in spec.sigmas}
                           for line in spec.lines}
@@ -187,6 +195,7 @@ class RacePlan(Plan):
     `tolerance` points of `all`'s. Extensions go on from the rows' states."""
 
     name = "race"
+    settings = ("pilot", "tolerance")
     keeps_states = True
 
     def identity(self):
@@ -216,39 +225,38 @@ class RacePlan(Plan):
                                           pilot_counts={}, reach=0.0, tolerance=self.tolerance))
         pairs = [(line, sigma) for line in spec.lines for sigma in spec.sigmas]
         # the pilot's runs are the first runs of its images, in the main files
-        pilot_results = table.runner.run([Phase(line, sigma, pilot, first[sigma], table.phase_path(line, sigma, "main"),
-                                                "pilot") for line, sigma in pairs])
+        pilot_results = table.run([Phase(line, sigma, pilot, first[sigma], table.phase_path(line, sigma, "main"),
+                                         "pilot") for line, sigma in pairs])
         costs = self.predict(table, pilot, len(indices), pilot_results)
         if dry_run:
             return None
         chosen = set(pilot)
         rest = [i for i in indices if i not in chosen]
         # reversed, so the first run keeps the last pilot run's models (one compile less)
-        main = table.runner.run([Phase(line, sigma, rest, first[sigma], table.phase_path(line, sigma, "main"), "first")
-                                 for line, sigma in reversed(pairs)], costs)
+        main = table.run([Phase(line, sigma, rest, first[sigma], table.phase_path(line, sigma, "main"), "first")
+                          for line, sigma in reversed(pairs)], costs)
         rows_by_line, bounds, extensions = {}, {}, 0
-        record = table.folder.out / "race.json"
+        record = table.race_record
         # read once, before any line's race: under torchrun every rank replays the same decisions (rank 0 writes)
         recorded = json.loads(record.read_text()) if record.exists() else {}
         for line in spec.lines:
-            rules = {sigma: table.request(Phase(line, sigma, (), spec.radii, table.folder.out / "runs" / "rule.tsv",
-                                                "")).sequential for sigma in spec.sigmas}
+            rules = {sigma: table.rule(line, sigma) for sigma in spec.sigmas}
             race = LineRace(spec, line, indices, rules, table.phase_path)
 
             def run_extension(sigma, radii, images, kind, line=line, race=race):
                 nonlocal extensions
                 phase = Phase(line, sigma, images, radii, table.phase_path(line, sigma, kind), kind,
                               race.starts(sigma, radii, images, decide=decides(kind)), decides(kind))
-                extensions += table.runner.step(phase, costs).samples
+                extensions += table.step(phase, costs).samples
             bounds[line.name] = run_race(race, self.tolerance, run_extension, table.log, record,
-                                         write=table.folder.writer, recorded=recorded)
+                                         write=table.writer, recorded=recorded)
             rows_by_line[line.name] = race.rows_by_sigma()
         return Outcome(plan, rows_by_line, lambda sigma, r: True, _samples(pilot_results),
                        _samples(main) + extensions, costs, bounds)
 
-    def predict(self, table, pilot: Sequence[int], images: int, pilot_results: Dict[tuple, PhaseResult]) -> dict:
+    def predict(self, table: PlanTable, pilot: Sequence[int], images: int, pilot_results: Dict[tuple, PhaseResult]) -> dict:
         """The race's samples and seconds after the pilot, predicted from the pilot's rows (cost.json)."""
-        held = table.folder.prediction(self.name)
+        held = table.prediction(self.name)
         if held is not None:
             return held
         spec, chosen = table.spec, set(pilot)
@@ -272,14 +280,15 @@ PLAN_CLASSES = {plan.name: plan for plan in (RacePlan, AutoPlan, AllPlan, FixedP
 PLAN_NAMES = tuple(PLAN_CLASSES)               # `--plan`'s choices: race, auto, all, fixed
 
 
-def plan_for(name: str, pilot: int, margin: float, reach: float, tolerance: float) -> Plan:
-    """The plan called `name` (one of PLAN_NAMES), with the table's settings."""
-    return PLAN_CLASSES[name](pilot, margin, reach, tolerance)
+def table_plan(name: str, **table_settings) -> Plan:
+    """The plan called `name` (one of PLAN_NAMES), given the table's settings it reads (its `settings`)."""
+    plan = PLAN_CLASSES[name]
+    return plan(**{key: table_settings[key] for key in plan.settings})
 
 
-def predict_main(table, plan_class: AllPlan, plan: TablePlan, pilot: Dict[tuple, PhaseResult]) -> dict:
+def predict_main(table: PlanTable, plan_class: AllPlan, plan: TablePlan, pilot: Dict[tuple, PhaseResult]) -> dict:
     """Predicted samples and seconds of the main phase (each run's by the plan), printed and written to cost.json."""
-    held = table.folder.prediction(plan.mode)
+    held = table.prediction(plan.mode)
     if held is not None:
         return held                         # predicted before this folder's main phase began
     spec = table.spec
@@ -288,13 +297,13 @@ def predict_main(table, plan_class: AllPlan, plan: TablePlan, pilot: Dict[tuple,
     return record_prediction(table, plan.mode, runs, pilot, "main phase predicted {samples}")
 
 
-def record_prediction(table, mode: str, runs: Dict[str, dict], pilot: Dict[tuple, PhaseResult], what: str) -> dict:
+def record_prediction(table: PlanTable, mode: str, runs: Dict[str, dict], pilot: Dict[tuple, PhaseResult], what: str) -> dict:
     """cost.json from each run's prediction, and one line saying it (`what`: the phrase around {samples})."""
     total = {key: _total(c[key] for c in runs.values()) for key in ("samples", "seconds")}
     pilot_samples = _samples(pilot)
     costs = {"plan": mode, "runs": runs, "predicted": total, "pilot_samples": pilot_samples,
              "pilot_seconds": sum(r.seconds for r in pilot.values())}
-    table.folder.write_costs(costs)
+    table.write_costs(costs)
     samples, seconds = total["samples"], total["seconds"]
     if samples is None:
         table.log("table: no cost prediction without a pilot (--plan all); summary.json will have the measured cost")

@@ -19,7 +19,7 @@ from diffsmooth.engine.table.by_config import (
     markdown_text,
     parse_config,
 )
-from diffsmooth.engine.table.plans import plan_for
+from diffsmooth.engine.table.plans import table_plan
 from diffsmooth.engine.table.report import tex_text
 from diffsmooth.engine.table.spec import parse_spec
 
@@ -156,7 +156,7 @@ def test_without_fixed_n_rows_there_is_no_acr_and_the_layout_says_why():
 
 
 def _plan(name):
-    return plan_for(name, pilot=2, margin=0.05, reach=2.5, tolerance=0.5)
+    return table_plan(name, pilot=2, margin=0.05, reach=2.5, tolerance=0.5)
 
 
 def caption_of(plan: str, grouped: bool = False, n_max: int = 1000) -> str:
