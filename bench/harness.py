@@ -142,11 +142,7 @@ class BenchSettings:
 
     def fast_path(self):
         """The torch backend's fast-path settings for this run."""
-        return FastPath.resolve(self.device, self.compile, self.cuda_graphs, self.streams, self.fused_attention,
-                                self.fused_conv, lean_unet=self.lean_unet, compile_mode=self.compile_mode,
-                                inductor=self.inductor, classifier_batch=self.classifier_batch,
-                                triton_conv=self.triton_conv, triton_blocks=self.triton_blocks,
-                                pack_images=self.pack_images, classifier_compile_mode=self.classifier_compile_mode)
+        return FastPath.asked_by(self, self.device)
 
     def for_variant(self, spec: str, first: bool) -> "BenchSettings":
         """These settings with a variant's changes on top (bench/variants.py); the reference-equivalent

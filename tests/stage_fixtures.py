@@ -8,6 +8,7 @@ from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models.resnet import CifarResNet, NormalizedClassifier, build_classifier_net, normalization_layer
+from diffsmooth.engine.runs.fast_path import FastPath
 
 SHAPE = (3, 8, 8)
 
@@ -37,7 +38,7 @@ def spread_classifier(seed):
 def make_pipeline(tiny_stages, backend=None, fused_attention=False, fused_conv=False, classifier=None, **kw):
     config, denoiser, default_classifier = tiny_stages
     stages = build_torch_stages(config, classifier or default_classifier, denoiser, backend or TorchBackend(), SHAPE, 10,
-                                fused_attention=fused_attention, fused_conv=fused_conv)
+                                FastPath(fused_attention=fused_attention, fused_conv=fused_conv))
     return MonteCarloPipeline(stages, config.sigma, seed=3, **kw)
 
 

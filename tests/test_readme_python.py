@@ -45,12 +45,13 @@ def test_api_certificate_matches_the_command_line_row(tmp_path):
     from diffsmooth.cli import main
     out = tmp_path / "r.tsv"
     r = CliRunner().invoke(main, ["certify", "--method", "dds", "--sigma", "0.5", "--n0", "20", "--n", "200",
-                                  "--batch", "64", "--skip", "100", "--quiet", "--out", str(out)])
+                                  "--batch", "64", "--skip", "100", "--max", "250", "--quiet", "--out", str(out)])
     assert r.exit_code == 0, r.output
     from diffsmooth import DenoisedSmoothing
     from diffsmooth.engine.runs.results import format_radius
     model = DenoisedSmoothing(denoiser=load_demo_denoiser(), classifier=load_demo_classifier(0.0), sigma=0.5, batch=64)
     data = load_dataset("embedded")
+    assert len(out.read_text().splitlines()) == 1 + 3                  # images 0, 100 and 200
     for line in out.read_text().splitlines()[1:]:
         idx, label, predict, radius = line.split("\t")[:4]
         c = model.certify(data[int(idx)][0], n0=20, n=200, alpha=0.001, image_index=int(idx))

@@ -127,18 +127,19 @@ def check_classifier_rewrites(fused_conv: bool, triton_conv: bool, pack_images: 
 
 
 def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, backend,
-                       image_shape: Tuple[int, ...], num_classes: Optional[int] = None,
-                       fused_attention: bool = False, fused_conv: bool = False, log=None,
-                       classifier_batch: int = 8, lean_unet: bool = False,
-                       triton_conv: bool = False, triton_blocks: bool = False,
-                       pack_images: Optional[int] = None) -> BaseClassifierStages:
-    """Stages for `config` on a TorchBackend; checks once that the models take `image_shape`.
-    fused_attention / fused_conv: the GPU fast path's kernels for the UNet / the ResNet classifier;
-    classifier_batch: images per classifier call in the run (where fused convolutions are probed);
-    lean_unet: the denoiser on its UNet's eps-only copy, t*'s embedding once per call (DiffusionDenoiser.purifier);
-    triton_conv: the folded ResNet classifier on the Triton convolution (tritonized_classifier), with
-    `triton_blocks` each stride-1 BasicBlock as one kernel; pack_images: a CIFAR ResNet's first stage on that many
-    images per tensor (engine/models/packed_resnet.py)."""
+                       image_shape: Tuple[int, ...], num_classes: Optional[int] = None, fast=None,
+                       classifier_batch: int = 8) -> BaseClassifierStages:
+    """Stages for `config` on a TorchBackend (messages to its log); checks once that the models take `image_shape`.
+    `fast`: the run's fast path (a FastPath, engine/runs/fast_path.py; None: eager), of which this reads the
+    kernels: for the UNet fused attention and the lean UNet (its eps-only copy, t*'s embedding once per call:
+    DiffusionDenoiser.purifier); for a ResNet classifier fused convolutions (folded_classifier), the Triton
+    convolution (tritonized_classifier; `triton_blocks`: each stride-1 BasicBlock one kernel) or packed images
+    (a CIFAR ResNet's first stage on that many images per tensor, engine/models/packed_resnet.py).
+    classifier_batch: images per classifier call in the run (where fused convolutions are probed)."""
+    def wants(name: str):
+        return getattr(fast, name, None) if fast is not None else None
+    log = getattr(backend, "log", None)
+    fused_conv, triton_conv, pack_images = bool(wants("fused_conv")), bool(wants("triton_conv")), wants("pack_images")
     if config.uses_denoiser and denoiser is None:
         raise UserError(f"method {config.method} needs a denoiser checkpoint (`denoiser`)")
     check_classifier_rewrites(fused_conv, triton_conv, pack_images)
@@ -147,13 +148,14 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     elif fused_conv:
         classifier = folded_classifier(classifier, backend, image_shape, log, classifier_batch)
     elif triton_conv:
-        classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch, triton_blocks)
-    purify = (backend.stage(denoiser.purifier(config.sigma, fused_attention, lean=lean_unet), "denoiser")
-              if config.uses_denoiser else None)
+        classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch,
+                                           bool(wants("triton_blocks")))
+    purify = (backend.stage(denoiser.purifier(config.sigma, bool(wants("fused_attention")), lean=bool(wants("lean_unet"))),
+                            "denoiser") if config.uses_denoiser else None)
     head = score_module(config, classifier, image_shape)
     score = backend.for_classifier().stage(head, config.kind.classifier_label)
-    local_shape = (config.m, *image_shape) if getattr(head, "takes_noise", False) else None
-    stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
+    stages = BaseClassifierStages(config.method, purify, score, num_classes or 0,
+                                  config.kind.fresh_noise_shape(config, image_shape))
     stages.num_classes = probe(stages, image_shape)
     if num_classes is not None and num_classes > stages.num_classes:
         raise UserError(f"the data has labels up to {num_classes - 1} but the classifier scores only "

@@ -56,20 +56,30 @@ class FastPath:
     classifier_compile_mode: Optional[str] = None   # the classifier stage's own torch.compile mode (None: compile_mode)
 
     @classmethod
-    def resolve(cls, device: str, compile: Optional[bool] = None, cuda_graphs: Optional[bool] = None,
-                streams: Optional[int] = None, fused_attention: Optional[bool] = None,
-                fused_conv: Optional[bool] = None, backend: str = "torch", *, lean_unet: Optional[bool] = None,
-                compile_mode: Optional[str] = None, inductor=(), classifier_batch: Optional[int] = None,
-                triton_conv: Optional[bool] = None, triton_blocks: Optional[bool] = None,
-                pack_images: Optional[int] = None, classifier_compile_mode: Optional[str] = None) -> "FastPath":
-        """The one place the fast path's defaults are decided. Torch backend: on CUDA everything on
-        unless switched off; on CPU eager unless compile=True. Compiled stages always get static
-        batches (one graph per run); fused attention defaults to on with compiled CUDA stages; fused
-        (BatchNorm-folded) classifier convolutions only when asked for (docs/status.md says what has
-        run on a GPU). The lean UNet, the compile mode and inductor knobs, the classifier's own batch, Triton
-        convolutions and the packed first stage are off until asked for: no GPU has measured them (docs/performance.md,
-        "Time-per-sample variants"). TensorRT: static batches (plans are built for the run's batch) and, on
-        CUDA, two streams. ONNX Runtime: none of it."""
+    def asked_by(cls, settings, device: str, backend: str = "torch") -> "FastPath":
+        """The fast path a run's settings ask for (a RunRequest, bench's settings: each of ASKED an attribute),
+        resolved for `device` and `backend`."""
+        return cls.resolve(device, backend=backend, **{name: getattr(settings, name) for name in ASKED})
+
+    @classmethod
+    def resolve(cls, device: str, compile: Optional[bool] = None, *, backend: str = "torch", **asked) -> "FastPath":
+        """The one place the fast path's defaults are decided; `asked`: the settings of ASKED a user gave (None
+        or absent: the default). Torch backend: on CUDA everything on unless switched off; on CPU eager unless
+        compile=True. Compiled stages always get static batches (one graph per run); fused attention defaults to
+        on with compiled CUDA stages; fused (BatchNorm-folded) classifier convolutions only when asked for
+        (docs/status.md says what has run on a GPU). The lean UNet, the compile mode and inductor knobs, the
+        classifier's own batch, Triton convolutions and the packed first stage are off until asked for: no GPU has
+        measured them (docs/performance.md, "Time-per-sample variants"). TensorRT: static batches (plans are built
+        for the run's batch) and, on CUDA, two streams. ONNX Runtime: none of it."""
+        unknown = sorted(set(asked) - set(ASKED))
+        if unknown:
+            raise TypeError(f"FastPath.resolve() got unknown settings {unknown}")
+        cuda_graphs, streams = asked.get("cuda_graphs"), asked.get("streams")
+        fused_attention, fused_conv, lean_unet = asked.get("fused_attention"), asked.get("fused_conv"), asked.get("lean_unet")
+        compile_mode, classifier_compile_mode = asked.get("compile_mode"), asked.get("classifier_compile_mode")
+        classifier_batch, pack_images = asked.get("classifier_batch"), asked.get("pack_images")
+        triton_conv, triton_blocks = asked.get("triton_conv"), asked.get("triton_blocks")
+        inductor = asked.get("inductor") or ()
         try:
             cuda = torch.device(device).type == "cuda"
         except RuntimeError:
@@ -132,6 +142,10 @@ class FastPath:
             d["inductor"] = list(d["inductor"])
         return d
 
+
+# What a user may ask of the fast path (command-line options, RunRequest and bench settings of these names).
+ASKED = ("compile", "cuda_graphs", "streams", "fused_attention", "fused_conv", "lean_unet", "compile_mode", "inductor",
+         "classifier_batch", "triton_conv", "triton_blocks", "pack_images", "classifier_compile_mode")
 
 # FastPath fields recorded only when on / set (result files written without them still resume).
 OPTIONAL_KEYS = ("fused_attention", "fused_conv", "lean_unet", "compile_mode", "inductor", "classifier_batch",

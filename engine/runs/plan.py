@@ -252,12 +252,7 @@ def plan_run(request: RunRequest) -> ResolvedRun:
         raise UserError("a sweep runs in one process (not under torchrun)")
     shards = plan_from(request.shard, request.device)
     device = rank_device(shards, request.device)
-    fast = FastPath.resolve(device, request.compile, request.cuda_graphs, request.streams, request.fused_attention,
-                            request.fused_conv, backend=request.backend, lean_unet=request.lean_unet,
-                            compile_mode=request.compile_mode, inductor=request.inductor,
-                            classifier_batch=request.classifier_batch, triton_conv=request.triton_conv,
-                            triton_blocks=request.triton_blocks, pack_images=request.pack_images,
-                            classifier_compile_mode=request.classifier_compile_mode)
+    fast = FastPath.asked_by(request, device, request.backend)
     batch = request.batch or default_batch(device, tuple(dataset.image_shape))
     out = Path(request.out)
     if shards.num_shards > 1:

@@ -75,10 +75,7 @@ class TorchStages:
         """The stages of loaded modules (what `diffsmooth bench` times)."""
         runner, fast = self.runner(build), build.fast
         probe_batch = classifier_call_images(config, build.batch, image_shape, runner.device, fast.classifier_batch)
-        return build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes,
-                                  fused_attention=fast.fused_attention, fused_conv=fast.fused_conv, log=build.log,
-                                  classifier_batch=probe_batch, lean_unet=fast.lean_unet, triton_conv=fast.triton_conv,
-                                  triton_blocks=fast.triton_blocks, pack_images=fast.pack_images)
+        return build_torch_stages(config, classifier, denoiser, runner, image_shape, num_classes, fast, probe_batch)
 
     def sweep_stages(self, configs: Sequence[Configuration], classifier_paths: Dict[str, str], sources: ModelSources,
                      image_shape: Tuple[int, ...], num_classes: Optional[int], build: StageBuild) -> BaseClassifierStages:

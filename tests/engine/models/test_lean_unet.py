@@ -17,6 +17,7 @@ from diffsmooth.bench.flops import stage_flops
 from diffsmooth.engine.base_classifier.diffusion_denoiser import PRESET_SCHEDULES, DiffusionDenoiser
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.unet import ResBlock, UNetModel, unet_config
+from diffsmooth.engine.runs.fast_path import FastPath
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +108,7 @@ def test_lean_pipeline_counts_equal_the_default(tiny):
     from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     config, denoiser, classifier = tiny
-    stages = build_torch_stages(config, classifier, denoiser, TorchBackend(), SHAPE, 10, lean_unet=True)
+    stages = build_torch_stages(config, classifier, denoiser, TorchBackend(), SHAPE, 10, FastPath(lean_unet=True))
     lean = MonteCarloPipeline(stages, config.sigma, seed=3)
     default = make_pipeline(tiny)
     for k in range(3):

@@ -80,7 +80,7 @@ def test_the_packed_stages_count_like_the_default():
     x = image(11)
     default = make_pipeline(tiny, classifier=resnet).count(x, 0, 0, 60, 20)
     assert (default > 0).sum() >= 2, default
-    stages = build_torch_stages(config, resnet, denoiser, TorchBackend(), SHAPE, 10, pack_images=2)
+    stages = build_torch_stages(config, resnet, denoiser, TorchBackend(), SHAPE, 10, FastPath(pack_images=2))
     assert isinstance(stages.score.module.classifier.net, PackedCifarResNet)
     np.testing.assert_array_equal(MonteCarloPipeline(stages, config.sigma, seed=3).count(x, 0, 0, 60, 20), default)
 

@@ -203,7 +203,8 @@ def test_two_certify_runs_on_one_file(tmp_path, tiny_cli_args, monkeypatch):
     """A real run holds the file: a second one (other settings too) exits 2 at once and changes
     nothing; after the first is SIGKILLed, a resume takes the lock and finishes with the rows of an
     uninterrupted run."""
-    args = ["certify", *tiny_cli_args, "--method", "rs", "--n0", "50", "--n", "6000", "--batch", "100",
+    # n = 2000: the first run is still on its second image when it is stopped (its first row written)
+    args = ["certify", *tiny_cli_args, "--method", "rs", "--n0", "50", "--n", "2000", "--batch", "100",
             "--window", "1", "--threads", "1", "--quiet"]
     out, whole = tmp_path / "r.tsv", tmp_path / "whole.tsv"
     first = subprocess.Popen(_cli([*args, "--out", out]), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

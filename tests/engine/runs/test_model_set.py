@@ -15,6 +15,7 @@ from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages, score_module
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.model_set import ModelSet, architecture
 
 
@@ -100,7 +101,7 @@ def test_compiled_stages_reused_at_another_sigma_vote_as_a_fresh_build_without_r
     def stages(cfg, den, clf, model_set):
         runner = TorchBackend(compile=True)
         runner = model_set.backend(runner) if model_set is not None else runner
-        return build_torch_stages(cfg, clf, den, runner, SHAPE, fused_attention=True)
+        return build_torch_stages(cfg, clf, den, runner, SHAPE, fast=FastPath(fused_attention=True))
 
     first = stages(config, denoiser, classifier, models)
     votes_first = _votes(first, 0.5, x)
@@ -126,7 +127,8 @@ def test_a_classifier_stage_shared_by_rs_and_dds_compiles_one_graph():
     models, x = ModelSet(), torch.rand(*SHAPE)
     for method in ("rs", "dds"):
         stages = build_torch_stages(MethodConfig(method, 0.5), classifier, denoiser,
-                                    models.backend(TorchBackend(compile=True)), SHAPE, fused_attention=True)
+                                    models.backend(TorchBackend(compile=True)), SHAPE,
+                                    fast=FastPath(fused_attention=True))
         _votes(stages, 0.5, x)
     assert (models.builds, models.compiles) == (2, 2)
 

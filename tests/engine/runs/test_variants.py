@@ -248,7 +248,7 @@ def test_a_compiled_lean_purifier_follows_set_coefficients():
 
 def test_stages_built_with_every_cpu_variant_vote_like_the_default(tiny_stages):
     config, denoiser, classifier = tiny_stages
-    stages = build_torch_stages(config, classifier, denoiser, TorchBackend(), SHAPE, 10, lean_unet=True)
+    stages = build_torch_stages(config, classifier, denoiser, TorchBackend(), SHAPE, 10, FastPath(lean_unet=True))
     variant = MonteCarloPipeline(stages, config.sigma, seed=3, classifier_batch=5)
     x = image(7)
     np.testing.assert_array_equal(variant.count(x, 1, 0, 120, 40), make_pipeline(tiny_stages).count(x, 1, 0, 120, 40))
@@ -264,7 +264,7 @@ def test_triton_conv_is_refused_in_one_line_where_the_kernel_cannot_run(tmp_path
     config, denoiser, _ = tiny_stages
     with pytest.raises(UserError, match="`triton_conv` cannot run here: ") as info:
         build_torch_stages(config, randomized_bn_resnet("cifar_resnet20"), denoiser, TorchBackend(), SHAPE, 10,
-                           triton_conv=True)
+                           FastPath(triton_conv=True))
     assert "\n" not in str(info.value)
     from click.testing import CliRunner
 
@@ -285,6 +285,7 @@ from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models import triton_conv
 from diffsmooth.engine.models.folded_resnet import FoldedConv, fold_classifier
 from diffsmooth.engine.models.resnet import BasicBlock
+from diffsmooth.engine.runs.fast_path import FastPath
 torch.set_num_threads(1)                 # tiny tensors; the interpreter is single-threaded Python
 tiny = build_tiny_stages()
 config, denoiser, _ = tiny
@@ -314,8 +315,8 @@ out = {"interpreted": triton_conv._INTERPRETED, "reference": reference.count(x, 
        "stem_channels": convs[0].weight.shape[1],
        "identity_blocks": sum(isinstance(b, BasicBlock) and b.downsample is None for b in resnet.modules())}
 for blocks in (False, True):
-    stages = build_torch_stages(config, resnet, denoiser, TorchBackend(), SHAPE, 10, triton_conv=True,
-                                triton_blocks=blocks)
+    stages = build_torch_stages(config, resnet, denoiser, TorchBackend(), SHAPE, 10,
+                                FastPath(triton_conv=True, triton_blocks=blocks))
     before, blocks_before = triton_conv.TRITON_CALLS["count"], triton_conv.TRITON_BLOCK_CALLS["count"]
     pipeline, scores = recorded(MonteCarloPipeline(stages, config.sigma, seed=3))
     got = pipeline.count(x, 0, 0, 4, 4)
