@@ -74,7 +74,3 @@ class Method:
     def demo_classifier(self, sigma: float, local_sigma: float) -> Path:
         """The shipped demo classifier trained at the noise level this method's classifier sees."""
         return shipped.demo_classifier_at(self.demo_noise_level(sigma, local_sigma), self.name)
-
-    def describe(self, config: MethodConfig) -> str:
-        """One line of its settings for reports, e.g. ', m=5, sigma'=0.25'."""
-        return ""

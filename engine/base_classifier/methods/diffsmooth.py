@@ -65,6 +65,3 @@ class DiffSmoothMethod(Method):
 
     def demo_noise_level(self, sigma, local_sigma):
         return local_sigma
-
-    def describe(self, config):
-        return f", m={config.m}, sigma'={config.local_sigma}"
