@@ -1,5 +1,6 @@
 """Judging a fast path against eager fp32 from arrays alone: production vote counts per image,
-per-sample scores of both paths. Plain numpy/scipy, so any scheduler that yields counts can be judged.
+per-sample scores of both paths (numpy/scipy on the arrays; only the design flip rates come from the
+methods), so any scheduler that yields counts can be judged.
 
 Sizing: a correct path flips a vote with a per-sample probability that depends on its precision and on
 the method (each method's `flip_rates`, engine/base_classifier/methods/, measured on an H200). Each of the
