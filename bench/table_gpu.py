@@ -19,7 +19,7 @@ import click
 
 from diffsmooth.engine.runs.fast_path import tf32_off
 from diffsmooth.engine.runs.results import read_rows
-from diffsmooth.engine.table.build import TableBuilder
+from diffsmooth.engine.table.build import TableBuilder, TablePlanning
 from diffsmooth.engine.table.spec import demo_spec
 
 Key = Tuple[str, int]                   # (run file relative to runs/, image index)
@@ -65,7 +65,7 @@ def run_variant(out: Path, number: int, rows: Tuple[str, ...], images: int, n_ma
     # TF32 off for CUDA's fp32 variant (torch lets cuDNN use TF32 by default), so its rows differ from the
     # CPU's only where fp32 reductions in another order flip a vote (with TF32 on: 2 of 100 rows on an H200)
     with tf32_off() if device == "cuda" and precision == "fp32" else contextlib.nullcontext():
-        TableBuilder(spec, out / name, plan=plan, pilot=2, log=lambda line: None, progress=False).build()
+        TableBuilder(spec, out / name, TablePlanning(plan, pilot=2), log=lambda line: None, progress=False).build()
     wall = time.perf_counter() - start
     summary = json.loads((out / name / "summary.json").read_text())
     return {"name": name, "wall_s": wall, "samples": summary["samples"]["total"],

@@ -28,7 +28,7 @@ from scipy.stats import beta
 from diffsmooth.engine.runs.simulation import chunk_votes
 from diffsmooth.engine.table.defaults import TOLERANCE_POINTS
 from diffsmooth.engine.table.race import CellStatus, initial_radii, next_extension, tolerance_images
-from diffsmooth.engine.table.race_sim import SimulatedSigma
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma
 from studies.race_study import RATE_MODELS, load_selected, rates_from, seed_rates, tiled
 
 NEVER = np.iinfo(np.int64).max
@@ -126,7 +126,7 @@ def race(paths: Dict[float, PathLooks], radii: Sequence[float], tolerance: int, 
 def one_seed(rates, correct, radii, alpha, n_max, n0, tolerance, rng) -> dict:
     order = sorted(rates)
     images = len(rates[order[0]])
-    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng, initial_radii(radii, s), True)
+    sims = {s: SimulatedSigma(s, rates[s], correct[s], RaceRule(radii, alpha, n_max, True), rng, initial_radii(radii, s))
             for s in order}
     paths = {s: PathLooks(sims[s]) for s in order}
     all_cells = [max(int((paths[s].correct & paths[s].all_certifies[:, k]).sum()) for s in order)

@@ -37,9 +37,10 @@ import numpy as np
 
 from diffsmooth.engine.certify.sequential import DEFAULT_LAST_LOOK, LAST_LOOK_OLD, SequentialRule
 from diffsmooth.engine.runs.request import parse_radii
-from diffsmooth.engine.runs.simulation import Image, simulate
+from diffsmooth.engine.runs.simulation import Image, SimulationSetup, simulate
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, TOLERANCE_POINTS
-from diffsmooth.engine.table.race_sim import simulate_plans
+from diffsmooth.engine.table.planning import PlanKnobs
+from diffsmooth.engine.table.race_sim import RaceRule, simulate_plans
 from studies.race_study import rates_from, seed_rates
 from studies.sequential_coverage import exact_miscoverage_by_look, rates, scanned_rates, split_cp_lower
 
@@ -117,8 +118,8 @@ def path_study(folder: Path, n_max: int, seeds: int, shares: Sequence[float], to
         for k, s in enumerate(sigmas):
             images = [Image(float(p), bool(c)) for p, c in zip(drawn[s], data["correct"][s])]
             rules = {f"{x:g}": SequentialRule(tuple(radii), s, alpha, n_max, last_look=x) for x in shares}
-            out = simulate(images, n=n_max, n0=n0, alpha=alpha, sigma=s, radii=radii, seeds=1, rules=rules,
-                           seed=1000 * seed + k, oracle=False)
+            out = simulate(images, SimulationSetup(n=n_max, n0=n0, alpha=alpha, sigma=s, radii=radii), seeds=1,
+                           rules=rules, seed=1000 * seed + k, oracle=False)
             fixed = next(iter(out.values()))
             per_sigma[f"{s:g}"]["fixed"].append([fixed["accuracy"][r] for r in radii])
             for x in shares:
@@ -127,8 +128,8 @@ def path_study(folder: Path, n_max: int, seeds: int, shares: Sequence[float], to
         if plans:
             runs = {}
             for x in shares:
-                runs[f"{x:g}"] = simulate_plans(drawn, data["correct"], radii, alpha, n_max, n0, tolerance,
-                                                np.random.default_rng([seed, 46]), pilot=pilot, last_look=x)
+                runs[f"{x:g}"] = simulate_plans(drawn, data["correct"], RaceRule(radii, alpha, n_max, last_look=x), n0,
+                                                tolerance, np.random.default_rng([seed, 46]), PlanKnobs(pilot=pilot))
             fixed_cells = [r["fixed"]["cells"] for r in runs.values()]
             if any(not np.array_equal(fixed_cells[0], c) for c in fixed_cells):
                 raise RuntimeError("the shares' fixed-n cells differ: the paths are not paired")

@@ -21,7 +21,7 @@ import torch
 
 from diffsmooth.bench.models import build_model_set
 from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.backends.onnxruntime_backend import physical_cores
+from diffsmooth.engine.backends.onnxruntime_backend import OrtSession, physical_cores
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
@@ -74,7 +74,7 @@ def bench_set(name: str, *, batch: int, iters: int, threads: int, method: str, s
     echo(f"# {name}, {threads} thread(s)")
     t_stages = build_torch_stages(config, models.classifier, models.denoiser, TorchBackend(), shape,
                                   models.num_classes)
-    o_stages = build_onnx_stages(out, config, shape, models.num_classes, threads=threads)
+    o_stages = build_onnx_stages(out, config, shape, models.num_classes, session=OrtSession(threads=threads))
 
     gen = torch.Generator().manual_seed(seed)
     x = torch.rand((batch, *shape), generator=gen)

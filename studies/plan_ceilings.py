@@ -25,7 +25,7 @@ from scipy.stats import norm
 
 from diffsmooth.engine.table.defaults import RACE_REACH_SIGMAS
 from diffsmooth.engine.table.race import initial_radii, tolerance_images
-from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_race
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, simulate_race
 from studies.race_study import (
     RATE_TEXT,
     estimate,
@@ -89,8 +89,8 @@ def one_seed(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], r
     """{plan: samples (n0 included)} and the winners, every plan on the same paths."""
     sigmas = sorted(rates)
     images = len(rates[sigmas[0]])
-    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng, initial_radii(radii, s, RACE_REACH_SIGMAS),
-                              wrong_class_stop) for s in sigmas}
+    rule = RaceRule(radii, alpha, n_max, wrong_class_stop)
+    sims = {s: SimulatedSigma(s, rates[s], correct[s], rule, rng, initial_radii(radii, s, RACE_REACH_SIGMAS)) for s in sigmas}
     tolerance = tolerance_images(tolerance_points, images)
     out = {"fixed": float(images * len(sigmas) * (n0 + n_max)), "all": 0.0, "winner known": 0.0,
            "winner known, tolerance": 0.0, "information bound": 0.0}

@@ -22,7 +22,8 @@ from diffsmooth.engine.runs.rate_model import draw_prior_rates, draw_rates, fit_
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import image_from_row
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, TOLERANCE_POINTS
-from diffsmooth.engine.table.race_sim import STOP_REASONS, simulate_plans
+from diffsmooth.engine.table.planning import PlanKnobs
+from diffsmooth.engine.table.race_sim import STOP_REASONS, RaceRule, simulate_plans
 from diffsmooth.engine.table.spec import LineSpec
 
 PLANS = ("fixed", "all", "auto", "race")
@@ -129,9 +130,9 @@ def study(folder: Path, n_max: int, seeds: int, tolerance: float, pilot: int, ra
     data = tiled(rates_from(folder, selected), images)
     spec = data["spec"]
     rng = np.random.default_rng(0)
-    runs: List[dict] = [simulate_plans(seed_rates(data, rates, rng), data["correct"], spec["radii"], spec["alpha"], n_max,
-                                       spec["n0"], tolerance, rng, pilot=pilot, wrong_class_stop=wrong_class_stop,
-                                       first_smallest=first_smallest)
+    rule = RaceRule(spec["radii"], spec["alpha"], n_max, wrong_class_stop=wrong_class_stop)
+    knobs = PlanKnobs(first_smallest=first_smallest, pilot=pilot)
+    runs: List[dict] = [simulate_plans(seed_rates(data, rates, rng), data["correct"], rule, spec["n0"], tolerance, rng, knobs)
                         for _ in range(seeds)]
     out = {"line": data["line"], "radii": spec["radii"], "sigmas": spec["sigmas"], "n_max": n_max, "seeds": seeds, "rates": rates,
            "tolerance": tolerance, "images": len(next(iter(data["rates"].values()))), "n0": spec["n0"], "plans": {},

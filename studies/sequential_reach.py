@@ -22,7 +22,7 @@ from scipy.stats import norm
 
 from diffsmooth.engine.certify.sequential import SequentialRule, confidence_bounds, run_rule
 from diffsmooth.engine.runs.request import parse_radii
-from diffsmooth.engine.runs.simulation import load_images, simulate
+from diffsmooth.engine.runs.simulation import SimulationSetup, load_images, simulate
 
 PREVIOUS = dict(bound="split-cp", futility_rule="pace")
 
@@ -108,7 +108,7 @@ def main(rows, sigma, radii, n_maxes, alpha, seeds, unanimous):
     sigma, radii = rows_setup(rows, sigma, radii)
     images = load_images(rows, 10000, alpha, sigma, 0.45)
     for n_max in n_maxes:
-        result = simulate(images, n=n_max, n0=100, alpha=alpha, sigma=sigma, radii=radii, seeds=seeds,
+        result = simulate(images, SimulationSetup(n=n_max, n0=100, alpha=alpha, sigma=sigma, radii=radii), seeds=seeds,
                           rules=rules(radii, sigma, alpha, n_max))
         header = (f"SIMULATION: {rows} ({len(images)} images), sigma {sigma}, n-max {n_max:,}, alpha {alpha}, "
                   f"{seeds} seeds, paired paths; fixed-n row: certified accuracy, others: change in points")

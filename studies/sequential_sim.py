@@ -28,6 +28,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.runs.request import parse_radii
 from diffsmooth.engine.runs.simulation import (  # noqa: F401  (the core, re-exported for this CLI's users)
     Image,
+    SimulationSetup,
     accuracy,
     chunk_votes,
     load_images,
@@ -100,7 +101,7 @@ def main(rows, n, n_max, n0, alpha, sigma, radii, seeds, abstain_p, measured, ji
     if measured:
         done = {int(r["idx"]) for r in seq_rows}
         images = [im for im in images if im.idx in done]
-    result = simulate(images, n=n_max, n0=n0, alpha=alpha, sigma=sigma, radii=radii, seeds=seeds,
+    result = simulate(images, SimulationSetup(n=n_max, n0=n0, alpha=alpha, sigma=sigma, radii=radii), seeds=seeds,
                       rules=standard_rules(n_max, radii, sigma, alpha))
     header = (f"SIMULATION from the vote rates recovered from {rows}{f' +- U({jitter})' if jitter else ''} "
               f"({len(images)} images, rows' n={n}, "

@@ -28,7 +28,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_low
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import chunk_votes, image_from_row, shared_paths, simulate_sequential
 from diffsmooth.engine.table.build import phase_path
-from diffsmooth.engine.table.cost import predict_run
+from diffsmooth.engine.table.cost import Sampling, predict_run
 from diffsmooth.engine.table.defaults import MARGIN, RACE_REACH_SIGMAS
 from diffsmooth.engine.table.planning import assign_radii
 from diffsmooth.engine.table.spec import LineSpec
@@ -198,7 +198,7 @@ def _run_seconds(folder: Path, line: LineSpec) -> dict:
         if c.get("samples_per_second"):
             rows = sorted(read_rows(phase_path(folder, line, c["sigma"], "pilot")), key=lambda r: int(r["idx"]))
             again = predict_run(c["line"], c["sigma"], [rows], plan["radii"][f"{c['sigma']:g}"], c["images"],
-                                spec["n0"], spec["alpha"], spec["n_max"], c["samples_per_second"])
+                                Sampling(spec["n0"], spec["alpha"], spec["n_max"]), c["samples_per_second"])
             out[key].update(repredicted_samples=again.samples, repredicted_seconds=again.seconds)
     return out
 

@@ -15,7 +15,7 @@ from diffsmooth.engine.choices import (
     DEFAULT_SIGMA,
     MAX_SAMPLES,
 )
-from diffsmooth.engine.demo.run import run_demo
+from diffsmooth.engine.demo.run import DemoRun, run_demo
 from diffsmooth.engine.errors import UserError, check_alpha
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.plan import set_threads
@@ -47,9 +47,9 @@ def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, 
         raise UserError(f"--n0 + --n must be <= {MAX_SAMPLES:,} samples per image (Monte Carlo sample indices are "
                         f"32-bit), got {n0 + n:,}")
     set_threads(threads)
-    result = run_demo(out, images=images, n0=n0, n=n, alpha=alpha, sigma=sigma, m=m,
-                      local_sigma=local_sigma, batch=batch, seed=seed, device=device, precision=precision,
-                      fast=FastPath.resolve(device, compile), progress=not quiet)
+    run = DemoRun(images=images, n0=n0, n=n, alpha=alpha, sigma=sigma, m=m, local_sigma=local_sigma, batch=batch,
+                  seed=seed, device=device, precision=precision, fast=FastPath.resolve(device, compile))
+    result = run_demo(out, run, progress=not quiet)
     click.echo(f"\n{result['header']}\n\n{result['table']}\n")
     timing = ", ".join(f"{k} {v:.1f} s" for k, v in result["seconds"].items())
     click.echo(f"time: {timing}; wrote {', '.join(result['files'])}, {out}/certified_accuracy.png, {out}/summary.md")

@@ -14,7 +14,7 @@ from diffsmooth.engine.runs.assemble import (
     load_classifier_from,
     load_denoiser_from,
 )
-from diffsmooth.engine.runs.sources import default_image_shape, resolve_sources
+from diffsmooth.engine.runs.sources import ModelOptions, default_image_shape, resolve_sources
 from diffsmooth.export import plan_check
 from diffsmooth.export.onnx_export import checkpoint_source, export_models
 from diffsmooth.export.validate import validate_graphs
@@ -59,10 +59,9 @@ def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, 
     if trt_max_batch is not None and trt_max_batch < trt_batch:
         raise click.BadParameter(f"must be >= --trt-batch ({trt_batch}), got {trt_max_batch}", param_hint="--trt-max-batch")
     config = MethodConfig(method, sigma, m, local_sigma, local_noise)
-    sources = resolve_sources(denoiser=denoiser, scheduler=scheduler, classifier=classifier, preset=preset,
-                              unet_config=unet_config,
-                              schedule=schedule, diffusion_steps=diffusion_steps, arch=arch,
-                              normalization=normalization, stats=stats, dataset_kind=dataset)
+    sources = resolve_sources(ModelOptions(denoiser=denoiser, scheduler=scheduler, classifier=classifier, preset=preset,
+                                           unet_config=unet_config, schedule=schedule, diffusion_steps=diffusion_steps,
+                                           arch=arch, normalization=normalization, stats=stats), dataset)
     demo = not denoiser and not classifier
     shape = parse_image_shape(image_shape, sources.preset, sources.stats) if image_shape or not \
         is_diffusers_folder(denoiser) else read_diffusers_folder(denoiser, scheduler).image_shape

@@ -7,9 +7,9 @@ import click
 from diffsmooth.cli.options import dataset_option, model_options
 from diffsmooth.cli.param_types import LOCAL_SIGMA, SEED, SIGMA, Count
 from diffsmooth.engine.data import load_dataset
-from diffsmooth.engine.demo.run import purify_grid
+from diffsmooth.engine.demo.run import PurifyFigure, purify_grid
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.runs.sources import resolve_sources
+from diffsmooth.engine.runs.sources import ModelOptions, resolve_sources
 
 
 @click.command()
@@ -31,7 +31,7 @@ def purify(dataset, data, sigma, local_sigma, m, images, seed, out, classifier, 
     ds = load_dataset(kind, data)
     if not model["denoiser"] and classifier:
         raise UserError("purify needs --denoiser (or no model options for the embedded demo)")
-    sources = resolve_sources(classifier=classifier[0] if classifier else None, dataset_kind=kind, **model)
-    path = purify_grid(out, sources=sources, dataset=ds, images=images, sigma=sigma,
-                       local_sigma=local_sigma, m=m, seed=seed)
+    sources = resolve_sources(ModelOptions(classifier=classifier[0] if classifier else None, **model), kind)
+    figure = PurifyFigure(images=images, sigma=sigma, local_sigma=local_sigma, m=m, seed=seed)
+    path = purify_grid(out, figure, sources=sources, dataset=ds)
     click.echo(f"wrote {path} (rows, labelled in the picture: clean, noisy, denoised, {m} locally-noised)")

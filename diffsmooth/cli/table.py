@@ -9,7 +9,7 @@ import click
 from diffsmooth.cli.param_types import BATCH, SAMPLES, THREADS, Count, Number
 from diffsmooth.engine.choices import RUN_PRECISIONS
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, command_line
+from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, TablePlanning, command_line
 from diffsmooth.engine.table.check import check_table
 from diffsmooth.engine.table.cost import on_ranks
 from diffsmooth.engine.table.defaults import (
@@ -138,8 +138,9 @@ def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, 
         table_spec, notes = smoke_spec(table_spec, torch.cuda.is_available())
         for line in notes:
             _log(f"table: {line}")
-    builder = TableBuilder(table_spec, out, plan=plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance, log=_log,
-                           command=command_line(), progress=not quiet, one_pass=one_pass)
+    planning = TablePlanning(plan=plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance)
+    builder = TableBuilder(table_spec, out, planning=planning, log=_log, command=command_line(), progress=not quiet,
+                           one_pass=one_pass)
     try:
         builder.build(dry_run=dry_run)
         if ranks is not None:

@@ -11,7 +11,7 @@ import click
 
 from diffsmooth.cli.param_types import BATCH, THREADS, Count, Number
 from diffsmooth.engine.choices import MAX_THREADS
-from diffsmooth.engine.demo.training import DEFAULT_DATA_DIR, QUICK_BUDGET, DemoBudget
+from diffsmooth.engine.demo.training import DEFAULT_DATA_DIR, QUICK_BUDGET, DemoBudget, DemoTraining
 from diffsmooth.engine.demo.training import train_demo as run
 from diffsmooth.engine.models.shipped import ASSETS, DEMO_TRAINING_SIGMAS, demo_sigmas_text
 
@@ -63,8 +63,9 @@ def train_demo(data, out, seed, unet_steps, unet_batch_size, classifier_epochs,
     if (classifier_epochs, clean_classifier_epochs) != (None, None) and classifier_steps is None:
         overrides["classifier_steps"] = None       # explicit epochs beat the quick budget's steps
     budget = dataclasses.replace(budget, **overrides)
-    manifest = run(out, data, seed=seed, budget=budget, workers=workers, threads=threads,
-                   command=_command_line(), progress=not no_progress, only_missing=only_missing)
+    training = DemoTraining(data_dir=data, seed=seed, budget=budget, workers=workers, threads=threads,
+                            only_missing=only_missing)
+    manifest = run(out, training, command=_command_line(), progress=not no_progress)
     for name, entry in manifest["models"].items():
         click.echo(f"{name}: {entry['file_bytes']} bytes, {entry['training']['wall_time_s']} s")
     click.echo(f"wrote {Path(out) / 'MODELS.json'}")

@@ -10,11 +10,12 @@ cannot follow weights copied in later (a table's model set) or another sigma's p
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
 from diffsmooth.engine.errors import UserError
 
-__all__ = ["COMPILE_MODES", "INDUCTOR_KNOBS", "compile_options", "parse_inductor_knobs", "freezes"]
+__all__ = ["COMPILE_MODES", "INDUCTOR_KNOBS", "Compilation", "compile_options", "parse_inductor_knobs", "freezes"]
 
 # torch.compile modes the engine accepts; "default" is torch's own default (what runs when none is given).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
@@ -27,6 +28,15 @@ INDUCTOR_KNOBS: Dict[str, Tuple[Dict[str, object], str]] = {
     "no-epilogue-fusion": ({"epilogue_fusion": False}, "do not fuse pointwise epilogues into matmul templates"),
     "epilogue-fusion-first": ({"epilogue_fusion_first": True}, "fuse epilogues before other fusions"),
 }
+
+
+@dataclass(frozen=True)
+class Compilation:
+    """How compiled stages compile: torch.compile's mode, the inductor knobs, the classifier stage's own mode."""
+
+    mode: Optional[str] = None                  # None: torch's default
+    inductor: Tuple[str, ...] = ()              # knob names of INDUCTOR_KNOBS
+    classifier_mode: Optional[str] = None       # None: `mode`
 
 
 def parse_inductor_knobs(value) -> Tuple[str, ...]:

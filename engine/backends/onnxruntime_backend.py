@@ -5,6 +5,7 @@ without it. Which graphs a method needs is decided above, in base_classifier/onn
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -102,6 +103,14 @@ def providers_for(device: torch.device, provider: Optional[str] = None,
         # Precision comes from the graph itself (fp16 graphs are explicitly typed); no fp16 flag.
     })
     return [trt, cuda, "CPUExecutionProvider"]
+
+
+@dataclass(frozen=True)
+class OrtSession:
+    """How ONNX Runtime runs a graph: the execution provider (None: the device's) and intra-op threads (None: cores)."""
+
+    provider: Optional[str] = None
+    threads: Optional[int] = None
 
 
 class OrtStage:

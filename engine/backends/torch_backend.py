@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.backends.compile_cache import use_compile_cache
-from diffsmooth.engine.backends.compile_options import check_compile_mode, compile_options, freezes
+from diffsmooth.engine.backends.compile_options import Compilation, check_compile_mode, compile_options, freezes
 from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
 from diffsmooth.engine.backends.recompile_limit import is_recompile_limit_hit, reserve_compiled_stage
 from diffsmooth.engine.errors import UserError
@@ -114,13 +114,16 @@ def _recompile_limit_hit(exc: BaseException) -> bool:
 
 
 class TorchBackend:
-    """Builds TorchStages on one device and precision, eager or compiled (+ CUDA graphs)."""
+    """Builds TorchStages on one device and precision, eager or compiled (+ CUDA graphs); `compilation`: how
+    compiled stages compile (their mode and inductor knobs, the classifier stage's own mode)."""
 
     name = "torch"
 
     def __init__(self, device: str = "cpu", precision: str = "fp32", channels_last: Optional[bool] = None,
-                 compile: bool = False, cuda_graphs: bool = False, log=None, compile_mode: Optional[str] = None,
-                 inductor: tuple = (), classifier_compile_mode: Optional[str] = None):
+                 compile: bool = False, cuda_graphs: bool = False, log=None,
+                 compilation: Compilation = Compilation()):
+        compile_mode, inductor = compilation.mode, compilation.inductor
+        classifier_compile_mode = compilation.classifier_mode
         self.device = resolve_device(device)
         self.precision = precision
         if (compile_mode not in (None, "default") or classifier_compile_mode not in (None, "default") or inductor) \

@@ -10,7 +10,7 @@ import torch
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
-from diffsmooth.engine.backends.onnxruntime_backend import ORT_PRECISIONS, OrtStage
+from diffsmooth.engine.backends.onnxruntime_backend import ORT_PRECISIONS, OrtSession, OrtStage
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.torch_stages import probe
 from diffsmooth.engine.errors import UserError
@@ -38,10 +38,11 @@ def exported_from(found: List[Tuple[Path, dict]], checkpoint: Optional[str]) -> 
 
 
 def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
-                      device: str = "cpu", precision: str = "fp32", provider: Optional[str] = None,
-                      threads: Optional[int] = None, classifier: Optional[str] = None) -> BaseClassifierStages:
-    """Stages for `config` from the graphs in `onnx_dir` (picked and hash-checked via manifests);
-    `classifier`: the checkpoint the classifier graph must come from, when several are exported."""
+                      device: str = "cpu", precision: str = "fp32", session: OrtSession = OrtSession(),
+                      classifier: Optional[str] = None) -> BaseClassifierStages:
+    """Stages for `config` from the graphs in `onnx_dir` (picked and hash-checked via manifests), run by ONNX
+    Runtime as `session` says; `classifier`: the checkpoint the classifier graph must come from, when several are
+    exported."""
     if precision not in ORT_PRECISIONS:
         raise UserError(f"`backend` onnxruntime runs the exported fp32 or fp16 graphs, not {precision}")
     try:
@@ -55,11 +56,12 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
     purify = None
     if config.uses_denoiser:
         path, _ = find_graph(found, "denoiser", want_denoiser, onnx_dir)
-        purify = OrtStage(path, f"denoiser[{path.name}]", dev, precision, provider, threads)
+        purify = OrtStage(path, f"denoiser[{path.name}]", dev, precision, session.provider, session.threads)
     path, manifest = find_graph(found, "classifier", want_classifier, onnx_dir)
     if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{path.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
-    score = OrtStage(path, f"{config.kind.classifier_label}[{path.name}]", dev, precision, provider, threads)
+    score = OrtStage(path, f"{config.kind.classifier_label}[{path.name}]", dev, precision, session.provider,
+                     session.threads)
     return exported_stages(config, image_shape, num_classes, purify, score, path.name, "graph")
 
 

@@ -4,6 +4,7 @@ and batch. Kept parallel to build_onnx_stages so both compositions can move toge
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
@@ -18,14 +19,23 @@ from diffsmooth.engine.errors import UserError
 TRT_PRECISIONS = GRAPH_PRECISIONS
 
 
-def plan_for(onnx_dir, role: str, want: dict, precision: str, *, tensorrt_version: str, gpu_name: str,
-             compute_capability: str, batch: int, classifier: Optional[str] = None):
+@dataclass(frozen=True)
+class PlanKey:
+    """What a TensorRT plan must be built for: this TensorRT, this GPU (name, compute capability), the run's batch."""
+
+    tensorrt_version: str
+    gpu_name: str
+    compute_capability: str
+    batch: int
+
+
+def plan_for(onnx_dir, role: str, want: dict, precision: str, key: PlanKey, classifier: Optional[str] = None):
     """(plan path, plan manifest, graph manifest) for the graph of `role` matching `want` (a classifier
-    graph exported from `classifier`, when given)."""
+    graph exported from `classifier`, when given), its plan built for `key`."""
     path, manifest = find_graph(exported_from(scan_manifests(onnx_dir), classifier), role, want, onnx_dir)
     plans = scan_plans(onnx_dir, manifest["onnx_sha256"], precision)
-    plan, plan_manifest = choose_plan(plans, tensorrt_version=tensorrt_version, gpu_name=gpu_name,
-                                      compute_capability=compute_capability, batch=batch,
+    plan, plan_manifest = choose_plan(plans, tensorrt_version=key.tensorrt_version, gpu_name=key.gpu_name,
+                                      compute_capability=key.compute_capability, batch=key.batch,
                                       graph_name=path.name, onnx_dir=onnx_dir)
     validation = plan_manifest.get("validation")
     if isinstance(validation, dict) and validation.get("passed") is False:
@@ -43,13 +53,13 @@ def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: O
     trt = import_tensorrt()
     dev = cuda_device(device)
     gpu_name, cc = gpu_identity(dev)
-    key = dict(tensorrt_version=str(trt.__version__), gpu_name=gpu_name, compute_capability=cc, batch=int(batch))
+    key = PlanKey(str(trt.__version__), gpu_name, cc, int(batch))
     want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
     purify = None
     if config.uses_denoiser:
-        plan, _, _ = plan_for(onnx_dir, "denoiser", want_denoiser, precision, **key)
+        plan, _, _ = plan_for(onnx_dir, "denoiser", want_denoiser, precision, key)
         purify = TrtStage(plan, f"denoiser[{plan.name}]", dev, precision, trt)
-    plan, _, manifest = plan_for(onnx_dir, "classifier", want_classifier, precision, classifier=classifier, **key)
+    plan, _, manifest = plan_for(onnx_dir, "classifier", want_classifier, precision, key, classifier)
     if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{plan.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
     score = TrtStage(plan, f"{config.kind.classifier_label}[{plan.name}]", dev, precision, trt)

@@ -6,7 +6,7 @@ import io
 from importlib import resources
 
 from diffsmooth.engine.data.base import ArrayDataset
-from diffsmooth.engine.data.npz import arrays_to_dataset, read_npz
+from diffsmooth.engine.data.npz import Classes, arrays_to_dataset, read_npz
 from diffsmooth.engine.errors import UserError
 
 EMBEDDED_RESOURCE = "assets/fashion_mnist_test_subset.npz"
@@ -28,5 +28,5 @@ def load_embedded(path: str | None = None, split: str = "test", *, pad_to=32) ->
     z = read_npz(io.BytesIO(blob), EMBEDDED_RESOURCE)
     names = [str(c) for c in z["class_names"]]
     return arrays_to_dataset(z["images"], z["labels"], name="fashion-mnist-subset",
-                             where=EMBEDDED_RESOURCE, layout="nhw", num_classes=len(names),
-                             class_names=names, pad_to=pad_to, source_indices=z["indices"])
+                             where=EMBEDDED_RESOURCE, layout="nhw", classes=Classes(len(names), names),
+                             pad_to=pad_to, source_indices=z["indices"])

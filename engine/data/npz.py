@@ -4,6 +4,8 @@ that the embedded subset shares."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -33,9 +35,16 @@ def _to_nchw(images: np.ndarray, where: str, layout: str | None) -> np.ndarray:
     raise UserError(f"layout={layout!r}: use 'nhwc', 'nchw' or 'nhw'")
 
 
+@dataclass(frozen=True)
+class Classes:
+    """A dataset's classes: how many (None: one past the largest label) and their names (None: unnamed)."""
+
+    count: int | None = None
+    names: Sequence[str] | None = None
+
+
 def arrays_to_dataset(images: np.ndarray, labels: np.ndarray, *, name: str, where: str,
-                      layout: str | None = None, num_classes: int | None = None,
-                      class_names=None, pad_to=None,
+                      layout: str | None = None, classes: Classes = Classes(), pad_to=None,
                       source_indices: np.ndarray | None = None) -> ArrayDataset:
     """Validate raw image/label arrays (uint8, or float in [0,1]) and wrap them."""
     if images.dtype == np.uint8:
@@ -58,8 +67,8 @@ def arrays_to_dataset(images: np.ndarray, labels: np.ndarray, *, name: str, wher
     if labels.ndim != 1 or labels.shape[0] != images.shape[0]:
         raise UserError(f"{where}: {images.shape[0]} images but labels have shape "
                         f"{list(labels.shape)}; give one integer label per image")
-    return ArrayDataset(images, labels, name=name, num_classes=num_classes,
-                        class_names=class_names, pad_to=pad_to, source_indices=source_indices,
+    return ArrayDataset(images, labels, name=name, num_classes=classes.count,
+                        class_names=classes.names, pad_to=pad_to, source_indices=source_indices,
                         where=where)
 
 
@@ -100,5 +109,5 @@ def load_npz(path: str, split: str = "test", *, layout: str | None = None,
             num_classes = len(class_names)
     stem = os.path.splitext(os.path.basename(path))[0]
     return arrays_to_dataset(z["images"], z["labels"], name=name or stem, where=path,
-                             layout=layout, num_classes=num_classes, class_names=class_names,
+                             layout=layout, classes=Classes(num_classes, class_names),
                              pad_to=pad_to, source_indices=z.get("indices"))

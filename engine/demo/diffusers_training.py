@@ -10,6 +10,7 @@ the model, the noise schedule (diffusers' cosine, 1000 steps) and the noising ca
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, Tuple
 
@@ -60,11 +61,26 @@ def focus_range(alphas_cumprod: np.ndarray, sigmas: Sequence[float] = FOCUS_SIGM
     return schedule.timestep(min(sigmas)), schedule.timestep(max(sigmas)) + 1
 
 
-def train_diffusers_ddpm(images: torch.Tensor, *, steps: int = 300, batch_size: int = 128, lr: float = 2e-3,
-                         warmup: int = 50, ema_decay: float = 0.995, grad_clip: float = 1.0, flip: bool = True,
-                         seed: int = DDPM_SEED_OFFSET, progress: bool = True) -> Tuple[TrainResult, object]:
+@dataclass(frozen=True)
+class DdpmTraining:
+    """The diffusers DDPM's recipe: AdamW (no weight decay), warmup + cosine LR, EMA, flips, its seed."""
+
+    steps: int = 300
+    batch_size: int = 128
+    lr: float = 2e-3
+    warmup: int = 50                    # LR warmup steps (at most steps // 5)
+    ema_decay: float = 0.995
+    grad_clip: float = 1.0
+    flip: bool = True                   # random horizontal flips
+    seed: int = DDPM_SEED_OFFSET
+
+
+def train_diffusers_ddpm(images: torch.Tensor, settings: DdpmTraining = DdpmTraining(), *,
+                         progress: bool = True) -> Tuple[TrainResult, object]:
     """Train diffusers' UNet2DModel on [0, 1] images (x0 = 2x - 1) to predict eps under diffusers'
-    DDPMScheduler; returns (the EMA model's TrainResult, the scheduler)."""
+    DDPMScheduler (`settings`: the recipe); returns (the EMA model's TrainResult, the scheduler)."""
+    steps, batch_size, lr, warmup = settings.steps, settings.batch_size, settings.lr, settings.warmup
+    ema_decay, grad_clip, flip, seed = settings.ema_decay, settings.grad_clip, settings.flip, settings.seed
     diffusers = _diffusers()
     check_images(images, "train_diffusers_ddpm")
     if images.shape[1] != UNET_CONFIG["in_channels"]:

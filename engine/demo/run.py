@@ -4,6 +4,7 @@ and diffsmooth at one sigma, side by side; and the purified-images figure for an
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -19,6 +20,7 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize
 from diffsmooth.engine.runs.assemble import ModelSources, classifier_path_for, load_denoiser_from
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, run_dataset
+from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings, settings_path
 from diffsmooth.engine.runs.stage_backends import build_smooth
@@ -31,17 +33,34 @@ def spread_indices(total: int, count: int) -> List[int]:
     return sorted({int(i * total / count) for i in range(count)})
 
 
-def run_demo(out_dir, *, images: int = 30, n0: int = DEFAULT_N0, n: int = 500, alpha: float = DEFAULT_ALPHA,
-             sigma: float = 0.5, m: int = DEFAULT_M, local_sigma: float = DEFAULT_LOCAL_SIGMA, batch: int = 200,
-             seed: int = DEFAULT_SEED, methods: Sequence[str] = METHODS, device: str = "cpu", precision: str = "fp32",
-             fast=None, sources: Optional[ModelSources] = None, dataset=None, progress: bool = True) -> Dict:
-    """Certify the same images with each method; TSVs, a markdown table and a PNG into out_dir."""
+@dataclass(frozen=True)
+class DemoRun:
+    """What `run_demo` certifies: K images, the samples, alpha, sigma, sigma' and m, batch, seed, methods, where it runs."""
+
+    images: int = 30
+    n0: int = DEFAULT_N0
+    n: int = 500
+    alpha: float = DEFAULT_ALPHA
+    sigma: float = 0.5
+    m: int = DEFAULT_M
+    local_sigma: float = DEFAULT_LOCAL_SIGMA
+    batch: int = 200
+    seed: int = DEFAULT_SEED
+    methods: Sequence[str] = METHODS
+    device: str = "cpu"
+    precision: str = "fp32"
+    fast: Optional[FastPath] = None     # None: the device's default fast path
+
+
+def run_demo(out_dir, run: DemoRun = DemoRun(), *, sources: Optional[ModelSources] = None, dataset=None,
+             progress: bool = True) -> Dict:
+    """Certify the same images with each method (`run`); TSVs, a markdown table and a PNG into out_dir."""
     out = Path(out_dir)
     dataset = dataset or load_dataset("embedded")
-    indices = spread_indices(len(dataset), images)
-    configs = {method: MethodConfig(method, sigma, m=m, local_sigma=local_sigma) for method in methods}
-    settings = {method: dict(config.as_dict(), mode="demo", n0=n0, n=n, alpha=alpha, seed=seed, images=indices,
-                             models="embedded" if sources is None else repr(sources),
+    indices = spread_indices(len(dataset), run.images)
+    configs = {method: MethodConfig(method, run.sigma, m=run.m, local_sigma=run.local_sigma) for method in run.methods}
+    settings = {method: dict(config.as_dict(), mode="demo", n0=run.n0, n=run.n, alpha=run.alpha, seed=run.seed,
+                             images=indices, models="embedded" if sources is None else repr(sources),
                              **{RADIUS_FORMAT_KEY: RADIUS_FORMAT})
                 for method, config in configs.items()}
     _refuse_other_runs(out, settings)
@@ -51,22 +70,23 @@ def run_demo(out_dir, *, images: int = 30, n0: int = DEFAULT_N0, n: int = 500, a
     paths, seconds = [], {}
     for method, config in configs.items():
         smooth = build_smooth(config, sources or ModelSources.demo(), tuple(dataset.image_shape),
-                              dataset.num_classes, device=device, precision=precision, seed=seed, fast=fast)
+                              dataset.num_classes, device=run.device, precision=run.precision, seed=run.seed,
+                              fast=run.fast)
         path = out / f"{method}.tsv"
         with hold_lock(path):                   # one writer per result file (engine/runs/locks.py)
             check_or_record_settings(path, settings[method])
             start = time.perf_counter()
-            run_dataset(smooth.pipeline, Images(dataset, indices, batch, progress=progress), [path],
-                        Jobs("certify", n0, n, alpha, config.sigma))
+            run_dataset(smooth.pipeline, Images(dataset, indices, run.batch, progress=progress), [path],
+                        Jobs("certify", run.n0, run.n, run.alpha, config.sigma))
         seconds[method] = time.perf_counter() - start
         paths.append(path)
     radii = [r for r in DEFAULT_RADII]
     summaries = [summarize(p, radii) for p in paths]
-    table = markdown_table(summaries, radii, names=list(methods))
-    plot_curves(paths, out / "certified_accuracy.png", names=list(methods),
-                title=f"sigma={sigma}, n={n}, {len(indices)} images")
-    header = (f"sigma={sigma}, sigma'={local_sigma}, m={m}, n0={n0}, n={n}, alpha={alpha}, "
-              f"K={len(indices)} images, seed={seed}, device={device}, precision={precision}")
+    table = markdown_table(summaries, radii, names=list(run.methods))
+    plot_curves(paths, out / "certified_accuracy.png", names=list(run.methods),
+                title=f"sigma={run.sigma}, n={run.n}, {len(indices)} images")
+    header = (f"sigma={run.sigma}, sigma'={run.local_sigma}, m={run.m}, n0={run.n0}, n={run.n}, alpha={run.alpha}, "
+              f"K={len(indices)} images, seed={run.seed}, device={run.device}, precision={run.precision}")
     (out / "summary.md").write_text(f"{header}\n\n{table}\n")
     return {"table": table, "header": header, "summaries": summaries, "seconds": seconds,
             "files": [str(p) for p in paths]}
@@ -107,11 +127,25 @@ def row_labels(labels: Sequence[str], row_height: int) -> np.ndarray:
     return np.asarray(column)
 
 
+@dataclass(frozen=True)
+class PurifyFigure:
+    """What the purified-images figure shows: its images (columns), sigma, sigma', m locally noised rows, seed, scale."""
+
+    images: int = 8
+    sigma: float = 0.5
+    local_sigma: float = 0.25
+    m: int = 2
+    seed: int = 0                       # of the smoothing noise (the figure's noisy row)
+    scale: int = 3                      # each pixel drawn as scale x scale
+
+
 @torch.inference_mode()
-def purify_grid(out_png, *, sources: Optional[ModelSources] = None, dataset=None, images: int = 8,
-                sigma: float = 0.5, local_sigma: float = 0.25, m: int = 2, seed: int = 0, scale: int = 3) -> Path:
+def purify_grid(out_png, figure: PurifyFigure = PurifyFigure(), *, sources: Optional[ModelSources] = None,
+                dataset=None) -> Path:
     """One PNG: rows = clean, noisy (x + sigma*eps), one-shot denoised, denoised + sigma'*delta_i
     for the first m local noises (the paper's purified-images figure), each labelled at its left."""
+    images, sigma, local_sigma, m, seed, scale = (figure.images, figure.sigma, figure.local_sigma, figure.m,
+                                                  figure.seed, figure.scale)
     dataset = dataset or load_dataset("embedded")
     denoiser = load_denoiser_from(sources or ModelSources.demo())
     idx = spread_indices(len(dataset), images)

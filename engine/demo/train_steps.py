@@ -1,5 +1,6 @@
 """The training steps the demo's denoisers and classifiers share: the result record, the LR schedule,
-batches, flips, the focused timestep draw and the optimiser step with EMA weights.
+batches, flips, the focused timestep draw and the optimiser step with EMA weights; and the settings of the
+engine UNet's and the classifiers' recipes (DenoiserTraining, ClassifierTraining: training.py's trainers).
 
 engine/demo/training.py (the engine's UNet and the classifiers) and engine/demo/diffusers_training.py
 (diffusers' UNet2DModel) both build on this module; neither imports the other's internals.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import torch
@@ -39,6 +41,38 @@ class TrainResult:
         """Mean training loss over the last 10% of steps (at least the last one)."""
         k = max(1, len(self.losses) // 10)
         return float(np.mean(self.losses[-k:]))
+
+
+@dataclass(frozen=True)
+class DenoiserTraining:
+    """The UNet's DDPM recipe (training.train_denoiser): AdamW, warmup + cosine LR, EMA, focused timesteps, seed."""
+
+    steps: int = 1000
+    batch_size: int = 128
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    warmup: int = 50                    # LR warmup steps (at most steps // 5)
+    ema_decay: float = 0.995
+    grad_clip: float = 1.0
+    focus: tuple[int, int] = FOCUS_RANGE
+    focus_prob: float = FOCUS_PROB
+    flip: bool = True                   # random horizontal flips
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ClassifierTraining:
+    """A Gaussian-augmented classifier's recipe (training.train_classifier): SGD, warmup + cosine LR, seed."""
+
+    epochs: float = 3
+    steps: Optional[int] = None         # overrides `epochs` when given
+    batch_size: int = 128
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    warmup_fraction: float = 0.1        # LR warmup, as a share of the steps
+    flip: bool = True                   # random horizontal flips
+    seed: int = 0
 
 
 def warmup_cosine(step: int, total: int, warmup: int, floor: float = 0.0) -> float:

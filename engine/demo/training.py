@@ -30,10 +30,10 @@ from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, Diffusio
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.data import load_arrays, load_dataset
 from diffsmooth.engine.data.idx import find_idx
-from diffsmooth.engine.demo.diffusers_training import DDPM_SEED_OFFSET, save_ddpm_folder, train_diffusers_ddpm
+from diffsmooth.engine.demo.diffusers_training import DDPM_SEED_OFFSET, DdpmTraining, save_ddpm_folder, train_diffusers_ddpm
 from diffsmooth.engine.demo.train_steps import (
-    FOCUS_PROB,
-    FOCUS_RANGE,
+    ClassifierTraining,
+    DenoiserTraining,
     TrainResult,
     batches,
     check_images,
@@ -75,18 +75,18 @@ def _usable_cores() -> int:
 # Denoiser
 
 
-def train_denoiser(images: torch.Tensor, *, config: UNetConfig | str = "demo",
-                   schedule: DiffusionSchedule = PRESET_SCHEDULES["demo"], steps: int = 1000,
-                   batch_size: int = 128, lr: float = 2e-3, weight_decay: float = 0.0,
-                   warmup: int = 50, ema_decay: float = 0.995, grad_clip: float = 1.0,
-                   focus: tuple[int, int] = FOCUS_RANGE, focus_prob: float = FOCUS_PROB,
-                   flip: bool = True, seed: int = 0, progress: bool = True) -> TrainResult:
+def train_denoiser(images: torch.Tensor, settings: DenoiserTraining = DenoiserTraining(), *,
+                   config: UNetConfig | str = "demo", schedule: DiffusionSchedule = PRESET_SCHEDULES["demo"],
+                   progress: bool = True) -> TrainResult:
     """Train a noise-predicting UNet as a DDPM (MSE on eps) on [0,1] images; returns the EMA weights.
 
     Images are mapped to [-1,1] (2x-1) and the UNet is fed t*1000/T when the schedule rescales,
     exactly what one-shot denoising feeds it. AdamW, warmup + cosine LR, EMA with warmup
-    (decay min(ema_decay, (1+n)/(10+n))).
+    (decay min(ema_decay, (1+n)/(10+n))); `settings`: the recipe's numbers and seed.
     """
+    steps, batch_size, lr, weight_decay = settings.steps, settings.batch_size, settings.lr, settings.weight_decay
+    warmup, ema_decay, grad_clip = settings.warmup, settings.ema_decay, settings.grad_clip
+    focus, focus_prob, flip, seed = settings.focus, settings.focus_prob, settings.flip, settings.seed
     check_images(images, "train_denoiser")
     cfg = unet_config(config) if isinstance(config, str) else config
     if images.shape[1] != cfg.in_channels:
@@ -142,16 +142,17 @@ def train_denoiser(images: torch.Tensor, *, config: UNetConfig | str = "demo",
 # Classifiers
 
 
-def train_classifier(images: torch.Tensor, labels: torch.Tensor, noise_sigma: float, *,
-                     epochs: float = 3, steps: Optional[int] = None, batch_size: int = 128,
-                     lr: float = 0.1, momentum: float = 0.9, weight_decay: float = 5e-4,
-                     warmup_fraction: float = 0.1, flip: bool = True, seed: int = 0,
-                     arch: str = CLASSIFIER_ARCH, num_classes: int = 10,
-                     stats: str = "fashion-mnist", progress: bool = True) -> TrainResult:
+def train_classifier(images: torch.Tensor, labels: torch.Tensor, noise_sigma: float,
+                     settings: ClassifierTraining = ClassifierTraining(), *, arch: str = CLASSIFIER_ARCH,
+                     num_classes: int = 10, stats: str = "fashion-mnist", progress: bool = True) -> TrainResult:
     """Train Sequential(normalize, net) on x + noise_sigma*N(0,I) (Cohen et al.; no clamping).
 
-    SGD with momentum, warmup + cosine LR, optional horizontal flips; `steps` overrides `epochs`.
+    SGD with momentum, warmup + cosine LR, optional horizontal flips (`settings`; its `steps` overrides
+    its `epochs`).
     """
+    epochs, steps, batch_size, lr = settings.epochs, settings.steps, settings.batch_size, settings.lr
+    momentum, weight_decay, warmup_fraction = settings.momentum, settings.weight_decay, settings.warmup_fraction
+    flip, seed = settings.flip, settings.seed
     check_images(images, "train_classifier")
     if noise_sigma < 0:
         raise UserError(f"train_classifier: noise_sigma must be >= 0, got {noise_sigma}")
@@ -266,6 +267,18 @@ QUICK_BUDGET = DemoBudget(unet_steps=3, unet_batch_size=16, classifier_steps=3,
                           classifier_batch_size=16, train_limit=256, test_limit=200)
 
 
+@dataclass(frozen=True)
+class DemoTraining:
+    """What one `train_demo` run trains and how: the data, the base seed, the budget, its processes, only missing ones."""
+
+    data_dir: str = DEFAULT_DATA_DIR
+    seed: int = 0
+    budget: DemoBudget = DemoBudget()
+    workers: Optional[int] = None       # training processes (None: one per core, at most 2)
+    threads: Optional[int] = None       # torch threads per worker (None: cores // workers)
+    only_missing: bool = False          # train only the models absent from the output folder
+
+
 def _idx_hashes(data_dir: str) -> dict[str, str]:
     """sha256 of the four Fashion-MNIST IDX files (raw or .gz, whichever is present)."""
     out = {}
@@ -294,8 +307,8 @@ def _train_job(job: dict) -> tuple[str, dict]:
     x_train, y_train = _load_split(job["data_dir"], "train", budget.train_limit)
     n = x_train.shape[0]
     if job["kind"] == "diffusers-denoiser":
-        res, scheduler = train_diffusers_ddpm(x_train, steps=budget.unet_steps, batch_size=budget.unet_batch_size,
-                                              seed=job["seed"], progress=job["progress"])
+        res, scheduler = train_diffusers_ddpm(x_train, DdpmTraining(steps=budget.unet_steps, batch_size=budget.unet_batch_size,
+                                                                    seed=job["seed"]), progress=job["progress"])
         save_ddpm_folder(out / DDPM_FOLDER, res.model, scheduler)
         return DDPM_FOLDER, dict(
             kind="denoiser", format="diffusers pipeline folder (DDPMPipeline.save_pretrained: model_index.json, "
@@ -305,9 +318,9 @@ def _train_job(job: dict) -> tuple[str, dict]:
                           epochs=round(res.steps * res.batch_size / n, 4), threads=job["threads"],
                           final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
     if job["kind"] == "denoiser":
-        res = train_denoiser(x_train, config="demo", schedule=PRESET_SCHEDULES["demo"],
-                             steps=budget.unet_steps, batch_size=budget.unet_batch_size,
-                             seed=job["seed"], progress=job["progress"])
+        res = train_denoiser(x_train, DenoiserTraining(steps=budget.unet_steps, batch_size=budget.unet_batch_size,
+                                                       seed=job["seed"]),
+                             config="demo", schedule=PRESET_SCHEDULES["demo"], progress=job["progress"])
         save_unet_state(out / "demo_unet.pt", res.model)
         return "demo_unet.pt", dict(
             kind="denoiser", format="plain UNet state dict (improved-diffusion layout), EMA weights",
@@ -317,10 +330,9 @@ def _train_job(job: dict) -> tuple[str, dict]:
                           epochs=round(res.steps * res.batch_size / n, 4), threads=job["threads"],
                           final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
     s = job["sigma"]
-    res = train_classifier(x_train, y_train, s,
-                           epochs=budget.classifier_epochs if s > 0 else budget.clean_classifier_epochs,
-                           steps=budget.classifier_steps, batch_size=budget.classifier_batch_size,
-                           seed=job["seed"], progress=job["progress"])
+    recipe = ClassifierTraining(epochs=budget.classifier_epochs if s > 0 else budget.clean_classifier_epochs,
+                                steps=budget.classifier_steps, batch_size=budget.classifier_batch_size, seed=job["seed"])
+    res = train_classifier(x_train, y_train, s, recipe, progress=job["progress"])
     name = classifier_file(s)
     save_cohen_checkpoint(out / name, res.model, CLASSIFIER_ARCH,
                           epoch=int(math.ceil(res.settings["epochs"])), noise_sd=s,
@@ -385,17 +397,15 @@ def _kept_manifest(out: Path, present: list[str], jobs: list[dict], seed: int, b
     return old
 
 
-def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
-               budget: DemoBudget = DemoBudget(), workers: Optional[int] = None,
-               threads: Optional[int] = None, command: Optional[str] = None, progress: bool = True,
-               only_missing: bool = False,
+def train_demo(out_dir, training: DemoTraining = DemoTraining(), *, command: Optional[str] = None,
+               progress: bool = True,
                log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
     """Train the demo UNet and the classifiers at DEMO_TRAINING_SIGMAS, write them and MODELS.json into out_dir.
 
-    The trainings are independent jobs run by `workers` processes (default: one per core,
-    at most 2) with `threads` torch threads each (default: cores // workers); each job is seeded
-    and single-process, so its result does not depend on the scheduling. Seeds: UNet `seed`,
-    classifier at sigma s `seed + 1 + i` (i = index of s in DEMO_TRAINING_SIGMAS).
+    The trainings (`training`: the data, seed, budget and processes) are independent jobs run by its
+    `workers` processes (default: one per core, at most 2) with `threads` torch threads each (default:
+    cores // workers); each job is seeded and single-process, so its result does not depend on the
+    scheduling. Seeds: UNet `seed`, classifier at sigma s `seed + 1 + i` (i = index of s in DEMO_TRAINING_SIGMAS).
 
     only_missing: train only the models whose files are absent from out_dir; the present ones are
     neither retrained nor rewritten (they must be the files out_dir/MODELS.json records, made with the
@@ -404,11 +414,12 @@ def train_demo(out_dir, data_dir: str = DEFAULT_DATA_DIR, *, seed: int = 0,
     Returns the manifest (also written as out_dir/MODELS.json).
     """
 
+    data_dir, seed, budget, only_missing = training.data_dir, training.seed, training.budget, training.only_missing
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cores = _usable_cores()
-    workers = int(workers or max(1, min(2, cores)))
-    threads = int(threads or max(1, cores // workers))
+    workers = int(training.workers or max(1, min(2, cores)))
+    threads = int(training.threads or max(1, cores // workers))
     t_all = time.perf_counter()
     log(f"train-demo: data {data_dir}, out {out}, seed {seed}, {workers} worker(s) x {threads} "
         f"thread(s), {budget}" + (", only missing models" if only_missing else ""))

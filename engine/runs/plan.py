@@ -36,7 +36,7 @@ from diffsmooth.engine.runs.results import (
     shard_path,
 )
 from diffsmooth.engine.runs.sharding import ShardPlan, plan_from, rank_device
-from diffsmooth.engine.runs.sources import resolve_sources
+from diffsmooth.engine.runs.sources import ModelOptions, resolve_sources
 
 # What determines the rows of a result file, in the order settings files have always listed them.
 RECORDED = ("method", "sigma", "local_sigma", "m", "local_noise", "n0", "n", "alpha", "seed",
@@ -238,11 +238,11 @@ def plan_run(request: RunRequest) -> ResolvedRun:
     kind, dataset, indices = open_dataset(request)
     if not indices:
         raise UserError("no images selected (check `skip` / `max`)")
-    sources = resolve_sources(denoiser=request.denoiser, scheduler=request.scheduler,
-                              classifier=request.classifier_path, preset=request.preset,
-                              unet_config=request.unet_config, schedule=request.schedule,
-                              diffusion_steps=request.diffusion_steps, arch=request.arch,
-                              normalization=request.normalization, stats=request.stats, dataset_kind=kind)
+    sources = resolve_sources(ModelOptions(denoiser=request.denoiser, scheduler=request.scheduler,
+                                           classifier=request.classifier_path, preset=request.preset,
+                                           unet_config=request.unet_config, schedule=request.schedule,
+                                           diffusion_steps=request.diffusion_steps, arch=request.arch,
+                                           normalization=request.normalization, stats=request.stats), kind)
     paths, classifiers_for = classifier_names(request, sources)
     configs = configurations(request.method, request.sigma, request.local_sigma, request.m, request.local_noise,
                              classifiers_for)

@@ -113,10 +113,22 @@ def accuracy(radius: np.ndarray, correct: np.ndarray, r: float) -> float:
     return float(np.mean(correct & (radius > 0) & (radius >= r)))
 
 
-def simulate(images: List[Image], *, n: int, n0: int, alpha: float, sigma: float, radii: Sequence[float],
-             seeds: int, rules: dict, seed: int = 0, oracle: bool = True) -> dict:
-    """{row name: {'samples': mean total, 'accuracy': {r: mean}, 'at_nmax': mean images at n_max}};
-    n is n-max (the fixed-n baseline's n); rules maps names to SequentialRules."""
+@dataclass(frozen=True)
+class SimulationSetup:
+    """The certification a simulation replays: n (n-max, the fixed-n baseline's n), n0, alpha, sigma, the radii."""
+
+    n: int
+    n0: int
+    alpha: float
+    sigma: float
+    radii: Sequence[float]
+
+
+def simulate(images: List[Image], setup: SimulationSetup, *, seeds: int, rules: dict, seed: int = 0,
+             oracle: bool = True) -> dict:
+    """{row name: {'samples': mean total, 'accuracy': {r: mean}, 'at_nmax': mean images at n_max}} over `seeds`
+    path sets; rules maps names to SequentialRules (each with n_max = setup.n)."""
+    n, n0, alpha, sigma, radii = setup.n, setup.n0, setup.alpha, setup.sigma, setup.radii
     p = np.array([im.p for im in images])
     correct = np.array([im.correct for im in images])
     if any(rule.n_max != n for rule in rules.values()):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 
 from diffsmooth.engine.choices import MAX_DIFFUSION_STEPS
 from diffsmooth.engine.errors import UserError
@@ -35,15 +35,31 @@ def default_stats(preset: str | None, dataset_kind: str | None) -> str:
     return DATASET_STATS.get(dataset_kind, "cifar10")
 
 
-def resolve_sources(*, denoiser: str | None = None, scheduler: str | None = None, classifier: str | None = None,
-                    preset: str | None = None, unet_config: str | None = None,
-                    schedule: str | None = None, diffusion_steps: int | None = None,
-                    arch: str | None = None, normalization: str | None = None,
-                    stats: str | None = None, dataset_kind: str | None = None) -> ModelSources:
+@dataclass(frozen=True)
+class ModelOptions:
+    """The model options as given (certify's, export's, purify's): checkpoints, UNet and schedule, classifier input."""
+
+    denoiser: str | None = None
+    scheduler: str | None = None
+    classifier: str | None = None
+    preset: str | None = None
+    unet_config: str | None = None              # JSON text
+    schedule: str | None = None
+    diffusion_steps: int | None = None
+    arch: str | None = None
+    normalization: str | None = None
+    stats: str | None = None
+
+
+def resolve_sources(options: ModelOptions = ModelOptions(), dataset_kind: str | None = None) -> ModelSources:
     """ModelSources from the model options (--unet-config as JSON text); neither checkpoint given
     means the shipped demo models. A denoiser without preset or --unet-config is a cifar10 one; a
-    diffusers folder brings its own configs (and takes `scheduler` when it is a UNet folder)."""
-    config = parse_unet_config(unet_config)
+    diffusers folder brings its own configs (and takes `scheduler` when it is a UNet folder).
+    `dataset_kind`: the data's kind, whose statistics a classifier without preset takes."""
+    denoiser, scheduler, classifier, preset = options.denoiser, options.scheduler, options.classifier, options.preset
+    schedule, diffusion_steps, arch = options.schedule, options.diffusion_steps, options.arch
+    normalization, stats = options.normalization, options.stats
+    config = parse_unet_config(options.unet_config)
     demo = not denoiser and not classifier
     if is_diffusers_folder(denoiser):
         read_diffusers_folder(denoiser, scheduler)      # what it is and that its configs are supported

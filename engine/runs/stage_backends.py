@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from diffsmooth.engine.backends.base import BaseClassifierStages, StageBackend
+from diffsmooth.engine.backends.compile_options import Compilation
+from diffsmooth.engine.backends.onnxruntime_backend import OrtSession
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.configurations import (
     Configuration,
@@ -60,9 +62,9 @@ class TorchStages:
     def runner(self, build: StageBuild) -> TorchBackend:
         """The torch backend for the fast path; its stages come from the model set when one is given."""
         fast = build.fast
+        compilation = Compilation(fast.compile_mode, fast.inductor, fast.classifier_compile_mode)
         runner = TorchBackend(device=build.device, precision=build.precision, compile=fast.compile,
-                              cuda_graphs=fast.cuda_graphs, log=build.log, compile_mode=fast.compile_mode,
-                              inductor=fast.inductor, classifier_compile_mode=fast.classifier_compile_mode)
+                              cuda_graphs=fast.cuda_graphs, log=build.log, compilation=compilation)
         return build.model_set.backend(runner) if build.model_set is not None else runner
 
     def stages(self, config: MethodConfig, sources: ModelSources, image_shape: Tuple[int, ...],
@@ -121,7 +123,8 @@ class OnnxRuntimeStages(ExportedStages):
 
     def load(self, config, sources, image_shape, num_classes, build):
         return build_onnx_stages(build.onnx_dir, config, image_shape, num_classes, device=build.device,
-                                 precision=build.precision, threads=build.threads, classifier=sources.classifier)
+                                 precision=build.precision, session=OrtSession(threads=build.threads),
+                                 classifier=sources.classifier)
 
 
 class TensorRTStages(ExportedStages):

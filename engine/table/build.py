@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -28,7 +29,7 @@ from diffsmooth.engine.runs.plan import plan_run
 from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.table.defaults import MARGIN, PILOT_IMAGES, PLAN, RACE_REACH_SIGMAS, TOLERANCE_POINTS
 from diffsmooth.engine.table.folder import TableFolder
-from diffsmooth.engine.table.outputs import write_outputs
+from diffsmooth.engine.table.outputs import RunFacts, write_outputs
 from diffsmooth.engine.table.phases import Phase, PhaseResult, TableInterrupted, phase_path, stop_between_runs
 from diffsmooth.engine.table.plan_table import PlanTable
 from diffsmooth.engine.table.plans import table_plan
@@ -36,17 +37,28 @@ from diffsmooth.engine.table.ranks import Ranks
 from diffsmooth.engine.table.runner import PhaseRunner
 from diffsmooth.engine.table.spec import LineSpec, TableSpec
 
-__all__ = ["TableBuilder", "TableInterrupted", "Phase", "PhaseResult", "command_line"]
+__all__ = ["TableBuilder", "TablePlanning", "TableInterrupted", "Phase", "PhaseResult", "command_line"]
+
+
+@dataclass(frozen=True)
+class TablePlanning:
+    """How a table is planned (`--plan`, `--pilot`, `--margin`, `--reach`, `--tolerance`): each plan reads its own."""
+
+    plan: str = PLAN
+    pilot: int = PILOT_IMAGES
+    margin: float = MARGIN
+    reach: float = RACE_REACH_SIGMAS
+    tolerance: float = TOLERANCE_POINTS
 
 
 class TableBuilder:
-    """Runs a TableSpec's plan into `out`; `log` takes one line at a time."""
+    """Runs a TableSpec's plan (`planning`) into `out`; `log` takes one line at a time."""
 
-    def __init__(self, spec: TableSpec, out, plan: str = PLAN, pilot: int = PILOT_IMAGES, margin: float = MARGIN,
-                 log: Callable[[str], None] = print, command: str = "", progress: bool = True,
-                 reach: float = RACE_REACH_SIGMAS, tolerance: float = TOLERANCE_POINTS, one_pass: bool = True):
+    def __init__(self, spec: TableSpec, out, planning: TablePlanning = TablePlanning(),
+                 log: Callable[[str], None] = print, command: str = "", progress: bool = True, one_pass: bool = True):
         self.spec, self.log, self.command, self.progress = spec, log, command, progress
-        self.plan = table_plan(plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance)
+        self.plan = table_plan(planning.plan, pilot=planning.pilot, margin=planning.margin, reach=planning.reach,
+                               tolerance=planning.tolerance)
         self.ranks = Ranks.join(spec.run.get("device", "cpu"))      # torchrun's, or this process alone
         self.folder = TableFolder(out, log, writer=self.ranks.writer)
         # lines that denoise at a sigma draw the UNet once (engine/table/one_pass.py)
@@ -101,8 +113,9 @@ class TableBuilder:
             if outcome is None:
                 return None
             computed = ranks.gather(self.runner.samples_computed)      # each rank's share of the work
-            summary = ranks.agree(lambda: write_outputs(self.out, self.spec, self.plan, len(indices), outcome,
-                                                        self.runner, self.command, self.log, computed))
+            facts = RunFacts(self.runner, self.command, computed)
+            summary = ranks.agree(lambda: write_outputs(self.out, self.spec, self.plan, len(indices), outcome, facts,
+                                                        self.log))
         ranks.finish()
         return summary
 

@@ -12,10 +12,19 @@ import numpy as np
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.runs.simulation import simulate_sequential
 from diffsmooth.engine.table.race import initial_radii, tolerance_images
-from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_race
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, simulate_race
 
 SEEDS = 20
 ABSTAIN_RATE = 0.45                 # a row that drew no estimation sample (stopped at n0)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How each run of a table draws: n0 selection samples, then the sequential rule at alpha up to n-max."""
+
+    n0: int
+    alpha: float
+    n_max: int
 
 
 @dataclass(frozen=True)
@@ -60,10 +69,10 @@ def expected_samples(rates, rule: SequentialRule, n0: int, seeds: int = SEEDS, s
 
 
 def predict_run(line: str, sigma: float, pilot_rows: Sequence[List[dict]], radii: Sequence[float], main_images: int,
-                n0: int, alpha: float, n_max: int, samples_per_second: float,
-                schedule_radii: Optional[Sequence[float]] = None) -> RunCost:
+                sampling: Sampling, samples_per_second: float, schedule_radii: Optional[Sequence[float]] = None) -> RunCost:
     """The main phase of one sigma run: `main_images` images settling `radii` with the default rule
     (its looks placed for `schedule_radii`, the table's radii)."""
+    n0, alpha, n_max = sampling.n0, sampling.alpha, sampling.n_max
     if not radii or main_images == 0:
         return RunCost(line, sigma, main_images, 0.0, 0.0)
     rule = SequentialRule(tuple(radii), sigma, alpha, n_max,
@@ -85,12 +94,13 @@ def right_class(row: dict) -> bool:
     return int(row["correct"]) == 1 or int(row["predict"]) < 0
 
 
-def predict_race(pilot_rows: Dict[float, List[dict]], radii: Sequence[float], images: int, n0: int, alpha: float,
-                 n_max: int, tolerance_points: float, seeds: int = RACE_SEEDS, seed: int = 0) -> Dict[float, float]:
+def predict_race(pilot_rows: Dict[float, List[dict]], radii: Sequence[float], images: int, sampling: Sampling,
+                 tolerance_points: float, seeds: int = RACE_SEEDS, seed: int = 0) -> Dict[float, float]:
     """Mean samples per sigma of the whole race (first runs and extensions, n0 included) on `images`
     images: the pilot's images tiled to `images`, each copy's vote rate drawn anew from its posterior,
     through the race's own decisions on simulated paths (engine/table/race_sim.py). A sweep is
     predicted from its first configuration's rows."""
+    n0, rule = sampling.n0, RaceRule(radii, sampling.alpha, sampling.n_max)
     rng = np.random.default_rng(seed)
     sigmas = sorted(pilot_rows)
     top, drawn, correct = {}, {}, {}
@@ -100,8 +110,8 @@ def predict_race(pilot_rows: Dict[float, List[dict]], radii: Sequence[float], im
     pick = np.arange(images) % len(pilot_rows[sigmas[0]])
     totals: Dict[float, List[float]] = {s: [] for s in sigmas}
     for _ in range(seeds):
-        sims = {s: SimulatedSigma(s, posterior_rates(top[s][pick], drawn[s][pick], rng), correct[s][pick], radii, alpha,
-                                  n_max, rng, initial_radii(radii, s)) for s in sigmas}
+        sims = {s: SimulatedSigma(s, posterior_rates(top[s][pick], drawn[s][pick], rng), correct[s][pick], rule, rng,
+                                  initial_radii(radii, s)) for s in sigmas}
         outcome = simulate_race(sims, tolerance_images(tolerance_points, images), n0)
         for s in sigmas:
             totals[s].append(outcome.samples[s] + images * n0)

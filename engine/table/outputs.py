@@ -12,13 +12,23 @@ from typing import Dict, Sequence
 from diffsmooth.engine.table import by_config as layout
 from diffsmooth.engine.table.plans import Outcome, Plan
 from diffsmooth.engine.table.report import LineRows, caption, latex, line_acr, line_cells, markdown, plot, write_summary
+from diffsmooth.engine.table.runner import PhaseRunner
 from diffsmooth.engine.table.spec import TableSpec
 
 
-def write_outputs(out: Path, spec: TableSpec, plan: Plan, images: int, outcome: Outcome, runner, command: str,
-                  log, computed: Sequence[int] = ()) -> dict:
-    """Every output file of the table in `out`; returns summary.json's run facts (`runner`: its PhaseRunner;
-    `computed`: the samples each rank computed this invocation)."""
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+    """How the table ran, for summary.json: its PhaseRunner, the command line, the samples each rank computed now."""
+
+    runner: PhaseRunner
+    command: str
+    computed: Sequence[int] = ()
+
+
+def write_outputs(out: Path, spec: TableSpec, plan: Plan, images: int, outcome: Outcome, facts: RunFacts,
+                  log) -> dict:
+    """Every output file of the table in `out`; returns summary.json's run facts (from `facts` and the rows)."""
+    runner, command, computed = facts.runner, facts.command, facts.computed
     rows_by_line, settles = outcome.rows_by_line, outcome.settles
     table = {name: line_cells(per, spec.radii, images, settles) for name, per in rows_by_line.items()}
     acr = {name: line_acr(per) if plan.reports_acr else None for name, per in rows_by_line.items()}

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from diffsmooth.engine.table.cost import RunCost, predict_race, predict_run
+from diffsmooth.engine.table.cost import RunCost, Sampling, predict_race, predict_run
 from diffsmooth.engine.table.phases import Phase, PhaseResult
 from diffsmooth.engine.table.plan_table import PlanTable
 from diffsmooth.engine.table.planning import TablePlan, pilot_indices, plan_from_pilot, plan_without_pilot
@@ -183,7 +183,7 @@ class AutoPlan(AllPlan):
             return super().run_cost(spec, line, sigma, plan, pilot)
         rate = pilot.probe_rate or pilot.samples / pilot.seconds
         cost = asdict_cost(predict_run(line.name, sigma, list(pilot.rows.values()), plan.radii_for(sigma), len(plan.main),
-                                       spec.n0, spec.alpha, spec.n_max, rate, spec.radii))
+                                       Sampling(spec.n0, spec.alpha, spec.n_max), rate, spec.radii))
         cost.update(samples_per_second=rate, rate_from="probe" if pilot.probe_rate else "pilot",
                     pilot_samples_per_second=pilot.samples / pilot.seconds if pilot.seconds else None)
         return cost
@@ -264,7 +264,7 @@ class RacePlan(Plan):
         for line in spec.lines:
             pilot_rows = {sigma: [r for r in next(iter(pilot_results[(line.name, sigma)].rows.values()))
                                   if int(r["idx"]) in chosen] for sigma in spec.sigmas}
-            samples = predict_race(pilot_rows, spec.radii, images, spec.n0, spec.alpha, spec.n_max, self.tolerance)
+            samples = predict_race(pilot_rows, spec.radii, images, Sampling(spec.n0, spec.alpha, spec.n_max), self.tolerance)
             for sigma in spec.sigmas:
                 result = pilot_results[(line.name, sigma)]
                 rate = result.probe_rate or (result.samples / result.seconds if result.seconds else None)

@@ -14,34 +14,36 @@ import numpy as np
 from diffsmooth.engine.certify.cohen import lower_confidence_bounds
 from diffsmooth.engine.certify.sequential import DEFAULT_LAST_LOOK, SequentialRule, radius_from_lower, run_rule_bounds
 from diffsmooth.engine.runs.simulation import chunk_votes, shared_paths
-from diffsmooth.engine.table.defaults import PILOT_IMAGES, RACE_REACH_SIGMAS
-from diffsmooth.engine.table.planning import assign_radii, pilot_indices
-from diffsmooth.engine.table.race import (
-    Rows,
-    initial_radii,
-    next_extension,
-    prefix,
-    settled_prefix,
-    tolerance_images,
-)
+from diffsmooth.engine.table.planning import PlanKnobs, assign_radii, pilot_indices
+from diffsmooth.engine.table.race import Rows, initial_radii, next_extension, prefix, settled_prefix, tolerance_images
+
+
+@dataclass(frozen=True)
+class RaceRule:
+    """How every simulated run is certified: the table's radii, alpha and n-max, the wrong-class stop, the last look."""
+
+    radii: Sequence[float]
+    alpha: float
+    n_max: int
+    wrong_class_stop: bool = True
+    last_look: float = DEFAULT_LAST_LOOK
 
 
 class SimulatedSigma:
     """One sigma's images on one set of paths: rows of any radius set (cached), and each image's latest row.
-    `correct`: the image's selected class is its label. `wrong_class_stop` (the table's runs): rows record
+    `correct`: the image's selected class is its label. `rule.wrong_class_stop` (the table's runs): rows record
     the selected class, and an image whose selected class is not its label stops after its n0 selection
     samples (engine/certify/sequential.py); off, every image runs the rule and an abstaining row's class
-    is unknown to the race (rows written before `selected` existed). `last_look`: every rule's
+    is unknown to the race (rows written before `selected` existed). `rule.last_look`: every rule's
     SequentialRule.last_look (its default unless a study compares shares)."""
 
-    def __init__(self, sigma: float, rates: np.ndarray, correct: np.ndarray, radii: Sequence[float], alpha: float,
-                 n_max: int, rng, first: Tuple[float, ...], wrong_class_stop: bool = True,
-                 last_look: float = DEFAULT_LAST_LOOK):
-        self.sigma, self.correct, self.alpha, self.n_max = sigma, np.asarray(correct, bool), alpha, n_max
-        self.wrong_class_stop, self.last_look = bool(wrong_class_stop), last_look
-        self.radii = tuple(sorted(radii))
-        self.rule = SequentialRule(self.radii, sigma, alpha, n_max, last_look=last_look)
-        self.cuts, self.segments = shared_paths(np.asarray(rates, np.float64), [self.rule], n_max, rng)
+    def __init__(self, sigma: float, rates: np.ndarray, correct: np.ndarray, rule: RaceRule, rng,
+                 first: Tuple[float, ...]):
+        self.sigma, self.correct, self.alpha, self.n_max = sigma, np.asarray(correct, bool), rule.alpha, rule.n_max
+        self.wrong_class_stop, self.last_look = bool(rule.wrong_class_stop), rule.last_look
+        self.radii = tuple(sorted(rule.radii))
+        self.rule = SequentialRule(self.radii, sigma, self.alpha, self.n_max, last_look=self.last_look)
+        self.cuts, self.segments = shared_paths(np.asarray(rates, np.float64), [self.rule], self.n_max, rng)
         self.cache: Dict[Tuple[float, ...], tuple] = {}
         images = len(rates)                             # each image's latest row, and how it was run
         self.latest = {"radius": np.zeros(images), "used": np.zeros(images), "top": np.zeros(images),
@@ -187,20 +189,18 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, co
     return RaceOutcome(samples, cells, extensions, first, extended, by_extension)
 
 
-def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], radii: Sequence[float],
-                   alpha: float, n_max: int, n0: int, tolerance_points: float, rng,
-                   reach: float = RACE_REACH_SIGMAS, pilot: int = PILOT_IMAGES, wrong_class_stop: bool = True,
-                   first_smallest: bool = True, last_look: float = DEFAULT_LAST_LOOK) -> dict:
-    """One seed of fixed-n, `all`, the pilot plan (`auto`, the previous default: `pilot` images settle
-    every radius, the rest what engine/table/planning.py assigns) and the race, all on the same paths:
-    {plan: {'samples' (n0 included), 'cells' (%), 'by_sigma': {sigma: {why: samples}}}}. `correct`: the
-    selected class is the label; `wrong_class_stop`, `last_look`: SimulatedSigma (fixed-n never stops)."""
+def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], rule: RaceRule, n0: int,
+                   tolerance_points: float, rng, knobs: PlanKnobs = PlanKnobs()) -> dict:
+    """One seed of fixed-n, `all`, the pilot plan (`auto`, the previous default: `knobs.pilot` images settle every
+    radius, the rest what engine/table/planning.py assigns) and the race, all on the same paths: {plan: {'samples'
+    (n0 included), 'cells' (%), 'by_sigma': {sigma: {why: samples}}}}. `correct`: the selected class is the label;
+    `rule`: each SimulatedSigma's (fixed-n never stops)."""
+    radii, alpha, n_max = rule.radii, rule.alpha, rule.n_max
     sigmas = sorted(rates)
     images = len(rates[sigmas[0]])
-    sims = {s: SimulatedSigma(s, rates[s], correct[s], radii, alpha, n_max, rng,
-                              initial_radii(radii, s, reach, first_smallest), wrong_class_stop, last_look)
+    sims = {s: SimulatedSigma(s, rates[s], correct[s], rule, rng, initial_radii(radii, s, knobs.reach, knobs.first_smallest))
             for s in sigmas}
-    in_pilot = np.isin(np.arange(images), pilot_indices(list(range(images)), pilot))
+    in_pilot = np.isin(np.arange(images), pilot_indices(list(range(images)), knobs.pilot))
     out = {plan: {"samples": 0.0, "cells": np.zeros(len(radii)), "by_sigma": {}} for plan in ("fixed", "all", "auto")}
 
     def add(plan, sigma, radius, by_reason, settles=None):

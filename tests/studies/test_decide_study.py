@@ -4,7 +4,7 @@ the race that decides only the radius asked keeps `all`'s cells and draws fewer 
 import numpy as np
 
 from diffsmooth.engine.table.race import initial_radii
-from diffsmooth.engine.table.race_sim import SimulatedSigma
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma
 from studies.decide_study import PLANS, PathLooks, markdown, race, study
 from tests.studies.test_race_study import _folder
 
@@ -16,7 +16,7 @@ def _paths(seed: int, images: int = 150) -> dict:
     rng = np.random.default_rng(seed)
     rates = {s: np.clip(rng.beta(6, 0.6, images), 0.3, 1.0) for s in (0.25, 0.5, 1.0)}
     correct = {s: rng.random(images) < 0.9 for s in rates}
-    return {s: SimulatedSigma(s, rates[s], correct[s], RADII, 0.001, 20_000, rng, initial_radii(RADII, s))
+    return {s: SimulatedSigma(s, rates[s], correct[s], RaceRule(RADII, 0.001, 20_000), rng, initial_radii(RADII, s))
             for s in rates}
 
 

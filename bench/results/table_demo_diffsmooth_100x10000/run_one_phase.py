@@ -4,14 +4,14 @@ import sys
 import time
 from pathlib import Path
 
-from diffsmooth.engine.table.build import Phase, TableBuilder
+from diffsmooth.engine.table.build import Phase, TableBuilder, TablePlanning
 from diffsmooth.engine.table.planning import TablePlan
 from diffsmooth.engine.table.spec import demo_spec
 
 sigma = float(sys.argv[1])
 out = Path("auto")
 spec = demo_spec(("diffsmooth",), images=100, n_max=10000, device="cpu", threads=1, batch=500, compile=True)
-builder = TableBuilder(spec, out, plan="auto", pilot=10, margin=0.05, progress=False)
+builder = TableBuilder(spec, out, TablePlanning("auto", pilot=10, margin=0.05), progress=False)
 plan = TablePlan.read(out / "plan.json")
 line = spec.lines[0]
 start = time.perf_counter()

@@ -7,6 +7,7 @@ TensorRT and a GPU are marked and skip with the reason."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -398,7 +399,7 @@ def test_tensorrt_available_and_missing_tensorrt(monkeypatch):
 
 def test_select_refuses_precision_missing_gpu_and_failed_validation(tmp_path, monkeypatch):
     from diffsmooth.engine.base_classifier.methods import MethodConfig
-    from diffsmooth.engine.base_classifier.tensorrt_stages import build_trt_stages, plan_for
+    from diffsmooth.engine.base_classifier.tensorrt_stages import PlanKey, build_trt_stages, plan_for
     config = MethodConfig("dds", 0.5)
     with pytest.raises(UserError, match="not bf16"):
         build_trt_stages(tmp_path, config, (1, 8, 8), precision="bf16")
@@ -410,19 +411,18 @@ def test_select_refuses_precision_missing_gpu_and_failed_validation(tmp_path, mo
     result = ensure_plan(path, manifest, H100, batch=100, echo=lambda s: None, build_fn=fb.build, load_fn=fb.load,
                          inspect_fn=fb.inspect, timing_cache=tmp_path / "t.cache")
     want = {"sigma": 0.5, "image_shape": [1, 8, 8], "precision": "fp16"}
-    kw = dict(tensorrt_version=H100.tensorrt_version, gpu_name=H100.gpu_name,
-              compute_capability=H100.compute_capability)
-    plan, plan_manifest, graph_manifest = plan_for(tmp_path, "denoiser", want, "fp16", batch=100, **kw)
+    key = functools.partial(PlanKey, H100.tensorrt_version, H100.gpu_name, H100.compute_capability)    # + the batch
+    plan, plan_manifest, graph_manifest = plan_for(tmp_path, "denoiser", want, "fp16", key(100))
     assert plan == result.plan_path and graph_manifest["onnx_sha256"] == manifest["onnx_sha256"]
     with pytest.raises(UserError, match="take batches up to"):
-        plan_for(tmp_path, "denoiser", want, "fp16", batch=101, **kw)
+        plan_for(tmp_path, "denoiser", want, "fp16", key(101))
     m, _ = read_plan_manifest(plan)
     m["validation"] = {"passed": False, "summary": "vote agreement 99.10%"}
     for k in ("format", "version", "plan_file"):
         m.pop(k)
     write_plan_manifest(plan, m)
     with pytest.raises(UserError, match="failed validation \\(vote agreement 99.10%\\)"):
-        plan_for(tmp_path, "denoiser", want, "fp16", batch=100, **kw)
+        plan_for(tmp_path, "denoiser", want, "fp16", key(100))
 
 
 # ------------------------------------------------------------------------------------------

@@ -27,7 +27,15 @@ from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, Diffusio
 from diffsmooth.engine.data import load_arrays, load_dataset
 from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.demo import training
-from diffsmooth.engine.demo.training import classifier_accuracy, mse, one_shot_denoise, train_classifier, train_denoiser
+from diffsmooth.engine.demo.training import (
+    ClassifierTraining,
+    DenoiserTraining,
+    classifier_accuracy,
+    mse,
+    one_shot_denoise,
+    train_classifier,
+    train_denoiser,
+)
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file, sha256_path
 from diffsmooth.engine.models.checkpoints import (
@@ -151,15 +159,15 @@ def test_trainers_smoke(tmp_path, one_thread):
     """A few optimisation steps lower both losses and the checkpoints load back via the project loaders."""
     x, y = _toy_data()
     cfg = unet_config("demo", image_size=8, channel_mult=(1, 2), attention_resolutions=(4,))
-    res = train_denoiser(x, config=cfg, steps=20, batch_size=16, lr=3e-3, warmup=3,
-                         focus=(1000, 3000), focus_prob=1.0, progress=False)
+    res = train_denoiser(x, DenoiserTraining(steps=20, batch_size=16, lr=3e-3, warmup=3, focus=(1000, 3000),
+                                             focus_prob=1.0), config=cfg, progress=False)
     assert sum(res.losses[-5:]) < sum(res.losses[:5])
     save_unet_state(tmp_path / "unet.pt", res.model)
     unet = load_unet(tmp_path / "unet.pt", None, **dataclasses.asdict(cfg))
     t = torch.full((4,), 300.0)
     assert torch.equal(unet(x[:4], t), res.model(x[:4], t))
 
-    res_c = train_classifier(x, y, 0.25, steps=10, batch_size=16, lr=0.05, progress=False)
+    res_c = train_classifier(x, y, 0.25, ClassifierTraining(steps=10, batch_size=16, lr=0.05), progress=False)
     assert sum(res_c.losses[-3:]) < sum(res_c.losses[:3])
     save_cohen_checkpoint(tmp_path / "clf.pt", res_c.model, "cifar_resnet20", epoch=1)
     clf = load_classifier(tmp_path / "clf.pt", dataset="fashion-mnist")

@@ -13,7 +13,7 @@ import torch
 from cli_helpers import invoke_ok, rows_without_time
 from stage_fixtures import SHAPE, build_tiny_stages, image, make_pipeline
 
-from diffsmooth.engine.backends.compile_options import compile_options, parse_inductor_knobs
+from diffsmooth.engine.backends.compile_options import Compilation, compile_options, parse_inductor_knobs
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages, score_module
@@ -65,7 +65,8 @@ def test_compile_options_are_torch_default_unless_asked():
     assert options["max_autotune"] is True and options["freezing"] is True and options["triton.cudagraphs"] is False
     assert compile_options(None, ("no-epilogue-fusion",)) == {"epilogue_fusion": False}
     assert parse_inductor_knobs("freezing, coordinate-descent") == ("coordinate-descent", "freezing")
-    stage = TorchBackend(compile=True, inductor=("coordinate-descent",)).stage(torch.nn.Identity(), "x")
+    stage = TorchBackend(compile=True, compilation=Compilation(inductor=("coordinate-descent",))).stage(
+        torch.nn.Identity(), "x")
     assert stage.options == {"coordinate_descent_tuning": True}
     assert TorchBackend(compile=True).stage(torch.nn.Identity(), "x").options is None
 
@@ -121,7 +122,7 @@ def test_a_frozen_compile_never_reuses_a_held_stage():
     """Frozen graphs hold the weights they were compiled with: weights copied in would never reach them."""
     config, _, classifier = build_tiny_stages()
     models = ModelSet()
-    backend = models.backend(TorchBackend(compile=True, inductor=("freezing",)))
+    backend = models.backend(TorchBackend(compile=True, compilation=Compilation(inductor=("freezing",))))
     first = backend.stage(score_module(config, classifier, SHAPE), "classifier")
     again = backend.stage(score_module(config, classifier, SHAPE), "classifier")
     assert again is not first and (models.builds, models.reuses) == (2, 0)
@@ -208,7 +209,7 @@ def test_a_compiled_classifier_stage_under_each_setting_votes_like_eager(bn_resn
     config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
     denoised = torch.stack([image(i) for i in range(8)])           # the classifier stage's inputs: 8 images
     eager = TorchBackend().stage(score_module(config, bn_resnet, SHAPE), "eager")(denoised)
-    stage = TorchBackend(compile=True, compile_mode=mode, inductor=knobs).stage(
+    stage = TorchBackend(compile=True, compilation=Compilation(mode, knobs)).stage(
         score_module(config, bn_resnet, SHAPE), "compiled")
     compiled = stage(denoised)
     assert stage.compiled and stage.options == compile_options(mode, knobs)
@@ -445,8 +446,8 @@ def test_the_classifier_compiles_in_its_own_mode_and_the_denoiser_in_the_runs():
     """`classifier_compile_mode`: the score stage's options autotune, the purifier's stay torch's default; the
     inductor knobs reach both; a table's model set keys and reuses the classifier stage by those options."""
     config, denoiser, classifier = build_tiny_stages()
-    backend = TorchBackend(compile=True, inductor=("coordinate-descent",),
-                           classifier_compile_mode="max-autotune-no-cudagraphs")
+    backend = TorchBackend(compile=True, compilation=Compilation(inductor=("coordinate-descent",),
+                                                                 classifier_mode="max-autotune-no-cudagraphs"))
     stages = build_torch_stages(config, classifier, denoiser, backend, SHAPE, 10)
     assert stages.purify.options == {"coordinate_descent_tuning": True}
     assert stages.score.options["max_autotune"] is True and stages.score.options["triton.cudagraphs"] is False
@@ -461,9 +462,9 @@ def test_the_classifier_compiles_in_its_own_mode_and_the_denoiser_in_the_runs():
     assert again.score is first.score and again.purify is first.purify and models.reuses == 2
     assert first.score.options["max_autotune"] is True
     with pytest.raises(UserError, match="need `compile`"):
-        TorchBackend(classifier_compile_mode="max-autotune-no-cudagraphs")
+        TorchBackend(compilation=Compilation(classifier_mode="max-autotune-no-cudagraphs"))
     with pytest.raises(UserError, match="compile_mode"):
-        TorchBackend(compile=True, classifier_compile_mode="reduce-overhead")
+        TorchBackend(compile=True, compilation=Compilation(classifier_mode="reduce-overhead"))
 
 
 def test_the_classifier_compile_mode_is_recorded_when_set_and_parses_as_a_variant():

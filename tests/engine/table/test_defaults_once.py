@@ -2,6 +2,7 @@
 engine/choices.py), and the command line, the spec reader, `--check` and the planner read the same values."""
 
 import ast
+import dataclasses
 import inspect
 import re
 from pathlib import Path
@@ -14,7 +15,7 @@ from diffsmooth.cli.group import main
 from diffsmooth.engine import choices
 from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.table import check, defaults, planning, race, race_sim
-from diffsmooth.engine.table.build import TableBuilder
+from diffsmooth.engine.table.build import TableBuilder, TablePlanning
 from diffsmooth.engine.table.check import CheckReport, describe_runs
 from diffsmooth.engine.table.spec import TableSpec, demo_spec, parse_spec
 
@@ -28,6 +29,10 @@ def _defaults(function) -> dict:
             if p.default is not inspect.Parameter.empty}
 
 
+def _field_defaults(settings) -> dict:
+    return {f.name: f.default for f in dataclasses.fields(settings)}
+
+
 def _option_defaults(command) -> dict:
     return {p.name: p.default for p in command.params}
 
@@ -37,15 +42,16 @@ def test_the_table_commands_options_are_the_planners_defaults():
     assert {k: table[k] for k in ("plan", "margin", "reach", "tolerance")} == \
         {k: PLANNER[k] for k in ("plan", "margin", "reach", "tolerance")}
     assert table["pilot"] is None           # resolved per table: PILOT_IMAGES, or DEMO_PILOT_IMAGES for --demo
-    builder = _defaults(TableBuilder.__init__)
-    assert {k: builder[k] for k in PLANNER} == PLANNER
+    assert _defaults(TableBuilder.__init__)["planning"] == TablePlanning()
+    assert _field_defaults(TablePlanning) == PLANNER
 
 
 def test_the_planners_functions_take_the_same_defaults():
     assign = _defaults(planning.assign_radii)
     assert (assign["margin"], assign["reach"]) == (defaults.MARGIN, defaults.RACE_REACH_SIGMAS)
     assert _defaults(race.initial_radii)["reach"] == defaults.RACE_REACH_SIGMAS
-    sim = _defaults(race_sim.simulate_plans)
+    assert _defaults(race_sim.simulate_plans)["knobs"] == planning.PlanKnobs()
+    sim = _field_defaults(planning.PlanKnobs)
     assert (sim["reach"], sim["pilot"]) == (defaults.RACE_REACH_SIGMAS, defaults.PILOT_IMAGES)
 
 
@@ -71,7 +77,8 @@ def test_the_command_line_resolves_the_pilot_from_defaults(tmp_path, monkeypatch
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     pilot = defaults.DEMO_PILOT_IMAGES if demo else defaults.PILOT_IMAGES
-    assert seen == dict(PLANNER, pilot=pilot, log=seen["log"], command=seen["command"], progress=True, one_pass=True)
+    assert seen == dict(planning=TablePlanning(**dict(PLANNER, pilot=pilot)), log=seen["log"], command=seen["command"],
+                        progress=True, one_pass=True)
 
 
 def test_the_spec_reader_fills_in_the_defaults():

@@ -14,7 +14,7 @@ from diffsmooth.engine.errors import Terminated
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table import one_pass
 from diffsmooth.engine.table import runner as table_runner
-from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted
+from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted, TablePlanning
 from diffsmooth.engine.table.spec import parse_spec
 
 needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
@@ -34,7 +34,8 @@ m = 2
 
 
 def _build(out, one=True, log=lambda line: None):
-    TableBuilder(parse_spec(tomllib.loads(SPEC)), out, plan="race", pilot=2, log=log, progress=False, one_pass=one).build()
+    TableBuilder(parse_spec(tomllib.loads(SPEC)), out, TablePlanning("race", pilot=2), log=log, progress=False,
+                 one_pass=one).build()
     return _outputs(out)
 
 
@@ -81,7 +82,8 @@ def test_one_pass_rows_equal_separate_runs_and_an_interrupted_pass_resumes_to_th
 
     monkeypatch.setattr(table_runner, "run_dataset", stops_after_three_images)
     out, said = tmp_path / "t", []
-    stopped = TableBuilder(parse_spec(tomllib.loads(SPEC)), out, plan="race", pilot=2, log=said.append, progress=False)
+    stopped = TableBuilder(parse_spec(tomllib.loads(SPEC)), out, TablePlanning("race", pilot=2), log=said.append,
+                           progress=False)
     with pytest.raises(TableInterrupted, match="SIGTERM during DDS \\+ DiffSmooth sigma 0.5 \\(first\\)"):
         stopped.build()
     assert calls == [2, 2, 2]                   # each pass writes both lines' files
@@ -114,7 +116,7 @@ def test_lines_that_denoise_at_one_sigma_share_a_pass_and_nothing_else_does(tmp_
         {"name": "RS", "method": "rs"}, {"name": "DDS", "method": "dds"},
         {"name": "DS", "method": "diffsmooth", "local_sigma": 0.25, "m": 1},
         {"name": "DS center", "method": "diffsmooth", "normalization": "center"}]})
-    builder = TableBuilder(spec, tmp_path / "t", plan="auto", log=lambda line: None)
+    builder = TableBuilder(spec, tmp_path / "t", TablePlanning("auto"), log=lambda line: None)
     rs, dds, ds, center = spec.lines
 
     def phase(line, sigma, images=(0, 1), radii=(0.0, 0.5), kind="first"):
@@ -134,7 +136,7 @@ def test_a_pass_holds_only_the_lines_configurations_and_refuses_a_name_twice(tmp
     spec = parse_spec({"sigmas": [0.5], "data": {"dataset": "embedded", "skip": 100}, "line": [
         {"name": "DDS", "method": "dds"}, {"name": "DS", "method": "diffsmooth", "local_sigma": [0.25, 0.5], "m": 1},
         {"name": "DS again", "method": "diffsmooth", "local_sigma": 0.25, "m": 1}]})
-    builder = TableBuilder(spec, tmp_path / "t", plan="auto", log=lambda line: None)
+    builder = TableBuilder(spec, tmp_path / "t", TablePlanning("auto"), log=lambda line: None)
     runs = [builder.runner.planned(Phase(line, 0.5, (0, 100), (0.0,), builder.phase_path(line, 0.5, "main"), "first"))
             for line in spec.lines]
     shared = one_pass.shared_run(runs[:2])
@@ -156,7 +158,7 @@ def test_the_other_plans_share_their_full_runs_with_the_rows_of_separate_runs(tm
     got = {}
     for one in (True, False):
         out = tmp_path / str(one)
-        builder = TableBuilder(spec, out, plan=plan, pilot=2, log=lambda line: None, progress=False, one_pass=one)
+        builder = TableBuilder(spec, out, TablePlanning(plan, pilot=2), log=lambda line: None, progress=False, one_pass=one)
         builder.build()
         got[one] = {p.name: sorted(({k: v for k, v in r.items() if k != "time"} for r in read_rows(p)),
                                    key=lambda r: int(r["idx"])) for p in sorted((out / "runs").glob("*.tsv"))}

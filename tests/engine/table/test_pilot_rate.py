@@ -46,7 +46,8 @@ def test_nothing_timed_gives_no_rate():
 @needs_demo
 def test_a_pilot_is_timed_on_its_own_batches_and_a_resumed_one_is_probed(tmp_path, monkeypatch):
     spec = parse_spec(tomllib.loads(small_table_spec()))
-    builder = table_build.TableBuilder(spec, tmp_path / "t", plan="auto", pilot=2, log=lambda line: None, progress=False)
+    builder = table_build.TableBuilder(spec, tmp_path / "t", table_build.TablePlanning("auto", pilot=2),
+                                       log=lambda line: None, progress=False)
     builder.claim_folder()
     probes = []
     real_probe = table_runner.probe_rate

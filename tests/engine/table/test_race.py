@@ -12,7 +12,7 @@ from table_fixtures import small_table_spec
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.runs.results import read_rows
-from diffsmooth.engine.table.cost import predict_race
+from diffsmooth.engine.table.cost import Sampling, predict_race
 from diffsmooth.engine.table.race import (
     Rows,
     cell_bounds,
@@ -22,7 +22,7 @@ from diffsmooth.engine.table.race import (
     settled_prefix,
     tolerance_images,
 )
-from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_plans
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, simulate_plans
 
 needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
@@ -52,7 +52,7 @@ def test_a_rows_certified_and_settled_radii_agree_with_all_on_the_same_path(sigm
     rng = np.random.default_rng(3)
     images = 600
     correct = rng.random(images) < 0.8
-    sim = SimulatedSigma(sigma, _rates(rng, images), correct, RADII, 0.001, 4000, rng, (0.0,))
+    sim = SimulatedSigma(sigma, _rates(rng, images), correct, RaceRule(RADII, 0.001, 4000), rng, (0.0,))
     full = sim.run(RADII)
     all_certified = (correct & (full[0] > 0))[:, None] & (full[0][:, None] >= np.array(RADII)[None, :])   # > 0: not abstained
     undecided_seen = 0
@@ -88,7 +88,7 @@ def test_the_race_at_tolerance_zero_gives_alls_cells_for_fewer_samples():
     images = 240
     rates = {s: _rates(rng, images) for s in (0.25, 0.5, 1.0)}
     correct = {s: rng.random(images) < 0.85 for s in rates}
-    got = simulate_plans(rates, correct, RADII, 0.001, 10_000, 100, 0.0, rng)
+    got = simulate_plans(rates, correct, RaceRule(RADII, 0.001, 10_000), 100, 0.0, rng)
     assert np.allclose(got["race"]["cells"], got["all"]["cells"], rtol=0, atol=1e-9)
     assert len(set(np.round(got["all"]["cells"], 6))) >= 4                # the cells spread
     assert got["race"]["samples"] < 0.8 * got["all"]["samples"] and got["race"]["extensions"] > 0
@@ -100,7 +100,7 @@ def test_a_tolerance_bounds_how_far_each_cell_is_below_alls():
     for _ in range(3):
         rates = {s: _rates(rng, images) for s in (0.25, 0.5, 1.0)}
         correct = {s: rng.random(images) < 0.85 for s in rates}
-        got = simulate_plans(rates, correct, RADII, 0.001, 4000, 100, 2.0, rng)    # 4 images
+        got = simulate_plans(rates, correct, RaceRule(RADII, 0.001, 4000), 100, 2.0, rng)    # 4 images
         below = (got["all"]["cells"] - got["race"]["cells"]) * images / 100
         assert np.all(below >= -1e-9) and np.all(below <= 4 + 1e-9)
 
@@ -148,8 +148,8 @@ def test_predicted_race_samples_grow_with_the_images_and_stay_below_fixed_n():
         drawn = rng.integers(100, 2000, 12)
         votes = np.minimum(drawn, (drawn * rng.uniform(0.6, 1.0, 12)).astype(int))
         rows[sigma] = [{"top_votes": str(v), "samples": str(d + 100), "correct": "1"} for v, d in zip(votes, drawn)]
-    small = predict_race(rows, RADII, 50, 100, 0.001, 10_000, 0.5, seeds=2)
-    large = predict_race(rows, RADII, 200, 100, 0.001, 10_000, 0.5, seeds=2)
+    small = predict_race(rows, RADII, 50, Sampling(100, 0.001, 10_000), 0.5, seeds=2)
+    large = predict_race(rows, RADII, 200, Sampling(100, 0.001, 10_000), 0.5, seeds=2)
     for sigma in rows:
         assert 0 < small[sigma] < large[sigma] < 200 * 10_100
 
@@ -268,7 +268,7 @@ def test_the_simulated_race_going_on_from_rows_draws_fewer_samples_for_the_same_
     outcomes, all_cells = [], None
     for continued, decide in ((True, False), (False, False), (True, True)):
         paths = np.random.default_rng(3)
-        sims = {s: SimulatedSigma(s, rates[s], correct[s], RADII, 0.001, 10_000, paths, initial_radii(RADII, s))
+        sims = {s: SimulatedSigma(s, rates[s], correct[s], RaceRule(RADII, 0.001, 10_000), paths, initial_radii(RADII, s))
                 for s in sorted(rates)}
         if all_cells is None:
             all_cells = np.array([max(int((sims[s].correct & (sims[s].run(RADII)[0] > 0)

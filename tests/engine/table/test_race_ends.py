@@ -23,7 +23,7 @@ from diffsmooth.engine.runs.row_states import append_state, states_path
 from diffsmooth.engine.table import race_build, race_sim
 from diffsmooth.engine.table.race import Rows, cell_status, initial_radii
 from diffsmooth.engine.table.race_build import LineRace, decides, run_race
-from diffsmooth.engine.table.race_sim import SimulatedSigma, simulate_race
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, simulate_race
 from diffsmooth.engine.table.spec import LineSpec, TableSpec
 
 N0, LABEL, CLASSES = 100, 3, 10
@@ -210,7 +210,7 @@ def simulated_races(alpha, n_max, rates, seed, sigma=0.5):
     """One sigma's race at tolerance 0 on simulated paths (one image per path; an image's extensions do not
     depend on the others'), with each image's extensions counted: (outcome, `all`'s cells, per-image counts)."""
     images = len(rates)
-    sim = SimulatedSigma(sigma, rates, np.ones(images, bool), RADII, alpha, n_max, np.random.default_rng(seed),
+    sim = SimulatedSigma(sigma, rates, np.ones(images, bool), RaceRule(RADII, alpha, n_max), np.random.default_rng(seed),
                          initial_radii(RADII, sigma))
     per_image = np.zeros(images, dtype=np.int64)
     decide = sim.decide

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from diffsmooth.engine.runs.row_states import states_path
-from diffsmooth.engine.table.build import TableBuilder
+from diffsmooth.engine.table.build import TableBuilder, TablePlanning
 from diffsmooth.engine.table.phases import Phase
 from diffsmooth.engine.table.race import tolerance_images
 from diffsmooth.engine.table.race_build import LineRace, extension_kind
@@ -59,8 +59,8 @@ class Replay:
         self.spec, self.tolerance = spec_of(table["spec"]), table["tolerance"]
         assert self.spec.fingerprint() == table["spec_fingerprint"], "the spec was not read back as recorded"
         self.recorded = json.loads((folder / "race.json").read_text())
-        self.builder = TableBuilder(self.spec, scratch, plan="race", log=lambda line: None, progress=False,
-                                    tolerance=self.tolerance)
+        self.builder = TableBuilder(self.spec, scratch, TablePlanning("race", tolerance=self.tolerance),
+                                    log=lambda line: None, progress=False)
         self.indices = self.builder.selection()
 
     def steps(self, line: LineSpec):

@@ -19,7 +19,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.results import read_rows
-from diffsmooth.engine.table.cost import expected_samples, posterior_rates, predict_run
+from diffsmooth.engine.table.cost import Sampling, expected_samples, posterior_rates, predict_run
 from diffsmooth.engine.table.planning import assign_radii, pilot_indices
 from diffsmooth.engine.table.report import line_cells, markdown
 from diffsmooth.engine.table.spec import demo_spec, parse_spec
@@ -162,15 +162,15 @@ def test_rates_are_drawn_from_each_images_posterior_never_certain():
 def test_predicted_run_reads_the_pilot_rows_vote_counts():
     rows = [{"idx": i, "label": 0, "predict": 0, "radius": "0.5", "correct": 1, "samples": 1120, "top_votes": 1000}
             for i in range(4)]
-    cost = predict_run("RS", 0.5, [rows], (0.25,), main_images=10, n0=120, alpha=0.001, n_max=1000,
+    cost = predict_run("RS", 0.5, [rows], (0.25,), main_images=10, sampling=Sampling(n0=120, alpha=0.001, n_max=1000),
                        samples_per_second=100.0)
     top, drawn = np.full((1, 4), 1000), np.full((1, 4), 1000)      # 1,120 samples less n0 = 120
     assert cost.samples == pytest.approx(10 * expected_samples(lambda rng: posterior_rates(top, drawn, rng),
                                                                SequentialRule((0.25,), 0.5, 0.001, 1000), 120))
     weaker = [dict(r, top_votes=700) for r in rows]
-    assert predict_run("RS", 0.5, [weaker], (0.25,), 10, 120, 0.001, 1000, 100.0).samples > cost.samples
+    assert predict_run("RS", 0.5, [weaker], (0.25,), 10, Sampling(120, 0.001, 1000), 100.0).samples > cost.samples
     assert cost.seconds == pytest.approx(cost.samples / 100.0)
-    assert predict_run("RS", 0.5, [rows], (), 10, 120, 0.001, 1000, 100.0).samples == 0
+    assert predict_run("RS", 0.5, [rows], (), 10, Sampling(120, 0.001, 1000), 100.0).samples == 0
 
 
 # -- the report ----------------------------------------------------------------------------------
@@ -283,10 +283,10 @@ def test_sigterm_stops_the_whole_table_and_the_rerun_finishes_it(tmp_path):
 def test_a_signal_between_two_runs_stops_the_table_before_the_next_one(tmp_path, monkeypatch):
     """Ctrl-C or SIGTERM that lands between runs (no run_dataset handler installed) is noted and the
     next run never starts; the table exits like an interrupted run."""
-    from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted
+    from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted, TablePlanning
     from diffsmooth.engine.table.phases import stop_between_runs
     spec = parse_spec({"sigmas": [0.5], "line": [{"method": "rs"}]})
-    builder = TableBuilder(spec, tmp_path / "t", plan="auto", log=lambda line: None)
+    builder = TableBuilder(spec, tmp_path / "t", TablePlanning("auto"), log=lambda line: None)
     monkeypatch.setattr(builder, "run_phase", lambda phase: pytest.fail("a run started after the signal"))
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with stop_between_runs() as builder.runner.stop:
@@ -302,12 +302,12 @@ def test_an_interrupted_main_runs_seconds_count_when_the_table_resumes(tmp_path,
     once per phase however often a resumed table passes it."""
     from diffsmooth.engine.errors import Terminated
     from diffsmooth.engine.table import runner as table_runner
-    from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted
+    from diffsmooth.engine.table.build import Phase, TableBuilder, TableInterrupted, TablePlanning
     from diffsmooth.engine.table.folder import TableFolder
     spec = parse_spec({"sigmas": [0.5], "line": [{"method": "rs"}]})
     out = tmp_path / "t"
     out.mkdir()
-    builder = TableBuilder(spec, out, plan="auto", log=lambda line: None)
+    builder = TableBuilder(spec, out, TablePlanning("auto"), log=lambda line: None)
     phase = Phase(spec.lines[0], 0.5, [0, 1], (0.0,), tmp_path / "x.tsv", "main")
     key = f"{spec.lines[0].name} | sigma 0.5"
     costs = {"runs": {key: {"seconds": 30.0}}, "predicted": {"samples": 1, "seconds": 30.0}}

@@ -37,7 +37,8 @@ class BuildsEveryRun(ModelSet):
 def _build(out, monkeypatch, model_set=ModelSet):
     monkeypatch.setattr(table_runner, "ModelSet", model_set)
     spec = parse_spec(tomllib.loads(SPEC))
-    table_build.TableBuilder(spec, out, plan="auto", pilot=2, log=lambda line: None, progress=False).build()
+    table_build.TableBuilder(spec, out, table_build.TablePlanning("auto", pilot=2), log=lambda line: None,
+                             progress=False).build()
     rows = {p.name: [{k: v for k, v in r.items() if k != "time"} for r in read_rows(p)]
             for p in sorted((out / "runs").glob("*.tsv"))}
     return rows, json.loads((out / "summary.json").read_text())

@@ -13,7 +13,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table.race import Rows, cell_status
-from diffsmooth.engine.table.race_sim import simulate_plans
+from diffsmooth.engine.table.race_sim import RaceRule, simulate_plans
 
 needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
@@ -40,7 +40,7 @@ def test_the_simulated_stop_keeps_every_cell_and_draws_fewer_samples():
     rates = {s: np.concatenate([rng.uniform(0.45, 0.99, 120), 1 - 10 ** rng.uniform(-5, -1.5, 80)]) for s in (0.25, 0.5, 1.0)}
     right = {s: rng.random(images) < 0.8 for s in rates}
     seeds = [np.random.default_rng(11), np.random.default_rng(11)]
-    before, after = (simulate_plans(rates, right, RADII, 0.001, 10_000, 100, 0.0, rng, wrong_class_stop=stop)
+    before, after = (simulate_plans(rates, right, RaceRule(RADII, 0.001, 10_000, wrong_class_stop=stop), 100, 0.0, rng)
                      for rng, stop in zip(seeds, (False, True)))
     for plan in ("fixed", "all", "race"):
         assert np.allclose(before[plan]["cells"], after[plan]["cells"], rtol=0, atol=1e-9), plan
