@@ -13,6 +13,8 @@ _API = {
     "DiffSmooth": "diffsmooth.engine.pipelines",
     "DenoisedSmoothing": "diffsmooth.engine.pipelines",
     "RandomizedSmoothing": "diffsmooth.engine.pipelines",
+    "SmoothedClassifier": "diffsmooth.engine.pipelines",
+    "smoothed_classifier": "diffsmooth.engine.pipelines",
     "load_demo_denoiser": "diffsmooth.engine.pipelines",
     "load_demo_classifier": "diffsmooth.engine.pipelines",
     # loaders of the official checkpoints and datasets

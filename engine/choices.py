@@ -7,8 +7,9 @@ the models; the modules that act on a name or a number import it from here.
 
 from __future__ import annotations
 
-# The built-in base classifiers (RS, DDS, DiffSmooth): a class each in engine/base_classifier/methods/, which
-# registers them in this order and may register more; the command line accepts every registered one.
+# The built-in base classifiers, the one place each is listed: engine/base_classifier/methods/NAME.py defines its
+# class, which methods/__init__.py imports and registers in this order (the command line's help reads this list
+# without loading torch; it accepts every registered method, a plug-in's too).
 METHODS = ("rs", "dds", "diffsmooth")
 LOCAL_NOISE_MODES = ("fixed", "fresh")                   # DiffSmooth's local noises: drawn once, or per sample
 DATASET_KINDS = ("cifar10", "imagenet", "npz", "idx", "embedded")

@@ -64,15 +64,14 @@ class SmoothedClassifier:
     method = ""
 
     def __init__(self, *, classifier: nn.Module, sigma: float, denoiser: Optional[DiffusionDenoiser] = None,
-                 local_sigma: float = DEFAULT_LOCAL_SIGMA, m: int = DEFAULT_M, local_noise: str = DEFAULT_LOCAL_NOISE,
                  device: str = "cpu", precision: str = "fp32", compile: Optional[bool] = None, seed: int = DEFAULT_SEED,
-                 batch: Optional[int] = None):
+                 batch: Optional[int] = None, **settings):
         if not isinstance(classifier, nn.Module):
             raise UserError("`classifier` must be a torch module (see diffsmooth.load_classifier)")
         denoises = method_named(self.method).denoises           # an unknown method: one line
         if denoises and not isinstance(denoiser, DiffusionDenoiser):
             raise UserError(f"{type(self).__name__} needs `denoiser` (see diffsmooth.load_denoiser)")
-        self.config = MethodConfig(self.method, float(sigma), int(m), float(local_sigma), local_noise)
+        self.config = method_config(self.method, sigma, settings)
         given = {"classifier": classifier, "denoiser": denoiser if denoises else None}
         self._given = {name: OwnedModule(name, module) for name, module in given.items() if module is not None}
         self.classifier = self._given["classifier"].copy
@@ -159,6 +158,24 @@ class SmoothedClassifier:
             check_or_record_settings(out, settings)
             return run_dataset(smooth.pipeline, Images(dataset, indices, self.batch_for(shape), progress=progress),
                                [Path(out)], Jobs("certify", n0, n, alpha, self.sigma))
+
+
+def method_config(method: str, sigma: float, settings: dict) -> MethodConfig:
+    """The MethodConfig of an API object: `settings` are DiffSmooth's local noises (local_sigma, m, local_noise;
+    any method takes them, as the command line does) and the method's own settings (its MethodOptions); a name the
+    method does not have is refused in one line."""
+    own = dict(settings)
+    local = dict(m=int(own.pop("m", DEFAULT_M)), local_sigma=float(own.pop("local_sigma", DEFAULT_LOCAL_SIGMA)),
+                 local_noise=own.pop("local_noise", DEFAULT_LOCAL_NOISE))
+    return MethodConfig(method, float(sigma), **local, options=tuple(own.items()))
+
+
+def smoothed_classifier(method: str, **arguments) -> SmoothedClassifier:
+    """The smoothed classifier of any registered method (a plug-in's, or `densepure`), with its settings as keywords:
+    `smoothed_classifier("densepure", denoiser=..., classifier=..., sigma=0.5, reverse_runs=10, steps=2)`."""
+    method_named(method)                                    # an unknown method: one line
+    cls = type(f"Smoothed_{method}", (SmoothedClassifier,), {"method": method, "__doc__": SmoothedClassifier.__doc__})
+    return cls(**arguments)
 
 
 class RandomizedSmoothing(SmoothedClassifier):

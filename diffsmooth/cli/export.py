@@ -53,12 +53,14 @@ def _err(line):
 @click.option("--trt-max-batch", type=BATCH, default=None, help="Largest batch the plans take [default: --trt-batch].")
 @click.option("--device", default="cuda", show_default=True, help="GPU for --trt.")
 def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, classifier, arch, normalization, stats,
-           method, sigma, m, local_sigma, local_noise, image_shape, out, fp16, also_unet, no_validate,
+           method, sigma, m, local_sigma, local_noise, method_options, image_shape, out, fp16, also_unet, no_validate,
            samples, dataset, data, seed, trt, trt_batch, trt_max_batch, device):
     """Export the denoiser (at --sigma) and the classifier head to ONNX, validated against torch."""
     if trt_max_batch is not None and trt_max_batch < trt_batch:
         raise click.BadParameter(f"must be >= --trt-batch ({trt_batch}), got {trt_max_batch}", param_hint="--trt-max-batch")
-    config = MethodConfig(method, sigma, m, local_sigma, local_noise)
+    config = MethodConfig(method, sigma, m, local_sigma, local_noise, options=method_options)
+    if not config.kind.exported:
+        raise UserError(f"method {method} has no exported graphs: it runs on the torch backend only")
     sources = resolve_sources(ModelOptions(denoiser=denoiser, scheduler=scheduler, classifier=classifier, preset=preset,
                                            unet_config=unet_config, schedule=schedule, diffusion_steps=diffusion_steps,
                                            arch=arch, normalization=normalization, stats=stats), dataset)

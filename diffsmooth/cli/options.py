@@ -61,6 +61,20 @@ def distinct(ctx, param, values):
     return values
 
 
+def name_values(ctx, param, values):
+    """A click callback turning repeated `NAME=VALUE` texts into (name, value) pairs, each name once (a method's
+    own settings: the method checks names and values)."""
+    pairs = []
+    for text in values or ():
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise click.BadParameter(f"{text!r} is not NAME=VALUE")
+        pairs.append((name.strip().replace("-", "_"), value.strip()))
+    if len({name for name, _ in pairs}) != len(pairs):
+        raise click.BadParameter("a setting is given twice; name each once")
+    return tuple(pairs)
+
+
 def group(*options):
     """One decorator applying `options` in the order listed (top to bottom in --help)."""
     def apply(f):
@@ -124,6 +138,9 @@ def method_options(sweep: bool = True):
                           "(Algorithm 3)." if sweep else
                      f"fixed: m noises baked into the graph (seed {FIXED_LOCAL_NOISE_SEED}); fresh: the graph takes "
                      "them as input."),
+        click.option("--option", "method_options", multiple=True, metavar="NAME=VALUE", callback=name_values,
+                     help="A setting of the method's own "
+                          "(docs/methods.md); repeat for several."),
     )
 
 

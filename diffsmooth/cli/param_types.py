@@ -55,8 +55,11 @@ class MethodName(click.Choice):
 
     def convert(self, value, param, ctx):
         from diffsmooth.engine.base_classifier.methods import method_names
-        self.choices = method_names()
-        return super().convert(value, param, ctx)
+        shown, self.choices = self.choices, method_names()      # the registry's names for this value only
+        try:
+            return super().convert(value, param, ctx)
+        finally:
+            self.choices = shown
 
 
 class Count(click.ParamType):

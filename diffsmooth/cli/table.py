@@ -75,8 +75,8 @@ def _log(line: str) -> None:
               help="auto: a sigma other than the pilot's best settles a radius r only where r <= REACH x sigma (further "
                    "out, a larger sigma reaches r for a fraction of the samples); 100 lifts the cap.")
 @click.option("--rows", default="rs,dds,diffsmooth", show_default=True,
-              help="--demo: the lines of the demo table: rs, dds, diffsmooth, and dds-ddpm (DDS with the demo's "
-              "diffusers DDPM as its denoiser).")
+              help="--demo: the lines of the demo table: any registered method's name (rs, dds, diffsmooth, ...), and "
+              "dds-ddpm (DDS with the demo's diffusers DDPM as its denoiser).")
 @click.option("--images", type=Count(1, 500, "the demo ships 500"), default=None,
               help="--demo: images (an even stride over the 500).")
 @click.option("--n-max", type=SAMPLES, default=None, help="--demo: n-max (sequential) or n (fixed).")

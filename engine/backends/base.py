@@ -31,6 +31,10 @@ class BaseClassifierStages:
     and, when `local_noise_shape` is set (fresh local noise), noise [B, *local_noise_shape]. It returns
     scores [B, num_classes] whose argmax is the vote, or [B, E, num_classes] when it scores the E
     configurations named in `configs` on the same samples (a sweep).
+
+    `purify_noise`: purify takes a second argument, the rows' own noises (certify/noise.py's RowNoise: a
+    reverse chain draws its steps' noise from it); `purified_shape`: one sample's purified shape when it is
+    not the image's (a method that purifies each sample several times, [R, C, H, W]).
     """
 
     method: str
@@ -40,6 +44,8 @@ class BaseClassifierStages:
     local_noise_shape: Optional[Tuple[int, ...]] = None
     configs: Tuple[str, ...] = ()
     inputs: Tuple[str, ...] = ()
+    purify_noise: bool = False
+    purified_shape: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
         if not self.inputs:

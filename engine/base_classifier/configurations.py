@@ -40,17 +40,23 @@ class Configuration:
 
 
 def configurations(methods: Sequence[str], sigma: float, local_sigmas: Sequence[float], ms: Sequence[int],
-                   local_noise: str, classifiers_for) -> List[Configuration]:
+                   local_noise: str, classifiers_for, options_for=None) -> List[Configuration]:
     """Every (method, classifier, sigma', m) asked for; `classifiers_for(method, sigma')` names the
-    classifiers a method uses at that local sigma (sigma' None for a method without local smoothing)."""
+    classifiers a method uses at that local sigma (sigma' None for a method without local smoothing);
+    `options_for(method)`: the method's own settings (None: their defaults)."""
     found = []
     for method in methods:
+        own = options_for(method) if options_for is not None else ()
         if method_named(method).local_smoothing:
-            found += [Configuration(MethodConfig(method, sigma, int(m), float(ls), local_noise), clf)
+            found += [Configuration(MethodConfig(method, sigma, int(m), float(ls), local_noise, options=own), clf)
                       for ls in local_sigmas for clf in classifiers_for(method, float(ls)) for m in ms]
         else:
-            found += [Configuration(MethodConfig(method, sigma, local_noise=local_noise), clf)
+            found += [Configuration(MethodConfig(method, sigma, local_noise=local_noise, options=own), clf)
                       for clf in classifiers_for(method, None)]
+    alone = sorted({c.method.method for c in found if not c.method.kind.sweeps})
+    if alone and len(found) > 1:
+        raise UserError(f"method {alone[0]} purifies each sample its own way: it runs alone, not in a sweep with "
+                        f"other configurations")
     if len({c.name for c in found}) != len(found):
         raise UserError("two sweep configurations would share a result file: give classifiers distinct file names")
     return found

@@ -12,6 +12,7 @@ from torch import nn
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.torch_backend import AUTOCAST_DTYPES
 from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.certify.noise import STREAM_PURIFY, NoiseKeys, RowNoise
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, fp32_scores, fusion_verdict, probe_cudnn_fusion
 from diffsmooth.engine.models.packed_resnet import pack_classifier
@@ -150,12 +151,14 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     elif triton_conv:
         classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch,
                                            bool(wants("triton_blocks")))
-    purify = (backend.stage(denoiser.purifier(config.sigma, bool(wants("fused_attention")), lean=bool(wants("lean_unet"))),
-                            "denoiser") if config.uses_denoiser else None)
+    kind = config.kind
+    purify = kind.purify_stage(config, denoiser, backend, fast) if config.uses_denoiser else None
     head = score_module(config, classifier, image_shape)
-    score = backend.for_classifier().stage(head, config.kind.classifier_label)
+    score = backend.for_classifier().stage(head, kind.classifier_label)
     stages = BaseClassifierStages(config.method, purify, score, num_classes or 0,
-                                  config.kind.fresh_noise_shape(config, image_shape))
+                                  kind.fresh_noise_shape(config, image_shape),
+                                  purify_noise=kind.purify_noise and config.uses_denoiser,
+                                  purified_shape=kind.purified_shape(config, image_shape))
     stages.num_classes = probe(stages, image_shape)
     if num_classes is not None and num_classes > stages.num_classes:
         raise UserError(f"the data has labels up to {num_classes - 1} but the classifier scores only "
@@ -172,8 +175,10 @@ def probe(stages: BaseClassifierStages, image_shape: Tuple[int, ...]) -> int:
     score = getattr(stages.score, "eager", stages.score)
     try:
         if purify is not None:
-            x = purify(x)
-            if tuple(x.shape[1:]) != tuple(image_shape):
+            x = purify(x, RowNoise(NoiseKeys(0, STREAM_PURIFY, stages.device), *[torch.zeros(1, dtype=torch.int64,
+                       device=stages.device)] * 2)) if stages.purify_noise else purify(x)
+            want = tuple(stages.purified_shape or image_shape)
+            if tuple(x.shape[1:]) != want:
                 raise UserError(f"the denoiser returned shape {tuple(x.shape[1:])} for input {tuple(image_shape)}")
         inputs = [x if name == "denoised" else blank for name in stages.inputs]
         if stages.local_noise_shape is not None:

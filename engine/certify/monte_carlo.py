@@ -27,7 +27,7 @@ from diffsmooth.engine.backends.eager_fallback import eager_fallback
 from diffsmooth.engine.backends.weights import Marks, first_change
 from diffsmooth.engine.certify.jobs import count_job
 from diffsmooth.engine.certify.lanes import lanes_for
-from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, NoiseKeys, gaussian_rows
+from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_PURIFY, STREAM_SMOOTHING, NoiseKeys, RowNoise, gaussian_rows
 from diffsmooth.engine.certify.scheduler import BatchRows, NonFiniteScores, Scheduler, Work
 from diffsmooth.engine.errors import UserError
 
@@ -143,9 +143,15 @@ class MonteCarloPipeline:
         self.samples_computed += rows.size
         with torch.inference_mode():    # as the purifier's output: a score stage shared by both compiles one graph
             noisy = self.noisy(x_rows, rows)
-        denoised = self.stages.purify(noisy) if "denoised" in self.stages.inputs else None
+        denoised = self.purified(noisy, rows) if "denoised" in self.stages.inputs else None
         produced = tuple(noisy if name == "noisy" else denoised for name in self.stages.inputs)
         return produced[0] if len(produced) == 1 else produced
+
+    def purified(self, noisy: torch.Tensor, rows: BatchRows) -> torch.Tensor:
+        """The purify stage on the noisy samples, given the rows' own noises when it draws some (a reverse chain)."""
+        if not self.stages.purify_noise:
+            return self.stages.purify(noisy)
+        return self.stages.purify(noisy, RowNoise(self.keys(STREAM_PURIFY), rows.image, rows.sample, self.compiled_noise))
 
     def noisy(self, x_rows: torch.Tensor, rows: BatchRows) -> torch.Tensor:
         """x + sigma * eps, eps keyed by each row's (image index, sample index)."""

@@ -20,6 +20,7 @@ _W0, _W1 = 0x9E3779B9, 0xBB67AE85      # Weyl key increments
 
 STREAM_SMOOTHING = 0    # the randomized-smoothing noise sigma * eps added to the input
 STREAM_LOCAL = 1        # DiffSmooth's local noises sigma' * delta (fresh mode)
+STREAM_PURIFY = 2       # a purifier's own noises (a reverse diffusion chain's steps), drawn by RowNoise
 
 
 def _mulhilo(a: torch.Tensor, m: int):
@@ -100,24 +101,48 @@ class NoiseKeys:
         self.stream = scalar(int(stream) & MASK32)
         self._groups = {}
 
-    def groups(self, numel: int) -> torch.Tensor:
+    def groups(self, numel: int, draw: int = 0) -> torch.Tensor:
+        """The element groups [1, G] of a draw of `numel` values; draw d of a row takes the d-th block of G
+        groups (counter word 0), so every draw of a row is its own noise."""
         count = (numel + 3) // 4
-        if count not in self._groups:
-            self._groups[count] = torch.arange(count, dtype=torch.int64, device=self.device).unsqueeze(0)
-        return self._groups[count]
+        if (count, draw) not in self._groups:
+            first = int(draw) * count
+            if first + count > MASK32 + 1:
+                raise ValueError("a row's draws must fit in Philox's 32-bit element counter")
+            self._groups[(count, draw)] = torch.arange(first, first + count, dtype=torch.int64,
+                                                       device=self.device).unsqueeze(0)
+        return self._groups[(count, draw)]
 
 
 def gaussian_rows(keys: NoiseKeys, images: torch.Tensor, samples: torch.Tensor, shape,
-                  compiled: bool = False) -> torch.Tensor:
+                  compiled: bool = False, draw: int = 0) -> torch.Tensor:
     """N(0, I) noise [len(samples), *shape]: row r is sample samples[r] of image images[r]
     (int64 tensors on keys.device). The same values as `gaussian` for the same (image, sample),
-    whatever else shares the batch: a packed batch of several images draws exactly their noise."""
+    whatever else shares the batch: a packed batch of several images draws exactly their noise.
+    `draw`: which of a row's draws of this shape (RowNoise)."""
     numel = 1
     for s in shape:
         numel *= int(s)
-    z = _normals_kernel(keys.device, compiled)(samples.unsqueeze(1), keys.groups(numel), images.unsqueeze(1),
+    z = _normals_kernel(keys.device, compiled)(samples.unsqueeze(1), keys.groups(numel, draw), images.unsqueeze(1),
                                                 keys.stream, keys.k0, keys.k1)
     return z[:, :numel].reshape(samples.shape[0], *shape)
+
+
+class RowNoise:
+    """The purifier's noises of a batch's rows, drawn when asked: `normal(d, shape)` is draw d of every row's
+    noise on STREAM_PURIFY, keyed by (seed, image, sample, d) alone, so a reverse chain's step noise never
+    depends on the batch, the shard or the rank (d numbers a chain's (run, step), the method's choice)."""
+
+    def __init__(self, keys: NoiseKeys, images: torch.Tensor, samples: torch.Tensor, compiled: bool = False):
+        self.keys, self.images, self.samples, self.compiled = keys, images, samples, compiled
+
+    @property
+    def rows(self) -> int:
+        return int(self.samples.shape[0])
+
+    def normal(self, draw: int, shape) -> torch.Tensor:
+        """N(0, I) [rows, *shape]: draw `draw` of each row."""
+        return gaussian_rows(self.keys, self.images, self.samples, shape, self.compiled, draw)
 
 
 def check_indices(image: int, first_sample: int, num_samples: int) -> None:

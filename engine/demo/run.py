@@ -14,7 +14,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, fixed_local_noise, gaussian
-from diffsmooth.engine.choices import DEFAULT_ALPHA, DEFAULT_LOCAL_SIGMA, DEFAULT_M, DEFAULT_N0, DEFAULT_SEED, METHODS
+from diffsmooth.engine.choices import DEFAULT_ALPHA, DEFAULT_LOCAL_SIGMA, DEFAULT_M, DEFAULT_N0, DEFAULT_SEED
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.analyze import DEFAULT_RADII, markdown_table, plot_curves, summarize
@@ -33,6 +33,9 @@ def spread_indices(total: int, count: int) -> List[int]:
     return sorted({int(i * total / count) for i in range(count)})
 
 
+DEMO_METHODS = ("rs", "dds", "diffsmooth")     # the paper's line and its two baselines (docs/demo.md)
+
+
 @dataclass(frozen=True)
 class DemoRun:
     """What `run_demo` certifies: K images, the samples, alpha, sigma, sigma' and m, batch, seed, methods, where it runs."""
@@ -46,7 +49,7 @@ class DemoRun:
     local_sigma: float = DEFAULT_LOCAL_SIGMA
     batch: int = 200
     seed: int = DEFAULT_SEED
-    methods: Sequence[str] = METHODS
+    methods: Sequence[str] = DEMO_METHODS
     device: str = "cpu"
     precision: str = "fp32"
     fast: Optional[FastPath] = None     # None: the device's default fast path

@@ -157,6 +157,8 @@ class ResolvedRun:
         if not self.is_sweep and not method_named(r.method[0]).local_smoothing:
             for k in ("local_sigma", "m", "local_noise"):
                 settings.pop(k)
+        if not self.is_sweep:
+            settings.update(r.method_config().options)     # a method's own settings (rs, dds, diffsmooth have none)
         if r.scheduler is not None:
             settings["scheduler"] = r.scheduler
         # a diffusers folder: its format and the sha256 of its weights and configs (checkpoint files: nothing added)
@@ -245,7 +247,7 @@ def plan_run(request: RunRequest) -> ResolvedRun:
                                            normalization=request.normalization, stats=request.stats), kind)
     paths, classifiers_for = classifier_names(request, sources)
     configs = configurations(request.method, request.sigma, request.local_sigma, request.m, request.local_noise,
-                             classifiers_for)
+                             classifiers_for, request.options_for)
     if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.method.uses_denoiser for c in configs):
         check_sigma(sources.denoiser, sources.scheduler, request.sigma)     # before any file is touched
     if request.is_sweep and int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from diffsmooth.engine.backends.compile_options import check_compile_mode, parse_inductor_knobs
-from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.certify.sequential import BOUNDS, DEFAULT_BOUND, DEFAULT_FUTILITY_RULE, FUTILITY_RULES, SequentialRule
 from diffsmooth.engine.choices import (
     BACKENDS,
@@ -158,6 +158,7 @@ class RunRequest:
     local_sigma: Tuple[float, ...] = (DEFAULT_LOCAL_SIGMA,)
     m: Tuple[int, ...] = (DEFAULT_M,)
     local_noise: str = DEFAULT_LOCAL_NOISE
+    method_options: Tuple[Tuple[str, str], ...] = ()    # (name, value) settings a method adds (`--option NAME=VALUE`)
     # data and Monte Carlo
     dataset: Optional[str] = None
     data: Optional[str] = None
@@ -282,10 +283,11 @@ class RunRequest:
             raise UserError(f"`classifier` must name checkpoint files, got {list(self.classifier)!r}")
         for name in ("method", "local_sigma", "m", "classifier"):
             _distinct(name, getattr(self, name))
+        self.options_for(self.method[0])        # every option named belongs to a method of the run
         for method in self.method:              # every method x sigma' x m combination is a valid configuration
             for ls in self.local_sigma:
                 for m in self.m:
-                    MethodConfig(method, self.sigma, m, ls, self.local_noise)
+                    MethodConfig(method, self.sigma, m, ls, self.local_noise, options=self.options_for(method))
         if self.is_sweep:
             if self.mode == "predict":
                 raise UserError("predict takes one configuration: give each of `method` / `classifier` / "
@@ -309,6 +311,22 @@ class RunRequest:
         """The single run's classifier checkpoint (None: the demo classifier)."""
         return self.classifier[0] if self.classifier else None
 
+    def options_for(self, method: str) -> Tuple[Tuple[str, str], ...]:
+        """The `method_options` that belong to `method` (a sweep's methods each take their own); an option no
+        method of the run has is refused in one line."""
+        given = dict(self.method_options)
+        if len(given) != len(self.method_options):
+            raise UserError("each method option is given once (`--option NAME=VALUE`)")
+        has = {o.name for name in self.method for o in method_named(name).options}
+        unknown = sorted(set(given) - has)
+        if unknown:
+            where = f"method {self.method[0]} has" if len(self.method) == 1 else f"methods {', '.join(self.method)} have"
+            known = f": the settings there are {', '.join(sorted(has))}" if has else " (no settings of its own)"
+            raise UserError(f"{where} no setting {', '.join(map(repr, unknown))}{known}")
+        mine = {o.name for o in method_named(method).options}
+        return tuple((k, v) for k, v in self.method_options if k in mine)
+
     def method_config(self) -> MethodConfig:
         """The single run's method."""
-        return MethodConfig(self.method[0], self.sigma, self.m[0], self.local_sigma[0], self.local_noise)
+        return MethodConfig(self.method[0], self.sigma, self.m[0], self.local_sigma[0], self.local_noise,
+                            options=self.options_for(self.method[0]))

@@ -102,6 +102,9 @@ class ExportedStages:
                num_classes: Optional[int], build: StageBuild) -> BaseClassifierStages:
         if not build.onnx_dir:
             raise UserError(f"`backend` {self.name} needs `onnx_dir` ({self.needs})")
+        if not config.kind.exported:
+            raise UserError(f"method {config.method} runs on the torch backend only (`backend` {self.name} runs "
+                            f"exported graphs of the one-shot denoiser and the score head)")
         stages = self.load(config, sources, image_shape, num_classes, build)
         if build.model_set is not None:
             build.model_set.note_built(stages)

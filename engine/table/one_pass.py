@@ -56,7 +56,8 @@ class SharedPass(ResolvedRun):
 
 def pass_key(request, phase) -> Optional[tuple]:
     """What phases must share to run as one pass (None: the phase runs alone); `request(phase)`: its run's request."""
-    if not method_named(phase.line.method).denoises:
+    kind = method_named(phase.line.method)
+    if not (kind.denoises and kind.sweeps):         # a pass shares one-shot denoised samples
         return None
     options = request(phase)
     fixed = tuple((k, repr(getattr(options, k))) for k in sorted(f.name for f in dataclasses.fields(options))

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from diffsmooth.engine.base_classifier.methods import method_named, method_names
+from diffsmooth.engine.base_classifier.methods.config import resolve_options
 from diffsmooth.engine.choices import (
     DEFAULT_ALPHA,
     DEFAULT_LOCAL_NOISE,
@@ -53,7 +54,6 @@ from diffsmooth.engine.choices import (
     DEFAULT_SPLIT,
     MAX_SAMPLES,
     MAX_SEED,
-    METHODS,
 )
 from diffsmooth.engine.errors import UserError, check_alpha
 from diffsmooth.engine.models import shipped
@@ -78,7 +78,7 @@ LINE_PATHS = ("classifier", "denoiser", "scheduler")      # a line's keys that h
 
 DEMO_SIGMAS = tuple(s for s in DEMO_TRAINING_SIGMAS if s > 0)
 # --rows of the demo table: a built-in method's line, or DDS with the demo's diffusers DDPM as its denoiser
-DEMO_ROWS = {**{m: m for m in METHODS}, "dds-ddpm": "dds"}
+DEMO_ROWS = {**{m: m for m in method_names()}, "dds-ddpm": "dds"}      # every method registered at import
 DEMO_ROW_NAMES = {"dds-ddpm": "DDS (diffusers DDPM)"}
 
 
@@ -97,6 +97,7 @@ class LineSpec:
     group: Optional[str] = None             # the per-configuration layout's block (None: one block for the table)
     denoiser: Optional[str] = None          # this line's own denoiser (None: [models]')
     scheduler: Optional[str] = None         # the scheduler folder of this line's diffusers UNet folder
+    options: Tuple[Tuple[str, object], ...] = ()    # the method's own settings the line gives (its keys)
 
     @property
     def input_layer(self) -> Optional[str]:
@@ -145,6 +146,8 @@ class TableSpec:
             for key in ("source", "normalization", "group", "denoiser", "scheduler"):
                 if line[key] is None:
                     del line[key]
+            options = line.pop("options")
+            line.update({name: value for name, value in options})
         return d
 
     def fingerprint(self) -> str:
@@ -163,6 +166,8 @@ class TableSpec:
                        local_sigma=line.local_sigmas(sigma), m=line.local_noises(sigma),
                        local_noise=line.local_noise, n0=self.n0, n=self.n_max, alpha=self.alpha, seed=self.seed,
                        **self.selection(), quiet=True)
+        if line.options:
+            options["method_options"] = tuple(line.options)
         options.update(self.models)
         if line.denoiser is not None:
             for key in DENOISER_SETTINGS:
@@ -276,11 +281,18 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
         at = f"{where}: line {k}"
         if not isinstance(raw, dict):
             raise UserError(f"{at} must be a table")
-        _unknown(at, raw, LINE_KEYS)
         method = raw.get("method")
         if not isinstance(method, str) or method not in method_names():
+            _unknown(at, raw, LINE_KEYS)
             raise UserError(f"{at}: method must be one of {', '.join(method_names())}, got {method!r}")
         kind = method_named(method)
+        own = {o.name for o in kind.options}
+        _unknown(at, raw, LINE_KEYS | own)
+        try:
+            given = tuple((k, v) for k, v in raw.items() if k in own)
+            options = tuple((k, v) for k, v in resolve_options(kind, given) if k in dict(given))
+        except UserError as exc:
+            raise UserError(f"{at}: {exc}") from None
         name = raw.get("name", kind.line_name or method)
         if not isinstance(name, str) or not name.strip() or name in names:
             raise UserError(f"{at}: name must be a new non-empty string, got {name!r}")
@@ -309,7 +321,7 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
             _per_sigma(f"{at}.local_sigma", raw.get("local_sigma"), sigmas,
                        lambda w, v: _number(w, v, float, 0.0, strict=True)),
             _per_sigma(f"{at}.m", raw.get("m"), sigmas, lambda w, v: _number(w, v, int, 1)),
-            str(raw.get("local_noise", DEFAULT_LOCAL_NOISE)), source, layer, group, denoiser, scheduler))
+            str(raw.get("local_noise", DEFAULT_LOCAL_NOISE)), source, layer, group, denoiser, scheduler, options))
     title = doc.get("title", TITLE)
     if not isinstance(title, str):
         raise UserError(f"{where}: title must be a string, got {title!r}")

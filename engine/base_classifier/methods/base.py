@@ -10,7 +10,7 @@ from typing import ClassVar, Dict, Optional, Tuple
 from torch import nn
 
 from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
-from diffsmooth.engine.base_classifier.methods.config import MethodConfig
+from diffsmooth.engine.base_classifier.methods.config import MethodConfig, MethodOption
 from diffsmooth.engine.models import shipped
 
 
@@ -30,6 +30,11 @@ class Method:
     # Per-sample vote flips of a correct fp16 / bf16 path against eager fp32 that the run-time agreement check
     # expects (engine/runs/vote_agreement.py); each method's figures say where they were measured.
     flip_rates: ClassVar[Dict[str, float]] = {}
+    options: ClassVar[Tuple[MethodOption, ...]] = ()    # settings of its own (`--option NAME=VALUE`, spec keys, API)
+    purify_noise: ClassVar[bool] = False        # its purify stage draws noises of its own (BaseClassifierStages)
+    # Scored beside other configurations on the same one-shot denoised samples: a sweep, a table's shared pass.
+    sweeps: ClassVar[bool] = True
+    exported: ClassVar[bool] = True             # runs from exported graphs (the onnxruntime and tensorrt backends)
 
     @property
     def reads(self) -> str:
@@ -38,6 +43,22 @@ class Method:
 
     def validate(self, config: MethodConfig) -> None:
         """Refuse the config's settings in one line (UserError) where this method cannot run them."""
+
+    def purify_stage(self, config: MethodConfig, denoiser, backend, fast=None):
+        """The denoiser half of f as one stage on `backend` (a TorchBackend): the one-shot purifier at sigma,
+        x_rs [B,C,H,W] -> [B,C,H,W]; `fast` (a FastPath or None) says which UNet kernels (fused attention,
+        the lean UNet)."""
+        purifier = denoiser.purifier(config.sigma, bool(getattr(fast, "fused_attention", False)),
+                                     lean=bool(getattr(fast, "lean_unet", False)))
+        return backend.stage(purifier, "denoiser")
+
+    def purified_shape(self, config: MethodConfig, image_shape: Tuple[int, ...]) -> Optional[Tuple[int, ...]]:
+        """One sample's purified shape when it is not the image's (None: the image's)."""
+        return None
+
+    def unet_calls(self, config: MethodConfig) -> int:
+        """UNet calls per Monte Carlo sample (what a sample's denoising costs)."""
+        return 1 if self.denoises else 0
 
     def score_head(self, config: MethodConfig, classifier: nn.Module, image_shape: Tuple[int, ...]) -> nn.Module:
         """The classifier half of f as one module: samples [B,C,H,W] (+ fresh noise) -> scores [B,K]."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import asdict, dataclass
+from typing import Any, Optional, Tuple
 
 from diffsmooth.engine.base_classifier.methods.registry import method_named
 from diffsmooth.engine.choices import DEFAULT_LOCAL_NOISE, DEFAULT_LOCAL_SIGMA, DEFAULT_M, FIXED_LOCAL_NOISE_SEED
@@ -12,9 +13,52 @@ from diffsmooth.engine.errors import UserError
 
 
 @dataclass(frozen=True)
+class MethodOption:
+    """A setting a method adds of its own (DensePure's reverse runs): its name (`--option NAME=VALUE`, a spec
+    line's key, a Python keyword), its type (int or float), default, smallest and largest value, and help."""
+
+    name: str
+    kind: type
+    default: Any
+    low: Optional[float] = None
+    high: Optional[float] = None
+    help: str = ""
+
+    def value(self, given, method: str):
+        """`given` (a number, or the text of `--option`) as this option's type, or one line saying why not."""
+        what = f"{method} setting {self.name}"
+        if isinstance(given, str):
+            try:
+                given = self.kind(given.strip())
+            except ValueError:
+                raise UserError(f"{what} must be {'an integer' if self.kind is int else 'a number'}, "
+                                f"got {given!r}") from None
+        if isinstance(given, bool) or not isinstance(given, numbers.Real) or not math.isfinite(given) or (
+                self.kind is int and not isinstance(given, numbers.Integral)):
+            raise UserError(f"{what} must be {'an integer' if self.kind is int else 'a finite number'}, got {given!r}")
+        if (self.low is not None and given < self.low) or (self.high is not None and given > self.high):
+            bounds = f"{self.low:g}..{self.high:g}" if self.high is not None else f">= {self.low:g}"
+            raise UserError(f"{what} must be {bounds}, got {given}")
+        return self.kind(given)
+
+
+def resolve_options(kind, given) -> Tuple[Tuple[str, Any], ...]:
+    """The method's options, as (name, value) pairs in its own order: those `given` (a dict or pairs) checked,
+    the rest at their defaults; a name the method does not have is refused in one line."""
+    given = dict(given or ())
+    declared = {o.name: o for o in kind.options}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        has = f"its settings are {', '.join(declared)}" if declared else "it has no settings of its own"
+        raise UserError(f"method {kind.name} has no setting {', '.join(map(repr, unknown))}: {has}")
+    return tuple((o.name, o.value(given[o.name], kind.name) if o.name in given else o.default) for o in kind.options)
+
+
+@dataclass(frozen=True)
 class MethodConfig:
     """What the base classifier is: method (a registered name), smoothing sigma, and the settings methods read
-    (DiffSmooth's m, sigma' and local noises); each method validates its own."""
+    (DiffSmooth's m, sigma' and local noises, and `options`: the settings a method adds of its own, its
+    MethodOptions as (name, value) pairs, defaults filled in); each method validates its own."""
 
     method: str
     sigma: float
@@ -22,9 +66,11 @@ class MethodConfig:
     local_sigma: float = DEFAULT_LOCAL_SIGMA
     local_noise: str = DEFAULT_LOCAL_NOISE
     local_noise_seed: int = FIXED_LOCAL_NOISE_SEED
+    options: Tuple[Tuple[str, Any], ...] = ()
 
     def __post_init__(self):
         kind = method_named(self.method)            # an unknown method: one line
+        object.__setattr__(self, "options", resolve_options(kind, self.options))
         if not (isinstance(self.sigma, numbers.Real) and math.isfinite(self.sigma) and self.sigma > 0):
             raise UserError(f"sigma must be > 0 and finite, got {self.sigma}")
         kind.validate(self)
@@ -38,7 +84,11 @@ class MethodConfig:
     def uses_denoiser(self) -> bool:
         return self.kind.denoises
 
+    def option(self, name: str):
+        """The value of one of the method's own settings (its MethodOptions)."""
+        return dict(self.options)[name]
+
     def as_dict(self) -> dict:
-        """The method, sigma and the settings its method reads (what result files record)."""
+        """The method, sigma and the settings its method reads, its own included (what result files record)."""
         keep = {"method", "sigma", *self.kind.settings}
-        return {k: v for k, v in asdict(self).items() if k in keep}
+        return {**{k: v for k, v in asdict(self).items() if k in keep}, **dict(self.options)}
