@@ -34,7 +34,9 @@ class BaseClassifierStages:
 
     `purify_noise`: purify takes a second argument, the rows' own noises (certify/noise.py's RowNoise: a
     reverse chain draws its steps' noise from it); `purified_shape`: one sample's purified shape when it is
-    not the image's (a method that purifies each sample several times, [R, C, H, W]).
+    not the image's (a method that purifies each sample several times, [R, C, H, W]); `score_tolerance`: how
+    far the fast path's scores may lie from eager fp32's, relative (the method's, when its scores are not
+    probabilities or logits).
     """
 
     method: str
@@ -46,6 +48,7 @@ class BaseClassifierStages:
     inputs: Tuple[str, ...] = ()
     purify_noise: bool = False
     purified_shape: Optional[Tuple[int, ...]] = None
+    score_tolerance: Optional[float] = None     # the agreement check's score tolerance (None: its default)
 
     def __post_init__(self):
         if not self.inputs:

@@ -158,7 +158,8 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     stages = BaseClassifierStages(config.method, purify, score, num_classes or 0,
                                   kind.fresh_noise_shape(config, image_shape),
                                   purify_noise=kind.purify_noise and config.uses_denoiser,
-                                  purified_shape=kind.purified_shape(config, image_shape))
+                                  purified_shape=kind.purified_shape(config, image_shape),
+                                  score_tolerance=kind.score_tolerance(config))
     stages.num_classes = probe(stages, image_shape)
     if num_classes is not None and num_classes > stages.num_classes:
         raise UserError(f"the data has labels up to {num_classes - 1} but the classifier scores only "

@@ -188,17 +188,19 @@ def measure_agreement(fast, reference, images: Sequence[Tuple[int, torch.Tensor]
     image as one case."""
     counts, scores = production_arrays(fast, images, samples, batch)
     references = reference_arrays(reference, images, samples, batch)
-    return judge_each_configuration(counts, scores, references, [i for i, _ in images], flip_rate)
+    return judge_each_configuration(counts, scores, references, [i for i, _ in images], flip_rate,
+                                    getattr(fast.stages, "score_tolerance", None))
 
 
 def judge_each_configuration(counts, scores, references, image_indices: Sequence[int],
-                             flip_rate: float = FP16_FLIP_RATE) -> AgreementReport:
+                             flip_rate: float = FP16_FLIP_RATE, score_tolerance: Optional[float] = None) -> AgreementReport:
     """judge_agreement over production counts [E, K] and scores [samples, E, K] per image: each
-    configuration of each image is one case."""
+    configuration of each image is one case (`score_tolerance` None: the check's default)."""
     configs = range(counts[0].shape[0])
+    tolerance = {} if score_tolerance is None else {"score_tolerance": score_tolerance}
     return judge_agreement([c[e] for c in counts for e in configs], [f[:, e] for f in scores for e in configs],
                            [r[:, e] for r in references for e in configs], [i for i in image_indices for _ in configs],
-                           flip_rate)
+                           flip_rate, **tolerance)
 
 
 def validate_fast_path(fast, reference, images: Sequence[Tuple[int, torch.Tensor]], samples: int, batch: int,

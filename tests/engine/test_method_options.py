@@ -120,3 +120,27 @@ def test_a_rows_purifier_noise_is_keyed_by_seed_image_sample_and_draw():
             assert torch.equal(drawn[r:r + 1], gaussian_rows(keys, images[r:r + 1], samples[r:r + 1], (2, 3, 3), draw=d))
     with pytest.raises(ValueError, match="32-bit element counter"):
         noise.normal(2 ** 31, (4,) * 4)
+
+
+def test_a_methods_score_tolerance_reaches_the_agreement_check(gain, tiny_models):
+    """A method whose scores are not logits or probabilities says how far a fast path's may move (Method.
+    score_tolerance); its stages carry it and the run-time check judges with it instead of the default."""
+    import numpy as np
+
+    from diffsmooth.engine.backends.torch_backend import TorchBackend
+    from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
+    from diffsmooth.engine.runs.fast_path import judge_each_configuration
+
+    classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
+    config = MethodConfig(gain, 0.25)
+    assert build_torch_stages(config, classifier, None, TorchBackend("cpu"), (3, 8, 8)).score_tolerance is None
+    GainSmoothing.score_tolerance = lambda self, config: 0.5
+    try:
+        assert build_torch_stages(config, classifier, None, TorchBackend("cpu"), (3, 8, 8)).score_tolerance == 0.5
+    finally:
+        del GainSmoothing.score_tolerance
+    reference = np.tile(np.array([[4.0, 1.0, 0.0]]), (20, 1))[:, None, :]       # [samples, E, K]
+    fast = reference + np.array([0.0, 1.0, 0.0])                                 # 1 / (1 + 4) apart, no vote moved
+    counts = [np.array([[20, 0, 0]])]
+    assert not judge_each_configuration(counts, [fast], [reference], [0]).ok
+    assert judge_each_configuration(counts, [fast], [reference], [0], score_tolerance=0.5).ok

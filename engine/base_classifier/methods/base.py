@@ -64,6 +64,11 @@ class Method:
         """The classifier half of f as one module: samples [B,C,H,W] (+ fresh noise) -> scores [B,K]."""
         return LogitsHead(classifier)
 
+    def score_tolerance(self, config: MethodConfig) -> Optional[float]:
+        """How far a fast path's scores may lie from eager fp32's (relative, runs/vote_agreement.py); None: the
+        check's default, made for logits and probabilities."""
+        return None
+
     def classifier_calls(self, config: MethodConfig) -> int:
         """Classifier images per Monte Carlo sample."""
         return 1
