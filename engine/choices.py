@@ -10,7 +10,7 @@ from __future__ import annotations
 # The built-in base classifiers, the one place each is listed: engine/base_classifier/methods/NAME.py defines its
 # class, which methods/__init__.py imports and registers in this order (the command line's help reads this list
 # without loading torch; it accepts every registered method, a plug-in's too).
-METHODS = ("rs", "dds", "diffsmooth")
+METHODS = ("rs", "dds", "diffsmooth", "densepure")
 LOCAL_NOISE_MODES = ("fixed", "fresh")                   # DiffSmooth's local noises: drawn once, or per sample
 DATASET_KINDS = ("cifar10", "imagenet", "npz", "idx", "embedded")
 PRESETS = ("cifar10", "imagenet", "demo")                # UNet architecture + schedule of a checkpoint family

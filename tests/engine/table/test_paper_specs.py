@@ -3,7 +3,7 @@ official key lists with random weights: `--dry-run --plan fixed` predicts each t
 CIFAR-10 specs run end to end with `--smoke` on the real architectures (the CIFAR-10 UNet, ResNet-110)
 and write every output in its layout. The ImageNet specs run with the official UNet and ResNet-50 on images
 cropped to 32x32 (at 224 one UNet sample takes about a minute on these CPUs); the BEiT ones keep 224. The suite
-runs three specs end to end; DIFFSMOOTH_PAPER_SMOKE=all runs all fourteen (docs/paper-tables.md, "Smoke runs")."""
+runs three specs end to end; DIFFSMOOTH_PAPER_SMOKE=all runs all fifteen (docs/paper-tables.md, "Smoke runs")."""
 
 import json
 import os

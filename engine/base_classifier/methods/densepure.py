@@ -1,0 +1,219 @@
+"""DensePure (Xiao et al., ICLR 2023): each noisy sample x_rs is purified K times by a short reverse diffusion chain
+(S steps from t*, each with its own noise), the classifier labels each of the K results, and their majority votes.
+
+For one run (the maths of DensePure's published code, `runners/diffpure_*_densepure.py` and its `p_sample`):
+  x = sqrt(1 / (1 + (2 sigma)^2)) (2 x_rs - 1);  t* from sigma (cosine: a closed form in 2 sigma and T; other
+  schedules: the timestep whose sqrt(1/abar - 1) is nearest 2 sigma);  the chain visits round(t* - i t*/S),
+  i = 0..S-1, then 0, with betas recomputed for it; each step feeds the UNet its original timestep, turns eps
+  into a clipped x0, takes the posterior mean and adds the (learned-range or fixed-large) variance's noise, none
+  on the last step; the result (x + 1)/2 is classified. The K labels' most frequent one votes, ties going to the
+  label that came first. Step i of run k draws its noise as RowNoise draw k * MAX_STEPS + i: keyed by (image,
+  sample, run, step), so rows are equal across batch sizes, shards, resume and ranks. docs/methods.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from diffsmooth.engine.base_classifier.methods.base import Method
+from diffsmooth.engine.base_classifier.methods.config import MethodOption
+from diffsmooth.engine.errors import UserError
+
+MAX_STEPS = 100         # the most reverse steps a run takes (its draws are numbered run * MAX_STEPS + step)
+
+
+@dataclass(frozen=True)
+class ReversePlan:
+    """One reverse chain at one sigma: the input scale, each step's UNet timestep and coefficients (float64, as
+    DensePure's numpy tables; the stage reads them as fp32 tensors, as its `_extract_into_tensor` does)."""
+
+    scale: float                        # x_t = scale * (2 x_rs - 1)
+    t_star: float                       # DensePure's t* (the cosine closed form is not an integer)
+    timesteps: Tuple[int, ...]          # the steps' original timesteps, first to last
+    model_timesteps: Tuple[float, ...]  # what the UNet is fed at each (rescaled as the checkpoint expects)
+    coefficients: np.ndarray            # [S, 7] per step taken: sqrt(1/abar), sqrt(1/abar - 1), posterior coef1,
+    #                                     coef2, clipped posterior log-variance, log beta, fixed-large log-variance
+
+    @classmethod
+    def of(cls, schedule, sigma: float, steps: int) -> "ReversePlan":
+        """DensePure's chain for an improved-/guided-diffusion schedule (engine/base_classifier/schedule.py)."""
+        if getattr(schedule, "name", None) not in ("cosine", "linear"):
+            raise UserError("densepure runs improved-/guided-diffusion UNet checkpoints (a cosine or linear schedule), "
+                            f"not a {type(schedule).__name__}")
+        big_t, two_sigma = int(schedule.num_steps), 2.0 * float(sigma)
+        if schedule.name == "cosine":               # improved-diffusion: alpha_bar(t / T), closed-form t*
+            def alpha_bar(t):
+                return math.cos((t / big_t + 0.008) / 1.008 * math.pi / 2) ** 2
+            t_star = big_t * (1 - (2 * 1.008 * math.asin(math.sin(math.pi / (2 * 1.008)) / (1 + two_sigma ** 2) ** 0.5))
+                              / math.pi)
+        else:                                       # guided-diffusion: the discrete cumulative product
+            table = schedule.alphas_cumprod
+
+            def alpha_bar(t):
+                return float(table[t])
+            t_star = float(_nearest_timestep(np.sqrt(1.0 / table - 1), two_sigma, sigma))
+        timesteps = tuple(round(t_star - i * (t_star / steps)) for i in range(steps))
+        if len(set(timesteps)) < steps or timesteps[-1] < 1:
+            raise UserError(f"densepure: {steps} steps do not fit below t* = {t_star:.1f} at sigma {sigma:g}: "
+                            f"use fewer steps")
+        chain = [0, *reversed(timesteps)]           # the respaced chain, index j <-> chain[j + 1]
+        betas = np.array([min(1 - alpha_bar(chain[j + 1]) / alpha_bar(chain[j]), 0.999) for j in range(steps)])
+        abar = np.cumprod(1.0 - betas)
+        abar_prev = np.append(1.0, abar[:-1])
+        posterior = betas * (1.0 - abar_prev) / (1.0 - abar)
+        # DensePure's clipped log-variance repeats entry 1 at index 0; one step (S = 1) has no entry 1, and its only
+        # step adds no noise, so it reads nothing there (its code cannot run S = 1).
+        clipped = np.log(np.append(posterior[1], posterior[1:])) if steps > 1 else np.zeros(1)
+        fixed_large = np.log(np.append(posterior[1], betas[1:])) if steps > 1 else np.zeros(1)
+        columns = [np.sqrt(1.0 / abar), np.sqrt(1.0 / abar - 1), betas * np.sqrt(abar_prev) / (1.0 - abar),
+                   (1.0 - abar_prev) * np.sqrt(1.0 - betas) / (1.0 - abar), clipped, np.log(betas), fixed_large]
+        table = np.stack(columns, axis=1)[::-1]     # row i: the i-th step taken (respaced index S - 1 - i)
+        scale = (1000.0 / big_t) if schedule.rescale_timesteps else 1.0
+        return cls((1 / (1 + two_sigma ** 2)) ** 0.5, t_star, timesteps,
+                   tuple(t * scale for t in timesteps), np.ascontiguousarray(table))
+
+
+def _nearest_timestep(ratio: np.ndarray, two_sigma: float, sigma: float) -> int:
+    """guided-diffusion's t*: of the two timesteps whose sqrt(1/abar - 1) bracket 2 sigma, the nearer (the later
+    on a tie); DensePure falls back to the last timestep where none brackets it, which is refused here instead."""
+    for t in range(len(ratio) - 1):
+        if ratio[t] < two_sigma <= ratio[t + 1]:
+            return t + 1 if two_sigma - ratio[t] > ratio[t + 1] - two_sigma else t
+    raise UserError(f"densepure: sigma {sigma:g} is outside this schedule's noise levels")
+
+
+class ReverseStep(nn.Module):
+    """One reverse step, x_t -> x_{t-1}, for any step of the chain: the timestep and coefficients are inputs, so one
+    (compiled) graph serves every step; `c` = [sqrt(1/abar), sqrt(1/abar - 1), coef1, coef2, min log-var, max
+    log-var, noise on/off]."""
+
+    def __init__(self, unet: nn.Module, channels: int, learned_variance: bool):
+        super().__init__()
+        self.unet, self.channels, self.learned_variance = unet, int(channels), bool(learned_variance)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, c: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        out = self.unet(x, t.expand(x.shape[0]))
+        eps = out[:, : self.channels].to(x.dtype)
+        x0 = (c[0] * x - c[1] * eps).clamp(-1.0, 1.0)
+        mean = c[2] * x0 + c[3] * x
+        if self.learned_variance:
+            frac = (out[:, self.channels: 2 * self.channels].to(x.dtype) + 1) / 2
+            log_variance = frac * c[5] + (1 - frac) * c[4]
+        else:
+            log_variance = c[4]
+        return mean + c[6] * torch.exp(0.5 * log_variance) * noise
+
+
+class ReverseChains:
+    """The purify stage: x_rs [B,C,H,W] (+ the rows' RowNoise) -> K purified samples [B,K,C,H,W] in [0,1], the K
+    runs of a row side by side in one batch of B*K for every step (`step`: the ReverseStep as a built stage)."""
+
+    def __init__(self, step, plan: ReversePlan, runs: int, fixed_large: bool):
+        self.step, self.plan, self.runs = step, plan, int(runs)
+        self.name = f"reverse chains ({runs} x {len(plan.timesteps)} steps)"
+        self.device, self.precision = step.device, step.precision
+        self.weights = getattr(step, "weights", None)
+        table = plan.coefficients.copy()
+        if fixed_large:
+            table[:, 4] = table[:, 6]
+        table[:, 6] = [1.0] * (len(table) - 1) + [0.0]              # no noise on the last step
+        # one tensor per step, not views of one table: a compiled graph guards on its inputs' storage offsets
+        self.coefficients = [torch.tensor(row, dtype=torch.float32, device=self.device) for row in table]
+        self.timesteps = [torch.tensor([t], dtype=torch.float32, device=self.device) for t in plan.model_timesteps]
+        eager = getattr(step, "eager", step)
+        self.eager = self if eager is step else ReverseChains(eager, plan, runs, fixed_large)
+
+    @torch.inference_mode()         # every step's input an inference tensor, as its outputs: one compiled graph
+    def __call__(self, x_rs: torch.Tensor, noise) -> torch.Tensor:
+        b, shape = x_rs.shape[0], tuple(x_rs.shape[1:])
+        x = (self.plan.scale * ((x_rs - 0.5) * 2)).repeat_interleave(self.runs, dim=0)
+        last = len(self.plan.timesteps) - 1
+        for i in range(last + 1):
+            if i < last:
+                z = torch.stack([noise.normal(k * MAX_STEPS + i, shape) for k in range(self.runs)], dim=1)
+                z = z.reshape(b * self.runs, *shape)
+            else:
+                z = torch.zeros_like(x)
+            x = self.step(x, self.timesteps[i], self.coefficients[i], z)
+        return ((x + 1) * 0.5).view(b, self.runs, *shape)
+
+
+class MajorityVoteHead(nn.Module):
+    """K purified samples [B,K,C,H,W] -> scores [B,classes] whose argmax is the label most of the K runs gave,
+    ties to the label that came first (DensePure's `max(labels, key=labels.count)`): count * (K + 1) - the first
+    run that gave it; -1 for a label no run gave."""
+
+    def __init__(self, classifier: nn.Module, runs: int):
+        super().__init__()
+        self.classifier, self.runs = classifier, int(runs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        logits = self.classifier(x.reshape(b * self.runs, *x.shape[2:])).float()
+        chosen = nn.functional.one_hot(logits.argmax(dim=-1).view(b, self.runs), logits.shape[-1]).float()
+        counts = chosen.sum(dim=1)
+        order = torch.arange(self.runs, device=x.device, dtype=torch.float32).view(1, -1, 1)
+        first = torch.where(chosen > 0, order, torch.full_like(chosen, float(self.runs))).amin(dim=1)
+        return torch.where(counts > 0, counts * (self.runs + 1) - first, torch.full_like(counts, -1.0))
+
+
+class DensePureMethod(Method):
+    name = "densepure"
+    line_name = "DensePure"
+    # Defaults: DensePure's merge script (results/merge_results.py: majority_vote_num 10, steps 2).
+    options = (MethodOption("reverse_runs", int, 10, 1, 256, "reverse runs K whose labels' majority votes"),
+               MethodOption("steps", int, 2, 1, MAX_STEPS, "reverse steps S of each run, from t* to 0"))
+    purify_noise = True
+    sweeps = False
+    exported = False
+    classifier_label = "majority-vote classifier"
+    scores = "votes"
+    output_name = "votes"
+    # Estimated, not measured: DDS's measured rates (a clean-trained classifier behind the same UNet) doubled for the
+    # chain's extra UNet calls; a majority of K runs flips less often than one run. To measure: bench.agreement.
+    flip_rates = {"fp16": 2.2e-3, "bf16": 3.4e-2}
+
+    def runs_and_steps(self, config) -> Tuple[int, int]:
+        return int(config.option("reverse_runs")), int(config.option("steps"))
+
+    def purify_stage(self, config, denoiser, backend, fast=None):
+        runs, steps = self.runs_and_steps(config)
+        schedule = getattr(denoiser, "schedule", None)
+        plan = ReversePlan.of(schedule, config.sigma, steps)
+        unet, channels = denoiser.unet, int(denoiser.channels)
+        learned = bool(getattr(getattr(unet, "config", None), "learn_sigma", False))
+        if getattr(fast, "fused_attention", False) and hasattr(unet, "with_fused_attention"):
+            unet = unet.with_fused_attention()
+        step = backend.stage(ReverseStep(unet, channels, learned), "reverse step")
+        return ReverseChains(step, plan, runs, fixed_large=not learned)
+
+    def purified_shape(self, config, image_shape):
+        return (self.runs_and_steps(config)[0], *map(int, image_shape))
+
+    def unet_calls(self, config):
+        runs, steps = self.runs_and_steps(config)
+        return runs * steps
+
+    def score_head(self, config, classifier, image_shape):
+        return MajorityVoteHead(classifier, self.runs_and_steps(config)[0])
+
+    def score_tolerance(self, config):
+        """Its scores are vote counts: a run whose label flips moves a sample's score by up to K + 2 against a scale
+        of K (K + 1); three such runs in one sample are allowed (the flip budgets judge the votes themselves)."""
+        runs = self.runs_and_steps(config)[0]
+        return 3.0 * (runs + 2) / (1.0 + runs * (runs + 1))
+
+    def classifier_calls(self, config):
+        return self.runs_and_steps(config)[0]
+
+    def config_tag(self, config):
+        runs, steps = self.runs_and_steps(config)
+        return f"__K{runs}__S{steps}"
+
+    graph_tag = config_tag

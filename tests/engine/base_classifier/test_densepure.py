@@ -1,0 +1,207 @@
+"""DensePure (engine/base_classifier/methods/densepure.py) on the engine's paths: its majority vote breaks ties as
+DensePure's merge script does; its chain's noise is keyed by (image, sample, run, step), so counts are equal
+across batch sizes and shards; the command line, a table spec and the Python API run it with its own settings
+(`--option`, spec keys, keywords) and write the same rows; where it cannot run it is refused in one line."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from cli_helpers import assert_rows_spread, invoke_ok, rows_without_time
+from click.testing import CliRunner
+from torch import nn
+
+from diffsmooth.cli import main
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
+from diffsmooth.engine.base_classifier.methods.densepure import MAX_STEPS, MajorityVoteHead
+from diffsmooth.engine.certify.noise import STREAM_PURIFY, NoiseKeys, RowNoise, gaussian_rows
+from diffsmooth.engine.data import load_dataset
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models.checkpoints import load_classifier
+from diffsmooth.engine.pipelines import smoothed_classifier
+from diffsmooth.engine.runs.results import read_json, settings_path, shard_path
+
+RUNS, STEPS = 3, 2
+OPTIONS = ["--option", f"reverse_runs={RUNS}", "--option", f"steps={STEPS}"]
+FAST = ["--n0", "6", "--n", "24", "--alpha", "0.2", "--batch", "8", "--quiet"]
+
+
+class LabelReader(nn.Module):
+    """A classifier that returns the label written in each image's first pixel (as one-hot logits)."""
+
+    def forward(self, x):
+        return nn.functional.one_hot(x[:, 0, 0, 0].round().long(), 7).float() * 5
+
+
+def test_the_majority_vote_is_densepures_with_its_tie_break():
+    rng = random.Random(0)
+    head = MajorityVoteHead(LabelReader(), 4)
+    lists = [[rng.randrange(7) for _ in range(4)] for _ in range(400)] + [[3, 1, 1, 3], [2, 5, 5, 2], [6, 0, 4, 1]]
+    images = torch.tensor(lists, dtype=torch.float32).view(-1, 4, 1, 1, 1).expand(-1, 4, 1, 2, 2)
+    votes = head(images).argmax(dim=1).tolist()
+    expected = [max(labels, key=labels.count) for labels in lists]         # results/merge_results.py
+    assert votes == expected
+    assert votes[-3:] == [3, 2, 6]                  # ties go to the label that came first
+    assert len(set(expected)) == 7
+
+
+def test_a_rows_chain_noise_is_keyed_by_image_sample_run_and_step():
+    keys = NoiseKeys(11, STREAM_PURIFY, "cpu")
+    images, samples = torch.tensor([4, 9, 4]), torch.tensor([0, 3, 7])
+    noise = RowNoise(keys, images, samples)
+    draw = 2 * MAX_STEPS + 1                        # run 2, step 1
+    together = noise.normal(draw, (3, 5, 5))
+    for r in range(3):                              # the same values whatever else shares the batch
+        alone = gaussian_rows(keys, images[r:r + 1], samples[r:r + 1], (3, 5, 5), draw=draw)
+        assert torch.equal(together[r:r + 1], alone)
+    assert not torch.equal(noise.normal(draw + 1, (3, 5, 5)), together)         # the next step's
+    assert not torch.equal(noise.normal(draw + MAX_STEPS, (3, 5, 5)), together)  # the next run's
+    other = RowNoise(NoiseKeys(11, 0, "cpu"), images, samples)                  # the smoothing stream's
+    assert not torch.equal(other.normal(draw, (3, 5, 5)), together)
+
+
+def _api(tiny_models, **settings):
+    classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
+    import json
+
+    from diffsmooth.engine.base_classifier.denoise import load_denoiser
+    denoiser = load_denoiser(tiny_models["unet"], "cifar10", **json.loads(tiny_models["unet_config"]))
+    return smoothed_classifier("densepure", denoiser=denoiser, classifier=classifier,
+                               sigma=float(tiny_models["sigma"]), reverse_runs=RUNS, steps=STEPS, **settings)
+
+
+def test_counts_are_equal_across_batch_sizes_and_spread(tiny_models):
+    dataset = load_dataset("npz", str(tiny_models["data"]))
+    pipeline = _api(tiny_models, batch=8).smooth_for(dataset[0][0].shape).pipeline
+    winners = set()
+    for index in range(len(dataset)):
+        x = dataset[index][0]
+        by_batch = [pipeline.count(x, index, 5, 21, batch)[0] for batch in (4, 7, 21)]
+        assert all(np.array_equal(by_batch[0], c) for c in by_batch[1:]), index
+        winners.add(int(by_batch[0].argmax()))
+    assert len(winners) >= 3, winners
+
+
+def test_the_command_line_and_the_api_write_the_same_rows(tiny_models, tiny_cli_args, tmp_path):
+    cli = tmp_path / "cli.tsv"
+    invoke_ok(["certify", *tiny_cli_args, "--method", "densepure", *OPTIONS, *FAST, "--out", cli])
+    assert_rows_spread(cli, min_classes=3)
+    recorded = read_json(settings_path(cli))
+    assert (recorded["method"], recorded["reverse_runs"], recorded["steps"]) == ("densepure", RUNS, STEPS)
+    assert "m" not in recorded and "local_sigma" not in recorded
+    api = tmp_path / "api.tsv"
+    dataset = load_dataset("npz", str(tiny_models["data"]))
+    _api(tiny_models, batch=8).certify_dataset(dataset, api, n0=6, n=24, alpha=0.2)
+    assert rows_without_time(api) == rows_without_time(cli)
+    # two shards merged, and a run stopped after three images then resumed, give the same rows
+    merged, resumed = tmp_path / "merged.tsv", tmp_path / "resumed.tsv"
+    for i in range(2):
+        invoke_ok(["certify", *tiny_cli_args, "--method", "densepure", *OPTIONS, *FAST, "--shard", f"{i}/2",
+                   "--out", merged])
+    invoke_ok(["merge", merged, *[shard_path(merged, i, 2) for i in range(2)]])
+    invoke_ok(["certify", *tiny_cli_args, "--method", "densepure", *OPTIONS, *FAST, "--max", "3", "--out", resumed])
+    assert len(rows_without_time(resumed)) == 3
+    invoke_ok(["certify", *tiny_cli_args, "--method", "densepure", *OPTIONS, *FAST, "--out", resumed])
+    assert rows_without_time(merged) == rows_without_time(resumed) == rows_without_time(cli)
+    # another number of runs is another base classifier: a resume with it is refused, not mixed in
+    result = CliRunner().invoke(main, ["certify", *tiny_cli_args, "--method", "densepure", "--option", "reverse_runs=5",
+                                       "--option", f"steps={STEPS}", *FAST, "--out", str(cli)])
+    assert result.exit_code != 0 and "reverse_runs" in result.output, result.output
+
+
+def test_its_settings_are_checked_in_one_line_on_every_path(tiny_models, tiny_cli_args, tmp_path):
+    def refused(args, text):
+        result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "x.tsv")])
+        assert result.exit_code != 0 and text in result.output, result.output
+        assert "Traceback" not in result.output
+
+    base = ["certify", *tiny_cli_args, *FAST]
+    refused([*base, "--method", "densepure", "--option", "steps=0"], "densepure setting steps must be 1..100, got 0")
+    refused([*base, "--method", "densepure", "--option", "runs=3"], "has no setting 'runs'")
+    refused([*base, "--method", "dds", "--option", "steps=3"], "has no setting 'steps'")
+    refused([*base, "--method", "densepure", "--option", "steps"], "is not NAME=VALUE")
+    refused([*base, "--method", "densepure", "--method", "dds"], "runs alone, not in a sweep")
+    refused([*base, "--method", "densepure", "--backend", "onnxruntime", "--onnx-dir", str(tmp_path)],
+            "runs on the torch backend only")
+    with pytest.raises(UserError, match="densepure setting reverse_runs must be an integer"):
+        MethodConfig("densepure", 0.5, options=(("reverse_runs", 2.5),))
+    with pytest.raises(UserError, match="has no setting 'm_runs'"):
+        _api(tiny_models, m_runs=2)
+
+
+def test_a_table_spec_line_takes_its_settings(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('title = "t"\nsigmas = [0.5]\nradii = [0.25]\nn_max = 40\n'
+                    '[data]\ndataset = "embedded"\nskip = 250\nimages = 2\n'
+                    '[[line]]\nmethod = "densepure"\nreverse_runs = 4\nsteps = 3\n')
+    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--out", str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    from diffsmooth.engine.table.spec import load_spec
+    line = load_spec(spec).lines[0]
+    assert line.options == (("reverse_runs", 4), ("steps", 3))
+    spec.write_text(spec.read_text().replace("steps = 3", "steps = 300"))
+    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--out", str(tmp_path / "t")])
+    assert result.exit_code == 2 and "line 1: densepure setting steps must be 1..100, got 300" in result.output, \
+        result.output
+    spec.write_text(spec.read_text().replace("steps = 300", "m = 3"))
+    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--out", str(tmp_path / "t")])
+    assert result.exit_code == 2 and "local_sigma and m belong to diffsmooth lines" in result.output, result.output
+
+
+def test_its_costs_and_file_tags():
+    config = MethodConfig("densepure", 0.5, options=(("reverse_runs", 4), ("steps", 5)))
+    kind = method_named("densepure")
+    assert (kind.unet_calls(config), kind.classifier_calls(config)) == (20, 4)
+    assert kind.purified_shape(config, (3, 32, 32)) == (4, 3, 32, 32)
+    assert kind.config_tag(config) == "__K4__S5"
+    assert MethodConfig("densepure", 0.5).options == (("reverse_runs", 10), ("steps", 2))     # DensePure's defaults
+
+
+@pytest.mark.slow
+def test_one_compiled_graph_serves_every_step_and_votes_as_eager(tiny_models):
+    """The fast path's compiled step: the timestep and coefficients are inputs, so S steps compile one graph, and
+    the compiled chain's samples and votes are eager fp32's (CPU)."""
+    from diffsmooth.engine.backends.recompile_limit import compiled_graphs
+    from diffsmooth.engine.backends.torch_backend import TorchBackend
+    from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
+    from diffsmooth.engine.runs.fast_path import FastPath
+
+    api = _api(tiny_models)
+    config = MethodConfig("densepure", api.sigma, options=(("reverse_runs", 2), ("steps", 3)))
+    x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    noise = RowNoise(NoiseKeys(0, STREAM_PURIFY, "cpu"), torch.tensor([0, 0, 1, 2]), torch.tensor([0, 1, 0, 5]))
+    before = compiled_graphs()
+    compiled = build_torch_stages(config, api.classifier, api.denoiser, TorchBackend("cpu", compile=True), (3, 8, 8),
+                                  fast=FastPath())
+    eager = build_torch_stages(config, api.classifier, api.denoiser, TorchBackend("cpu"), (3, 8, 8), fast=FastPath())
+    fast_x, slow_x = compiled.purify(x, noise), eager.purify(x, noise)
+    assert compiled_graphs() - before == 1                      # three steps, one graph
+    assert (fast_x - slow_x).abs().max() <= 1e-4
+    assert torch.equal(compiled.score(fast_x).argmax(-1), eager.score(slow_x).argmax(-1))
+
+
+def test_the_agreement_check_allows_a_few_flipped_runs_not_another_noise():
+    """Its scores are vote counts: a sample whose runs flip here and there stays within the check's tolerance; a
+    sample scored on other noise (other labels throughout) does not."""
+    from diffsmooth.engine.runs.fast_path import judge_each_configuration
+
+    head = MajorityVoteHead(LabelReader(), 10)
+    rng = random.Random(1)
+    labels = [[rng.choice([1, 1, 1, 2]) for _ in range(10)] for _ in range(50)]
+    flipped = [list(row) for row in labels]
+    for row in flipped[:5]:
+        for k in (0, 3, 7):
+            row[k] = 4
+    other = [[rng.choice([2, 2, 3]) for _ in range(10)] for _ in range(50)]
+
+    def scores(rows):
+        x = torch.tensor(rows, dtype=torch.float32).view(-1, 10, 1, 1, 1).expand(-1, 10, 1, 2, 2)
+        return head(x).numpy()[:, None, :]
+
+    tolerance = method_named("densepure").score_tolerance(MethodConfig("densepure", 0.5))
+    reference = scores(labels)
+    counts = [np.bincount(reference[:, 0].argmax(-1), minlength=7)[None]]
+    assert judge_each_configuration(counts, [scores(flipped)], [reference], [0], 1e-1, tolerance).ok
+    assert not judge_each_configuration(counts, [scores(other)], [reference], [0], 1e-1, tolerance).ok
+    assert not judge_each_configuration(counts, [scores(flipped)], [reference], [0], 1e-1).ok     # the default's
