@@ -4,7 +4,8 @@ at its first failure), and the checkout is restored: a mutation the suite passes
     python -m studies.suite_mutations --checkout . --out mutations.json [--only NAME ...] [-- PYTEST ARGS]
 
 The mutations are the bugs the equality tests exist for: a wrong noise index, a batch offset, a resumed run
-re-certifying finished images, and the race reading an image's earliest row instead of its latest.
+re-certifying finished images, the race reading an image's earliest row instead of its latest, and DensePure's
+reverse runs drawing the same step noise.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ MUTATIONS = {
         "engine/table/race_build.py",
         "_, k, decided, path, row = max(entries, key=lambda entry: entry[0])",
         "_, k, decided, path, row = min(entries, key=lambda entry: entry[0])"),
+    "densepure-runs-share-step-noise": (
+        "engine/base_classifier/methods/densepure.py",
+        "noise.normal(k * MAX_STEPS + i, shape)",
+        "noise.normal(i, shape)"),
 }
 OLD_RACE_LINE = ("if (config, i) not in rank or rank[(config, i)] <= key:",
                  "if (config, i) not in rank or rank[(config, i)] >= key:")

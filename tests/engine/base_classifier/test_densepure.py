@@ -205,3 +205,34 @@ def test_the_agreement_check_allows_a_few_flipped_runs_not_another_noise():
     assert judge_each_configuration(counts, [scores(flipped)], [reference], [0], 1e-1, tolerance).ok
     assert not judge_each_configuration(counts, [scores(other)], [reference], [0], 1e-1, tolerance).ok
     assert not judge_each_configuration(counts, [scores(flipped)], [reference], [0], 1e-1).ok     # the default's
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_densepure_on_cuda_agrees_with_eager_fp32(precision):
+    """DensePure on the demo models on CUDA, the default fast path (compiled step, CUDA graphs, streams): votes
+    spread, an identical run repeats, and the votes agree with eager fp32 within its design flip rate (estimated:
+    this test's report is its first measurement)."""
+    from diffsmooth.engine.demo import shipped as demo_assets
+    from diffsmooth.engine.runs.assemble import ModelSources, load_models
+    from diffsmooth.engine.runs.fast_path import FastPath, measure_agreement
+    from diffsmooth.engine.runs.stage_backends import build_smooth
+    from diffsmooth.engine.runs.vote_agreement import design_flip_rate
+    if not demo_assets.DEMO_UNET.exists():
+        pytest.skip("embedded demo weights not built")
+    config = MethodConfig("densepure", 0.5)
+    sources = ModelSources.demo()
+    models = load_models(config, sources)
+    fast = build_smooth(config, sources, (1, 32, 32), 10, device="cuda", precision=precision,
+                        fast=FastPath.resolve("cuda"), models=models).pipeline
+    fp32 = build_smooth(config, sources, (1, 32, 32), 10, device="cuda", precision="fp32", fast=FastPath(),
+                        models=models).pipeline
+    data = load_dataset("embedded")
+    x = data[2][0]
+    counts = fast.count(x, 2, 0, 500, 250)
+    assert (counts > 0).sum() >= 2, f"votes do not spread: {counts}"
+    np.testing.assert_array_equal(counts, fast.count(x, 2, 0, 500, 250))
+    report = measure_agreement(fast, fp32, [(2, x), (9, data[9][0])], 500, 250, design_flip_rate(precision, ["densepure"]))
+    print(f"densepure {precision}: {report.line()}")
+    assert report.ok, report.problems
