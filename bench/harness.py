@@ -189,12 +189,16 @@ def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = Non
     config = _method_config(settings, m)
     shape = model_set.image_shape
     batch = max(2, int(settings.batch or 2))        # the lean UNet computes t*'s embedding once per batch
+    # the one-shot purifier's FLOPs per UNet call, times the method's UNet calls per sample (a reverse chain's
+    # elementwise steps are left out: under 0.1% of a UNet call)
     den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma, lean=settings.lean_unet), shape,
                                 batch=batch if settings.lean_unet else 2)
                     if config.uses_denoiser else (0, {}))
+    unet_calls = config.kind.unet_calls(config)
+    den *= max(1, unet_calls)
     head = score_module(config, model_set.classifier, shape)
     extra = [(config.m, *shape)] if getattr(head, "takes_noise", False) else []
-    cls, cls_ops = stage_flops(head, shape, extra)
+    cls, cls_ops = stage_flops(head, config.kind.purified_shape(config, shape) or shape, extra)
     calls = config.kind.classifier_calls(config)
     return {
         "convention": CONVENTION,
@@ -202,6 +206,7 @@ def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = Non
         "classifier_per_sample": cls,
         "classifier_per_call": cls // calls,
         "classifier_calls_per_sample": calls,
+        "unet_calls_per_sample": unet_calls,
         "total_per_sample": den + cls,
         "denoiser_share": den / (den + cls) if den + cls else 0.0,
         "by_op": {"denoiser": den_ops, "classifier": cls_ops},

@@ -8,13 +8,13 @@ whole-pipeline rate is then measured in a separate pass without timers.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections import defaultdict
 from typing import Dict, Iterable, Optional
 
 import torch
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.certify import monte_carlo as pipeline_module
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 
@@ -73,13 +73,12 @@ class TimedStage:
 
 
 def timed_stages(stages, clock: StageClock):
-    """A copy of BaseClassifierStages whose purify/score are timed as denoise/classify."""
-    return BaseClassifierStages(
-        stages.method,
-        TimedStage(stages.purify, clock, "denoise") if stages.purify is not None else None,
-        TimedStage(stages.score, clock, "classify"),
-        stages.num_classes,
-        stages.local_noise_shape,
+    """A copy of BaseClassifierStages whose purify/score are timed as denoise/classify (every other field kept:
+    a purifier's own noise draws, timed inside `denoise`, and its purified shape)."""
+    return dataclasses.replace(
+        stages,
+        purify=TimedStage(stages.purify, clock, "denoise") if stages.purify is not None else None,
+        score=TimedStage(stages.score, clock, "classify"),
     )
 
 

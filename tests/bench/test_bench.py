@@ -406,3 +406,16 @@ def test_gpu_summary_sets_the_headline_tables_against_the_measured_one(tmp_path)
     assert cells[1:5] == [f"{samples['total']:,}", f"{samples['fixed_n']:,}",
                           f"{samples['fixed_n'] / samples['total']:.1f}x", f"{HEADLINE_BEFORE['rs']:,}"]
     assert cells[5] == f"{samples['total'] / HEADLINE_BEFORE['rs'] - 1:+.1%}" and cells[6].isdigit()
+
+
+def test_a_methods_flops_count_its_unet_and_classifier_calls():
+    """DensePure's sample costs K x S UNet calls and K classifier calls: the FLOP count multiplies the one-shot
+    purifier's by its UNet calls and counts its classifier head on its K purified samples."""
+    from diffsmooth.bench.harness import count_model_flops
+    from diffsmooth.bench.models import build_model_set
+    model_set = build_model_set("demo", "dds")
+    dds = count_model_flops(model_set, tiny_settings(models="demo", method="dds"))
+    dense = count_model_flops(model_set, tiny_settings(models="demo", method="densepure"))
+    assert (dense["unet_calls_per_sample"], dense["classifier_calls_per_sample"]) == (20, 10)
+    assert dense["denoiser_per_sample"] == 20 * dds["denoiser_per_sample"] > 0
+    assert dense["classifier_per_sample"] == 10 * dds["classifier_per_sample"] > 0

@@ -3,8 +3,9 @@ runners/diffpure_guided_densepure.py and the `p_sample` / `p_mean_variance` of i
 written out here as that code computes it: float64 numpy tables, recomputed for the respaced chain on a chain's
 first step and read as fp32 at each use, the noise of every `p_sample` call given explicitly. The engine's chain,
 fed the same noises, must agree within 1e-5 (fp32) for an improved-diffusion CIFAR-10 UNet (cosine, T = 4000,
-learned range, rescaled timesteps) and a guided-diffusion ImageNet UNet (linear, T = 1000, learned range) at
-S in {2, 5, 10}; and S = 1 (which DensePure's code cannot run) is one clipped x0 prediction."""
+learned range, rescaled timesteps), a guided-diffusion ImageNet UNet (linear, T = 1000, learned range) and a UNet
+without learned variance (fixed-large, as the demo's) at S in {2, 5, 10}; and S = 1 (which DensePure's code cannot
+run) is one clipped x0 prediction."""
 
 import math
 
@@ -26,8 +27,8 @@ RUNS = 2
 class PublishedDensePure:
     """One DensePure reverse run as its code runs it (`use_t_steps`), the `randn_like` of each p_sample given."""
 
-    def __init__(self, unet, schedule: str, big_t: int, rescale: bool):
-        self.unet, self.kind, self.big_t, self.rescale = unet, schedule, big_t, rescale
+    def __init__(self, unet, schedule: str, big_t: int, rescale: bool, learned: bool = True):
+        self.unet, self.kind, self.big_t, self.rescale, self.learned = unet, schedule, big_t, rescale, learned
         self.origin = np.cumprod(1.0 - betas_for(schedule, big_t))      # guided: alphas_cumprod_origin
 
     def t_star(self, sigma):
@@ -71,10 +72,15 @@ class PublishedDensePure:
         c = x.shape[1]
         model_t = real_t.float() * (1000.0 / self.big_t) if self.rescale else real_t
         out = self.unet(x, model_t)
-        eps, values = torch.split(out, c, dim=1)
-        min_log, max_log = self.extract("clipped", t, x), self.extract("log_betas", t, x)
-        frac = (values + 1) / 2
-        log_var = frac * max_log + (1 - frac) * min_log
+        if self.learned:                        # LEARNED_RANGE
+            eps, values = torch.split(out, c, dim=1)
+            min_log, max_log = self.extract("clipped", t, x), self.extract("log_betas", t, x)
+            frac = (values + 1) / 2
+            log_var = frac * max_log + (1 - frac) * min_log
+        else:                                   # FIXED_LARGE (improved-diffusion without learn_sigma)
+            eps = out
+            self.tables["log_fixed_large"] = np.log(self.tables["fixed_large"])
+            log_var = self.extract("log_fixed_large", t, x)
         x0 = (self.extract("recip", t, x) * x - self.extract("recipm1", t, x) * eps).clamp(-1, 1)
         mean = self.extract("coef1", t, x) * x0 + self.extract("coef2", t, x) * x
         mask = (t != 0).float().view(-1, *([1] * (x.dim() - 1)))
@@ -110,8 +116,11 @@ class GivenNoise:
 def _cases():
     cifar = dict(TINY_UNET)
     imagenet = dict(TINY_UNET, num_head_channels=16, resblock_updown=True)
+    fixed = dict(TINY_UNET, learn_sigma=False)
     return {"improved-diffusion cifar10": ("cifar10", cifar, DiffusionSchedule("cosine", 4000, rescale_timesteps=True)),
-            "guided-diffusion imagenet": ("imagenet", imagenet, DiffusionSchedule("linear", 1000))}
+            "guided-diffusion imagenet": ("imagenet", imagenet, DiffusionSchedule("linear", 1000)),
+            "fixed-variance cosine (the demo's kind)": ("cifar10", fixed,
+                                                        DiffusionSchedule("cosine", 4000, rescale_timesteps=True))}
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +129,7 @@ def unets():
 
     made = {}
     for name, (preset, config, schedule) in _cases().items():
-        unet = random_unet(**config) if preset == "cifar10" else None
+        unet = random_unet(**config) if preset == "cifar10" and config.get("learn_sigma", True) else None
         if unet is None:
             torch.manual_seed(1)
             unet = UNetModel(unet_config(preset, **config))
@@ -146,7 +155,8 @@ def test_the_chain_equals_densepures_published_maths(unets, case, steps):
     gen = torch.Generator().manual_seed(steps)
     x = torch.rand(3, 3, 8, 8, generator=gen)
     noises = [[torch.randn(3, 3, 8, 8, generator=gen) for _ in range(steps)] for _ in range(RUNS)]
-    published = PublishedDensePure(unet, schedule.name, schedule.num_steps, schedule.rescale_timesteps)
+    published = PublishedDensePure(unet, schedule.name, schedule.num_steps, schedule.rescale_timesteps,
+                                   learned=unet.config.learn_sigma)
     expected = torch.stack([(published.run(x, SIGMA, steps, noises[k]) + 1) * 0.5 for k in range(RUNS)], dim=1)
     got = _engine_chain(unet, schedule, SIGMA, RUNS, steps)(x, GivenNoise(noises))
     assert got.shape == (3, RUNS, 3, 8, 8)
