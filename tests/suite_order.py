@@ -9,6 +9,7 @@ HEAVY_FIRST = (
     "tests/test_readme_python.py",                   # ~75 s
     "tests/export/test_export.py",                   # ~65 s
     "tests/engine/models/test_triton_conv.py",       # ~50 s
+    "tests/engine/base_classifier/test_densepure.py",  # ~20 s
     "tests/fuzz/test_faults.py",
     "tests/engine/table/test_one_pass.py",
     "tests/engine/runs/test_sharding.py",

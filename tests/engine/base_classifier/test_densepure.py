@@ -161,24 +161,25 @@ def test_its_costs_and_file_tags():
 @pytest.mark.slow
 def test_one_compiled_graph_serves_every_step_and_votes_as_eager(tiny_models):
     """The fast path's compiled step: the timestep and coefficients are inputs, so S steps compile one graph, and
-    the compiled chain's samples and votes are eager fp32's (CPU)."""
+    the compiled chain's samples, and the votes on them, are eager fp32's (CPU; the classifier is not compiled here,
+    its compiled forms have tests of their own)."""
     from diffsmooth.engine.backends.recompile_limit import compiled_graphs
     from diffsmooth.engine.backends.torch_backend import TorchBackend
-    from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
-    from diffsmooth.engine.runs.fast_path import FastPath
 
     api = _api(tiny_models)
     config = MethodConfig("densepure", api.sigma, options=(("reverse_runs", 2), ("steps", 3)))
     x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
     noise = RowNoise(NoiseKeys(0, STREAM_PURIFY, "cpu"), torch.tensor([0, 0, 1, 2]), torch.tensor([0, 1, 0, 5]))
+    kind = config.kind
     before = compiled_graphs()
-    compiled = build_torch_stages(config, api.classifier, api.denoiser, TorchBackend("cpu", compile=True), (3, 8, 8),
-                                  fast=FastPath())
-    eager = build_torch_stages(config, api.classifier, api.denoiser, TorchBackend("cpu"), (3, 8, 8), fast=FastPath())
-    fast_x, slow_x = compiled.purify(x, noise), eager.purify(x, noise)
+    compiled = kind.purify_stage(config, api.denoiser, TorchBackend("cpu", compile=True))
+    eager = kind.purify_stage(config, api.denoiser, TorchBackend("cpu"))
+    fast_x, slow_x = compiled(x, noise), eager(x, noise)
     assert compiled_graphs() - before == 1                      # three steps, one graph
     assert (fast_x - slow_x).abs().max() <= 1e-4
-    assert torch.equal(compiled.score(fast_x).argmax(-1), eager.score(slow_x).argmax(-1))
+    head = kind.score_head(config, api.classifier.eval(), (3, 8, 8))
+    with torch.no_grad():
+        assert torch.equal(head(fast_x).argmax(-1), head(slow_x).argmax(-1))
 
 
 def test_the_agreement_check_allows_a_few_flipped_runs_not_another_noise():
