@@ -111,8 +111,9 @@ class ReverseStep(nn.Module):
 
 
 class ReverseChains:
-    """The purify stage: x_rs [B,C,H,W] (+ the rows' RowNoise) -> K purified samples [B,K,C,H,W] in [0,1], the K
-    runs of a row side by side in one batch of B*K for every step (`step`: the ReverseStep as a built stage)."""
+    """The purify stage: x_rs [B,C,H,W] (+ the rows' RowNoise) -> K purified samples [B,K,C,H,W] in [0,1]. Each run's
+    chain steps the whole batch of B (`step`: the ReverseStep as a built stage): the UNet always sees the run's batch,
+    the size a run is tuned for, and a step never holds K times the batch's activations."""
 
     def __init__(self, step, plan: ReversePlan, runs: int, fixed_large: bool):
         self.step, self.plan, self.runs = step, plan, int(runs)
@@ -131,17 +132,18 @@ class ReverseChains:
 
     @torch.inference_mode()         # every step's input an inference tensor, as its outputs: one compiled graph
     def __call__(self, x_rs: torch.Tensor, noise) -> torch.Tensor:
-        b, shape = x_rs.shape[0], tuple(x_rs.shape[1:])
-        x = (self.plan.scale * ((x_rs - 0.5) * 2)).repeat_interleave(self.runs, dim=0)
+        shape = tuple(x_rs.shape[1:])
+        start = self.plan.scale * ((x_rs - 0.5) * 2)
         last = len(self.plan.timesteps) - 1
-        for i in range(last + 1):
-            if i < last:
-                z = torch.stack([noise.normal(k * MAX_STEPS + i, shape) for k in range(self.runs)], dim=1)
-                z = z.reshape(b * self.runs, *shape)
-            else:
-                z = torch.zeros_like(x)
-            x = self.step(x, self.timesteps[i], self.coefficients[i], z)
-        return ((x + 1) * 0.5).view(b, self.runs, *shape)
+        quiet = torch.zeros_like(start)
+        runs = []
+        for k in range(self.runs):
+            x = start
+            for i in range(last + 1):
+                z = noise.normal(k * MAX_STEPS + i, shape) if i < last else quiet
+                x = self.step(x, self.timesteps[i], self.coefficients[i], z)
+            runs.append((x + 1) * 0.5)
+        return torch.stack(runs, dim=1)
 
 
 class MajorityVoteHead(nn.Module):
