@@ -237,3 +237,35 @@ def test_densepure_on_cuda_agrees_with_eager_fp32(precision):
     report = measure_agreement(fast, fp32, [(2, x), (9, data[9][0])], 500, 250, design_flip_rate(precision, ["densepure"]))
     print(f"densepure {precision}: {report.line()}")
     assert report.ok, report.problems
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_way_and_started_again_writes_the_uninterrupted_rows(tiny_models, tiny_cli_args, tmp_path):
+    """SIGKILL after the first finished row (and a torn last line, the worst case), then a restart: the same rows
+    as one uninterrupted run, every image once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from diffsmooth.engine.runs.results import read_rows
+
+    args = ["certify", *tiny_cli_args, "--method", "densepure", *OPTIONS, "--n0", "6", "--n", "150", "--alpha", "0.2",
+            "--batch", "8", "--window", "1", "--threads", "1", "--quiet"]
+    whole, killed = tmp_path / "whole.tsv", tmp_path / "killed.tsv"
+    invoke_ok([*args, "--out", whole])
+    cli = [sys.executable, "-m", "diffsmooth.cli", *[str(a) for a in args], "--out", str(killed)]
+    proc = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (killed.exists() and len(killed.read_text().splitlines()) >= 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 1 <= len(read_rows(killed)) < 6                      # killed mid-way, with rows written
+    with open(killed, "a") as f:
+        f.write("5\t5\t")
+    assert subprocess.run(cli, capture_output=True).returncode == 0
+    assert_rows_spread(whole, min_classes=3)
+    assert rows_without_time(killed) == rows_without_time(whole)
+    indices = [int(r["idx"]) for r in read_rows(killed)]
+    assert len(indices) == len(set(indices)) == 6
