@@ -39,9 +39,13 @@ def _port() -> int:
     return 29000 + (os.getpid() * 7 + int(time.time() * 1000)) % 900
 
 
-def _torchrun(ranks: int, out: Path, *extra: str, table=DEMO) -> list:
+PACED_CLI = Path(__file__).resolve().parents[2] / "paced_cli.py"   # ranks pause after each extension row
+
+
+def _torchrun(ranks: int, out: Path, *extra: str, table=DEMO, paced: bool = False) -> list:
+    launch = [str(PACED_CLI)] if paced else ["-m", "diffsmooth.cli"]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(_port()),
-            *extra, "-m", "diffsmooth.cli", *table, "--out", str(out)]
+            *extra, *launch, *table, "--out", str(out)]
 
 
 def _env() -> dict:
@@ -171,8 +175,9 @@ def _signal(pids: list, sig: int) -> None:
 
 def _kill_a_rank_mid_extension(cmd: list, out: Path, whole: dict) -> subprocess.Popen:
     """Start `cmd` and SIGKILL its last rank while an extension's pass is unfinished (its rank files hold
-    some of its rows). The ranks are frozen (SIGSTOP) while the files are looked at again: a rank must not
-    finish the pass between the look and the kill (after the pass's barrier rank 0 merges the rank files)."""
+    some of its rows; `cmd` is paced, tests/paced_cli.py, so on a fast machine too). The ranks are frozen
+    (SIGSTOP) while the files are looked at again: a rank must not finish the pass between the look and the
+    kill (after the pass's barrier rank 0 merges the rank files)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
@@ -187,7 +192,8 @@ def _kill_a_rank_mid_extension(cmd: list, out: Path, whole: dict) -> subprocess.
                 return proc
         time.sleep(0.02)
     proc.kill()
-    pytest.fail("no extension started while the table ran")
+    _, err = proc.communicate(timeout=60)
+    pytest.fail(f"no extension was seen unfinished on every rank while the table ran: {err[-2000:]}")
 
 
 @needs_demo
@@ -197,7 +203,7 @@ def test_a_table_on_two_gloo_ranks_killed_and_started_again_equals_one_process(o
     a pass whose ranks wrote every row but were killed before the merge (its rows left in rank files), started
     again: the same folder."""
     out = tmp_path / "t"
-    proc = _kill_a_rank_mid_extension(_torchrun(2, out), out, one_process)
+    proc = _kill_a_rank_mid_extension(_torchrun(2, out, paced=True), out, one_process)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode != 0
     assert not (out / "summary.json").exists()
