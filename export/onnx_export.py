@@ -20,6 +20,12 @@ from torch import nn
 
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.purifier_graph import (  # noqa: F401 (ConstantTimestepUNet: its old home)
+    ConstantTimestepUNet,
+    PurifierGraph,
+    example_batch,
+    one_shot_graph,
+)
 from diffsmooth.engine.base_classifier.torch_stages import score_module
 from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError, first_line
@@ -39,29 +45,9 @@ EXTERNAL_DATA_THRESHOLD = (2 << 30) - (64 << 20)
 # Modules as exported
 
 
-class ConstantTimestepUNet(nn.Module):
-    """The UNet at one fixed timestep: exported with a [1] constant timestep so the whole embedding
-    path folds away (eagerly [B], as the UNet checks); OneShotPurifier's own `t` is ignored."""
-
-    def __init__(self, unet: nn.Module, model_timestep: float):
-        super().__init__()
-        self.unet = unet
-        self.config = getattr(unet, "config", None)
-        self.register_buffer("timestep", torch.tensor([float(model_timestep)], dtype=torch.float32),
-                             persistent=False)
-
-    def forward(self, x: torch.Tensor, t: Optional[torch.Tensor] = None) -> torch.Tensor:
-        exporting = torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
-        return self.unet(x, self.timestep if exporting else self.timestep.expand(x.shape[0]))
-
-
 def purifier_for_export(denoiser: DiffusionDenoiser, sigma: float) -> nn.Module:
-    """The denoiser's purifier at `sigma` (OneShotPurifier, or a diffusers folder's OneStepPurifier) whose
-    UNet sees a constant-foldable timestep."""
-    coefficients = denoiser.schedule.coefficients(sigma)
-    purifier = denoiser.purifier(sigma)
-    purifier.unet = ConstantTimestepUNet(denoiser.unet, coefficients.model_timestep)
-    return purifier.eval()
+    """The denoiser's one-shot purifier at `sigma` whose UNet sees a constant-foldable timestep."""
+    return one_shot_graph(denoiser, sigma, (1, 1, 1)).module
 
 
 # --------------------------------------------------------------------------------------------
@@ -69,11 +55,13 @@ def purifier_for_export(denoiser: DiffusionDenoiser, sigma: float) -> nn.Module:
 
 
 def trace_to_onnx(module: nn.Module, example_inputs: Tuple[torch.Tensor, ...], input_names: Sequence[str],
-                  output_names: Sequence[str], opset: int = OPSET) -> onnx.ModelProto:
-    """TorchScript exporter (dynamo=False; the dynamo exporter only if that is gone), dynamic batch,
-    then the graph passes and the opset/Einsum check."""
+                  output_names: Sequence[str], opset: int = OPSET,
+                  batch_inputs: Optional[Sequence[str]] = None) -> onnx.ModelProto:
+    """TorchScript exporter (dynamo=False; the dynamo exporter only if that is gone), dynamic batch on the
+    outputs and `batch_inputs` (None: every input), then the graph passes and the opset/Einsum check."""
     module = module.eval()
-    dynamic_axes = {n: {0: "batch"} for n in list(input_names) + list(output_names)}
+    batched = list(input_names) if batch_inputs is None else [n for n in input_names if n in batch_inputs]
+    dynamic_axes = {n: {0: "batch"} for n in batched + list(output_names)}
     tmp = Path(tempfile.mkdtemp(prefix="diffsmooth-export-"))
     try:
         path = tmp / "graph.onnx"
@@ -87,7 +75,7 @@ def trace_to_onnx(module: nn.Module, example_inputs: Tuple[torch.Tensor, ...], i
                 if "dynamo" not in str(exc) and "TorchScript" not in str(exc):
                     raise
                 batch = torch.export.Dim("batch", min=1)
-                shapes = {n: {0: batch} for n in input_names}
+                shapes = {n: ({0: batch} if n in batched else {}) for n in input_names}
                 program = torch.onnx.export(module, tuple(example_inputs), dynamo=True, opset_version=opset,
                                             input_names=list(input_names), output_names=list(output_names),
                                             dynamic_shapes=shapes, optimize=True)
@@ -237,28 +225,28 @@ class ExportedGraph:
     manifest: dict = field(default_factory=dict)
 
 
-def _example_batch(image_shape, batch: int = 2, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand((batch, *map(int, image_shape)), generator=g)
+_example_batch = example_batch
 
 
-def export_denoiser(denoiser: DiffusionDenoiser, sigma: float, image_shape, out_dir, *,
+def export_denoiser(config: MethodConfig, denoiser: DiffusionDenoiser, image_shape, out_dir, *,
                     precisions: Sequence[str] = ("fp32",), source: Optional[dict] = None,
                     preset: Optional[str] = None,
                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> List[ExportedGraph]:
-    """x_rs [B,C,H,W] in [0,1] -> purified x_hat [B,C,H,W] in [0,1] at one sigma."""
-    coefficients = denoiser.schedule.coefficients(sigma)
-    module = purifier_for_export(denoiser, sigma)
-    model = trace_to_onnx(module, (_example_batch(image_shape),), ["x_rs"], ["x_hat"])
+    """The method's purify stage as its graph (Method.purifier_graph): for the one-shot methods x_rs [B,C,H,W] in
+    [0,1] -> purified x_hat [B,C,H,W] in [0,1] at one sigma."""
+    graph = config.kind.purifier_graph(config, denoiser, image_shape)
+    names = list(graph.input_names)
+    batched = list(graph.batch_inputs or names)
+    model = trace_to_onnx(graph.module, graph.inputs, names, [graph.output_name], batch_inputs=batched)
     shape = [int(s) for s in image_shape]
     written = []
     for precision, variant in _variants(model, precisions):
-        path = Path(out_dir) / f"denoiser_s{sigma:g}_{shape_tag(shape)}_{precision}.onnx"
+        path = Path(out_dir) / f"{graph.stem}_{shape_tag(shape)}_{precision}.onnx"
         facts = save_graph(variant, path, external_data_threshold)
-        fields = _base_fields("denoiser", precision, shape, {"x_rs": ["batch", *shape]},
-                              ("x_hat", ["batch", *shape]), source)
-        fields.update(sigma=float(sigma), t_star=coefficients.t, model_timestep=coefficients.model_timestep,
-                      coefficients=_jsonable(coefficients), preset=preset, **_denoiser_facts(denoiser))
+        fields = _base_fields("denoiser", precision, shape, graph.input_shapes(),
+                              (graph.output_name, ["batch", *shape]), source)
+        fields.update({k: _jsonable(v) for k, v in graph.fields.items()})
+        fields.update(preset=preset, **_denoiser_facts(denoiser))
         fields.update(facts)
         write_manifest(path, _with_defaults(fields))
         written.append(ExportedGraph(path, "denoiser", precision, fields))
@@ -312,10 +300,11 @@ def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, 
     (mean softmax for DiffSmooth, logits for rs/dds)."""
     head = score_module(config, classifier.eval(), tuple(image_shape)).eval()
     shape = [int(s) for s in image_shape]
-    x = _example_batch(shape)
+    scored = list(config.kind.purified_shape(config, tuple(shape)) or shape)    # what its classifier reads
+    x = _example_batch(scored)
     args: Tuple[torch.Tensor, ...] = (x,)
     names = ["x"]
-    inputs = {"x": ["batch", *shape]}
+    inputs = {"x": ["batch", *scored]}
     if getattr(head, "takes_noise", False):
         args = (x, torch.randn((x.shape[0], config.m, *shape), generator=torch.Generator().manual_seed(1)))
         names.append("noise")
@@ -353,7 +342,7 @@ def export_models(config: MethodConfig, image_shape, out_dir, *, denoiser: Optio
     written: List[ExportedGraph] = []
     if denoiser is not None:
         if config.uses_denoiser:
-            written += export_denoiser(denoiser, config.sigma, image_shape, out_dir, precisions=precisions,
+            written += export_denoiser(config, denoiser, image_shape, out_dir, precisions=precisions,
                                        source=denoiser_source, preset=preset,
                                        external_data_threshold=external_data_threshold)
         if also_unet:

@@ -7,15 +7,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
+import torch
+
+from diffsmooth.engine.backends.manifests import find_graph, matches, scan_manifests
 from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
 from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device
 from diffsmooth.engine.backends.trt_plans import read_plan_manifest, write_plan_manifest
-from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.onnx_stages import wanted_fields
 from diffsmooth.engine.errors import UserError
 
-from .validate import DEFAULT_IMAGES, DEFAULT_SAMPLES, ValidationFailed, compare_stages, config_from_manifest, validation_images
+from .validate import (
+    DEFAULT_IMAGES,
+    DEFAULT_SAMPLES,
+    ValidationFailed,
+    compare_stages,
+    config_from_manifest,
+    purifier_config,
+    validation_images,
+)
 
 MIN_SAMPLES = 1000
 
@@ -25,6 +34,8 @@ class _OnHost:
 
     def __init__(self, stage):
         self.stage = stage
+        self.name, self.precision = stage.name, stage.precision
+        self.device = torch.device("cpu")           # where its outputs are (a chain around it works there)
 
     def __call__(self, *inputs):
         return self.stage(*inputs).float().cpu()
@@ -64,12 +75,12 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
         if config.uses_denoiser:
             den = next((d for d in results if d.role == "denoiser" and d.precision == r.precision
                         and d.graph_manifest["image_shape"] == shape
-                        and abs(float(d.graph_manifest["sigma"]) - config.sigma) < 1e-12), None)
+                        and matches(d.graph_manifest, config.kind.purifier_lookup(config))), None)
             if den is not None:
                 used.add(den.plan_path)
         groups.append((config, shape, den, r))
     for d in (d for d in results if d.role == "denoiser" and d.plan_path not in used):
-        groups.append((MethodConfig("dds", float(d.graph_manifest["sigma"])), d.graph_manifest["image_shape"], d, None))
+        groups.append((purifier_config(d.graph_manifest), d.graph_manifest["image_shape"], d, None))
     failed = []
     for config, shape, den, cls in groups:
         want_den, want_cls = wanted_fields(config, shape, "fp32")
@@ -78,9 +89,11 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
         local_shape = None
         batch = 100
         if den is not None:
-            ref_path, _ = find_graph(found, "denoiser", want_den, onnx_dir)
-            reference["purify"] = reference_fn(ref_path, "denoiser (ONNX Runtime fp32)")
-            candidate["purify"] = stage_fn(den.plan_path, "denoiser (TensorRT)", den.precision)
+            ref_path, ref_manifest = find_graph(found, "denoiser", want_den, onnx_dir)
+            reference["purify"] = config.kind.exported_purify_stage(
+                config, reference_fn(ref_path, "denoiser (ONNX Runtime fp32)"), ref_manifest)
+            candidate["purify"] = config.kind.exported_purify_stage(
+                config, stage_fn(den.plan_path, "denoiser (TensorRT)", den.precision), den.graph_manifest)
             batch = min(batch, _max_batch(den))
         if cls is not None:
             ref_path, _ = find_graph(found, "classifier", want_cls, onnx_dir)
@@ -94,7 +107,8 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
         images, indices, desc = validation_images(shape, DEFAULT_IMAGES, dataset, data)
         res = compare_stages(precision=precision, sigma=config.sigma, image_shape=shape, reference=reference,
                              candidate=candidate, local_noise_shape=local_shape, samples=samples, seed=seed,
-                             batch=batch, images=images, image_indices=indices, images_desc=desc)
+                             batch=batch, images=images, image_indices=indices, images_desc=desc,
+                             purify_noise=den is not None and config.kind.purify_noise)
         res["reference"] = "onnxruntime fp32 (cpu)"
         for r in (den, cls):
             if r is not None:
@@ -113,4 +127,5 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
 
 def _max_batch(r) -> int:
     profile = (r.manifest.get("key") or {}).get("profile") or {}
-    return int(next(iter(profile.values()))["max"][0]) if profile else 1
+    batched = [p for p in profile.values() if not p.get("static")]
+    return int(batched[0]["max"][0]) if batched else 1

@@ -11,14 +11,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
+from diffsmooth.engine.backends.manifests import matches, scan_manifests, verify_hashes
 from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
-from diffsmooth.engine.backends.torch_backend import TorchStage
+from diffsmooth.engine.backends.torch_backend import TorchBackend, TorchStage
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.base_classifier.torch_stages import score_module
-from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_SMOOTHING, gaussian
+from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_PURIFY, STREAM_SMOOTHING, NoiseKeys, RowNoise, gaussian
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
@@ -107,9 +107,10 @@ def compare_stages(*, precision: str, sigma: float, image_shape, reference: Dict
                    candidate: Dict[str, Optional[Stage]], local_noise_shape: Optional[Tuple[int, ...]] = None,
                    samples: int = DEFAULT_SAMPLES, seed: int = 0, batch: int = 100,
                    images: Optional[torch.Tensor] = None, image_indices: Optional[Sequence[int]] = None,
-                   images_desc: str = "given images") -> dict:
+                   images_desc: str = "given images", purify_noise: bool = False) -> dict:
     """Torch (`reference`) vs ONNX (`candidate`) {purify, score} stages on the pipeline's noisy samples:
-    per-stage errors on identical inputs and agreement of the chained argmax votes."""
+    per-stage errors on identical inputs and agreement of the chained argmax votes. `purify_noise`: the purify
+    stages take the rows' own noises too (RowNoise, as in a run), the same for both."""
     if precision not in VOTE_THRESHOLDS:
         raise UserError(f"precision must be one of {', '.join(VOTE_THRESHOLDS)}, got {precision!r}")
     if images is None:
@@ -129,8 +130,12 @@ def compare_stages(*, precision: str, sigma: float, image_shape, reference: Dict
             x_rs = x.unsqueeze(0) + sigma * eps
             h_ref = h_got = x_rs
             if has_purify:
-                h_ref = reference["purify"](x_rs)
-                h_got = candidate["purify"](x_rs)
+                own = []
+                if purify_noise:
+                    own = [RowNoise(NoiseKeys(seed, STREAM_PURIFY, "cpu"), torch.full((size,), int(idx)),
+                                    torch.arange(done, done + size))]
+                h_ref = reference["purify"](x_rs, *own)
+                h_got = candidate["purify"](x_rs, *own)
                 den_err.add(h_ref, h_got)
             if has_score:
                 extra = []
@@ -235,8 +240,9 @@ def validate_graphs(graphs: Sequence, config: MethodConfig, image_shape, *, deno
             if den is not None:
                 if denoiser is None:
                     raise UserError(f"validating {Path(den.path).name} needs the torch denoiser")
-                reference["purify"] = _torch_stage(denoiser.purifier(config.sigma), "denoiser")
-                candidate["purify"] = _ort_stage(den.path, "denoiser", precision, threads)
+                reference["purify"] = config.kind.purify_stage(config, denoiser, TorchBackend())
+                candidate["purify"] = config.kind.exported_purify_stage(
+                    config, _ort_stage(den.path, "denoiser", precision, threads), den.manifest)
             if cls is not None:
                 if classifier is None:
                     raise UserError(f"validating {Path(cls.path).name} needs the torch classifier")
@@ -248,7 +254,7 @@ def validate_graphs(graphs: Sequence, config: MethodConfig, image_shape, *, deno
             res = compare_stages(precision=precision, sigma=config.sigma, image_shape=image_shape,
                                  reference=reference, candidate=candidate, local_noise_shape=local_shape,
                                  samples=samples, seed=seed, images=images, image_indices=indices,
-                                 images_desc=desc)
+                                 images_desc=desc, purify_noise=den is not None and config.kind.purify_noise)
             for g in (den, cls):
                 if g is not None:
                     update_manifest(g.path, validation=res)
@@ -325,6 +331,14 @@ def config_from_manifest(manifest: dict) -> MethodConfig:
     return method_named(manifest.get("method")).config_from_manifest(manifest)
 
 
+def purifier_config(manifest: dict) -> MethodConfig:
+    """The method config a denoiser graph is validated at alone: its method's (a purifier of its own records
+    it), else the one-shot purifier's at its sigma (DDS)."""
+    if manifest.get("role") == "denoiser" and manifest.get("method"):
+        return config_from_manifest(manifest)
+    return MethodConfig("dds", float(manifest.get("sigma") or 0.5))
+
+
 def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dataset: Optional[str] = None,
                  data: Optional[str] = None, threads: Optional[int] = None) -> Dict[str, dict]:
     """Validate every graph in `onnx_dir` against the checkpoints named in its manifest."""
@@ -350,15 +364,14 @@ def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dat
         denoiser = None
         if config.uses_denoiser:
             match = [g for g in graphs if g.role == "denoiser" and g.precision == c.precision
-                     and g.manifest["image_shape"] == shape and abs(g.manifest["sigma"] - config.sigma) < 1e-12]
+                     and g.manifest["image_shape"] == shape and matches(g.manifest, config.kind.purifier_lookup(config))]
             if match:
                 group.append(match[0])
                 used.add(match[0].path)
                 denoiser = load_denoiser_for(match[0].manifest)
         run(group, config, shape, denoiser, load_classifier_for(c.manifest))
     for d in (g for g in graphs if g.role in ("denoiser", "unet") and g.path not in used):
-        sigma = d.manifest.get("sigma") or 0.5
-        run([d], MethodConfig("dds", float(sigma)), d.manifest["image_shape"], load_denoiser_for(d.manifest), None)
+        run([d], purifier_config(d.manifest), d.manifest["image_shape"], load_denoiser_for(d.manifest), None)
     if failures:
         raise ValidationFailed(" | ".join(failures))
     return results

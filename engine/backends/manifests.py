@@ -92,6 +92,11 @@ def _mismatches(manifest: dict, want: dict) -> List[str]:
     return bad
 
 
+def matches(manifest: dict, want: dict) -> bool:
+    """Whether `manifest` has every field of `want` (floats to within rounding)."""
+    return not _mismatches(manifest, want)
+
+
 def _describe_want(role: str, want: dict) -> str:
     parts = [f"{k}={'x'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in want.items()
              if k != "role"]

@@ -124,16 +124,21 @@ class TrtStage:
         return ctx
 
     def check_inputs(self, inputs) -> None:
-        """UserError unless the inputs fit the plan's profile (count, batch range, static dims)."""
+        """UserError unless the inputs fit the plan's profile (count, batch range, static dims). An input whose
+        profile fixes its first dimension (a reverse step's timestep and coefficients) is static: it is not a
+        batch, and must have exactly the profile's shape."""
         if len(inputs) != len(self.input_names):
             raise UserError(f"{self.name} takes {len(self.input_names)} input(s) "
                             f"({', '.join(self.input_names)}), got {len(inputs)}")
-        batch = {int(t.shape[0]) if t.dim() else -1 for t in inputs}
-        if len(batch) != 1:
+        batched = [(n, t) for n, t in zip(self.input_names, inputs) if self.profile[n][0][0] != self.profile[n][2][0]]
+        batch = {int(t.shape[0]) if t.dim() else -1 for _, t in batched}
+        if len(batch) > 1:
             raise UserError(f"{self.name}: inputs have different batch sizes {sorted(batch)}")
         for n, t in zip(self.input_names, inputs):
             lo, _, hi = self.profile[n]
             shape = tuple(int(d) for d in t.shape)
+            if lo == hi and shape != lo:
+                raise UserError(f"{self.name}: input {n} has shape {list(shape)}, the plan takes {list(lo)}")
             if len(shape) != len(lo) or shape[1:] != lo[1:]:
                 raise UserError(f"{self.name}: input {n} has shape {list(shape)}, the plan takes "
                                 f"[batch, {', '.join(map(str, lo[1:]))}]")

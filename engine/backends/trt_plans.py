@@ -28,7 +28,8 @@ def gpu_slug(name: str) -> str:
 def profile_for(inputs: Dict[str, Sequence], batch: int, max_batch: Optional[int] = None) -> Dict[str, dict]:
     """One optimisation profile from a graph manifest's `inputs` ({name: ["batch", d1, ...]}):
     min batch 1 (the pipeline's probe and last partial chunk), opt = the run's batch, max = max_batch
-    (default: the batch). Every other dimension is static."""
+    (default: the batch). Every other dimension is static, as is an input the manifest gives no batch axis
+    (a reverse step's timestep [1] and coefficients [7]), as long as some input has one."""
     batch = int(batch)
     max_batch = int(max_batch if max_batch is not None else batch)
     if batch < 1:
@@ -37,19 +38,25 @@ def profile_for(inputs: Dict[str, Sequence], batch: int, max_batch: Optional[int
         raise UserError(f"`max_batch` {max_batch} is smaller than the batch {batch}")
     if not inputs:
         raise UserError("the graph manifest lists no inputs; re-export it")
+    if not any(dims and dims[0] == "batch" for dims in inputs.values()):
+        raise UserError(f"no input of the graph has a leading batch axis ({inputs}); re-export it")
     profile = {}
     for name, dims in inputs.items():
         if not dims or dims[0] != "batch":
-            raise UserError(f"input {name} of the graph has no leading batch axis ({dims}); re-export it")
+            fixed = [int(d) for d in dims]
+            profile[name] = {"min": fixed, "opt": fixed, "max": fixed, "static": True}
+            continue
         rest = [int(d) for d in dims[1:]]
         profile[name] = {"min": [1, *rest], "opt": [batch, *rest], "max": [max_batch, *rest]}
     return profile
 
 
 def profile_covers(profile: Dict[str, dict], batch: int) -> bool:
-    """Whether every batch size 1..batch fits the profile (the pipeline calls stages with all of them)."""
+    """Whether every batch size 1..batch fits the profile (the pipeline calls stages with all of them); its
+    static inputs take no batch."""
     try:
-        return all(int(p["min"][0]) <= 1 and int(p["max"][0]) >= int(batch) for p in profile.values())
+        return all(int(p["min"][0]) <= 1 and int(p["max"][0]) >= int(batch) for p in profile.values()
+                   if not p.get("static"))
     except (KeyError, TypeError, ValueError, IndexError, AttributeError):
         return False
 

@@ -12,7 +12,7 @@ from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
 from diffsmooth.engine.backends.onnxruntime_backend import ORT_PRECISIONS, OrtSession, OrtStage
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.torch_stages import probe
+from diffsmooth.engine.base_classifier.torch_stages import method_stages, probe
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 
@@ -20,7 +20,7 @@ from diffsmooth.engine.hashing import sha256_file
 def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[dict, dict]:
     """Manifest fields the denoiser and the classifier graph must have for `config`."""
     shape = [int(s) for s in image_shape]
-    denoiser = {"sigma": float(config.sigma), "image_shape": shape, "precision": precision}
+    denoiser = {**config.kind.purifier_lookup(config), "image_shape": shape, "precision": precision}
     classifier = {"method": config.method, "sigma": float(config.sigma), "image_shape": shape,
                   "precision": precision}
     classifier.update({k: v for k, v in config.kind.graph_fields(config).items() if v is not None})
@@ -55,8 +55,9 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
     want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
     purify = None
     if config.uses_denoiser:
-        path, _ = find_graph(found, "denoiser", want_denoiser, onnx_dir)
-        purify = OrtStage(path, f"denoiser[{path.name}]", dev, precision, session.provider, session.threads)
+        path, manifest = find_graph(found, "denoiser", want_denoiser, onnx_dir)
+        graph = OrtStage(path, f"denoiser[{path.name}]", dev, precision, session.provider, session.threads)
+        purify = config.kind.exported_purify_stage(config, graph, manifest)
     path, manifest = find_graph(found, "classifier", want_classifier, onnx_dir)
     if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{path.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
@@ -73,7 +74,7 @@ def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int
     if len(score.input_names) != (2 if local_shape else 1):
         raise UserError(f"{file_name} takes inputs {score.input_names}, which does not fit "
                         f"local noise mode {config.local_noise!r}")
-    stages = BaseClassifierStages(config.method, purify, score, num_classes or 0, local_shape)
+    stages = method_stages(config, purify, score, tuple(image_shape), num_classes)
     stages.num_classes = probe(stages, tuple(image_shape))
     if num_classes is not None and stages.num_classes < num_classes:
         raise UserError(f"the classifier {kind} outputs {stages.num_classes} classes but the data has {num_classes}")

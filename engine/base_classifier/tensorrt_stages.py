@@ -57,8 +57,9 @@ def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: O
     want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
     purify = None
     if config.uses_denoiser:
-        plan, _, _ = plan_for(onnx_dir, "denoiser", want_denoiser, precision, key)
-        purify = TrtStage(plan, f"denoiser[{plan.name}]", dev, precision, trt)
+        plan, _, manifest = plan_for(onnx_dir, "denoiser", want_denoiser, precision, key)
+        graph = TrtStage(plan, f"denoiser[{plan.name}]", dev, precision, trt)
+        purify = config.kind.exported_purify_stage(config, graph, manifest)
     plan, _, manifest = plan_for(onnx_dir, "classifier", want_classifier, precision, key, classifier)
     if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{plan.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")

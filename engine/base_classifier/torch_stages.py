@@ -155,16 +155,24 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     purify = kind.purify_stage(config, denoiser, backend, fast) if config.uses_denoiser else None
     head = score_module(config, classifier, image_shape)
     score = backend.for_classifier().stage(head, kind.classifier_label)
-    stages = BaseClassifierStages(config.method, purify, score, num_classes or 0,
-                                  kind.fresh_noise_shape(config, image_shape),
-                                  purify_noise=kind.purify_noise and config.uses_denoiser,
-                                  purified_shape=kind.purified_shape(config, image_shape),
-                                  score_tolerance=kind.score_tolerance(config))
+    stages = method_stages(config, purify, score, image_shape, num_classes)
     stages.num_classes = probe(stages, image_shape)
     if num_classes is not None and num_classes > stages.num_classes:
         raise UserError(f"the data has labels up to {num_classes - 1} but the classifier scores only "
                         f"{stages.num_classes} classes")
     return stages
+
+
+def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, ...],
+                  num_classes: Optional[int]) -> BaseClassifierStages:
+    """The stages of `config`'s method from its built purify and score stages, on any backend: what the method
+    says its purifier takes and returns and how far its fast path's scores may move."""
+    kind = config.kind
+    return BaseClassifierStages(config.method, purify, score, num_classes or 0,
+                                kind.fresh_noise_shape(config, image_shape),
+                                purify_noise=kind.purify_noise and config.uses_denoiser,
+                                purified_shape=kind.purified_shape(config, image_shape),
+                                score_tolerance=kind.score_tolerance(config))
 
 
 def probe(stages: BaseClassifierStages, image_shape: Tuple[int, ...]) -> int:

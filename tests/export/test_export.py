@@ -197,7 +197,7 @@ def test_fp16_graph_is_mixed_precision(export_dir, models):
 @pytest.mark.slow
 def test_external_data_when_over_threshold(tmp_path, models):
     denoiser, _ = models
-    (g,) = export_denoiser(denoiser, SIGMA, SHAPE, tmp_path, external_data_threshold=1024)
+    (g,) = export_denoiser(MethodConfig("dds", SIGMA), denoiser, SHAPE, tmp_path, external_data_threshold=1024)
     data = g.path.with_suffix(".data")
     assert data.exists() and data.stat().st_size > 100_000
     assert g.path.stat().st_size < data.stat().st_size
@@ -206,7 +206,7 @@ def test_external_data_when_over_threshold(tmp_path, models):
     x = torch.rand(2, *SHAPE)
     got = OrtStage(g.path, "d", "cpu")(x)
     assert (got - denoiser.denoise(x, SIGMA)).abs().max() < 1e-5
-    (small,) = export_denoiser(denoiser, SIGMA, SHAPE, tmp_path / "inline")
+    (small,) = export_denoiser(MethodConfig("dds", SIGMA), denoiser, SHAPE, tmp_path / "inline")
     assert not small.path.with_suffix(".data").exists() and read_manifest(small.path.with_suffix(".json"))["external_data"] == {}
     # A changed external-data file is refused.
     with open(data, "r+b") as f:

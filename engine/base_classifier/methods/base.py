@@ -11,6 +11,7 @@ from torch import nn
 
 from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
 from diffsmooth.engine.base_classifier.methods.config import MethodConfig, MethodOption
+from diffsmooth.engine.base_classifier.purifier_graph import PurifierGraph, one_shot_graph
 from diffsmooth.engine.models import shipped
 
 
@@ -51,6 +52,19 @@ class Method:
         purifier = denoiser.purifier(config.sigma, bool(getattr(fast, "fused_attention", False)),
                                      lean=bool(getattr(fast, "lean_unet", False)))
         return backend.stage(purifier, "denoiser")
+
+    def purifier_graph(self, config: MethodConfig, denoiser, image_shape: Tuple[int, ...]) -> PurifierGraph:
+        """What `diffsmooth export` writes for the purify stage: the one-shot purifier at sigma."""
+        return one_shot_graph(denoiser, config.sigma, image_shape)
+
+    def purifier_lookup(self, config: MethodConfig) -> dict:
+        """The manifest fields (beside image shape and precision) of the exported purifier graph a run needs."""
+        return {"sigma": float(config.sigma)}
+
+    def exported_purify_stage(self, config: MethodConfig, graph, manifest: dict):
+        """The purify stage around its exported graph run as `graph` (an ONNX Runtime or TensorRT stage): the
+        graph itself, for a purifier exported whole."""
+        return graph
 
     def purified_shape(self, config: MethodConfig, image_shape: Tuple[int, ...]) -> Optional[Tuple[int, ...]]:
         """One sample's purified shape when it is not the image's (None: the image's)."""

@@ -78,8 +78,12 @@ def test_profile_from_batch_is_one_to_max_with_opt_at_the_batch():
     assert profile_covers(p, 1000) and profile_covers(p, 1) and not profile_covers(p, 1001)
     with pytest.raises(UserError, match="smaller than the batch"):
         profile_for({"x": ["batch", 1]}, 100, 10)
-    with pytest.raises(UserError, match="no leading batch axis"):
+    with pytest.raises(UserError, match="no input of the graph has a leading batch axis"):
         profile_for({"x": [4, 1]}, 10)
+    # a reverse step's timestep and coefficients: static beside the batched inputs, outside the coverage check
+    step = profile_for({"x_t": ["batch", 3, 8, 8], "t": [1], "c": [7], "noise": ["batch", 3, 8, 8]}, 64, 128)
+    assert step["c"] == {"min": [7], "opt": [7], "max": [7], "static": True} and step["x_t"]["max"][0] == 128
+    assert profile_covers(step, 128) and not profile_covers(step, 129)
     with pytest.raises(UserError, match=">= 1"):
         profile_for({"x": ["batch", 1]}, 0)
 
@@ -341,6 +345,23 @@ def test_fake_stage_binds_torch_buffers_and_enqueues_on_the_current_stream(tmp_p
         stage(torch.zeros(2, 1, 4, 5))
     with pytest.raises(UserError, match="takes 1 input"):
         stage(x, x)
+
+
+def test_fake_stage_takes_static_inputs_beside_the_batch(tmp_path, fake_trt):
+    """A reverse step's plan: x_t and noise batched, the timestep [1] and coefficients [7] fixed by the profile
+    (not a batch of 1 or 7 that must agree with x_t's), each checked against its own shape."""
+    plan = tmp_path / "step.plan"
+    plan.write_bytes(fake_plan({"x_t": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)], "t": [(1,), (1,), (1,)],
+                                "c": [(7,), (7,), (7,)], "noise": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)]}, scale=2.0))
+    stage = TrtStage(plan, "reverse step", "cpu", "fp32")
+    x = torch.randn(5, 1, 4, 4)
+    assert torch.equal(stage(x, torch.ones(1), torch.ones(7), torch.zeros(5, 1, 4, 4)), 2.0 * x)
+    with pytest.raises(UserError, match="different batch sizes"):
+        stage(x, torch.ones(1), torch.ones(7), torch.zeros(4, 1, 4, 4))
+    with pytest.raises(UserError, match=r"input c has shape \[6\], the plan takes \[7\]"):
+        stage(x, torch.ones(1), torch.ones(6), torch.zeros(5, 1, 4, 4))
+    with pytest.raises(UserError, match=r"input t has shape \[2\], the plan takes \[1\]"):
+        stage(x, torch.ones(2), torch.ones(7), torch.zeros(5, 1, 4, 4))
 
 
 def assert_one_context_per_stream(stage, handles, calls_per_stream: int) -> None:
