@@ -22,7 +22,9 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.base_classifier.methods.base import Method
-from diffsmooth.engine.base_classifier.methods.config import MethodOption
+from diffsmooth.engine.base_classifier.methods.config import MethodConfig, MethodOption
+from diffsmooth.engine.base_classifier.purifier_graph import PurifierGraph, example_batch
+from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.errors import UserError
 
 MAX_STEPS = 100         # the most reverse steps a run takes (its draws are numbered run * MAX_STEPS + step)
@@ -173,7 +175,6 @@ class DensePureMethod(Method):
                MethodOption("steps", int, 2, 1, MAX_STEPS, "reverse steps S of each run, from t* to 0"))
     purify_noise = True
     sweeps = False
-    exported = False
     classifier_label = "majority-vote classifier"
     scores = "votes"
     output_name = "votes"
@@ -186,14 +187,44 @@ class DensePureMethod(Method):
 
     def purify_stage(self, config, denoiser, backend, fast=None):
         runs, steps = self.runs_and_steps(config)
-        schedule = getattr(denoiser, "schedule", None)
-        plan = ReversePlan.of(schedule, config.sigma, steps)
-        unet, channels = denoiser.unet, int(denoiser.channels)
-        learned = bool(getattr(getattr(unet, "config", None), "learn_sigma", False))
+        plan = ReversePlan.of(getattr(denoiser, "schedule", None), config.sigma, steps)
+        unet, learned = denoiser.unet, _learns_variance(denoiser)
         if getattr(fast, "fused_attention", False) and hasattr(unet, "with_fused_attention"):
             unet = unet.with_fused_attention()
-        step = backend.stage(ReverseStep(unet, channels, learned), "reverse step")
+        step = backend.stage(ReverseStep(unet, int(denoiser.channels), learned), "reverse step")
         return ReverseChains(step, plan, runs, fixed_large=not learned)
+
+    def purifier_graph(self, config, denoiser, image_shape):
+        """The reverse step alone (x_t, t, c, noise) -> x_{t-1}: every step of every chain at every sigma runs this
+        one graph, its timestep and coefficients inputs (the chain around it is exported_purify_stage's)."""
+        runs, steps = self.runs_and_steps(config)
+        plan = ReversePlan.of(getattr(denoiser, "schedule", None), config.sigma, steps)
+        learned = _learns_variance(denoiser)
+        x = example_batch(image_shape) * 2 - 1
+        noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+        inputs = (x, torch.tensor([plan.model_timesteps[0]], dtype=torch.float32),
+                  torch.tensor(plan.coefficients[0], dtype=torch.float32), noise)
+        module = ReverseStep(denoiser.unet, int(denoiser.channels), learned).eval()
+        return PurifierGraph(module, inputs, ("x_t", "t", "c", "noise"), "x_prev", "reverse_step",
+                             batch_inputs=("x_t", "noise"),
+                             fields={"method": self.name, "purifier": "reverse-step", "sigma": float(config.sigma),
+                                     "learned_variance": learned})
+
+    def purifier_lookup(self, config):
+        return {"method": self.name, "purifier": "reverse-step"}
+
+    def exported_purify_stage(self, config, graph, manifest):
+        """The K chains of S steps around the exported step graph, the chain's plan from the schedule its
+        manifest records."""
+        recorded = manifest.get("schedule") or {}
+        if recorded.get("name") not in ("cosine", "linear"):
+            raise UserError(f"{manifest.get('onnx_file', 'the reverse-step graph')} records no improved-/guided-"
+                            f"diffusion schedule (cosine or linear): re-export it")
+        schedule = DiffusionSchedule(recorded["name"], int(recorded["num_steps"]),
+                                     bool(recorded.get("rescale_timesteps", False)))
+        runs, steps = self.runs_and_steps(config)
+        plan = ReversePlan.of(schedule, config.sigma, steps)
+        return ReverseChains(graph, plan, runs, fixed_large=not bool(manifest.get("learned_variance")))
 
     def purified_shape(self, config, image_shape):
         return (self.runs_and_steps(config)[0], *map(int, image_shape))
@@ -218,4 +249,19 @@ class DensePureMethod(Method):
         runs, steps = self.runs_and_steps(config)
         return f"__K{runs}__S{steps}"
 
-    graph_tag = config_tag
+    def graph_tag(self, config):
+        return f"_K{self.runs_and_steps(config)[0]}"          # the classifier graph reads K runs' samples
+
+    def graph_fields(self, config):
+        return {"reverse_runs": self.runs_and_steps(config)[0]}
+
+    def config_from_manifest(self, manifest):
+        recorded = dict((manifest.get("method_config") or {}))
+        options = {o.name: recorded.get(o.name, manifest.get(o.name)) for o in self.options}
+        return MethodConfig(self.name, float(manifest["sigma"]),
+                            options={k: v for k, v in options.items() if v is not None})
+
+
+def _learns_variance(denoiser) -> bool:
+    """Whether the UNet predicts DensePure's learned variance range beside eps (improved-diffusion's learn_sigma)."""
+    return bool(getattr(getattr(denoiser.unet, "config", None), "learn_sigma", False))

@@ -123,7 +123,7 @@ def test_its_settings_are_checked_in_one_line_on_every_path(tiny_models, tiny_cl
     refused([*base, "--method", "densepure", "--option", "steps"], "is not NAME=VALUE")
     refused([*base, "--method", "densepure", "--method", "dds"], "runs alone, not in a sweep")
     refused([*base, "--method", "densepure", "--backend", "onnxruntime", "--onnx-dir", str(tmp_path)],
-            "runs on the torch backend only")
+            "holds no exported graphs")
     with pytest.raises(UserError, match="densepure setting reverse_runs must be an integer"):
         MethodConfig("densepure", 0.5, options=(("reverse_runs", 2.5),))
     with pytest.raises(UserError, match="has no setting 'm_runs'"):
