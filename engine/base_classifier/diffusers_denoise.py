@@ -36,6 +36,13 @@ class DiffusersDenoiser(DiffusionDenoiser):
         super().__init__(unet, schedule, channels)
         self.kind = "consistency" if isinstance(schedule, ConsistencySchedule) else "ddpm"
         self.format = folder.format if folder is not None else None
+        self.folder = folder
+
+    def new_scheduler(self):
+        """A fresh instance of the folder's own scheduler (a method that steps through it sets its timesteps)."""
+        if self.folder is None:
+            raise UserError("this diffusers denoiser was built without its folder: it has no scheduler to step")
+        return _scheduler_instance(self.folder)
 
     def coefficients(self, sigma: float) -> OneStepCoefficients:
         return self.schedule.coefficients(sigma)
