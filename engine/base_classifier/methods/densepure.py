@@ -8,14 +8,18 @@ For one run (the maths of DensePure's published code, `runners/diffpure_*_densep
   into a clipped x0, takes the posterior mean and adds the (learned-range or fixed-large) variance's noise, none
   on the last step; the result (x + 1)/2 is classified. The K labels' most frequent one votes, ties going to the
   label that came first. Step i of run k draws its noise as RowNoise draw k * MAX_STEPS + i: keyed by (image,
-  sample, run, step), so rows are equal across batch sizes, shards, resume and ranks. docs/methods.md.
+  sample, run, step), so rows are equal across batch sizes, shards, resume and ranks. A diffusers DDPM folder steps
+through its own DDPMScheduler (SchedulerChains). docs/methods.md.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import threading
 from dataclasses import dataclass
 from typing import Tuple
+from unittest import mock
 
 import numpy as np
 import torch
@@ -60,10 +64,7 @@ class ReversePlan:
             def alpha_bar(t):
                 return float(table[t])
             t_star = float(_nearest_timestep(np.sqrt(1.0 / table - 1), two_sigma, sigma))
-        timesteps = tuple(round(t_star - i * (t_star / steps)) for i in range(steps))
-        if len(set(timesteps)) < steps or timesteps[-1] < 1:
-            raise UserError(f"densepure: {steps} steps do not fit below t* = {t_star:.1f} at sigma {sigma:g}: "
-                            f"use fewer steps")
+        timesteps = _chain_timesteps(t_star, steps, sigma)
         chain = [0, *reversed(timesteps)]           # the respaced chain, index j <-> chain[j + 1]
         betas = np.array([min(1 - alpha_bar(chain[j + 1]) / alpha_bar(chain[j]), 0.999) for j in range(steps)])
         abar = np.cumprod(1.0 - betas)
@@ -79,6 +80,15 @@ class ReversePlan:
         scale = (1000.0 / big_t) if schedule.rescale_timesteps else 1.0
         return cls((1 / (1 + two_sigma ** 2)) ** 0.5, t_star, timesteps,
                    tuple(t * scale for t in timesteps), np.ascontiguousarray(table))
+
+
+def _chain_timesteps(t_star: float, steps: int, sigma: float) -> Tuple[int, ...]:
+    """The S timesteps a run visits, round(t* - i t*/S), i = 0..S-1 (then 0); refused where they collide."""
+    timesteps = tuple(round(t_star - i * (t_star / steps)) for i in range(steps))
+    if len(set(timesteps)) < steps or timesteps[-1] < 1:
+        raise UserError(f"densepure: {steps} steps do not fit below t* = {t_star:.1f} at sigma {sigma:g}: "
+                        f"use fewer steps")
+    return timesteps
 
 
 def _nearest_timestep(ratio: np.ndarray, two_sigma: float, sigma: float) -> int:
@@ -148,6 +158,59 @@ class ReverseChains:
         return torch.stack(runs, dim=1)
 
 
+_SCHEDULER_NOISE = threading.Lock()     # the scheduler's noise function is swapped process-wide while it steps
+
+
+class SchedulerChains:
+    """The purify stage for a diffusers DDPM folder: each run's chain steps through the folder's own DDPMScheduler
+    (its `step` on the custom timesteps round(t* - i t*/S), t* DensePure's nearest timestep in the scheduler's
+    alphas_cumprod), the UNet a built stage. The step's noise is the row's keyed draw k * MAX_STEPS + i, none on the
+    last step: DDPMScheduler.step takes no noise argument (it draws with its module's `randn_tensor`), so that
+    function hands it the draw while it steps."""
+
+    def __init__(self, unet, scheduler, sigma: float, steps: int, runs: int, channels: int):
+        self.unet, self.scheduler, self.runs, self.channels = unet, scheduler, int(runs), int(channels)
+        self.module = sys.modules[type(scheduler).step.__module__]
+        if type(scheduler).__name__ != "DDPMScheduler" or not hasattr(self.module, "randn_tensor"):
+            raise UserError(f"densepure steps a diffusers folder through its DDPMScheduler, not a "
+                            f"{type(scheduler).__name__}: give a DDPM pipeline folder (or --scheduler one)")
+        abar = np.asarray(scheduler.alphas_cumprod, dtype=np.float64)
+        with np.errstate(divide="ignore"):
+            t_star = _nearest_timestep(np.sqrt(1.0 / abar - 1), 2.0 * float(sigma), sigma)
+        self.timesteps = _chain_timesteps(float(t_star), steps, sigma)
+        scheduler.set_timesteps(timesteps=list(self.timesteps))
+        self.scale = (1 / (1 + (2.0 * float(sigma)) ** 2)) ** 0.5
+        self.learned = scheduler.config.variance_type in ("learned", "learned_range")
+        self.name = f"{type(scheduler).__name__} chains ({runs} x {steps} steps)"
+        self.device, self.precision = unet.device, unet.precision
+        self.weights = getattr(unet, "weights", None)
+        eager = getattr(unet, "eager", unet)
+        self.eager = self if eager is unet else SchedulerChains(eager, type(scheduler).from_config(scheduler.config),
+                                                                sigma, steps, runs, channels)
+
+    def _step(self, out: torch.Tensor, t: int, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        with _SCHEDULER_NOISE, mock.patch.object(self.module, "randn_tensor", lambda *shape, **kw: z):
+            return self.scheduler.step(out, t, x).prev_sample
+
+    @torch.inference_mode()
+    def __call__(self, x_rs: torch.Tensor, noise) -> torch.Tensor:
+        shape = tuple(x_rs.shape[1:])
+        start = self.scale * ((x_rs - 0.5) * 2)
+        last = len(self.timesteps) - 1
+        quiet = torch.zeros_like(start)
+        times = [torch.full((x_rs.shape[0],), float(t), device=x_rs.device) for t in self.timesteps]
+        runs = []
+        for k in range(self.runs):
+            x = start
+            for i, t in enumerate(self.timesteps):
+                out = self.unet(x, times[i]).to(x.dtype)
+                out = out if self.learned and out.shape[1] == 2 * self.channels else out[:, : self.channels]
+                z = noise.normal(k * MAX_STEPS + i, shape) if i < last else quiet
+                x = self._step(out, t, x, z)
+            runs.append((x + 1) * 0.5)
+        return torch.stack(runs, dim=1)
+
+
 class MajorityVoteHead(nn.Module):
     """K purified samples [B,K,C,H,W] -> scores [B,classes] whose argmax is the label most of the K runs gave,
     ties to the label that came first (DensePure's `max(labels, key=labels.count)`): count * (K + 1) - the first
@@ -187,6 +250,9 @@ class DensePureMethod(Method):
 
     def purify_stage(self, config, denoiser, backend, fast=None):
         runs, steps = self.runs_and_steps(config)
+        if hasattr(denoiser, "new_scheduler"):          # a diffusers folder: its own scheduler steps each chain
+            unet = backend.stage(denoiser.unet, "reverse step UNet")
+            return SchedulerChains(unet, denoiser.new_scheduler(), config.sigma, steps, runs, int(denoiser.channels))
         plan = ReversePlan.of(getattr(denoiser, "schedule", None), config.sigma, steps)
         unet, learned = denoiser.unet, _learns_variance(denoiser)
         if getattr(fast, "fused_attention", False) and hasattr(unet, "with_fused_attention"):
@@ -198,6 +264,9 @@ class DensePureMethod(Method):
         """The reverse step alone (x_t, t, c, noise) -> x_{t-1}: every step of every chain at every sigma runs this
         one graph, its timestep and coefficients inputs (the chain around it is exported_purify_stage's)."""
         runs, steps = self.runs_and_steps(config)
+        if hasattr(denoiser, "new_scheduler"):
+            raise UserError("densepure exports the reverse step of an improved-/guided-diffusion checkpoint; a "
+                            "diffusers folder steps through its own scheduler on the torch backend")
         plan = ReversePlan.of(getattr(denoiser, "schedule", None), config.sigma, steps)
         learned = _learns_variance(denoiser)
         x = example_batch(image_shape) * 2 - 1
