@@ -269,3 +269,29 @@ def test_a_run_killed_mid_way_and_started_again_writes_the_uninterrupted_rows(ti
     assert rows_without_time(killed) == rows_without_time(whole)
     indices = [int(r["idx"]) for r in read_rows(killed)]
     assert len(indices) == len(set(indices)) == 6
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_under_torchrun_write_one_process_rows(tiny_cli_args, tmp_path):
+    """torchrun, two gloo ranks: each rank runs its share of the images (the chains' noises keyed by image and
+    sample, not by rank), rank 0 merges, and the file equals one process's."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as free:                   # a port no other test's torchrun holds
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    # torchrun's own parser rejects prefixes of its options (--n): the long alias
+    args = ["certify", *tiny_cli_args, "--method", "densepure", *OPTIONS, "--n0", "6", "--num-samples", "24",
+            "--alpha", "0.2", "--batch", "8", "--threads", "1", "--quiet"]
+    whole, ranks = tmp_path / "whole.tsv", tmp_path / "ranks.tsv"
+    invoke_ok([*args, "--out", whole])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+           str(port), "-m", "diffsmooth.cli", *[str(a) for a in args], "--out", str(ranks)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "merged 6 rows from 2 ranks" in proc.stderr
+    assert_rows_spread(whole, min_classes=3)
+    assert rows_without_time(ranks) == rows_without_time(whole)
