@@ -20,6 +20,7 @@ from torch import nn
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.local_smoothing import local_probabilities
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
+from diffsmooth.engine.base_classifier.methods.config import option_variants
 from diffsmooth.engine.base_classifier.torch_stages import probe
 from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.choices import FIXED_LOCAL_NOISE_SEED
@@ -43,20 +44,26 @@ def configurations(methods: Sequence[str], sigma: float, local_sigmas: Sequence[
                    local_noise: str, classifiers_for, options_for=None) -> List[Configuration]:
     """Every (method, classifier, sigma', m) asked for; `classifiers_for(method, sigma')` names the
     classifiers a method uses at that local sigma (sigma' None for a method without local smoothing);
-    `options_for(method)`: the method's own settings (None: their defaults)."""
+    `options_for(method)`: the method's own settings (None: their defaults; a sweepable one with several values
+    gives a configuration each). The configurations must share one purify stage (Method.purifier_key)."""
     found = []
     for method in methods:
-        own = options_for(method) if options_for is not None else ()
-        if method_named(method).local_smoothing:
-            found += [Configuration(MethodConfig(method, sigma, int(m), float(ls), local_noise, options=own), clf)
-                      for ls in local_sigmas for clf in classifiers_for(method, float(ls)) for m in ms]
-        else:
-            found += [Configuration(MethodConfig(method, sigma, local_noise=local_noise, options=own), clf)
-                      for clf in classifiers_for(method, None)]
-    alone = sorted({c.method.method for c in found if not c.method.kind.sweeps})
-    if alone and len(found) > 1:
-        raise UserError(f"method {alone[0]} purifies each sample its own way: it runs alone, not in a sweep with "
-                        f"other configurations")
+        kind = method_named(method)
+        for own in option_variants(kind, options_for(method) if options_for is not None else ()):
+            if kind.local_smoothing:
+                found += [Configuration(MethodConfig(method, sigma, int(m), float(ls), local_noise, options=own), clf)
+                          for ls in local_sigmas for clf in classifiers_for(method, float(ls)) for m in ms]
+            else:
+                found += [Configuration(MethodConfig(method, sigma, local_noise=local_noise, options=own), clf)
+                          for clf in classifiers_for(method, None)]
+    keys = {}
+    for c in found:
+        keys.setdefault(c.method.kind.purifier_key(c.method), c)
+    keys.pop(None, None)
+    if len(keys) > 1:
+        a, b = list(keys.values())[:2]
+        raise UserError(f"configurations {a.name} and {b.name} purify each sample differently: a sweep's "
+                        f"configurations share one purify stage (run them apart)")
     if len({c.name for c in found}) != len(found):
         raise UserError("two sweep configurations would share a result file: give classifiers distinct file names")
     return found
@@ -76,7 +83,8 @@ class ConfigurationHeads(nn.Module):
     average a prefix of its softmax outputs, so m in {1,3,5,11,21} costs one call at m = 21.
 
     What the forward pass does is in plain attributes (`plan`: per configuration the samples it reads, the index
-    of its classifier, of its local-smoothing call and of its noise group, and m) and in tensors (the
+    of its classifier, of its local-smoothing call and of its noise group, m, and the index of its method's own
+    head, for a method that scores its own way: Method.sweep_head) and in tensors (the
     classifiers' weights, each call's sigma' and the fixed noises are buffers), never in a sigma,
     a sigma' or a file name: the heads of another sigma or sigma' have the same architecture, so a
     table's model set copies them into one built (and compiled) stage (engine/runs/model_set.py)."""
@@ -98,10 +106,15 @@ class ConfigurationHeads(nn.Module):
             self.register_buffer(f"noise_{k}", noise, persistent=False)
         calls: List[Tuple[str, float, int]] = []            # (classifier, sigma', noise group) of each call
         plan = []
+        self.method_heads = nn.ModuleList()                 # the heads of methods that score their own way
         for c in configs:
             index = names.index(c.classifier)
             if not c.method.kind.local_smoothing:
-                plan.append((c.method.kind.reads, index, None, None, None))
+                head = c.method.kind.sweep_head(c.method, self.classifiers[index], self.image_shape)
+                if head is not None:
+                    self.method_heads.append(head)
+                plan.append((c.method.kind.reads, index, None, None, None,
+                             None if head is None else len(self.method_heads) - 1))
                 continue
             k = next(k for k, (_, members) in enumerate(self.groups) if c.method.m in members)
             call = (c.classifier, float(c.method.local_sigma), k)
@@ -109,7 +122,7 @@ class ConfigurationHeads(nn.Module):
                 self.register_buffer(f"local_sigma_{len(calls)}", torch.tensor(call[1], dtype=torch.float32),
                                      persistent=False)
                 calls.append(call)
-            plan.append((c.method.kind.reads, index, calls.index(call), k, int(c.method.m)))
+            plan.append((c.method.kind.reads, index, calls.index(call), k, int(c.method.m), None))
         self.plan = tuple(plan)
 
     @property
@@ -132,9 +145,11 @@ class ConfigurationHeads(nn.Module):
         fresh = inputs[len(self.inputs)] if self.takes_noise else None
         probabilities = {}
         scores = []
-        for reads, index, call, k, m in self.plan:
+        for reads, index, call, k, m, head in self.plan:
             classifier = self.classifiers[index]
-            if call is None:                    # the plain classifier on the samples the method reads
+            if head is not None:                # the method's own head on the samples it reads
+                score = self.method_heads[head](samples[reads]).float()
+            elif call is None:                  # the plain classifier on the samples the method reads
                 score = classifier(samples[reads]).float()
             else:                               # local smoothing: a prefix of one call's m noises
                 big_m = self.groups[k][0]
@@ -152,19 +167,21 @@ class StackedScores:
     """Exported score stages, one per configuration (one graph or plan each), as one score stage
     [B, E, K]; fresh local noise is passed as the prefix of the largest m's draw."""
 
-    def __init__(self, heads: Sequence[Tuple[object, int, Optional[int]]], inputs: Tuple[str, ...]):
-        self.heads = list(heads)            # (stage, position of its samples in `inputs`, m of fresh noise or None)
+    def __init__(self, heads: Sequence[Tuple[object, int, Optional[int], MethodConfig]], inputs: Tuple[str, ...]):
+        # (stage, position of its samples in `inputs`, m of fresh noise or None, its method config)
+        self.heads = list(heads)
         self.inputs = inputs
         first = self.heads[0][0]
         self.device, self.precision = first.device, first.precision
-        self.name = f"{len(self.heads)} configurations [{', '.join(s.name for s, _, _ in self.heads[:2])}" + \
+        self.name = f"{len(self.heads)} configurations [{', '.join(h[0].name for h in self.heads[:2])}" + \
             (", ...]" if len(self.heads) > 2 else "]")
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         noise = inputs[len(self.inputs)] if len(inputs) > len(self.inputs) else None
         scores = []
-        for stage, position, m in self.heads:
-            args = [inputs[position]] + ([noise[:, :m].contiguous()] if m is not None else [])
+        for stage, position, m, config in self.heads:
+            samples = config.kind.sweep_samples(config, inputs[position])      # its share of the shared purify's
+            args = [samples] + ([noise[:, :m].contiguous()] if m is not None else [])
             scores.append(stage(*args))
         return torch.stack(scores, dim=1)
 
@@ -183,19 +200,36 @@ def check_classes(classifiers: Dict[str, nn.Module], image_shape, device) -> Non
         raise UserError(f"the sweep's classifiers score different numbers of classes: {sorted(set(counts.values()))}")
 
 
+@dataclass(frozen=True)
+class _Kernels:
+    """The UNet kernels a sweep's purify stage runs (what Method.purify_stage reads of a fast path)."""
+
+    fused_attention: bool = False
+    lean_unet: bool = False
+
+
+def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
+    """The configuration whose purify stage serves the whole sweep (its method's choice), or None: none denoises."""
+    denoising = [c.method for c in configs if c.method.uses_denoiser]
+    if not denoising:
+        return None
+    return denoising[0].kind.sweep_purifier_config([m for m in denoising if m.kind is denoising[0].kind])
+
+
 def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], denoiser, backend,
                                image_shape, num_classes: Optional[int] = None,
                                fused_attention: bool = False, lean_unet: bool = False) -> BaseClassifierStages:
-    """The sweep's stages on a TorchBackend: the denoiser once, every configuration in one score stage
-    (`lean_unet`: the denoiser on its UNet's eps-only copy, DiffusionDenoiser.purifier)."""
-    sigma = configs[0].method.sigma
+    """The sweep's stages on a TorchBackend: the denoiser once (the method's purify stage, Method.purify_stage, of
+    purifier_config), every configuration in one score stage (`lean_unet`: the denoiser on its UNet's eps-only
+    copy, DiffusionDenoiser.purifier)."""
     local_noise = configs[0].method.local_noise
     inputs = inputs_of(configs)
     if "denoised" in inputs and denoiser is None:
-        raise UserError("the sweep's dds / diffsmooth configurations need `denoiser` CHECKPOINT")
+        raise UserError("the sweep's denoising configurations need `denoiser` CHECKPOINT")
     check_classes({c.classifier: classifiers[c.classifier] for c in configs}, image_shape, torch.device("cpu"))
-    purify = (backend.stage(denoiser.purifier(sigma, fused_attention, lean=lean_unet), "denoiser")
-              if "denoised" in inputs else None)
+    shared = purifier_config(configs) if "denoised" in inputs else None
+    purify = (shared.kind.purify_stage(shared, denoiser, backend, _Kernels(fused_attention, lean_unet))
+              if shared is not None else None)
     heads = ConfigurationHeads(configs, classifiers, image_shape, local_noise,
                                configs[0].method.local_noise_seed)
     score = backend.stage(heads, f"{len(configs)} configurations")
@@ -205,27 +239,33 @@ def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Di
 
 def stacked_configuration_stages(configs: Sequence[Configuration], stages_of) -> BaseClassifierStages:
     """The sweep's stages from exported ones: `stages_of(configuration)` gives each configuration's
-    single stages (graphs or plans); the denoiser of the first that has one serves all."""
+    single stages (graphs or plans); the purify stage of purifier_config's serves all."""
     inputs = inputs_of(configs)
     singles = [stages_of(c) for c in configs]
-    purify = next((s.purify for s in singles if s.purify is not None), None)
+    shared = next((s for c, s in zip(configs, singles) if c.method == purifier_config(configs)), None)
     fresh_ms = [c.method.m for c, s in zip(configs, singles) if s.local_noise_shape is not None]
     heads = [(s.score, inputs.index(c.method.kind.reads),
-              c.method.m if s.local_noise_shape is not None else None) for c, s in zip(configs, singles)]
+              c.method.m if s.local_noise_shape is not None else None, c.method) for c, s in zip(configs, singles)]
     local_shape = None
     if fresh_ms:
         local_shape = (max(fresh_ms), *next(s.local_noise_shape[1:] for s in singles if s.local_noise_shape))
     classes = {s.num_classes for s in singles}
     if len(classes) != 1:
         raise UserError(f"the sweep's classifier graphs score different numbers of classes: {sorted(classes)}")
-    return BaseClassifierStages("sweep", purify, StackedScores(heads, inputs), classes.pop(), local_shape,
-                                tuple(c.name for c in configs), inputs)
+    return BaseClassifierStages("sweep", shared.purify if shared else None, StackedScores(heads, inputs), classes.pop(),
+                                local_shape, tuple(c.name for c in configs), inputs,
+                                purify_noise=bool(shared and shared.purify_noise),
+                                purified_shape=shared.purified_shape if shared else None)
 
 
 def checked_stages(configs, purify, score, local_shape, inputs, image_shape, num_classes) -> BaseClassifierStages:
     """Stages of the configurations, probed once with a blank image (classes counted and checked)."""
     stages = BaseClassifierStages("sweep", purify, score, num_classes or 0, local_shape,
                                   tuple(c.name for c in configs), inputs)
+    shared = purifier_config(configs)
+    if shared is not None and purify is not None:
+        stages.purify_noise = shared.kind.purify_noise
+        stages.purified_shape = shared.kind.purified_shape(shared, tuple(image_shape))
     stages.num_classes = probe(stages, tuple(image_shape))
     if num_classes is not None and num_classes > stages.num_classes:
         raise UserError(f"the data has labels up to {num_classes - 1} but the classifiers score only "

@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 
 from diffsmooth.engine.backends.compile_options import check_compile_mode, parse_inductor_knobs
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
+from diffsmooth.engine.base_classifier.methods.config import option_variants
 from diffsmooth.engine.certify.sequential import BOUNDS, DEFAULT_BOUND, DEFAULT_FUTILITY_RULE, FUTILITY_RULES, SequentialRule
 from diffsmooth.engine.choices import (
     BACKENDS,
@@ -284,10 +285,11 @@ class RunRequest:
         for name in ("method", "local_sigma", "m", "classifier"):
             _distinct(name, getattr(self, name))
         self.options_for(self.method[0])        # every option named belongs to a method of the run
-        for method in self.method:              # every method x sigma' x m combination is a valid configuration
+        for method in self.method:              # every method x sigma' x m x setting combination is a valid configuration
             for ls in self.local_sigma:
                 for m in self.m:
-                    MethodConfig(method, self.sigma, m, ls, self.local_noise, options=self.options_for(method))
+                    for own in self.option_variants(method):
+                        MethodConfig(method, self.sigma, m, ls, self.local_noise, options=own)
         if self.is_sweep:
             if self.mode == "predict":
                 raise UserError("predict takes one configuration: give each of `method` / `classifier` / "
@@ -304,7 +306,13 @@ class RunRequest:
 
     @property
     def is_sweep(self) -> bool:
-        return any(len(v) > 1 for v in (self.method, self.local_sigma, self.m, self.classifier))
+        return any(len(v) > 1 for v in (self.method, self.local_sigma, self.m, self.classifier)) or \
+            any(len(self.option_variants(method)) > 1 for method in self.method)
+
+    def option_variants(self, method: str):
+        """The settings of each of `method`'s configurations: several where a sweepable setting has several
+        values (`--option reverse_runs=1,3,5`)."""
+        return option_variants(method_named(method), self.options_for(method))
 
     @property
     def classifier_path(self) -> Optional[str]:

@@ -26,7 +26,8 @@ checkpoint; `scheduler` for a diffusers UNet folder) replaces [models]' denoiser
 unet_config, schedule, diffusion_steps, scheduler) for that line only: DDS with two denoisers side by side.
 
 A line's classifier / local_sigma / m is one value, a list (a one-pass sweep; the cell takes the best
-configuration), or a table keyed by sigma ("0.25" = ...). No classifier: the demo classifier for the
+configuration), or a table keyed by sigma ("0.25" = ...); so is a list of a method's sweepable setting (DensePure's
+reverse_runs: its configurations share the first runs' chains). No classifier: the demo classifier for the
 method's noise level.
 """
 
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from diffsmooth.engine.base_classifier.methods import method_named, method_names
-from diffsmooth.engine.base_classifier.methods.config import resolve_options
+from diffsmooth.engine.base_classifier.methods.config import option_variants, resolve_options
 from diffsmooth.engine.choices import (
     DEFAULT_ALPHA,
     DEFAULT_LOCAL_NOISE,
@@ -289,8 +290,10 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
         own = {o.name for o in kind.options}
         _unknown(at, raw, LINE_KEYS | own)
         try:
-            given = tuple((k, v) for k, v in raw.items() if k in own)
-            options = tuple((k, v) for k, v in resolve_options(kind, given) if k in dict(given))
+            given = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in own)
+            variants = [resolve_options(kind, variant) for variant in option_variants(kind, given)]
+            options = tuple((k, tuple(dict.fromkeys(dict(v)[k] for v in variants)) if isinstance(value, tuple)
+                             else dict(variants[0])[k]) for k, value in given)    # a list: a sweep on the line
         except UserError as exc:
             raise UserError(f"{at}: {exc}") from None
         name = raw.get("name", kind.line_name or method)

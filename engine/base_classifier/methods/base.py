@@ -33,7 +33,7 @@ class Method:
     flip_rates: ClassVar[Dict[str, float]] = {}
     options: ClassVar[Tuple[MethodOption, ...]] = ()    # settings of its own (`--option NAME=VALUE`, spec keys, API)
     purify_noise: ClassVar[bool] = False        # its purify stage draws noises of its own (BaseClassifierStages)
-    # Scored beside other configurations on the same one-shot denoised samples: a sweep, a table's shared pass.
+    # Its lines share a table's one pass with other lines on the same one-shot denoised samples (one_pass.py).
     sweeps: ClassVar[bool] = True
     exported: ClassVar[bool] = True             # runs from exported graphs (the onnxruntime and tensorrt backends)
 
@@ -65,6 +65,26 @@ class Method:
         """The purify stage around its exported graph run as `graph` (an ONNX Runtime or TensorRT stage): the
         graph itself, for a purifier exported whole."""
         return graph
+
+    def purifier_key(self, config: MethodConfig):
+        """What its purify stage is, as a key: a sweep's configurations must have one key between them (None: it
+        purifies nothing). The one-shot purifier at sigma, by default; a method that does not share the one-shot
+        samples (`sweeps` False) and says nothing more has a purify stage of each configuration's own."""
+        if not self.denoises:
+            return None
+        return ("one-shot", float(config.sigma)) if self.sweeps else (self.name, float(config.sigma), config.options)
+
+    def sweep_purifier_config(self, configs) -> MethodConfig:
+        """Of a sweep's configurations of this method (one purifier_key), the one whose purify stage serves all."""
+        return configs[0]
+
+    def sweep_head(self, config: MethodConfig, classifier: nn.Module, image_shape: Tuple[int, ...]) -> Optional[nn.Module]:
+        """Its score head in a torch sweep, on the shared purify stage's samples; None: the classifier's logits."""
+        return None
+
+    def sweep_samples(self, config: MethodConfig, samples):
+        """Its share of the shared purify stage's samples (an exported sweep feeds them to its own graph)."""
+        return samples
 
     def purified_shape(self, config: MethodConfig, image_shape: Tuple[int, ...]) -> Optional[Tuple[int, ...]]:
         """One sample's purified shape when it is not the image's (None: the image's)."""

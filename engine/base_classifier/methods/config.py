@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from diffsmooth.engine.base_classifier.methods.registry import method_named
 from diffsmooth.engine.choices import DEFAULT_LOCAL_NOISE, DEFAULT_LOCAL_SIGMA, DEFAULT_M, FIXED_LOCAL_NOISE_SEED
@@ -15,7 +16,8 @@ from diffsmooth.engine.errors import UserError
 @dataclass(frozen=True)
 class MethodOption:
     """A setting a method adds of its own (DensePure's reverse runs): its name (`--option NAME=VALUE`, a spec
-    line's key, a Python keyword), its type (int or float), default, smallest and largest value, and help."""
+    line's key, a Python keyword), its type (int or float), default, smallest and largest value, and help.
+    `sweepable`: several values (`NAME=1,3,5`, a list) make a sweep whose configurations share one purify stage."""
 
     name: str
     kind: type
@@ -23,6 +25,7 @@ class MethodOption:
     low: Optional[float] = None
     high: Optional[float] = None
     help: str = ""
+    sweepable: bool = False
 
     def value(self, given, method: str):
         """`given` (a number, or the text of `--option`) as this option's type, or one line saying why not."""
@@ -40,6 +43,23 @@ class MethodOption:
             bounds = f"{self.low:g}..{self.high:g}" if self.high is not None else f">= {self.low:g}"
             raise UserError(f"{what} must be {bounds}, got {given}")
         return self.kind(given)
+
+
+def option_variants(kind, given) -> List[Tuple[Tuple[str, Any], ...]]:
+    """The settings of each configuration `given` asks for: one, unless a sweepable option has several values
+    (`1,3,5` or a list), whose every combination is one; several values of another option are refused in one line."""
+    given = dict(given or ())
+    declared = {o.name: o for o in kind.options}
+    choices = []
+    for name, value in given.items():
+        values = value.split(",") if isinstance(value, str) else value
+        values = list(values) if isinstance(values, (list, tuple)) else [values]
+        if len(values) > 1 and not (name in declared and declared[name].sweepable):
+            raise UserError(f"{kind.name} setting {name} takes one value, got {value!r}")
+        if len(set(map(str, values))) != len(values):
+            raise UserError(f"{kind.name} setting {name} repeats a value: {value!r}")
+        choices.append([(name, v) for v in values])
+    return [tuple(combination) for combination in itertools.product(*choices)]
 
 
 def resolve_options(kind, given) -> Tuple[Tuple[str, Any], ...]:

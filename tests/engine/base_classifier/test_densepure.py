@@ -121,7 +121,7 @@ def test_its_settings_are_checked_in_one_line_on_every_path(tiny_models, tiny_cl
     refused([*base, "--method", "densepure", "--option", "runs=3"], "has no setting 'runs'")
     refused([*base, "--method", "dds", "--option", "steps=3"], "has no setting 'steps'")
     refused([*base, "--method", "densepure", "--option", "steps"], "is not NAME=VALUE")
-    refused([*base, "--method", "densepure", "--method", "dds"], "runs alone, not in a sweep")
+    refused([*base, "--method", "densepure", "--method", "dds"], "purify each sample differently")
     refused([*base, "--method", "densepure", "--backend", "onnxruntime", "--onnx-dir", str(tmp_path)],
             "holds no exported graphs")
     with pytest.raises(UserError, match="densepure setting reverse_runs must be an integer"):
