@@ -25,8 +25,9 @@ def _model_args(tiny_models) -> list:
 @pytest.mark.slow
 def test_exported_step_and_vote_graphs_validate_and_certify_as_torch(tiny_models, tiny_cli_args, tmp_path):
     onnx_dir = tmp_path / "onnx"
-    export = ["export", *_model_args(tiny_models), "--method", "densepure", *OPTIONS, "--image-shape", "3,8,8",
-              "--dataset", "npz", "--data", str(tiny_models["data"]), "--samples", "48", "--out", onnx_dir]
+    plain = ["export", *_model_args(tiny_models), "--method", "densepure", "--image-shape", "3,8,8",
+             "--dataset", "npz", "--data", str(tiny_models["data"]), "--samples", "48", "--out", onnx_dir]
+    export = [*plain, *OPTIONS]
     for sigma, extra in ((tiny_models["sigma"], []), ("0.5", ["--fp16"])):    # the same step graph rewritten
         output = invoke_ok([*export, "--sigma", sigma, *extra]).output
         assert output.count("ok ") == 2 * (1 + len(extra)), output   # the step graph and the vote graph, chained
@@ -62,6 +63,15 @@ def test_exported_step_and_vote_graphs_validate_and_certify_as_torch(tiny_models
                                        "--out", str(tmp_path / "k4.tsv")])
     assert result.exit_code != 0 and "reverse_runs=3 (want 4)" in result.output, result.output
     assert "Traceback" not in result.output
+
+    # a sweep over K on the exported graphs: the K = 3 chains around the step graph serve K = 1's vote graph too
+    invoke_ok([*plain, "--sigma", tiny_models["sigma"], "--option", "reverse_runs=1", "--option", f"steps={STEPS}"])
+    for backend in ("torch", "onnxruntime"):
+        invoke_ok(["certify", *tiny_cli_args, "--method", "densepure", "--option", "reverse_runs=1,3", "--option",
+                   f"steps={STEPS}", *FAST, "--backend", backend, "--onnx-dir", onnx_dir, "--out", tmp_path / backend])
+    for name in ("densepure__clf__K1__S2.tsv", "densepure__clf__K3__S2.tsv"):
+        assert rows_without_time(tmp_path / "onnxruntime" / name) == rows_without_time(tmp_path / "torch" / name)
+    assert rows_without_time(tmp_path / "torch" / "densepure__clf__K3__S2.tsv") == rows["torch"]
 
 
 @pytest.mark.slow

@@ -212,15 +212,16 @@ class SchedulerChains:
 
 
 class MajorityVoteHead(nn.Module):
-    """K purified samples [B,K,C,H,W] -> scores [B,classes] whose argmax is the label most of the K runs gave,
-    ties to the label that came first (DensePure's `max(labels, key=labels.count)`): count * (K + 1) - the first
-    run that gave it; -1 for a label no run gave."""
+    """K purified samples [B,K,C,H,W] (or the first K of more) -> scores [B,classes] whose argmax is the label most
+    of the K runs gave, ties to the label that came first (DensePure's `max(labels, key=labels.count)`):
+    count * (K + 1) - the first run that gave it; -1 for a label no run gave."""
 
     def __init__(self, classifier: nn.Module, runs: int):
         super().__init__()
         self.classifier, self.runs = classifier, int(runs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x[:, : self.runs]               # a sweep's chains: the first K of more runs
         b = x.shape[0]
         logits = self.classifier(x.reshape(b * self.runs, *x.shape[2:])).float()
         chosen = nn.functional.one_hot(logits.argmax(dim=-1).view(b, self.runs), logits.shape[-1]).float()
@@ -234,7 +235,8 @@ class DensePureMethod(Method):
     name = "densepure"
     line_name = "DensePure"
     # Defaults: DensePure's merge script (results/merge_results.py: majority_vote_num 10, steps 2).
-    options = (MethodOption("reverse_runs", int, 10, 1, 256, "reverse runs K whose labels' majority votes"),
+    options = (MethodOption("reverse_runs", int, 10, 1, 256, "reverse runs K whose labels' majority votes",
+                            sweepable=True),
                MethodOption("steps", int, 2, 1, MAX_STEPS, "reverse steps S of each run, from t* to 0"))
     purify_noise = True
     sweeps = False
@@ -297,6 +299,19 @@ class DensePureMethod(Method):
 
     def purified_shape(self, config, image_shape):
         return (self.runs_and_steps(config)[0], *map(int, image_shape))
+
+    def purifier_key(self, config):
+        """Its chains at one sigma and S: run k's noises do not depend on K, so K runs are the first K of more."""
+        return (self.name, float(config.sigma), self.runs_and_steps(config)[1])
+
+    def sweep_purifier_config(self, configs):
+        return max(configs, key=lambda config: self.runs_and_steps(config)[0])
+
+    def sweep_head(self, config, classifier, image_shape):
+        return MajorityVoteHead(classifier, self.runs_and_steps(config)[0])
+
+    def sweep_samples(self, config, samples):
+        return samples[:, : self.runs_and_steps(config)[0]]
 
     def unet_calls(self, config):
         runs, steps = self.runs_and_steps(config)

@@ -122,6 +122,8 @@ def test_its_settings_are_checked_in_one_line_on_every_path(tiny_models, tiny_cl
     refused([*base, "--method", "dds", "--option", "steps=3"], "has no setting 'steps'")
     refused([*base, "--method", "densepure", "--option", "steps"], "is not NAME=VALUE")
     refused([*base, "--method", "densepure", "--method", "dds"], "purify each sample differently")
+    refused([*base, "--method", "densepure", "--option", "steps=2,3"], "densepure setting steps takes one value")
+    refused([*base, "--method", "densepure", "--option", "reverse_runs=3,3"], "repeats a value")
     refused([*base, "--method", "densepure", "--backend", "onnxruntime", "--onnx-dir", str(tmp_path)],
             "holds no exported graphs")
     with pytest.raises(UserError, match="densepure setting reverse_runs must be an integer"):
@@ -140,6 +142,10 @@ def test_a_table_spec_line_takes_its_settings(tmp_path):
     from diffsmooth.engine.table.spec import load_spec
     line = load_spec(spec).lines[0]
     assert line.options == (("reverse_runs", 4), ("steps", 3))
+    spec.write_text(spec.read_text().replace("reverse_runs = 4", "reverse_runs = [2, 4]"))
+    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--out", str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    assert load_spec(spec).lines[0].options == (("reverse_runs", (2, 4)), ("steps", 3))     # a sweep on the line
     spec.write_text(spec.read_text().replace("steps = 3", "steps = 300"))
     result = CliRunner().invoke(main, ["table", str(spec), "--check", "--out", str(tmp_path / "t")])
     assert result.exit_code == 2 and "line 1: densepure setting steps must be 1..100, got 300" in result.output, \
@@ -295,3 +301,30 @@ def test_two_gloo_ranks_under_torchrun_write_one_process_rows(tiny_cli_args, tmp
     assert "merged 6 rows from 2 ranks" in proc.stderr
     assert_rows_spread(whole, min_classes=3)
     assert rows_without_time(ranks) == rows_without_time(whole)
+
+
+def test_a_sweep_over_k_shares_the_chains_and_writes_each_ks_single_rows(tiny_models, tiny_cli_args, tmp_path):
+    """`--option reverse_runs=1,3`: one purify stage of 3 chains (run k's noise does not depend on K), each K's
+    majority on its first K runs; every configuration's rows equal its own single run's, and spread."""
+    from diffsmooth.engine.backends.torch_backend import TorchBackend
+    from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
+    from diffsmooth.engine.base_classifier.denoise import load_denoiser
+    from diffsmooth.engine.runs.results import read_rows
+
+    sweep = tmp_path / "sweep"
+    quick = [*FAST[:-3], "--batch", "30", "--quiet"]             # one batch per image's estimate
+    invoke_ok(["certify", *tiny_cli_args, "--method", "densepure", "--option", "reverse_runs=1,3",
+               "--option", f"steps={STEPS}", *quick, "--out", sweep])
+    for runs in (1, 3):
+        single = tmp_path / f"K{runs}.tsv"
+        invoke_ok(["certify", *tiny_cli_args, "--method", "densepure", "--option", f"reverse_runs={runs}",
+                   "--option", f"steps={STEPS}", *quick, "--out", single])
+        swept = sweep / f"densepure__clf__K{runs}__S{STEPS}.tsv"
+        assert rows_without_time(swept) == rows_without_time(single), runs
+    assert len({r["predict"] for r in read_rows(sweep / "densepure__clf__K3__S2.tsv")} - {"-1"}) >= 3
+    configs = configurations(["densepure"], 0.25, [0.25], [1], "fixed", lambda method, ls: ["clf"],
+                             lambda method: (("reverse_runs", "1,4,3"), ("steps", "2")))
+    denoiser = load_denoiser(tiny_models["unet"], "cifar10", **__import__("json").loads(tiny_models["unet_config"]))
+    classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
+    stages = torch_configuration_stages(configs, {"clf": classifier}, denoiser, TorchBackend(), (3, 8, 8))
+    assert stages.purify.runs == 4 and stages.purified_shape == (4, 3, 8, 8) and stages.purify_noise
