@@ -50,8 +50,8 @@ def _clean_classifier() -> str:
 
 # What is smoothed (setup -> what, its method config, its model sources): DiffSmooth (the default), or DDS (m = 1,
 # a classifier trained on clean images) behind the engine's UNet or diffusers' UNet2DModel; the DDS pair measured
-# DDS's design flip rates and shows whether the diffusers adapter adds to them. Each variant is judged at its
-# setup's design rate, as the run-time check is.
+# DDS's design flip rates and shows whether the diffusers adapter adds to them; DensePure at its defaults. Each
+# variant is judged at its setup's design rate, as the run-time check is.
 SETUPS = {
     "diffsmooth": ("diffsmooth sigma 0.5, m=5, sigma' 0.25 (demo models)",
                    MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25), ModelSources.demo),
@@ -60,6 +60,9 @@ SETUPS = {
     "dds-diffusers": ("dds sigma 0.5 (demo diffusers DDPM, classifier trained on clean images)", MethodConfig("dds", 0.5),
                       lambda: ModelSources(denoiser=str(demo_assets.DEMO_DDPM), stats=demo_assets.DEMO_STATS,
                                            classifier=_clean_classifier())),
+    # DensePure at its defaults behind the demo UNet, the clean-image classifier: measures its design flip rates
+    "densepure": ("densepure sigma 0.5, K=10, S=2 (demo UNet, classifier trained on clean images)",
+                  MethodConfig("densepure", 0.5), lambda: ModelSources.demo(classifier=_clean_classifier())),
 }
 
 

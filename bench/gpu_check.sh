@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: one command per part on a machine with one CUDA GPU, torch already installed, no network.
-#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|all]
+#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|all]
 #   DRY_RUN=1 bash bench/gpu_check.sh OUT_DIR PART     # print the steps and their limits, run nothing
 # Each part fits one 600 s call on a fresh H100 or H200, its own install included: the step limits of a
 # part (install, import check, its steps, summary) add up to at most 540 s (tests/engine/runs/test_gpu_readiness.py
@@ -22,12 +22,14 @@
 # headline: the demo table at the paper's shape (RS and DiffSmooth lines, 3 sigmas x 500 images, n-max 100,000,
 #        fp16 compiled, the default race), its samples per line against the measured 2026-11-27 table
 #        (docs/table-studies.md); resumable: a second call with OUT carried goes on.
+# densepure: DensePure's GPU test, its flip rates measured (bench.agreement --setup densepure) and its time per
+#        sample at the CIFAR-10 shapes (bench --method densepure).
 # all: every part in a row (more than one call's time).
 # Everything goes under OUT_DIR: one log per step, steps.tsv (step, exit status, seconds, limit),
 # gpu_check.log (this script's whole output), summary.md. bench.jsonl records peak GPU memory per run;
 # agreement.json is rewritten after each variant.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|all]}
+OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|all]}
 PART=${2:-speed}
 DRY_RUN=${DRY_RUN:-0}
 mkdir -p "$OUT"
@@ -150,12 +152,27 @@ part_headline() {
         --precision fp16 --pilot 25 --quiet --out "$OUT/headline_rs"
 }
 
+part_densepure() {
+    # DensePure on a GPU for the first time: its GPU test (compiled fp16 / bf16 against eager fp32, one graph for
+    # every step), its design flip rates measured (they are estimated until then), its time per sample beside
+    # DiffSmooth's at the CIFAR-10 shapes (full-size UNet + ResNet-110, random weights).
+    run_step densepure-gpu-test ${DP_TEST_LIMIT:-150} densepure_gpu_test.log \
+        $PY -m pytest -v -p no:cacheprovider -o addopts= --tb=short -m gpu tests/engine/base_classifier/test_densepure.py
+    run_step densepure-agreement ${DP_AGREEMENT_LIMIT:-150} densepure_agreement.txt \
+        $PY -m diffsmooth.bench.agreement --setup densepure --device cuda --images 8 --samples 1000 \
+        --variant "eager fp16" --variant "eager bf16" --variant "compiled fp16 (fast path)" \
+        --out "$OUT/densepure_agreement.json"
+    run_step densepure-bench ${DP_BENCH_LIMIT:-200} bench_densepure.txt \
+        $PY -m diffsmooth.cli bench --models cifar10 --method densepure --device cuda --precision fp16 --n 100000 \
+        --measure-n ${DP_MEASURE_N:-2000} --quiet --no-reference --results "$OUT/bench_densepure.jsonl"
+}
+
 summary() {
     run_step summary ${SUMMARY_LIMIT:-10} summary.md $PY -m diffsmooth.bench.gpu_summary "$OUT"
 }
 
 case "$PART" in
-    speed|sequential|table|ablation|fixes|headline) ;;
+    speed|sequential|table|ablation|fixes|headline|densepure) ;;
     all) ;;
     *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation, fixes, headline or all)"; exit 2 ;;
 esac
@@ -167,6 +184,7 @@ case "$PART" in
     ablation) part_ablation ;;
     fixes) part_fixes ;;
     headline) part_headline ;;
+    densepure) part_densepure ;;
     all) part_speed; part_sequential; part_table; part_ablation ;;
 esac
 summary

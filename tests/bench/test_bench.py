@@ -375,15 +375,16 @@ def test_agreement_bench_judges_every_variant_and_checks_the_fast_path(monkeypat
 
 @pytest.mark.skipif(not demo_assets.DEMO_DDPM.exists(), reason="the demo's diffusers denoiser is not built")
 def test_agreement_bench_judges_dds_on_either_denoiser(monkeypatch):
-    """The DDS setups smooth the clean-image classifier behind the demo UNet or the diffusers DDPM; a variant
+    """The DDS setups (and DensePure's) smooth the clean-image classifier behind the demo UNet or the diffusers DDPM; a variant
     that is eager fp32 again agrees exactly, and without a compiled variant the fast-path checks are skipped."""
     pytest.importorskip("diffusers")
     from diffsmooth.bench import agreement
     monkeypatch.setattr(agreement, "VARIANTS", (("eager fp32 again", "fp32", {}),))
-    for setup, denoiser in (("dds", "DiffusionDenoiser"), ("dds-diffusers", "DiffusersDenoiser")):
+    for setup, denoiser in (("dds", "DiffusionDenoiser"), ("dds-diffusers", "DiffusersDenoiser"),
+                            ("densepure", "DiffusionDenoiser")):
         doc = agreement.run("cpu", images=2, samples=24, batch=8, setup=setup, variants=["eager fp32 again"])
         row, = doc["rows"]
-        assert doc["denoiser"] == denoiser and row["pipeline"].startswith("dds:")
+        assert doc["denoiser"] == denoiser and row["pipeline"].startswith(setup.split("-")[0] + ":")
         assert row["verdict"] == "ok" and row["differ"] == 0 and doc["checks"] == "no compiled variant judged"
     with pytest.raises(click.BadParameter, match="unknown variant"):
         agreement.run("cpu", images=2, samples=24, batch=8, variants=["eager fp64"])
