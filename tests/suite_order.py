@@ -8,8 +8,9 @@ HEAVY_FIRST = (
     "tests/engine/table/test_paper_specs.py",        # ~100 s
     "tests/test_readme_python.py",                   # ~75 s
     "tests/export/test_export.py",                   # ~65 s
+    "tests/engine/base_classifier/test_densepure.py",  # ~55 s
     "tests/engine/models/test_triton_conv.py",       # ~50 s
-    "tests/engine/base_classifier/test_densepure.py",  # ~20 s
+    "tests/export/test_export_densepure.py",         # ~20 s
     "tests/fuzz/test_faults.py",
     "tests/engine/table/test_one_pass.py",
     "tests/engine/runs/test_sharding.py",
