@@ -37,8 +37,8 @@ MUTATIONS = {
         "_, k, decided, path, row = min(entries, key=lambda entry: entry[0])"),
     "densepure-runs-share-step-noise": (
         "engine/base_classifier/methods/densepure.py",
-        "noise.normal(k * MAX_STEPS + i, shape)",
-        "noise.normal(i, shape)"),
+        "return noise.normal(run * MAX_STEPS + step, shape)",
+        "return noise.normal(step, shape)"),
 }
 OLD_RACE_LINE = ("if (config, i) not in rank or rank[(config, i)] <= key:",
                  "if (config, i) not in rank or rank[(config, i)] >= key:")

@@ -122,6 +122,11 @@ class ReverseStep(nn.Module):
         return mean + c[6] * torch.exp(0.5 * log_variance) * noise
 
 
+def step_noise(noise, run: int, step: int, shape) -> torch.Tensor:
+    """The rows' noise of `step` in reverse run `run`: draw run * MAX_STEPS + step of the rows' RowNoise."""
+    return noise.normal(run * MAX_STEPS + step, shape)
+
+
 class ReverseChains:
     """The purify stage: x_rs [B,C,H,W] (+ the rows' RowNoise) -> K purified samples [B,K,C,H,W] in [0,1]. Each run's
     chain steps the whole batch of B (`step`: the ReverseStep as a built stage): the UNet always sees the run's batch,
@@ -152,7 +157,7 @@ class ReverseChains:
         for k in range(self.runs):
             x = start
             for i in range(last + 1):
-                z = noise.normal(k * MAX_STEPS + i, shape) if i < last else quiet
+                z = step_noise(noise, k, i, shape) if i < last else quiet
                 x = self.step(x, self.timesteps[i], self.coefficients[i], z)
             runs.append((x + 1) * 0.5)
         return torch.stack(runs, dim=1)
@@ -205,7 +210,7 @@ class SchedulerChains:
             for i, t in enumerate(self.timesteps):
                 out = self.unet(x, times[i]).to(x.dtype)
                 out = out if self.learned and out.shape[1] == 2 * self.channels else out[:, : self.channels]
-                z = noise.normal(k * MAX_STEPS + i, shape) if i < last else quiet
+                z = step_noise(noise, k, i, shape) if i < last else quiet
                 x = self._step(out, t, x, z)
             runs.append((x + 1) * 0.5)
         return torch.stack(runs, dim=1)
