@@ -65,6 +65,7 @@ class BenchSettings:
     m: int = 5
     local_sigma: float = 0.25
     local_noise: str = "fixed"
+    method_options: Tuple[Tuple[str, str], ...] = ()    # the method's own settings (`--option NAME=VALUE`)
     alpha: float = 0.001
     batch: Optional[int] = None
     backends: Tuple[str, ...] = ("torch",)
@@ -181,7 +182,8 @@ def _progress(iterable, settings: BenchSettings, **kw):
 
 
 def _method_config(settings: BenchSettings, m: Optional[int] = None):
-    return MethodConfig(settings.method, settings.sigma, m or settings.m, settings.local_sigma, settings.local_noise)
+    return MethodConfig(settings.method, settings.sigma, m or settings.m, settings.local_sigma, settings.local_noise,
+                        options=settings.method_options)
 
 
 def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = None) -> dict:

@@ -13,6 +13,7 @@ from diffsmooth.bench.harness import BenchSettings, run_bench, to_jsonable
 from diffsmooth.bench.models import MODEL_SETS
 from diffsmooth.bench.report import render
 from diffsmooth.bench.variants import TOKENS, parse_variants
+from diffsmooth.cli.options import name_values
 from diffsmooth.cli.param_types import BATCH, LOCAL_NOISES, LOCAL_SIGMA, METHOD, SAMPLES, SEED, SIGMA, THREADS, Count, Number
 from diffsmooth.engine.backends.compile_options import COMPILE_MODES, INDUCTOR_KNOBS, parse_inductor_knobs
 from diffsmooth.engine.choices import (
@@ -75,6 +76,8 @@ def _check_choices(values, allowed, name):
 @click.option("--m", "m", type=LOCAL_NOISES, default=DEFAULT_M, show_default=True, help="Local noises (diffsmooth).")
 @click.option("--local-sigma", type=LOCAL_SIGMA, default=DEFAULT_LOCAL_SIGMA, show_default=True)
 @click.option("--local-noise", type=click.Choice(LOCAL_NOISE_MODES), default=DEFAULT_LOCAL_NOISE, show_default=True)
+@click.option("--option", "method_options", multiple=True, metavar="NAME=VALUE", callback=name_values,
+              help="A setting of the method's own (docs/methods.md), e.g. reverse_runs=5 for densepure; repeatable.")
 @click.option("--batch", type=BATCH, default=None,
               help="Engine batch [default: CPU demo/cifar10 50, imagenet 4; CUDA 2000/2000/32].")
 @click.option("--measure-n", type=SAMPLES, default=None,
@@ -143,7 +146,8 @@ def bench(**kw):
         raise click.BadParameter("--plot draws the sweep: add --sweep", param_hint="--plot")
     settings = BenchSettings(
         models=kw["models"], method=kw["method"], sigma=kw["sigma"], n0=kw["n0"], n=kw["n"], m=kw["m"],
-        local_sigma=kw["local_sigma"], local_noise=kw["local_noise"], batch=kw["batch"],
+        local_sigma=kw["local_sigma"], local_noise=kw["local_noise"], method_options=kw["method_options"],
+        batch=kw["batch"],
         backends=kw["backends"] or ("torch",), precisions=kw["precisions"] or ("fp32",), device=kw["device"],
         images=kw["images"], measure_n=kw["measure_n"], reference=not kw["no_reference"],
         reference_batch=kw["reference_batch"], compare=kw["compare"], peak_tflops=kw["peak_tflops"],

@@ -420,3 +420,15 @@ def test_a_methods_flops_count_its_unet_and_classifier_calls():
     assert (dense["unet_calls_per_sample"], dense["classifier_calls_per_sample"]) == (20, 10)
     assert dense["denoiser_per_sample"] == 20 * dds["denoiser_per_sample"] > 0
     assert dense["classifier_per_sample"] == 10 * dds["classifier_per_sample"] > 0
+    own = count_model_flops(model_set, tiny_settings(models="demo", method="densepure",
+                                                     method_options=(("reverse_runs", "3"), ("steps", "1"))))
+    assert (own["unet_calls_per_sample"], own["classifier_calls_per_sample"]) == (3, 3)       # `bench --option`
+
+
+def test_bench_takes_a_methods_own_settings_and_refuses_others_in_one_line():
+    from click.testing import CliRunner
+
+    from diffsmooth.cli import main
+    result = CliRunner().invoke(main, ["bench", "--method", "dds", "--option", "steps=2", "--quiet"])
+    assert result.exit_code == 2 and "method dds has no setting 'steps'" in result.output, result.output
+    assert "Traceback" not in result.output
