@@ -379,7 +379,11 @@ def test_agreement_bench_judges_dds_on_either_denoiser(monkeypatch):
     that is eager fp32 again agrees exactly, and without a compiled variant the fast-path checks are skipped."""
     pytest.importorskip("diffusers")
     from diffsmooth.bench import agreement
+    from diffsmooth.engine.base_classifier.methods import MethodConfig
     monkeypatch.setattr(agreement, "VARIANTS", (("eager fp32 again", "fp32", {}),))
+    what, _, sources = agreement.SETUPS["densepure"]            # its wiring at K = 2, S = 1: a tenth of the defaults
+    monkeypatch.setitem(agreement.SETUPS, "densepure", (what, MethodConfig(
+        "densepure", 0.5, options=(("reverse_runs", 2), ("steps", 1))), sources))
     for setup, denoiser in (("dds", "DiffusionDenoiser"), ("dds-diffusers", "DiffusersDenoiser"),
                             ("densepure", "DiffusionDenoiser")):
         doc = agreement.run("cpu", images=2, samples=24, batch=8, setup=setup, variants=["eager fp32 again"])
