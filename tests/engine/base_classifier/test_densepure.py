@@ -328,3 +328,18 @@ def test_a_sweep_over_k_shares_the_chains_and_writes_each_ks_single_rows(tiny_mo
     classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
     stages = torch_configuration_stages(configs, {"clf": classifier}, denoiser, TorchBackend(), (3, 8, 8))
     assert stages.purify.runs == 4 and stages.purified_shape == (4, 3, 8, 8) and stages.purify_noise
+
+
+def test_predict_on_the_command_line_and_in_python_agree(tiny_models, tiny_cli_args, tmp_path):
+    """PREDICT with DensePure: `diffsmooth predict` rows and the API's `predict(x, n, alpha, image_index)` give the
+    same class (or abstention) for every image, keyed by its dataset index; the classes spread."""
+    from diffsmooth.engine.runs.results import read_rows
+
+    out = tmp_path / "predict.tsv"
+    invoke_ok(["predict", *tiny_cli_args, "--method", "densepure", *OPTIONS, "--n", "24", "--alpha", "0.2",
+               "--batch", "8", "--quiet", "--out", out])
+    rows = {int(r["idx"]): int(r["predict"]) for r in read_rows(out)}
+    assert len(rows) == 6 and len(set(rows.values()) - {-1}) >= 3, rows
+    classifier = _api(tiny_models, batch=8)
+    dataset = load_dataset("npz", str(tiny_models["data"]))
+    assert {i: classifier.predict(dataset[i][0], n=24, alpha=0.2, image_index=i) for i in range(6)} == rows
