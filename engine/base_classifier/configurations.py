@@ -242,7 +242,8 @@ def stacked_configuration_stages(configs: Sequence[Configuration], stages_of) ->
     single stages (graphs or plans); the purify stage of purifier_config's serves all."""
     inputs = inputs_of(configs)
     singles = [stages_of(c) for c in configs]
-    shared = next((s for c, s in zip(configs, singles) if c.method == purifier_config(configs)), None)
+    serving = purifier_config(configs)
+    shared = next((s for c, s in zip(configs, singles) if c.method == serving), None)
     fresh_ms = [c.method.m for c, s in zip(configs, singles) if s.local_noise_shape is not None]
     heads = [(s.score, inputs.index(c.method.kind.reads),
               c.method.m if s.local_noise_shape is not None else None, c.method) for c, s in zip(configs, singles)]

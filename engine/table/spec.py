@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from diffsmooth.engine.base_classifier.methods import method_named, method_names
-from diffsmooth.engine.base_classifier.methods.config import option_variants, resolve_options
+from diffsmooth.engine.base_classifier.methods.config import checked_options
 from diffsmooth.engine.choices import (
     DEFAULT_ALPHA,
     DEFAULT_LOCAL_NOISE,
@@ -290,10 +290,7 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
         own = {o.name for o in kind.options}
         _unknown(at, raw, LINE_KEYS | own)
         try:
-            given = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in raw.items() if k in own)
-            variants = [resolve_options(kind, variant) for variant in option_variants(kind, given)]
-            options = tuple((k, tuple(dict.fromkeys(dict(v)[k] for v in variants)) if isinstance(value, tuple)
-                             else dict(variants[0])[k]) for k, value in given)    # a list: a sweep on the line
+            options = checked_options(kind, [(k, v) for k, v in raw.items() if k in own])    # a list: a sweep
         except UserError as exc:
             raise UserError(f"{at}: {exc}") from None
         name = raw.get("name", kind.line_name or method)

@@ -62,6 +62,14 @@ def option_variants(kind, given) -> List[Tuple[Tuple[str, Any], ...]]:
     return [tuple(combination) for combination in itertools.product(*choices)]
 
 
+def checked_options(kind, given) -> Tuple[Tuple[str, Any], ...]:
+    """`given` with each value checked and of the method's type, a sweepable setting's several values as a tuple
+    (a spec line's settings); a wrong one refused in one line."""
+    variants = [dict(resolve_options(kind, variant)) for variant in option_variants(kind, given)]
+    return tuple((name, tuple(dict.fromkeys(v[name] for v in variants)) if isinstance(value, (list, tuple))
+                  else variants[0][name]) for name, value in dict(given or ()).items())
+
+
 def resolve_options(kind, given) -> Tuple[Tuple[str, Any], ...]:
     """The method's options, as (name, value) pairs in its own order: those `given` (a dict or pairs) checked,
     the rest at their defaults; a name the method does not have is refused in one line."""
