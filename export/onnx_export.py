@@ -1,5 +1,6 @@
 """ONNX export (opset 17, dynamic batch, no Einsum, fp32 + mixed fp16, JSON manifest each) of the
-denoiser (OneShotPurifier at one sigma), the plain UNet and the classifier head (score_module)."""
+method's purify stage (Method.purifier_graph: the one-shot purifier at one sigma, or DensePure's reverse step),
+the plain UNet and the classifier head (score_module)."""
 
 from __future__ import annotations
 
@@ -20,12 +21,7 @@ from torch import nn
 
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.purifier_graph import (  # noqa: F401 (ConstantTimestepUNet: its old home)
-    ConstantTimestepUNet,
-    PurifierGraph,
-    example_batch,
-    one_shot_graph,
-)
+from diffsmooth.engine.base_classifier.purifier_graph import example_batch
 from diffsmooth.engine.base_classifier.torch_stages import score_module
 from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError, first_line
@@ -39,15 +35,6 @@ from .manifest import file_hashes, package_versions, write_manifest
 OPSET = 17
 # Protobuf cannot serialise a message over 2 GiB; keep a margin for the graph structure itself.
 EXTERNAL_DATA_THRESHOLD = (2 << 30) - (64 << 20)
-
-
-# --------------------------------------------------------------------------------------------
-# Modules as exported
-
-
-def purifier_for_export(denoiser: DiffusionDenoiser, sigma: float) -> nn.Module:
-    """The denoiser's one-shot purifier at `sigma` whose UNet sees a constant-foldable timestep."""
-    return one_shot_graph(denoiser, sigma, (1, 1, 1)).module
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,9 +212,6 @@ class ExportedGraph:
     manifest: dict = field(default_factory=dict)
 
 
-_example_batch = example_batch
-
-
 def export_denoiser(config: MethodConfig, denoiser: DiffusionDenoiser, image_shape, out_dir, *,
                     precisions: Sequence[str] = ("fp32",), source: Optional[dict] = None,
                     preset: Optional[str] = None,
@@ -269,7 +253,7 @@ def export_unet(denoiser: DiffusionDenoiser, image_shape, out_dir, *, precisions
                 external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> List[ExportedGraph]:
     """The bare UNet: x_t [B,C,H,W], t [B] float -> model output [B,C_out,H,W] (eps first)."""
     unet = denoiser.unet.eval()
-    x = _example_batch(image_shape) * 2 - 1
+    x = example_batch(image_shape) * 2 - 1
     t = torch.tensor([10.0, 500.0])
     with torch.no_grad():
         out_channels = int(unet(x, t).shape[1])
@@ -301,7 +285,7 @@ def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, 
     head = score_module(config, classifier.eval(), tuple(image_shape)).eval()
     shape = [int(s) for s in image_shape]
     scored = list(config.kind.purified_shape(config, tuple(shape)) or shape)    # what its classifier reads
-    x = _example_batch(scored)
+    x = example_batch(scored)
     args: Tuple[torch.Tensor, ...] = (x,)
     names = ["x"]
     inputs = {"x": ["batch", *scored]}
