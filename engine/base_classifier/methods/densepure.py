@@ -127,6 +127,21 @@ def step_noise(noise, run: int, step: int, shape) -> torch.Tensor:
     return noise.normal(run * MAX_STEPS + step, shape)
 
 
+def run_chains(x_rs: torch.Tensor, noise, scale: float, steps: int, runs: int, advance) -> torch.Tensor:
+    """K runs of S steps from x = scale (2 x_rs - 1), each from the same x_rs: `advance(x, i, z)` takes step i with
+    noise z (the row's keyed draw; zeros on the last step). Returns the runs' results [B,K,C,H,W] in [0,1]."""
+    shape = tuple(x_rs.shape[1:])
+    start = scale * ((x_rs - 0.5) * 2)
+    quiet = torch.zeros_like(start)
+    results = []
+    for k in range(runs):
+        x = start
+        for i in range(steps):
+            x = advance(x, i, step_noise(noise, k, i, shape) if i < steps - 1 else quiet)
+        results.append((x + 1) * 0.5)
+    return torch.stack(results, dim=1)
+
+
 class ReverseChains:
     """The purify stage: x_rs [B,C,H,W] (+ the rows' RowNoise) -> K purified samples [B,K,C,H,W] in [0,1]. Each run's
     chain steps the whole batch of B (`step`: the ReverseStep as a built stage): the UNet always sees the run's batch,
@@ -149,18 +164,8 @@ class ReverseChains:
 
     @torch.inference_mode()         # every step's input an inference tensor, as its outputs: one compiled graph
     def __call__(self, x_rs: torch.Tensor, noise) -> torch.Tensor:
-        shape = tuple(x_rs.shape[1:])
-        start = self.plan.scale * ((x_rs - 0.5) * 2)
-        last = len(self.plan.timesteps) - 1
-        quiet = torch.zeros_like(start)
-        runs = []
-        for k in range(self.runs):
-            x = start
-            for i in range(last + 1):
-                z = step_noise(noise, k, i, shape) if i < last else quiet
-                x = self.step(x, self.timesteps[i], self.coefficients[i], z)
-            runs.append((x + 1) * 0.5)
-        return torch.stack(runs, dim=1)
+        return run_chains(x_rs, noise, self.plan.scale, len(self.plan.timesteps), self.runs,
+                          lambda x, i, z: self.step(x, self.timesteps[i], self.coefficients[i], z))
 
 
 _SCHEDULER_NOISE = threading.Lock()     # the scheduler's noise function is swapped process-wide while it steps
@@ -193,27 +198,17 @@ class SchedulerChains:
         self.eager = self if eager is unet else SchedulerChains(eager, type(scheduler).from_config(scheduler.config),
                                                                 sigma, steps, runs, channels)
 
-    def _step(self, out: torch.Tensor, t: int, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def _advance(self, x: torch.Tensor, t: int, z: torch.Tensor) -> torch.Tensor:
+        """The UNet at timestep t, then the scheduler's step with z as its noise."""
+        out = self.unet(x, torch.full((x.shape[0],), float(t), device=x.device)).to(x.dtype)
+        out = out if self.learned and out.shape[1] == 2 * self.channels else out[:, : self.channels]
         with _SCHEDULER_NOISE, mock.patch.object(self.module, "randn_tensor", lambda *shape, **kw: z):
             return self.scheduler.step(out, t, x).prev_sample
 
     @torch.inference_mode()
     def __call__(self, x_rs: torch.Tensor, noise) -> torch.Tensor:
-        shape = tuple(x_rs.shape[1:])
-        start = self.scale * ((x_rs - 0.5) * 2)
-        last = len(self.timesteps) - 1
-        quiet = torch.zeros_like(start)
-        times = [torch.full((x_rs.shape[0],), float(t), device=x_rs.device) for t in self.timesteps]
-        runs = []
-        for k in range(self.runs):
-            x = start
-            for i, t in enumerate(self.timesteps):
-                out = self.unet(x, times[i]).to(x.dtype)
-                out = out if self.learned and out.shape[1] == 2 * self.channels else out[:, : self.channels]
-                z = step_noise(noise, k, i, shape) if i < last else quiet
-                x = self._step(out, t, x, z)
-            runs.append((x + 1) * 0.5)
-        return torch.stack(runs, dim=1)
+        return run_chains(x_rs, noise, self.scale, len(self.timesteps), self.runs,
+                          lambda x, i, z: self._advance(x, self.timesteps[i], z))
 
 
 class MajorityVoteHead(nn.Module):
