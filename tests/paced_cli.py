@@ -1,7 +1,7 @@
 """`python tests/paced_cli.py ARGS`: `diffsmooth ARGS` whose ranks pause after each row they write to a race
 extension's rank file (`*_at*.shard-*.tsv`), so a watcher sees such a pass unfinished on every rank however fast
 the machine (tests/engine/table/test_table_ranks.py kills a rank there). The pause is DIFFSMOOTH_TEST_ROW_PAUSE
-seconds (default 0.25, a dozen times the watcher's poll); nothing else changes."""
+seconds (default 0.5, 25 times the watcher's poll); nothing else changes."""
 
 import os
 import sys
@@ -11,7 +11,7 @@ from diffsmooth.cli.group import main
 from diffsmooth.engine.runs import results
 
 _write = results.ResultWriter.write
-PAUSE = float(os.environ.get("DIFFSMOOTH_TEST_ROW_PAUSE", "0.25"))
+PAUSE = float(os.environ.get("DIFFSMOOTH_TEST_ROW_PAUSE", "0.5"))
 
 
 def _paced_write(self, **row) -> None:
