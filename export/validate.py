@@ -314,8 +314,7 @@ def load_denoiser_for(manifest: dict):
         raise UserError(f"{manifest.get('onnx_file')}: the manifest records no UNet config")
     unet = load_unet(path, None, **cfg)
     sched = manifest.get("schedule") or {}
-    return DiffusionDenoiser(unet, DiffusionSchedule(sched["name"], int(sched["num_steps"]),
-                                                     bool(sched.get("rescale_timesteps", False))))
+    return DiffusionDenoiser(unet, DiffusionSchedule.from_record(sched))
 
 
 def load_classifier_for(manifest: dict):

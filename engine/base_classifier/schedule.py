@@ -51,6 +51,11 @@ class DiffusionSchedule:
     num_steps: int
     rescale_timesteps: bool = False
 
+    @classmethod
+    def from_record(cls, recorded: dict) -> "DiffusionSchedule":
+        """The schedule an export manifest recorded (its `schedule` field)."""
+        return cls(str(recorded["name"]), int(recorded["num_steps"]), bool(recorded.get("rescale_timesteps", False)))
+
     @property
     def alphas_cumprod(self) -> np.ndarray:
         return np.cumprod(1.0 - betas_for(self.name, self.num_steps))

@@ -291,8 +291,7 @@ class DensePureMethod(Method):
         if recorded.get("name") not in ("cosine", "linear"):
             raise UserError(f"{manifest.get('onnx_file', 'the reverse-step graph')} records no improved-/guided-"
                             f"diffusion schedule (cosine or linear): re-export it")
-        schedule = DiffusionSchedule(recorded["name"], int(recorded["num_steps"]),
-                                     bool(recorded.get("rescale_timesteps", False)))
+        schedule = DiffusionSchedule.from_record(recorded)
         runs, steps = self.runs_and_steps(config)
         plan = ReversePlan.of(schedule, config.sigma, steps)
         return ReverseChains(graph, plan, runs, fixed_large=not bool(manifest.get("learned_variance")))
