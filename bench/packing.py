@@ -1,5 +1,5 @@
 """Continuous batching vs one image at a time, side by side in one run: samples computed per sample
-counted, identical rows, wall time; and the balance of torchrun-style ranks that pull work.
+counted, identical rows, wall time; and the balance of torchrun-style ranks that share work.
 
     python -m diffsmooth.bench.packing [--images 100] [--batches 2000,1000] [--n-max 10000]
         [--predict-n 1000] [--ranks 2,4] [--compile/--no-compile] [--threads 2] [--out DIR]
@@ -8,7 +8,8 @@ Sequential and PREDICT runs use the embedded demo models and images (RS base cla
 0.5). The packed run is the scheduler with its default window; "one at a time" is the same
 scheduler with a window of one image (what every run did before packing). Ranks: gloo processes on
 this machine with a stand-in classifier whose images need very different sample counts; each rank
-either pulls the next image from a shared store counter or takes a static round-robin shard.
+either computes a block of every image's samples (what torchrun's ranks do: certify/blocks.py) or takes
+a static round-robin shard of the images.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
 from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.cohen import predict_job
 from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
@@ -41,7 +43,6 @@ from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.request import sequential_rule
 from diffsmooth.engine.runs.results import read_rows
-from diffsmooth.engine.runs.sharding import pull_from_store
 from diffsmooth.engine.runs.stage_backends import build_smooth
 
 RADII = "0.25,0.5,0.75,1.0"
@@ -111,23 +112,26 @@ def _rank_main(rank: int, world: int, mode: str, store_path: str, images: int, n
     pipe, data = rank_fixture(images)
     rule = sequential_rule(RADII, 0.5, 0.001, n_max)
     todo = list(range(images))
-    mine = pull_from_store("bench", store)(todo) if mode == "pulled" else todo[rank::world]
+    mine = todo if mode == "blocks" else todo[rank::world]
     works = (Work(i, data[i][0], sequential_job(100, rule)) for i in mine)
     dist.barrier()
-    stats = Scheduler(pipe, batch).run(works, lambda d: None)
-    Path(out, f"{mode}-{world}-{rank}.json").write_text(json.dumps({"computed": stats.samples_computed}))
+    stats = Scheduler(pipe, batch, blocks=SampleBlocks(rank, world) if mode == "blocks" else None).run(
+        works, lambda d: None)
+    Path(out, f"{mode}-{world}-{rank}.json").write_text(json.dumps({"computed": stats.samples_computed,
+                                                                    "counted": stats.samples_counted}))
     dist.barrier()
     dist.destroy_process_group()
 
 
 def rank_balance(world: int, mode: str, images: int, n_max: int, batch: int) -> dict:
-    """The busiest rank's computed samples over the mean, for `world` gloo processes."""
+    """The busiest rank's counted samples over the mean, for `world` gloo processes (computed: padding included)."""
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank_main, args=(world, mode, os.path.join(tmp, "store"), images, n_max, batch, tmp),
                  nprocs=world, join=True)
-        computed = [json.loads(Path(tmp, f"{mode}-{world}-{r}.json").read_text())["computed"] for r in range(world)]
-    return {"ranks": world, "mode": mode, "computed": computed,
-            "busiest_over_mean": max(computed) / (sum(computed) / world)}
+        done = [json.loads(Path(tmp, f"{mode}-{world}-{r}.json").read_text()) for r in range(world)]
+    counted = [d["counted"] for d in done]
+    return {"ranks": world, "mode": mode, "computed": [d["computed"] for d in done], "counted": counted,
+            "busiest_over_mean": max(counted) / (sum(counted) / world)}
 
 
 # -- replay: recorded sequential demands on full-size models -----------------------------------------
@@ -187,10 +191,11 @@ def markdown(report: dict) -> str:
                          f"{('yes' if r['rows_identical'] else 'NO') if alone else 'n/a'} ({r['alone_images']} images) | "
                          f"{r.get('seconds_per_image_ratio', float('nan')):.2f}x |")
     if report.get("ranks"):
-        lines += ["", "| ranks | work | computed samples per rank | busiest / mean |", "|---|---|---|---|"]
+        lines += ["", "| ranks | work | counted samples per rank | computed (padding included) | busiest / mean |",
+                  "|---|---|---|---|---|"]
         for r in report["ranks"]:
-            lines.append(f"| {r['ranks']} | {r['mode']} | {', '.join(f'{c:,}' for c in r['computed'])} | "
-                         f"{r['busiest_over_mean']:.3f} |")
+            lines.append(f"| {r['ranks']} | {r['mode']} | {', '.join(f'{c:,}' for c in r['counted'])} | "
+                         f"{', '.join(f'{c:,}' for c in r['computed'])} | {r['busiest_over_mean']:.3f} |")
     return "\n".join(lines)
 
 
@@ -235,7 +240,7 @@ def main(images, batches, n_max, predict_n, ranks, rank_images, alone, parts, co
     report["predict"] = [compare(pipe, dataset, indices, lambda: predict_job(predict_n, 0.001), b, alone,
                                  lambda result: predict_n) for b in sizes if "predict" in parts]
     report["ranks"] = [rank_balance(int(w), mode, rank_images, n_max, 1000)
-                       for w in ranks.split(",") if w and "ranks" in parts for mode in ("pulled", "static")]
+                       for w in ranks.split(",") if w and "ranks" in parts for mode in ("blocks", "static")]
     text = markdown(report)
     print(text)
     if out:

@@ -14,6 +14,7 @@ object runs its own copy of the modules it is given (SmoothedClassifier says wha
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -43,6 +44,7 @@ from diffsmooth.engine.runs.dataset_run import Images, Jobs, RunSummary, run_dat
 from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath, default_batch
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings
+from diffsmooth.engine.runs.sharding import ShardPlan, plan_from, rank_device, wait_for_all
 from diffsmooth.engine.runs.stage_backends import build_stages
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 
@@ -59,13 +61,18 @@ class SmoothedClassifier:
     building and running it never move, convert or switch the modules passed in, so one module can back
     several objects on different devices or precisions. Once the modules passed in hold other weights
     than the copy (trained further, loaded, cast), every call refuses with one line: build a new object
-    to certify them. Moving them to another device changes nothing and is allowed."""
+    to certify them. Moving them to another device changes nothing and is allowed.
+
+    Under torchrun (`ranks`: None or True; False keeps each process alone) every rank computes one block
+    of each image's samples and every call returns the same result on every rank (the ranks' counts are
+    summed before each look: certify/blocks.py), so every rank must make the same calls in the same order;
+    `device="cuda"` is then each rank's own GPU and `certify_dataset`'s file is written by rank 0."""
 
     method = ""
 
     def __init__(self, *, classifier: nn.Module, sigma: float, denoiser: Optional[DiffusionDenoiser] = None,
                  device: str = "cpu", precision: str = "fp32", compile: Optional[bool] = None, seed: int = DEFAULT_SEED,
-                 batch: Optional[int] = None, **settings):
+                 batch: Optional[int] = None, ranks: Optional[bool] = None, **settings):
         if not isinstance(classifier, nn.Module):
             raise UserError("`classifier` must be a torch module (see diffsmooth.load_classifier)")
         denoises = method_named(self.method).denoises           # an unknown method: one line
@@ -76,6 +83,8 @@ class SmoothedClassifier:
         self._given = {name: OwnedModule(name, module) for name, module in given.items() if module is not None}
         self.classifier = self._given["classifier"].copy
         self.denoiser = self._given["denoiser"].copy if "denoiser" in self._given else None
+        self.shards = plan_from(None, device) if ranks is not False else ShardPlan()
+        device = rank_device(self.shards, device)
         self.device, self.precision, self.seed = device, precision, int(seed)
         self.fast = FastPath.resolve(device, compile)
         self.batch = batch
@@ -96,7 +105,7 @@ class SmoothedClassifier:
         if shape not in self._smooth:
             pipeline = self._pipeline(shape, self.fast, self.precision)
             pipeline.seal_weights()         # no certificate from weights other than those built (and checked)
-            self._smooth[shape] = Smooth(pipeline)
+            self._smooth[shape] = Smooth(pipeline, self.shards.blocks())
             self._checked[shape] = []
         checks = self.fast.changes_arithmetic or self.precision != "fp32"
         checked = self._checked[shape]
@@ -151,13 +160,16 @@ class SmoothedClassifier:
                         fast_path=self.fast.as_dict(), device_type=torch.device(self.device).type,
                         dataset=getattr(dataset, "name", type(dataset).__name__))
         settings[RADIUS_FORMAT_KEY] = RADIUS_FORMAT
-        with hold_lock(out):                    # one writer per result file (engine/runs/locks.py)
+        writes = self.shards.writes_out
+        with hold_lock(out) if writes else nullcontext():       # one writer per result file (engine/runs/locks.py)
             check_or_record_settings(out, settings, record=False)
             for index in indices[:VALIDATE_IMAGES]:     # the check's images: the first selected, as the CLI's
                 smooth = self.smooth_for(shape, (index, dataset[index][0]))
-            check_or_record_settings(out, settings)
-            return run_dataset(smooth.pipeline, Images(dataset, indices, self.batch_for(shape), progress=progress),
-                               [Path(out)], Jobs("certify", n0, n, alpha, self.sigma))
+            check_or_record_settings(out, settings, record=writes)
+            summary = run_dataset(smooth.pipeline, Images(dataset, indices, self.batch_for(shape), progress=progress),
+                                  [Path(out)], Jobs("certify", n0, n, alpha, self.sigma), blocks=smooth.blocks)
+        wait_for_all(self.shards)               # every row written before any rank returns
+        return summary
 
 
 def method_config(method: str, sigma: float, settings: dict) -> MethodConfig:

@@ -25,6 +25,7 @@ import torch
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.eager_fallback import eager_fallback
 from diffsmooth.engine.backends.weights import Marks, first_change
+from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.jobs import count_job
 from diffsmooth.engine.certify.lanes import lanes_for
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_PURIFY, STREAM_SMOOTHING, NoiseKeys, RowNoise, gaussian_rows
@@ -208,13 +209,16 @@ class MonteCarloPipeline:
 
     # -- running jobs -------------------------------------------------------------------------
 
-    def scheduler(self, batch: int, window: Optional[int] = None) -> Scheduler:
-        return Scheduler(self, batch, window)
+    def scheduler(self, batch: int, window: Optional[int] = None, blocks: Optional[SampleBlocks] = None) -> Scheduler:
+        """The continuous-batching scheduler on this voter; `blocks`: this rank's share of every image's
+        samples under torchrun (certify/blocks.py)."""
+        return Scheduler(self, batch, window, blocks)
 
-    def run_one(self, x: torch.Tensor, image_index: int, job, batch: int):
-        """One image's job to its end (the scheduler with a window of one image)."""
+    def run_one(self, x: torch.Tensor, image_index: int, job, batch: int, blocks: Optional[SampleBlocks] = None):
+        """One image's job to its end (the scheduler with a window of one image); `blocks`: its samples
+        shared by torchrun's ranks."""
         results = []
-        self.scheduler(batch, window=1).run([Work(image_index, x, job)], lambda done: results.append(done.result))
+        self.scheduler(batch, 1, blocks).run([Work(image_index, x, job)], lambda done: results.append(done.result))
         return results[0]
 
     def count(self, x: torch.Tensor, image_index: int, first_sample: int, num: int,

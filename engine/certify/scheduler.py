@@ -13,6 +13,11 @@ Why the rows do not depend on the packing: the noise of a sample is keyed by (se
 index, sample index) and drawn per row (certify/noise.py), each row's votes are scatter-added into
 the count row of its own request, and a job sees exactly the counts of the samples it asked for.
 The host reads counts only when a request completes: at most one sync per batch.
+
+Under torchrun (`blocks`, certify/blocks.py) every rank runs every image's job and computes one block
+of each request's samples; the ranks' counts are summed when a request completes, before its job reads
+them. Every rank plans the same rows (a short block is padded), so all complete each request in the
+same batch and meet at the same merge. Look-ahead is off there: its votes would be one rank's.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any, Callable, Deque, Dict, Generator, Iterable, Iterator, Li
 import numpy as np
 import torch
 
+from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.noise import check_indices
 from diffsmooth.engine.errors import UserError
@@ -65,7 +71,9 @@ class SchedulerStats:
     batches: int = 0
     syncs: int = 0
     samples_computed: int = 0       # rows run through the stages, padding included
-    samples_counted: int = 0        # rows whose votes a request counted
+    samples_counted: int = 0        # rows whose votes a request counted (this rank's, under torchrun)
+    merges: int = 0                 # reads of counts summed over torchrun's ranks
+    merge_seconds: float = 0.0      # wall time in those merges (waiting for the slowest rank included)
     max_window: int = 0
     seconds: float = 0.0            # wall time shared out to the images (the run up to its last result)
 
@@ -99,16 +107,25 @@ class BatchRows:
 
 @dataclass
 class _Pending:
-    """A request of one image: its count row and how far it has been planned and counted."""
+    """A request of one image: its count row, the samples this process computes for it (all of them, or
+    its block under torchrun: samples lo..lo+real-1 planned as `share` rows, the rest padding) and how
+    far they have been planned and counted."""
 
     request: Request
     row: int
+    lo: int
+    real: int
+    share: int
     planned: int = 0
     counted: int = 0
 
     @property
     def complete(self) -> bool:
-        return self.counted == self.request.num
+        return self.counted == self.share
+
+    def real_rows(self, first: int, rows: int) -> int:
+        """How many of `rows` rows planned from sample `first` on are samples, not padding."""
+        return max(0, min(rows, self.lo + self.real - first))
 
 
 @dataclass
@@ -135,6 +152,10 @@ class NonFiniteScores(UserError):
     """A backend produced NaN/Inf scores: the votes of that image cannot be trusted."""
 
 
+class MiscountedSamples(UserError):
+    """A request's counts do not hold one vote per sample: a block of samples counted twice or lost."""
+
+
 class Scheduler:
     """Runs jobs on a voter (certify/monte_carlo.py) with continuous batching.
 
@@ -145,7 +166,7 @@ class Scheduler:
 
     TRASH = 0       # count row 0 takes the votes of padded rows and is never read
 
-    def __init__(self, voter, batch: int, window: Optional[int] = None):
+    def __init__(self, voter, batch: int, window: Optional[int] = None, blocks: Optional[SampleBlocks] = None):
         if batch < 1:
             raise UserError(f"batch must be >= 1, got {batch}")
         if window is not None and window < 1:
@@ -153,6 +174,9 @@ class Scheduler:
         self.voter = voter
         self.batch = int(batch)
         self.window = window
+        self.blocks = blocks if blocks is not None and blocks.ranks > 1 else None
+        self._stop_agreed = False                       # under torchrun: any rank's stop, as of the last merge
+        self._stop: Callable[[], bool] = lambda: False
         self.stats = SchedulerStats()
         self.device = voter.device
         self._x: Optional[torch.Tensor] = None          # [window, *image shape] images in flight
@@ -224,11 +248,18 @@ class Scheduler:
             if not isinstance(r, Request) or r.num < 1:
                 raise ValueError(f"a job asked for {r!r}: requests need num >= 1")
             check_indices(slot.work.index, r.first, r.num)
-        slot.pending = [_Pending(r, self._take_row()) for r in requests]
+        slot.pending = [self._pending(r) for r in requests]
         if slot.ahead and slot.ahead_first != requests[0].first:
             slot.ahead = []                              # the job did not continue where the look-ahead did
         self._serve_from_ahead(slot)
         slot.frontier = max([slot.frontier] + [r.first + r.num for r in requests])
+
+    def _pending(self, request: Request) -> _Pending:
+        """The request's count row and this process's samples of it (its block, under torchrun)."""
+        if self.blocks is None:
+            return _Pending(request, self._take_row(), request.first, request.num, request.num)
+        block = self.blocks.block(request.first, request.num)
+        return _Pending(request, self._take_row(), block.first, block.samples, block.rows)
 
     def _serve_from_ahead(self, slot: _Slot) -> None:
         """Count kept look-ahead votes for requests that start where they do (nothing planned yet)."""
@@ -236,7 +267,7 @@ class Scheduler:
             if not slot.ahead or p.planned or slot.ahead_first != p.request.first:
                 continue
             votes, finite = [torch.cat(parts, dim=1) for parts in zip(*slot.ahead)]
-            used = min(p.request.num, votes.shape[1])
+            used = min(p.share, votes.shape[1])
             self._add_votes(p.row, votes[:, :used], finite[:, :used])
             p.planned = p.counted = used
             slot.counted += used
@@ -265,9 +296,9 @@ class Scheduler:
             for p in slot.pending:
                 if space == 0:
                     return
-                rows = min(p.request.num - p.planned, space)
+                rows = min(p.share - p.planned, space)
                 if rows > 0:
-                    segments.append((slot, p, p.request.first + p.planned, rows))
+                    segments.append((slot, p, p.lo + p.planned, rows))
                     p.planned += rows
                     space -= rows
 
@@ -277,7 +308,7 @@ class Scheduler:
             take_from(next(reversed(active.values())))
         if not segments:
             return None
-        if self.voter.static_batch and space > 0:
+        if self.voter.static_batch and space > 0 and self.blocks is None:
             space = self._look_ahead(list(active.values()), space, segments)
         return self._rows(segments, space if self.voter.static_batch else 0)
 
@@ -299,10 +330,13 @@ class Scheduler:
         block = np.empty((4, size), dtype=np.int64)
         at = 0
         for slot, p, first, rows in segments:
+            real = p.real_rows(first, rows) if p is not None else rows
             block[0, at:at + rows] = slot.number
             block[1, at:at + rows] = slot.work.index
-            block[2, at:at + rows] = np.arange(first, first + rows)
-            block[3, at:at + rows] = p.row if p is not None else self.TRASH
+            block[2, at:at + real] = np.arange(first, first + real)
+            block[2, at + real:at + rows] = np.arange(rows - real)     # a short block's padding: valid keys, trashed
+            block[3, at:at + real] = p.row if p is not None else self.TRASH
+            block[3, at + real:at + rows] = self.TRASH
             at += rows
         if padding:                                     # any valid keys; votes go to the trash row
             block[0, at:] = segments[0][0].number
@@ -338,8 +372,11 @@ class Scheduler:
     def run(self, works: Iterable[Work], on_finish: Callable[[Finished], None],
             stop: Callable[[], bool] = lambda: False) -> SchedulerStats:
         """Run every work item's job to its end; on_finish gets each result as its image completes
-        (completion order). After stop() turns True no new image joins; those in flight finish."""
+        (completion order). After stop() turns True no new image joins; those in flight finish. Under
+        torchrun a rank's stop() reaches every rank at the next merge, so all ranks admit the same images."""
         self.voter.verify_weights()             # weights changed before the run: refused before they compute
+        self._stop = stop
+        stopped = stop if self.blocks is None else (lambda: self._stop_agreed)
         source: Iterator[Work] = iter(works)
         active: Dict[int, _Slot] = {}
         exhausted = False
@@ -350,7 +387,7 @@ class Scheduler:
 
         def admit() -> bool:
             nonlocal exhausted
-            while not exhausted and not stop() and len(active) < (self.window or 2 ** 62):
+            while not exhausted and not stopped() and len(active) < (self.window or 2 ** 62):
                 try:
                     work = next(source)
                 except StopIteration:
@@ -392,8 +429,8 @@ class Scheduler:
             slot.rows_since_mark += n
             if p is not None:
                 p.counted += n
-                slot.counted += n
-                self.stats.samples_counted += n
+                slot.counted += p.real_rows(first, n)
+                self.stats.samples_counted += p.real_rows(first, n)
             elif active.get(slot.number) is slot:
                 self._keep_ahead(slot, first, votes[:, at:at + n], finite[:, at:at + n])
             at += n
@@ -406,7 +443,7 @@ class Scheduler:
     def _keep_ahead(self, slot: _Slot, first: int, votes: torch.Tensor, finite: torch.Tensor) -> None:
         """Keep look-ahead votes that continue the slot's kept ones and lie beyond what its requests
         have planned; serve a waiting request that starts there."""
-        planned_end = max((p.request.first + p.planned for p in slot.pending), default=0)
+        planned_end = max((p.lo + p.planned for p in slot.pending), default=0)
         if first < planned_end:
             return
         if slot.ahead and first != slot.ahead_first + slot.ahead_count:
@@ -423,8 +460,15 @@ class Scheduler:
         column_of = {row: column for column, row in enumerate(read)}
         index = torch.from_numpy(np.asarray(read, dtype=np.int64))
         index = index.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else index
-        counts = self._counts.index_select(1, index).cpu().numpy()        # the host sync
-        bad = self._bad.index_select(1, index).cpu().numpy()
+        if self.blocks is None:
+            counts = self._counts.index_select(1, index).cpu().numpy()        # the host sync
+            bad = self._bad.index_select(1, index).cpu().numpy()
+        else:                               # every rank's blocks of these requests, summed
+            started = time.perf_counter()
+            counts, bad, self._stop_agreed = self.blocks.merge(self._counts.index_select(1, index),
+                                                               self._bad.index_select(1, index), bool(self._stop()))
+            self.stats.merges += 1
+            self.stats.merge_seconds += time.perf_counter() - started
         self._counts.index_fill_(1, index, 0)
         self._bad.index_fill_(1, index, 0)
         self.stats.syncs += 1
@@ -439,6 +483,12 @@ class Scheduler:
                     configs = [self.voter.describe_config(e) for e in np.flatnonzero(bad[:, column])]
                     raise NonFiniteScores(f"image {slot.work.index}: {', '.join(configs)} produced NaN/Inf "
                                           f"scores; no result written for it")
+                if (counts[:, column, :].sum(axis=1) != p.request.num).any():
+                    raise MiscountedSamples(f"image {slot.work.index}: samples {p.request.first}.."
+                                            f"{p.request.first + p.request.num - 1} hold "
+                                            f"{counts[:, column, :].sum(axis=1).max()} votes, not {p.request.num}: a "
+                                            f"block was counted twice or lost (do all ranks run the same command?); "
+                                            f"no result written for it")
                 got.append(counts[:, column, :])
                 self._free_rows.append(p.row)
             try:

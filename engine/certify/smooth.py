@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.cohen import ABSTAIN, Certificate, certify_job, check_certify_parameters, only, predict_job
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.sequential import SequentialRule, sequential_job
@@ -26,10 +27,12 @@ class Smooth:
 
     ABSTAIN = ABSTAIN
 
-    def __init__(self, pipeline: MonteCarloPipeline):
+    def __init__(self, pipeline: MonteCarloPipeline, blocks: Optional[SampleBlocks] = None):
+        """`blocks`: under torchrun, this rank's share of every image's samples (certify/blocks.py)."""
         if pipeline.num_configs != 1:
             raise ValueError("Smooth certifies one configuration; a sweep's voter runs through engine/runs")
         self.pipeline = pipeline
+        self.blocks = blocks
         self.sigma = pipeline.sigma
 
     def certify(self, x, n0: int, n: int, alpha: float, batch: int, *, image_index: Optional[int] = None) -> Certificate:
@@ -37,7 +40,7 @@ class Smooth:
         ABSTAIN. Samples 0..n0-1 select, samples n0..n0+n-1 estimate."""
         check_certify_parameters(n0, n, alpha)
         job = certify_job(n0, n, alpha, self.sigma)
-        return only(self.pipeline.run_one(x, require_image_index(image_index), job, batch))
+        return only(self.pipeline.run_one(x, require_image_index(image_index), job, batch, self.blocks))
 
     def certify_sequential(self, x, n0: int, rule: SequentialRule, batch: int, *,
                            image_index: Optional[int] = None) -> Certificate:
@@ -45,9 +48,10 @@ class Smooth:
         if rule.sigma != self.sigma:
             raise UserError(f"the sequential rule is for sigma={rule.sigma}, this classifier smooths at {self.sigma}")
         job = sequential_job(n0, rule)
-        return only(self.pipeline.run_one(x, require_image_index(image_index), job, batch))
+        return only(self.pipeline.run_one(x, require_image_index(image_index), job, batch, self.blocks))
 
     def predict(self, x, n: int, alpha: float, batch: int, *, image_index: Optional[int] = None) -> int:
         """g(x), or ABSTAIN; wrong with probability at most alpha when it does not abstain."""
         check_certify_parameters(1, n, alpha)
-        return only(self.pipeline.run_one(x, require_image_index(image_index), predict_job(n, alpha), batch))
+        return only(self.pipeline.run_one(x, require_image_index(image_index), predict_job(n, alpha), batch,
+                                         self.blocks))

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
+from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.cohen import Certificate, certify_job, predict_job
 from diffsmooth.engine.certify.scheduler import Finished, Work
 from diffsmooth.engine.certify.sequential import SequentialRule, SequentialState, sequential_job
@@ -114,6 +115,8 @@ class RunSummary:
     samples_computed: int = 0
     samples_counted: int = 0
     max_window: int = 0
+    merges: int = 0                 # under torchrun: reads of counts summed over the ranks, and their seconds
+    merge_seconds: float = 0.0
 
     def line(self) -> str:
         """One line saying what the run wrote."""
@@ -194,30 +197,35 @@ def result_row(index: int, label: int, result, seconds: float, columns: Sequence
 
 
 def run_dataset(voter, run, files: Sequence, jobs: Jobs, *, on_row: Optional[Callable[[dict], None]] = None,
-                claim: Optional[Callable[[Sequence[int]], Iterable[int]]] = None, skip=()) -> RunSummary:
+                blocks: Optional[SampleBlocks] = None, skip=()) -> RunSummary:
     """Run `jobs` on every image of `run` (an Images, or a ResolvedRun) on `voter` (certify/monte_carlo.py),
     appending each configuration's row to its file in `files` (one per configuration, in the voter's order)
-    as images finish. Sequential rows get trailing `samples` and `top_votes` columns. `claim(todo)` hands out
-    the images this process runs (default: all of todo, in order; under torchrun, pulled from a shared
-    counter); `skip` holds indices finished elsewhere."""
+    as images finish. Sequential rows get trailing `samples` and `top_votes` columns. `blocks`: under
+    torchrun, this rank's share of every image's samples (certify/blocks.py); every rank runs every image,
+    rank 0 alone writes the rows, and the images still to run are rank 0's list. `skip` holds indices
+    finished elsewhere."""
     if len(files) != voter.num_configs:
         raise ValueError(f"{voter.num_configs} configurations vote, {len(files)} result files given")
     dataset, indices, batch, mode = run.dataset, list(run.indices), run.batch, jobs.mode
     columns = jobs.columns
     written = 0
+    writes = blocks is None or blocks.writes
     with ExitStack() as stack:
-        writers = [stack.enter_context(ResultWriter(f, columns)) for f in files]
+        writers = [stack.enter_context(ResultWriter(f, columns)) for f in files] if writes else []
         flag = stack.enter_context(stop_after_current_image())
-        todo = [i for i in indices if i not in skip and any(i not in w.done for w in writers)]
-        mine = claim(todo) if claim is not None else todo
+        todo = [i for i in indices if i not in skip and any(i not in w.done for w in writers)] if writes else None
+        if blocks is not None and blocks.ranks > 1:
+            todo = blocks.agree(todo)       # every rank runs the same images, in the same order
         bar = None
-        if run.progress:
+        if run.progress and writes:
             what = voter.stages.method if voter.num_configs == 1 else f"{voter.num_configs} configs"
             bar = stack.enter_context(tqdm(total=len(indices), initial=len(indices) - len(todo), unit="img",
                                            desc=f"{mode} {what}", dynamic_ncols=True))
 
         def finished(done: Finished) -> None:
             nonlocal written
+            if not writes:
+                return
             with flag.rows():
                 for writer, result in zip(writers, done.result):
                     if done.work.index in writer.done:
@@ -236,8 +244,8 @@ def run_dataset(voter, run, files: Sequence, jobs: Jobs, *, on_row: Optional[Cal
                 bar.update(1)
 
         try:
-            stats = voter.scheduler(batch, run.window).run(image_works(dataset, mine, jobs), finished,
-                                                       stop=lambda: flag.stop)
+            stats = voter.scheduler(batch, run.window, blocks).run(image_works(dataset, todo, jobs), finished,
+                                                               stop=lambda: flag.stop)
         except Terminated:
             where = files[0] if len(files) == 1 else Path(files[0]).parent
             raise Terminated(f"terminated (SIGTERM): the images in flight were dropped; {written} rows written "
@@ -246,4 +254,4 @@ def run_dataset(voter, run, files: Sequence, jobs: Jobs, *, on_row: Optional[Cal
         return RunSummary(written, len(indices) - len(todo), flag.stop, str(files[0] if len(files) == 1 else
                                                                            Path(files[0]).parent),
                           tuple(str(f) for f in files), stats.samples_computed, stats.samples_counted,
-                          stats.max_window)
+                          stats.max_window, stats.merges, stats.merge_seconds)

@@ -1,8 +1,9 @@
 """Run a resolved run (engine/runs/plan.py): build its voter, check a fast path against eager fp32,
-certify this process's images, and under torchrun merge every rank's file into `out`.
+and certify the run's images (a `--shard`'s share).
 
-Under torchrun the ranks pull images from a shared counter (engine/runs/sharding.py), so a rank's
-file holds whichever images it ran; a restart resumes from the union of every rank's file."""
+Under torchrun every rank runs every image and computes one block of its samples (certify/blocks.py);
+rank 0 writes `out`. Rank files left by an earlier release's torchrun run (images pulled per rank) are
+read as finished rows and merged into `out` at the end."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import ResolvedRun
 from diffsmooth.engine.runs.results import merge_results, read_rows, shard_path
-from diffsmooth.engine.runs.sharding import finish, pull_from_store, wait_for_all
+from diffsmooth.engine.runs.sharding import finish, wait_for_all
 from diffsmooth.engine.runs.stage_backends import build_stages, build_sweep_stages, stage_backend
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 
@@ -72,18 +73,25 @@ def _execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], N
     r, plan = run.request, run.shards
     run.check_resumable(record=True)
     files = list(run.result_files().values())
-    indices, claim, skip = plan.take(run.indices), None, frozenset()
+    indices, skip = plan.take(run.indices), frozenset()
+    leftovers = [f for f in rank_files(r.out, plan.num_shards) if _has_rows(f)] if plan.distributed and not run.is_sweep \
+        else []
+    if leftovers:
+        skip = finished_in(leftovers)
     if plan.distributed:
-        indices, skip = list(run.indices), finished_in(rank_files(r.out, plan.num_shards) + [r.out])
-        claim = pull_from_store(Path(r.out).name)
-        wait_for_all(plan)              # every rank has read the files before any rank writes
-    summary = run_dataset(voter, dataclasses.replace(run, indices=tuple(indices)), files, jobs, claim=claim, skip=skip)
-    log(summary.line())
+        indices = list(run.indices)
+        wait_for_all(plan)              # rank 0 has recorded the settings before any rank goes on
+    summary = run_dataset(voter, dataclasses.replace(run, indices=tuple(indices)), files, jobs, blocks=plan.blocks(),
+                          skip=skip)
+    if plan.distributed:
+        log(f"{summary.line() if plan.writes_out else f'rank {plan.shard}: wrote no rows (rank 0 writes them)'}; "
+            f"the {plan.num_shards} ranks shared every image's samples, this one counted {summary.samples_counted:,}")
+    else:
+        log(summary.line())
     wait_for_all(plan)
-    if plan.is_merger and not summary.interrupted:
-        shards = [f for f in rank_files(r.out, plan.num_shards) + [r.out] if _has_rows(f)]
-        count = merge_results(shards, r.out)
-        log(f"merged {count} rows from {plan.num_shards} ranks into {r.out}")
+    if plan.writes_out and leftovers and not summary.interrupted:
+        count = merge_results(leftovers + ([r.out] if _has_rows(r.out) else []), r.out)
+        log(f"merged {count} rows (with an earlier run's rank files) into {r.out}")
     elif plan.num_shards > 1 and not plan.distributed:
         log(f"shard {plan.shard}/{plan.num_shards} done; when all are, run "
             f"`diffsmooth merge {r.out} {shard_path(r.out, '*', plan.num_shards)}`")

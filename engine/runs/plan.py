@@ -59,7 +59,7 @@ class ResolvedRun:
     device: str
     batch: int
     fast: FastPath
-    out: Path                               # this process's result file, or the sweep's folder
+    out: Path                               # the result file or sweep folder (a `--shard`'s own file)
 
     @property
     def is_sweep(self) -> bool:
@@ -93,14 +93,13 @@ class ResolvedRun:
 
     def lock_targets(self) -> List[Tuple[Path, str, bool]]:
         """(target, what, is a folder) for each lock this process holds while it runs
-        (engine/runs/locks.py): its result file (a shard's or rank's own), the sweep folder (covering
-        index.json and every configuration's file), and for torchrun's merging rank the merged file."""
+        (engine/runs/locks.py): its result file (a shard's own) or the sweep folder (covering index.json
+        and every configuration's file). Under torchrun rank 0 writes for every rank and holds them alone."""
+        if self.shards.distributed and not self.shards.writes_out:
+            return []
         if self.is_sweep:
             return [(self.out, "sweep folder", True)]
-        targets = [(self.out, "result file", False)]
-        if self.shards.is_merger:
-            targets.append((Path(self.request.out), "result file", False))
-        return targets
+        return [(self.out, "result file", False)]
 
     @contextmanager
     def hold_locks(self) -> Iterator[None]:
@@ -176,6 +175,7 @@ class ResolvedRun:
     def check_resumable(self, record: bool) -> None:
         """Refuse to append to results written with other settings; with `record`, write the settings
         (a new result file's sidecar, or the sweep folder's index.json)."""
+        record = record and self.shards.writes_out or record and not self.shards.distributed   # torchrun: rank 0 writes
         if not self.is_sweep:
             check_or_record_settings(self.out, self.recorded(), record=record)
             return
@@ -187,7 +187,9 @@ class ResolvedRun:
             raise UserError(f"{self.out} holds a sweep with other settings or configurations: use another `out`")
         if record:
             self.out.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(index, indent=1, allow_nan=False) + "\n")
+            tmp = path.with_name(path.name + ".tmp")        # whole or absent: torchrun's other ranks may read it
+            tmp.write_text(json.dumps(index, indent=1, allow_nan=False) + "\n")
+            os.replace(tmp, path)
 
 
 def set_threads(threads: Optional[int]) -> None:
@@ -250,14 +252,12 @@ def plan_run(request: RunRequest) -> ResolvedRun:
                              classifiers_for, request.options_for)
     if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.method.uses_denoiser for c in configs):
         check_sigma(sources.denoiser, sources.scheduler, request.sigma)     # before any file is touched
-    if request.is_sweep and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError("a sweep runs in one process (not under torchrun)")
     shards = plan_from(request.shard, request.device)
     device = rank_device(shards, request.device)
     fast = FastPath.asked_by(request, device, request.backend)
     batch = request.batch or default_batch(device, tuple(dataset.image_shape))
     out = Path(request.out)
-    if shards.num_shards > 1:
+    if shards.num_shards > 1 and not shards.distributed:
         out = shard_path(request.out, shards.shard, shards.num_shards)
     run = ResolvedRun(request, dataset, tuple(indices), tuple(configs), paths, sources, shards, device, batch, fast, out)
     run.check_unlocked()

@@ -1,7 +1,8 @@
-"""Splitting a run over processes: `--shard i/k` (Slurm arrays, no communication: a static share)
-or torchrun (torch.distributed: ranks pull the next image from a counter in the process group's
-key-value store as they need one, so they finish together; rank 0 merges). Images are seeded per
-index, so results never depend on the number of processes or on who ran which image."""
+"""Splitting a run over processes: `--shard i/k` (Slurm arrays, no communication: a static share of
+the images, merged afterwards) or torchrun (torch.distributed: every rank runs every image and computes
+one block of each of its requests, the ranks' counts summed before each look: certify/blocks.py; rank 0
+writes the rows). Noise is keyed per (image, sample), so results never depend on the number of
+processes or on who computed which sample."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import datetime
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence
 
+from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.errors import UserError, first_line
 
 STORE_CONNECT_S = 600.0     # how long a rank tries to reach torchrun's store before it says it cannot
@@ -29,8 +31,14 @@ class ShardPlan:
         return list(indices)[self.shard::self.num_shards]
 
     @property
-    def is_merger(self) -> bool:
-        return self.distributed and self.shard == 0
+    def writes_out(self) -> bool:
+        """This process writes the run's own `out` (one process, or torchrun's rank 0; a `--shard` writes its
+        shard file)."""
+        return self.num_shards == 1 or (self.distributed and self.shard == 0)
+
+    def blocks(self) -> Optional[SampleBlocks]:
+        """Under torchrun, this rank's share of every image's samples; None otherwise."""
+        return SampleBlocks(self.shard, self.num_shards) if self.distributed and self.num_shards > 1 else None
 
 
 def parse_shard(text: str) -> ShardPlan:
@@ -61,9 +69,21 @@ def plan_from(shard_option: Optional[str], device: str) -> ShardPlan:
         torch.cuda.set_device(rank_device(ShardPlan(0, world, True, local_rank), device))
     if not dist.is_initialized():
         reach_store()
-        backend = "nccl" if device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(days=7))
+        join_process_group("nccl" if device.startswith("cuda") else "gloo")
     return ShardPlan(dist.get_rank(), dist.get_world_size(), True, local_rank)
+
+
+def join_process_group(backend: str) -> None:
+    """torchrun's process group, its keys under this attempt's own prefix: the rendezvous store outlives a
+    restart (`--max-restarts`, with the static and the c10d rendezvous alike), and a restarted worker that
+    read the killed attempt's gloo addresses there would connect to ports nobody listens on
+    (`connectFullMesh ... Connection refused`). Its timeout must outlast a rank's longest wait: 7 days."""
+    import torch.distributed as dist
+    timeout = datetime.timedelta(days=7)
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend, store=dist.PrefixStore(f"diffsmooth/attempt_{attempt}", store), rank=rank,
+                            world_size=world, timeout=timeout)
 
 
 def reach_store(seconds: Optional[float] = None) -> None:
@@ -114,22 +134,3 @@ def finish(plan: ShardPlan) -> None:
     if plan.distributed:
         import torch.distributed as dist
         dist.destroy_process_group()
-
-
-def pull_from_store(name: str, store=None) -> Callable[[Sequence[int]], Iterator[int]]:
-    """Under torchrun: `claim(todo)` yields the images this rank runs, one at a time, taking the
-    next position of the shared list `todo` from a counter in the default process group's
-    TCPStore (`add` is atomic). Every rank must pass the same `todo`. The key carries torchrun's
-    restart count, so a restarted job counts afresh. `store`: another torch.distributed Store."""
-    if store is None:
-        import torch.distributed.distributed_c10d as c10d
-        store = c10d._get_default_store()       # the store torchrun's rendezvous already runs
-    key = f"diffsmooth/work/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
-
-    def claim(todo: Sequence[int]) -> Iterator[int]:
-        while True:
-            position = store.add(key, 1) - 1
-            if position >= len(todo):
-                return
-            yield todo[position]
-    return claim

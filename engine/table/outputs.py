@@ -50,14 +50,22 @@ def write_outputs(out: Path, spec: TableSpec, plan: Plan, images: int, outcome: 
                          "pilot": costs.get("pilot_seconds")},
              "builds": runner.model_set.builds, "compiles": runner.model_set.compiles,
              "shared_passes": runner.shared_passes,
-             "ranks": {"count": len(computed) or 1, "computed_samples": list(computed),
-                       "busiest_over_mean": max(computed) / (sum(computed) / len(computed)) if sum(computed) else None},
+             "ranks": ranks_facts(computed, runner.phase_shares),
              "images": images, "version": _version(), "command": command, "seed": spec.seed,
              "device": spec.run.get("device", "cpu"), "host": socket.gethostname(), "spec": spec.as_dict()}
     write_summary(out / "summary.json", table, acr, dict(extra, by_config=by_config), gaps)
     log(f"table: wrote {out / 'table.md'}, table.tex, table_by_config.md, table_by_config.tex, curves.png, summary.json "
         f"({extra['samples']['total']:,} samples; fixed-n would draw {extra['samples']['fixed_n']:,})")
     return extra
+
+
+def ranks_facts(computed: Sequence[int], phases: Sequence[dict]) -> dict:
+    """summary.json's `ranks`: how many ran this invocation, the samples each computed, and each pass's shares
+    (runner.pass_shares) with the busiest pass's busiest rank over that pass's mean."""
+    spread = [p["busiest_over_mean"] for p in phases if p["busiest_over_mean"] is not None]
+    return {"count": len(computed) or 1, "computed_samples": list(computed),
+            "busiest_over_mean": max(computed) / (sum(computed) / len(computed)) if sum(computed) else None,
+            "phases": list(phases), "busiest_phase_over_mean": max(spread) if spread else None}
 
 
 def _write_by_config(out: Path, spec: TableSpec, plan: Plan, images: int, rows_by_line: Dict[str, LineRows],

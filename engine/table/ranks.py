@@ -1,21 +1,20 @@
-"""A table under torchrun: every rank runs every phase, pulling images from the process group's store as
-`certify` does (engine/runs/sharding.py), and every decision is taken from the merged rows, which every rank
-reads after the same barrier, so all ranks decide alike without sending a decision. Rank 0 is the one
-writer of the folder's own files (table.json, plan.json, cost.json, race.json, the outputs) and of each
-merged result file; each rank writes only its rank files. Without torchrun: one rank, no store, no
-barrier, and everything below is a no-op."""
+"""A table under torchrun: every rank runs every phase, every image of it, computing one block of each
+image's samples as `certify` does (certify/blocks.py), and every decision is taken from the rows, which
+every rank reads after the same barrier, so all ranks decide alike without sending a decision. Rank 0 is
+the one writer of the folder's own files (table.json, plan.json, cost.json, race.json, the outputs) and of
+every result file. Without torchrun: one rank, no barrier, and everything below is a no-op."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.locks import lock_file
 from diffsmooth.engine.runs.results import merge_results, settings_path, shard_path
 from diffsmooth.engine.runs.row_states import append_state, read_states, states_path
-from diffsmooth.engine.runs.sharding import ShardPlan, finish, plan_from, pull_from_store, wait_for_all
+from diffsmooth.engine.runs.sharding import ShardPlan, finish, plan_from, wait_for_all
 
 T = TypeVar("T")
 
@@ -25,7 +24,6 @@ class Ranks:
     """This process's place among a table's ranks (`plan`: torchrun's, or one process)."""
 
     plan: ShardPlan = ShardPlan()
-    passes: int = 0                             # passes started so far: the same count on every rank
 
     @classmethod
     def join(cls, device: str) -> "Ranks":
@@ -86,18 +84,6 @@ class Ranks:
         dist.all_gather_object(values, value)
         return values
 
-    def claim(self, name: str) -> Optional[Callable[[Sequence[int]], Iterable[int]]]:
-        """For a pass about to run: how this rank takes its images (None: all of them). The store's counter is
-        the pass's own, so a file run twice in one table (two extensions to one radius) counts afresh."""
-        if not self.distributed:
-            return None
-        self.passes += 1
-        return pull_from_store(f"table/{self.passes}/{name}")
-
-    def rank_file(self, merged: Path) -> Path:
-        """Where this rank writes the rows of `merged`."""
-        return shard_path(merged, self.plan.shard, self.count) if self.distributed else Path(merged)
-
     def all_files(self, merged: Path) -> list:
         """Every rank's file of `merged`, and `merged` itself."""
         if not self.distributed:
@@ -105,14 +91,16 @@ class Ranks:
         return [shard_path(merged, k, self.count) for k in range(self.count)] + [Path(merged)]
 
     def merge(self, merged_files: Sequence[Path]) -> None:
-        """After a pass: the writer merges every rank's rows (and row states) into each merged file and removes
-        the rank files; every rank waits until it has, so all read the same rows next. A pass killed before
-        this leaves the rank files, and the table started again reads them (finished rows are never lost)."""
+        """After a pass: every rank waits until rank 0 has written the pass's rows, so all read the same rows
+        next. Rank files an earlier release's ranks wrote (images pulled per rank) are merged into each
+        merged file (rows and row states) and removed: finished rows are never lost."""
         if not self.distributed or not merged_files:
             return
         self.barrier()
         if self.writer:
             for merged in merged_files:
+                if not any(p.is_file() for p in self.all_files(merged)[:-1]):
+                    continue
                 # the states before the rows, as a run writes them: a merge killed between the two leaves
                 # no merged row without its state
                 held = read_states(states_path(merged))

@@ -18,7 +18,6 @@ from diffsmooth.engine.runs.execute import build_voter
 from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import ResolvedRun, plan_run
 from diffsmooth.engine.runs.request import RunRequest
-from diffsmooth.engine.runs.results import check_or_record_settings
 from diffsmooth.engine.table.folder import TableFolder
 from diffsmooth.engine.table.one_pass import groups, shared_run
 from diffsmooth.engine.table.phases import Phase, PhaseResult, StopRequest, TableInterrupted, ordered_starts, probe_rate
@@ -42,6 +41,7 @@ class PhaseRunner:
         self.started = time.perf_counter()
         self.shared_passes = 0                  # passes this invocation ran for several lines at once
         self.samples_computed = 0               # noisy samples this process ran through the models (padding included)
+        self.phase_shares: List[dict] = []      # each pass's samples per rank (summary.json's ranks.phases)
 
     def run(self, phases: Sequence[Phase], costs: Optional[dict] = None) -> Dict[tuple, PhaseResult]:
         """Every phase's PhaseResult by (line name, sigma), in order; phases that can share a pass run as one."""
@@ -96,8 +96,7 @@ class PhaseRunner:
             self.voters = {key: build_voter(run, self.log, self.model_set)}
         voter = self.voters[key]
         predicting = phase.kind == "pilot" and not self.folder.predicted
-        files = [path for r in runs for path in r.result_files().values()]          # this rank's
-        merged = [path for r in runs for path in self.merged(r).values()]
+        files = [path for r in runs for path in r.result_files().values()]
         starts = [ordered_starts(p, [c.name for c in r.result_files()]) for p, r in zip(phases, runs)]
         common = set.intersection(*(set(s) for s in starts))
         jobs = Jobs.of(run.request, starts={i: [state for s in starts for state in s[i]] for i in common},
@@ -114,20 +113,18 @@ class PhaseRunner:
         with ExitStack() as stack:
             for r in runs:                      # each line's file: its own lock and settings, as its own run
                 stack.enter_context(r.hold_locks())
-                r.check_resumable(record=True)
-                if self.ranks.distributed and self.ranks.writer:    # the merged file's settings, as one process writes them
-                    check_or_record_settings(Path(r.request.out), r.recorded())
+                r.check_resumable(record=True)      # under torchrun: rank 0 records, the others check
             clock = stack.enter_context(timed_batches(voter, predicting))
-            skip = frozenset.intersection(*(self._finished(path) for path in merged)) if self.ranks.distributed \
+            skip = frozenset.intersection(*(self._finished(path) for path in files)) if self.ranks.distributed \
                 else frozenset()
-            claim = self.ranks.claim(merged[0].name)
-            self.ranks.barrier()                # every rank has read the files before any rank writes
+            self.ranks.barrier()                # rank 0 has recorded the settings before any rank goes on
             try:
-                summary = run_dataset(voter, run, files, jobs, claim=claim, skip=skip)
+                summary = run_dataset(voter, run, files, jobs, blocks=self.ranks.plan.blocks(), skip=skip)
             except Terminated:                  # SIGTERM inside a run (engine/runs/dataset_run.py): the whole table stops
                 raise stopped(f"stopped by SIGTERM during {what}") from None
-        self.ranks.merge(merged)
+        self.ranks.merge(files)                 # and every rank reads the rows rank 0 wrote
         self.samples_computed += summary.samples_computed
+        self.phase_shares.append(pass_shares(what, self.ranks.gather((summary.samples_computed, summary.samples_counted))))
         seconds = time.perf_counter() - start
         self.log(summary.line())
         if summary.interrupted:
@@ -170,11 +167,8 @@ class PhaseRunner:
         return rate
 
     def merged(self, run: ResolvedRun) -> Dict[str, Path]:
-        """{configuration: the result file the table reads}: the run's own, or under torchrun the file every
-        rank's rows are merged into (a line with one configuration per sigma: plan_run refuses sweeps there)."""
-        if not self.ranks.distributed:
-            return {c.name: path for c, path in run.result_files().items()}
-        return {c.name: Path(run.request.out) for c in run.configurations}
+        """{configuration: the result file the table reads} (under torchrun too: rank 0 writes it)."""
+        return {c.name: path for c, path in run.result_files().items()}
 
     def _finished(self, merged: Path) -> frozenset:
         """Images with a row in `merged` or in any rank's file of it."""
@@ -183,3 +177,12 @@ class PhaseRunner:
     def _done(self, run: ResolvedRun) -> bool:
         want = set(run.indices)
         return all(self._finished(path) >= want for path in self.merged(run).values())
+
+
+def pass_shares(what: str, per_rank: Sequence[tuple]) -> dict:
+    """One pass's samples per rank, (computed, counted) each: what each rank ran through the models (a short
+    block's padding included) and the samples whose votes it counted, and the busiest rank's over the mean."""
+    computed, counted = [c for c, _ in per_rank], [c for _, c in per_rank]
+    mean = sum(counted) / len(counted)
+    return {"pass": what, "computed": computed, "counted": counted,
+            "busiest_over_mean": max(counted) / mean if mean else None}

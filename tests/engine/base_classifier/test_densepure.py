@@ -279,8 +279,8 @@ def test_a_run_killed_mid_way_and_started_again_writes_the_uninterrupted_rows(ti
 
 @pytest.mark.slow
 def test_two_gloo_ranks_under_torchrun_write_one_process_rows(tiny_cli_args, tmp_path):
-    """torchrun, two gloo ranks: each rank runs its share of the images (the chains' noises keyed by image and
-    sample, not by rank), rank 0 merges, and the file equals one process's."""
+    """torchrun, two gloo ranks: each rank computes a block of every image's samples (the chains' noises keyed by
+    image and sample, not by rank), rank 0 writes, and the file equals one process's."""
     import os
     import socket
     import subprocess
@@ -298,7 +298,7 @@ def test_two_gloo_ranks_under_torchrun_write_one_process_rows(tiny_cli_args, tmp
            str(port), "-m", "diffsmooth.cli", *[str(a) for a in args], "--out", str(ranks)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "merged 6 rows from 2 ranks" in proc.stderr
+    assert "wrote 6 rows" in proc.stderr and "the 2 ranks shared every image's samples" in proc.stderr
     assert_rows_spread(whole, min_classes=3)
     assert rows_without_time(ranks) == rows_without_time(whole)
 

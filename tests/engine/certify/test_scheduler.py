@@ -1,5 +1,5 @@
 """Continuous batching: packed batches give exactly the counts of a serial oracle, for every job kind,
-batch size, window and static/dynamic batches; padding only at the end; time shares; stop; pulled work;
+batch size, window and static/dynamic batches; padding only at the end; time shares; stop;
 every tensor made and used on one lane, or handed across."""
 
 import contextlib
@@ -303,20 +303,3 @@ def test_default_window_is_bounded_by_batch_and_memory():
     assert default_window(32, 3 * 224 * 224) == 66
     assert default_window(2000, 3 * 256 * 256) * 4 * 3 * 256 * 256 <= 512 * 2 ** 20
     assert default_window(1, 10) == 4
-
-
-def test_ranks_pulling_from_one_store_take_every_image_once():
-    from diffsmooth.engine.runs.sharding import pull_from_store
-    store = torch.distributed.HashStore()
-    todo = list(range(100, 137))
-    a, b = pull_from_store("run.tsv", store)(todo), pull_from_store("run.tsv", store)(todo)
-    taken = {"a": [], "b": []}
-    for k in range(60):                                   # uneven pulling: b takes two for each of a's
-        for who, it in (("a", a),) if k % 3 == 0 else (("b", b),):
-            nxt = next(it, None)
-            if nxt is not None:
-                taken[who].append(nxt)
-    taken["a"] += list(a)
-    taken["b"] += list(b)
-    assert sorted(taken["a"] + taken["b"]) == todo
-    assert len(taken["b"]) > len(taken["a"]) > 0

@@ -1,12 +1,16 @@
-"""Scale-out and crash safety: shards and torchrun ranks give the rows of one run; SIGKILL at
-random points and a restart give the uninterrupted file; resumes refuse different settings."""
+"""Scale-out and crash safety: shards and torchrun ranks give the rows of one run; SIGKILL at random points and a
+restart give the uninterrupted file, as does torchrun's --max-restarts replacing a rank killed mid-look; resumes
+refuse different settings."""
 
 import os
 import random
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from cli_helpers import assert_rows_spread, rows_without_time
@@ -57,20 +61,60 @@ def _cli(args):
     return [sys.executable, "-m", "diffsmooth.cli", *[str(a) for a in args]]
 
 
+PACED_CLI = Path(__file__).resolve().parents[2] / "paced_cli.py"    # plants a rank's SIGKILL mid-look
+
+
+def _torchrun(ranks: int, args, out, *extra: str, launch=("-m", "diffsmooth.cli"), env=None):
+    """`args` on `ranks` gloo ranks (one thread each) writing `out`; the finished process."""
+    with socket.socket() as free:                   # a port no other test's torchrun holds
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port", str(port),
+           *extra, *launch, *[str(a) for a in args], "--out", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+
+
 @pytest.mark.slow
-def test_torchrun_two_gloo_ranks_equal_one_process(tmp_path, tiny_cli_args):
-    whole, dist_out = tmp_path / "whole.tsv", tmp_path / "dist.tsv"
-    # torchrun's own parser rejects prefixes of its options (--n, --m, --max): use the long aliases
-    base = ["certify", *tiny_cli_args, "--method", "dds", "--n0", "8", "--num-samples", "40", "--batch", "16", "--quiet"]
-    invoke([*base, "--out", whole])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-           str(29500 + os.getpid() % 1000), "-m", "diffsmooth.cli", *[str(a) for a in base], "--out", str(dist_out)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+def test_three_gloo_ranks_share_every_image_of_a_sweep_and_write_one_processes_rows(tmp_path, tiny_models):
+    """A sweep (rs, dds and diffsmooth; two classifiers; m 1 and 3) on 3 ranks, each computing a block of every
+    image's samples: every configuration's file equals one process's, votes spread over several classes."""
+    # torchrun's own parser rejects prefixes of its options (--n, --m, --max): the long aliases
+    args = ["certify", "--denoiser", tiny_models["unet"], "--preset", "cifar10", "--unet-config",
+            tiny_models["unet_config"], "--classifier", tiny_models["classifier"], "--classifier",
+            tiny_models["classifier_b"], "--dataset", "npz", "--data", tiny_models["data"], "--sigma",
+            tiny_models["sigma"], "--method", "rs", "--method", "dds", "--method", "diffsmooth", "--local-sigma", "0.12",
+            "--local-noise", "fresh", "--n0", "8", "--num-samples", "40", "--batch", "16", "--threads", "1", "--quiet"]
+    one, ranks = tmp_path / "one", tmp_path / "ranks"
+    invoke([*args, "--m", "1", "--m", "3", "--out", one])
+    proc = _torchrun(3, [*args, "--num-local", "1", "--num-local", "3"], ranks)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "merged 6 rows from 2 ranks" in proc.stderr
+    assert "the 3 ranks shared every image's samples" in proc.stderr
+    files = sorted(p.name for p in one.glob("*.tsv"))
+    assert len(files) == 2 * 4 and files == sorted(p.name for p in ranks.glob("*.tsv"))
+    for name in files:
+        assert_rows_spread(one / name)
+        assert rows_without_time(ranks / name) == rows_without_time(one / name), name
+    assert (ranks / "index.json").read_text() == (one / "index.json").read_text()
+    assert not list(tmp_path.glob("*.shard-*"))
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_look_is_replaced_by_torchruns_max_restarts(tmp_path, tiny_cli_args):
+    """`--max-restarts 1`: rank 1 SIGKILLed at its fifth merge of counts (a sequential run's look), torchrun starts
+    both ranks again, they resume from rank 0's rows and finish with one process's rows, exit 0, no person."""
+    args = ["certify", *tiny_cli_args, "--method", "rs", "--sequential", "--radii", "0.1,0.2,0.3",
+            "--num-samples", "2000", "--batch", "50", "--threads", "1", "--quiet"]
+    whole, restarted = tmp_path / "whole.tsv", tmp_path / "restarted.tsv"
+    invoke([*args, "--out", whole])
+    proc = _torchrun(2, args, restarted, "--max-restarts", "1", launch=(str(PACED_CLI),),
+                     env={"DIFFSMOOTH_TEST_KILL_AT_MERGE": "1:5"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"exitcode\s*:\s*-9", proc.stderr), proc.stderr[-3000:]         # the kill happened
+    assert proc.stderr.count("the 2 ranks shared every image's samples") == 2      # the restarted attempt's ranks
     assert_rows_spread(whole)
-    assert rows_without_time(dist_out) == rows_without_time(whole)
+    assert rows_without_time(restarted) == rows_without_time(whole)
+    assert len({r["samples"] for r in read_rows(whole)}) >= 2        # images stopped at different looks
 
 
 @pytest.mark.slow
