@@ -23,7 +23,8 @@
 #        fp16 compiled, the default race), its samples per line against the measured 2026-11-27 table
 #        (docs/table-studies.md); resumable: a second call with OUT carried goes on.
 # densepure: DensePure's GPU test, its flip rates measured (bench.agreement --setup densepure) and its time per
-#        sample at the CIFAR-10 shapes (bench --method densepure).
+#        sample at the CIFAR-10 shapes (bench --method densepure); then torchrun's merge of an image's counts on
+#        nccl (a 1-rank torchrun: bench/nccl_smoke.py, counts shared over the ranks against one rank's alone).
 # all: every part in a row (more than one call's time).
 # Everything goes under OUT_DIR: one log per step, steps.tsv (step, exit status, seconds, limit),
 # gpu_check.log (this script's whole output), summary.md. bench.jsonl records peak GPU memory per run;
@@ -162,9 +163,11 @@ part_densepure() {
         $PY -m diffsmooth.bench.agreement --setup densepure --device cuda --images 8 --samples 1000 \
         --variant "eager fp16" --variant "eager bf16" --variant "compiled fp16 (fast path)" \
         --out "$OUT/densepure_agreement.json"
-    run_step densepure-bench ${DP_BENCH_LIMIT:-200} bench_densepure.txt \
+    run_step densepure-bench ${DP_BENCH_LIMIT:-170} bench_densepure.txt \
         $PY -m diffsmooth.cli bench --models cifar10 --method densepure --device cuda --precision fp16 --n 100000 \
         --measure-n ${DP_MEASURE_N:-2000} --quiet --no-reference --results "$OUT/bench_densepure.jsonl"
+    run_step nccl-smoke ${NCCL_LIMIT:-30} nccl_smoke.txt \
+        $PY -m torch.distributed.run --standalone --nproc-per-node 1 -m diffsmooth.bench.nccl_smoke --device cuda
 }
 
 summary() {

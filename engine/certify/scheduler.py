@@ -174,7 +174,7 @@ class Scheduler:
         self.voter = voter
         self.batch = int(batch)
         self.window = window
-        self.blocks = blocks if blocks is not None and blocks.ranks > 1 else None
+        self.blocks = blocks
         self._stop_agreed = False                       # under torchrun: any rank's stop, as of the last merge
         self._stop: Callable[[], bool] = lambda: False
         self.stats = SchedulerStats()

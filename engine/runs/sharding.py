@@ -68,7 +68,8 @@ def plan_from(shard_option: Optional[str], device: str) -> ShardPlan:
         # Each rank owns one GPU before NCCL starts, so collectives and allocations land on it.
         torch.cuda.set_device(rank_device(ShardPlan(0, world, True, local_rank), device))
     if not dist.is_initialized():
-        reach_store()
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or os.environ.get("RANK", "0") != "0":
+            reach_store()       # torchrun's agent holds the store; without torchrun (srun, spawn) rank 0 starts it
         join_process_group("nccl" if device.startswith("cuda") else "gloo")
     return ShardPlan(dist.get_rank(), dist.get_world_size(), True, local_rank)
 
