@@ -9,7 +9,8 @@ of one look's merge at 8 ranks.
 `image`: the Python API (DiffSmooth on the demo models, sigma 0.5, sigma' 0.25, m 5) certifies one image
 after a warm-up; the seconds are the call's own (models built, process group joined). `table`: the
 command line (`diffsmooth table --demo`), whole processes timed. `shares`: summary.json's ranks.phases.
-`merge`: 8 gloo processes all-reduce a look's counts (64 requests x 10 classes) 200 times."""
+`merge`: 8 gloo processes meet as after a batch (which of 64 images every rank completed) and sum those images'
+counts (10 classes), 200 times."""
 
 from __future__ import annotations
 
@@ -126,12 +127,15 @@ def _merge_worker(rank: int, world: int, port: int, repeats: int, out: str) -> N
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     blocks = SampleBlocks(rank, world)
     counts, bad = torch.ones((1, 64, 10), dtype=torch.int64), torch.zeros((1, 64), dtype=torch.int64)
+    complete = [True] * 64
     for _ in range(10):
-        blocks.merge(counts, bad, False)
+        blocks.step(complete, False, False, "cpu")
+        blocks.merge(counts, bad)
     dist.barrier()
     start = time.perf_counter()
-    for _ in range(repeats):
-        merged, _, _ = blocks.merge(counts, bad, False)
+    for _ in range(repeats):        # a batch's meeting and its merge of 64 images' counts
+        blocks.step(complete, False, False, "cpu")
+        merged, _ = blocks.merge(counts, bad)
     seconds = (time.perf_counter() - start) / repeats
     assert int(merged.sum()) == world * 640
     Path(out, f"merge-{rank}.json").write_text(json.dumps({"seconds": seconds}))
@@ -156,10 +160,10 @@ def markdown(report: dict) -> str:
                   "|---|---|---|---|---|"]
         for kind in ("fixed", "sequential"):
             one, many = r["one"][kind], r["many"][kind]
+            same = (one["prediction"], one["radius"]) == (many["prediction"], many["radius"])
             lines.append(f"| {kind}, n {r['n']:,} ({one['samples']:,} samples) | {one['seconds']:.2f} s | "
                          f"{many['seconds']:.2f} s | **{one['seconds'] / many['seconds']:.2f}x** | "
-                         f"{'same' if (one['prediction'], one['radius']) == (many['prediction'], many['radius']) else 'DIFFERENT'}"
-                         f" (class {one['prediction']}, radius {one['radius']:.3f}) |")
+                         f"{'same' if same else 'DIFFERENT'} (class {one['prediction']}, radius {one['radius']:.3f}) |")
         lines.append("")
     if "table" in report:
         t = report["table"]
@@ -180,8 +184,9 @@ def markdown(report: dict) -> str:
             lines.append("")
     if "merge" in report:
         m = report["merge"]
-        lines.append(f"A look's merge ({m['requests']} requests x {m['classes']} classes) on {m['ranks']} gloo ranks: "
-                     f"**{m['seconds_per_merge'] * 1e3:.2f} ms** (the slowest rank's mean over 200)")
+        lines.append(f"A batch's meeting and the merge of {m['requests']} images' counts ({m['classes']} classes) on "
+                     f"{m['ranks']} gloo ranks: **{m['seconds_per_merge'] * 1e3:.2f} ms** (the slowest rank's mean "
+                     f"over 200)")
     return "\n".join(lines)
 
 

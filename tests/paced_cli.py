@@ -4,9 +4,9 @@
   pass unfinished however fast the machine (tests/engine/table/test_table_ranks.py kills a rank there; the other
   ranks wait at the next look's merge). The pause is DIFFSMOOTH_TEST_ROW_PAUSE seconds (default 0.5, 25 times the
   watcher's poll).
-- DIFFSMOOTH_TEST_KILL_AT_MERGE=R:N: torchrun's rank R SIGKILLs itself as it reaches its N-th merge of counts
-  (in the middle of a look: its block computed, not handed in), in torchrun's first attempt only, so
-  `--max-restarts` has a rank to replace."""
+- DIFFSMOOTH_TEST_KILL_AT_MERGE=R:N: torchrun's rank R SIGKILLs itself as it reaches its N-th meeting with the
+  other ranks (once per batch: in the middle of a look, its samples computed, not handed in), in torchrun's first
+  attempt only, so `--max-restarts` has a rank to replace."""
 
 import os
 import signal
@@ -18,7 +18,7 @@ from diffsmooth.engine.certify import blocks
 from diffsmooth.engine.runs import results
 
 _write = results.ResultWriter.write
-_merge = blocks.SampleBlocks.merge
+_step = blocks.SampleBlocks.step
 PAUSE = float(os.environ.get("DIFFSMOOTH_TEST_ROW_PAUSE", "0.5"))
 KILL = os.environ.get("DIFFSMOOTH_TEST_KILL_AT_MERGE")
 merges = [0]
@@ -30,17 +30,17 @@ def _paced_write(self, **row) -> None:
         time.sleep(PAUSE)
 
 
-def _fatal_merge(self, counts, bad, stop):
+def _fatal_step(self, *args):
     rank, at = (int(v) for v in KILL.split(":"))
     merges[0] += 1
     if self.rank == rank and merges[0] == at and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
         os.kill(os.getpid(), signal.SIGKILL)
-    return _merge(self, counts, bad, stop)
+    return _step(self, *args)
 
 
 results.ResultWriter.write = _paced_write
 if KILL:
-    blocks.SampleBlocks.merge = _fatal_merge
+    blocks.SampleBlocks.step = _fatal_step
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -144,7 +144,8 @@ def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, 
     try:
         builder.build(dry_run=dry_run)
         if ranks is not None:
-            _log(on_ranks(json.loads((builder.out / "cost.json").read_text()), ranks, len(builder.selection())))
+            probe = builder.probe_run()
+            _log(on_ranks(json.loads((builder.out / "cost.json").read_text()), ranks, len(probe.indices), probe.batch))
     except TableInterrupted as stop:
         _log(f"table: {stop}; finished rows are kept: run the same command again to continue")
         raise SystemExit(130) from None

@@ -1,32 +1,26 @@
-"""One image's samples over torchrun's ranks: every rank runs every image's job (the same decisions,
-from the same counts), computes one block of each request's samples, and the ranks sum their counts
-(one all-reduce on the counts' own device: gloo on the CPU, nccl on GPUs) before the job reads them.
+"""One image's samples over torchrun's ranks: every rank runs every image's job (the same decisions, from
+the same counts) and computes its own samples of each request, and the ranks sum their counts before the
+job reads them (an all-reduce on the counts' own device: gloo on the CPU, nccl on GPUs).
 
-The block rule: a request of `num` samples is cut into one block of ceil(num / ranks) rows per rank
-(the last blocks shorter, their rows made up with padding whose votes go nowhere). Every rank thus
-plans the same rows for every request, fills the same batches and completes the same requests in the
-same batch, so a look's merge is one collective that all ranks reach together: no rank waits on a
-merge longer than the slowest rank's batch, and no message but the counts is ever sent. A rank's batch
-still packs the blocks of many images (continuous batching). Noise is keyed by (image, sample), so
-which rank computes a sample never changes a count: the rows are one process's."""
+Which rank computes a sample is fixed by its index alone: sample s is rank (s mod ranks)'s. A request of
+n samples thus gives every rank n / ranks of them (one more or less), and a rank's samples of an image
+form one sequence in its own order (local index j is sample j * ranks + rank), whatever the requests. So
+a rank can compute ahead of a look as one process does (the look-ahead of a static batch's free rows: its
+next samples, counted when a later request covers them), and a look of an image in flight on 8 ranks
+costs each rank an eighth of the rows, or none if its look-ahead already holds them.
+
+The ranks meet once per batch: one all-reduce says which images in flight every rank has completed (their
+counts are then summed: a second all-reduce) and whether any rank asked to stop, so all ranks send the
+same counts to the same jobs in the same order and admit the same images. Noise is keyed by (image,
+sample), so which rank computes a sample never changes a count: the rows are one process's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 import torch
-
-
-@dataclass(frozen=True)
-class Block:
-    """This rank's part of one request: samples first..first+samples-1, planned as `rows` rows (the
-    largest block's length: the rows past `samples` are padding)."""
-
-    first: int
-    samples: int
-    rows: int
 
 
 @dataclass(frozen=True)
@@ -38,34 +32,43 @@ class SampleBlocks:
     ranks: int
     group: object = None
 
-    def block(self, first: int, num: int) -> Block:
-        """This rank's block of the request for samples first..first+num-1."""
-        rows = -(-num // self.ranks)
-        lo = min(num, self.rank * rows)
-        return Block(first + lo, min(num, lo + rows) - lo, rows)
+    def local(self, sample: int) -> int:
+        """How many of this rank's samples lie below global sample index `sample` (its local index there)."""
+        return (sample + self.ranks - 1 - self.rank) // self.ranks
 
-    def merge(self, counts: torch.Tensor, bad: torch.Tensor, stop: bool) -> Tuple[np.ndarray, np.ndarray, bool]:
-        """Every rank's counts [E, R, K] and non-finite flags [E, R] of the same requests, summed, and
-        whether any rank asked to stop: one all-reduce of one int64 tensor on the counts' device, then
-        one copy to the host (the read a single process makes there anyway)."""
+    def global_samples(self, local: np.ndarray) -> np.ndarray:
+        """The global sample indices of this rank's local indices."""
+        return local * self.ranks + self.rank
+
+    def step(self, complete: Sequence[bool], busy: bool, stop: bool, device) -> Tuple[np.ndarray, bool, bool]:
+        """The ranks' one meeting per batch: for each image in flight (the same list on every rank), whether
+        every rank has its samples counted; whether any rank still has work in flight; whether any asked to
+        stop. One all-reduce of one int64 tensor."""
         import torch.distributed as dist
-        flat = torch.cat([counts.reshape(-1), bad.reshape(-1),
-                          torch.tensor([int(stop)], dtype=counts.dtype, device=counts.device)])
+        flags = np.asarray([not c for c in complete] + [bool(busy), bool(stop)], dtype=np.int64)
+        tensor = torch.from_numpy(flags).to(device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        summed = tensor.cpu().numpy()
+        return summed[:-2] == 0, bool(summed[-2]), bool(summed[-1])
+
+    def merge(self, counts: torch.Tensor, bad: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
+        """Every rank's counts [E, R, K] and non-finite flags [E, R] of the same requests, summed: one
+        all-reduce of one int64 tensor on the counts' device, then one copy to the host (the read a single
+        process makes there anyway)."""
+        import torch.distributed as dist
+        flat = torch.cat([counts.reshape(-1), bad.reshape(-1)])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         host = flat.cpu().numpy()
-        n, m = counts.numel(), bad.numel()
-        return host[:n].reshape(counts.shape), host[n:n + m].reshape(bad.shape), bool(host[-1])
+        n = counts.numel()
+        return host[:n].reshape(counts.shape), host[n:].reshape(bad.shape)
 
     def agree(self, value):
         """Rank 0's `value` on every rank (a picklable object: the images still to run, say)."""
         import torch.distributed as dist
         box = [value]
-        dist.broadcast_object_list(box, src=self.global_rank(0), group=self.group)
+        src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.broadcast_object_list(box, src=src, group=self.group)
         return box[0]
-
-    def global_rank(self, rank: int) -> int:
-        import torch.distributed as dist
-        return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     @property
     def writes(self) -> bool:

@@ -14,10 +14,11 @@ index, sample index) and drawn per row (certify/noise.py), each row's votes are 
 the count row of its own request, and a job sees exactly the counts of the samples it asked for.
 The host reads counts only when a request completes: at most one sync per batch.
 
-Under torchrun (`blocks`, certify/blocks.py) every rank runs every image's job and computes one block
-of each request's samples; the ranks' counts are summed when a request completes, before its job reads
-them. Every rank plans the same rows (a short block is padded), so all complete each request in the
-same batch and meet at the same merge. Look-ahead is off there: its votes would be one rank's.
+Under torchrun (`blocks`, certify/blocks.py) every rank runs every image's job and computes its own
+samples of each request (sample s is rank s mod ranks's): the scheduler then plans in the rank's own
+sample order, so look-ahead works as in one process. The ranks meet once per batch: the images every
+rank has completed get their counts summed and sent to their jobs, the same on every rank, and new
+images join the window only there, so every rank holds the same images in the same slots.
 """
 
 from __future__ import annotations
@@ -72,8 +73,8 @@ class SchedulerStats:
     syncs: int = 0
     samples_computed: int = 0       # rows run through the stages, padding included
     samples_counted: int = 0        # rows whose votes a request counted (this rank's, under torchrun)
-    merges: int = 0                 # reads of counts summed over torchrun's ranks
-    merge_seconds: float = 0.0      # wall time in those merges (waiting for the slowest rank included)
+    merges: int = 0                 # torchrun: the ranks' meetings (one per batch) and the seconds spent in them
+    merge_seconds: float = 0.0      # (waiting for the slowest rank included)
     max_window: int = 0
     seconds: float = 0.0            # wall time shared out to the images (the run up to its last result)
 
@@ -107,25 +108,20 @@ class BatchRows:
 
 @dataclass
 class _Pending:
-    """A request of one image: its count row, the samples this process computes for it (all of them, or
-    its block under torchrun: samples lo..lo+real-1 planned as `share` rows, the rest padding) and how
-    far they have been planned and counted."""
+    """A request of one image: its count row, the samples this process computes for it (lo..lo+num-1 in
+    its own sample order: all of them in one process, its share under torchrun) and how far they have
+    been planned and counted."""
 
     request: Request
     row: int
     lo: int
-    real: int
-    share: int
+    num: int
     planned: int = 0
     counted: int = 0
 
     @property
     def complete(self) -> bool:
-        return self.counted == self.share
-
-    def real_rows(self, first: int, rows: int) -> int:
-        """How many of `rows` rows planned from sample `first` on are samples, not padding."""
-        return max(0, min(rows, self.lo + self.real - first))
+        return self.counted == self.num
 
 
 @dataclass
@@ -175,8 +171,7 @@ class Scheduler:
         self.batch = int(batch)
         self.window = window
         self.blocks = blocks
-        self._stop_agreed = False                       # under torchrun: any rank's stop, as of the last merge
-        self._stop: Callable[[], bool] = lambda: False
+        self._end = 2 ** 32 if blocks is None else blocks.local(2 ** 32)      # the first sample index not allowed
         self.stats = SchedulerStats()
         self.device = voter.device
         self._x: Optional[torch.Tensor] = None          # [window, *image shape] images in flight
@@ -249,25 +244,25 @@ class Scheduler:
                 raise ValueError(f"a job asked for {r!r}: requests need num >= 1")
             check_indices(slot.work.index, r.first, r.num)
         slot.pending = [self._pending(r) for r in requests]
-        if slot.ahead and slot.ahead_first != requests[0].first:
+        if slot.ahead and slot.ahead_first != slot.pending[0].lo:
             slot.ahead = []                              # the job did not continue where the look-ahead did
         self._serve_from_ahead(slot)
-        slot.frontier = max([slot.frontier] + [r.first + r.num for r in requests])
+        slot.frontier = max([slot.frontier] + [p.lo + p.num for p in slot.pending])
 
     def _pending(self, request: Request) -> _Pending:
-        """The request's count row and this process's samples of it (its block, under torchrun)."""
+        """The request's count row and this process's samples of it (its own, in its order, under torchrun)."""
         if self.blocks is None:
-            return _Pending(request, self._take_row(), request.first, request.num, request.num)
-        block = self.blocks.block(request.first, request.num)
-        return _Pending(request, self._take_row(), block.first, block.samples, block.rows)
+            return _Pending(request, self._take_row(), request.first, request.num)
+        lo = self.blocks.local(request.first)
+        return _Pending(request, self._take_row(), lo, self.blocks.local(request.first + request.num) - lo)
 
     def _serve_from_ahead(self, slot: _Slot) -> None:
         """Count kept look-ahead votes for requests that start where they do (nothing planned yet)."""
         for p in slot.pending:
-            if not slot.ahead or p.planned or slot.ahead_first != p.request.first:
+            if not slot.ahead or p.planned or slot.ahead_first != p.lo or not p.num:
                 continue
             votes, finite = [torch.cat(parts, dim=1) for parts in zip(*slot.ahead)]
-            used = min(p.share, votes.shape[1])
+            used = min(p.num, votes.shape[1])
             self._add_votes(p.row, votes[:, :used], finite[:, :used])
             p.planned = p.counted = used
             slot.counted += used
@@ -296,7 +291,7 @@ class Scheduler:
             for p in slot.pending:
                 if space == 0:
                     return
-                rows = min(p.share - p.planned, space)
+                rows = min(p.num - p.planned, space)
                 if rows > 0:
                     segments.append((slot, p, p.lo + p.planned, rows))
                     p.planned += rows
@@ -308,7 +303,7 @@ class Scheduler:
             take_from(next(reversed(active.values())))
         if not segments:
             return None
-        if self.voter.static_batch and space > 0 and self.blocks is None:
+        if self.voter.static_batch and space > 0:
             space = self._look_ahead(list(active.values()), space, segments)
         return self._rows(segments, space if self.voter.static_batch else 0)
 
@@ -317,7 +312,7 @@ class Scheduler:
         evenly); returns the rows still free (padding)."""
         share = -(-space // len(slots))
         for slot in slots:
-            rows = min(share, space, 2 ** 32 - slot.frontier)
+            rows = min(share, space, self._end - slot.frontier)
             if rows > 0:
                 segments.append((slot, None, slot.frontier, rows))
                 slot.frontier += rows
@@ -330,14 +325,13 @@ class Scheduler:
         block = np.empty((4, size), dtype=np.int64)
         at = 0
         for slot, p, first, rows in segments:
-            real = p.real_rows(first, rows) if p is not None else rows
             block[0, at:at + rows] = slot.number
             block[1, at:at + rows] = slot.work.index
-            block[2, at:at + real] = np.arange(first, first + real)
-            block[2, at + real:at + rows] = np.arange(rows - real)     # a short block's padding: valid keys, trashed
-            block[3, at:at + real] = p.row if p is not None else self.TRASH
-            block[3, at + real:at + rows] = self.TRASH
+            block[2, at:at + rows] = np.arange(first, first + rows)
+            block[3, at:at + rows] = p.row if p is not None else self.TRASH
             at += rows
+        if self.blocks is not None:                     # this rank's own order -> the samples' indices
+            block[2, :at] = self.blocks.global_samples(block[2, :at])
         if padding:                                     # any valid keys; votes go to the trash row
             block[0, at:] = segments[0][0].number
             block[1, at:] = segments[0][0].work.index
@@ -373,10 +367,10 @@ class Scheduler:
             stop: Callable[[], bool] = lambda: False) -> SchedulerStats:
         """Run every work item's job to its end; on_finish gets each result as its image completes
         (completion order). After stop() turns True no new image joins; those in flight finish. Under
-        torchrun a rank's stop() reaches every rank at the next merge, so all ranks admit the same images."""
+        torchrun a rank's stop() reaches every rank at the next meeting, so all ranks admit the same images."""
         self.voter.verify_weights()             # weights changed before the run: refused before they compute
-        self._stop = stop
-        stopped = stop if self.blocks is None else (lambda: self._stop_agreed)
+        if self.blocks is not None:
+            return self._run_shared(iter(works), on_finish, stop)
         source: Iterator[Work] = iter(works)
         active: Dict[int, _Slot] = {}
         exhausted = False
@@ -387,7 +381,7 @@ class Scheduler:
 
         def admit() -> bool:
             nonlocal exhausted
-            while not exhausted and not stopped() and len(active) < (self.window or 2 ** 62):
+            while not exhausted and not stop() and len(active) < (self.window or 2 ** 62):
                 try:
                     work = next(source)
                 except StopIteration:
@@ -420,25 +414,80 @@ class Scheduler:
             lanes.end()
         return self.stats
 
+    def _run_shared(self, source: Iterator[Work], on_finish: Callable[[Finished], None],
+                    stop: Callable[[], bool]) -> SchedulerStats:
+        """`run` under torchrun: each loop computes (and counts) at most one batch of this rank's samples, then
+        the ranks meet (certify/blocks.py): the images every rank has completed get their summed counts, the
+        same on every rank; images join the window only after a meeting, up to the window's size, so every
+        rank holds the same images in the same slots. The loop ends when no rank has an image or a batch."""
+        active: Dict[int, _Slot] = {}
+        exhausted = stopping = False
+        depth = 2 if self.voter.lanes.overlapping else 1
+        in_flight: Deque[Tuple[BatchRows, Any, Any]] = deque()
+        lanes = self.voter.lanes
+        mark = time.perf_counter()
+        lanes.begin()
+        try:
+            while True:
+                while not exhausted and not stopping and len(active) < (self.window or 2 ** 62):
+                    work = next(source, None)
+                    if work is None:
+                        exhausted = True
+                    else:
+                        self._admit(work, active, on_finish)
+                with lanes.producer():
+                    rows = self._plan(active, lambda: False)
+                    if rows is not None:
+                        h = self._produce(rows)
+                        in_flight.append((rows, h, lanes.handoff(_tensors(h) + rows.tensors())))
+                if in_flight and (rows is None or len(in_flight) >= depth):
+                    done, h, token = in_flight.popleft()
+                    with lanes.consumer():
+                        lanes.accept(token, _tensors(h) + done.tensors())
+                        votes, finite = self._count(h, done)
+                        self._book(done, votes, finite, active)
+                with lanes.consumer():
+                    started = time.perf_counter()
+                    order = list(active.values())           # admission order: the same on every rank
+                    ready, busy, asked = self.blocks.step([all(p.complete for p in slot.pending) for slot in order],
+                                                          bool(in_flight), stop(), self.device)
+                    self.stats.merges += 1
+                    self.stats.merge_seconds += time.perf_counter() - started
+                    stopping = stopping or asked
+                    done_slots = [slot for slot, r in zip(order, ready) if r]
+                    if done_slots:
+                        mark, _ = self._deliver(done_slots, active, on_finish, mark)
+                if not active and not busy and (exhausted or stopping):
+                    break
+        finally:
+            lanes.end()
+        return self.stats
+
     def _complete(self, rows: BatchRows, votes, finite, active: Dict[int, _Slot], on_finish, mark: float) -> float:
         """Book the consumed rows (keep look-ahead votes); read the counts of requests that completed
         (a host sync), send them to their jobs, and finish the images whose jobs return; repeat while
         new requests are served whole from look-ahead votes. Returns the new time mark."""
+        ready = self._book(rows, votes, finite, active)
+        while ready:
+            mark, ready = self._deliver(ready, active, on_finish, mark)
+        return mark
+
+    def _book(self, rows: BatchRows, votes, finite, active: Dict[int, _Slot]) -> List[_Slot]:
+        """Count the consumed rows into their requests (keep look-ahead votes); the slots whose every
+        request is now complete."""
         ready, at = [], 0
         for slot, p, first, n in rows.segments:
             slot.rows_since_mark += n
             if p is not None:
                 p.counted += n
-                slot.counted += p.real_rows(first, n)
-                self.stats.samples_counted += p.real_rows(first, n)
+                slot.counted += n
+                self.stats.samples_counted += n
             elif active.get(slot.number) is slot:
                 self._keep_ahead(slot, first, votes[:, at:at + n], finite[:, at:at + n])
             at += n
             if active.get(slot.number) is slot and all(q.complete for q in slot.pending) and slot not in ready:
                 ready.append(slot)
-        while ready:
-            mark, ready = self._deliver(ready, active, on_finish, mark)
-        return mark
+        return ready
 
     def _keep_ahead(self, slot: _Slot, first: int, votes: torch.Tensor, finite: torch.Tensor) -> None:
         """Keep look-ahead votes that continue the slot's kept ones and lie beyond what its requests
@@ -463,12 +512,8 @@ class Scheduler:
         if self.blocks is None:
             counts = self._counts.index_select(1, index).cpu().numpy()        # the host sync
             bad = self._bad.index_select(1, index).cpu().numpy()
-        else:                               # every rank's blocks of these requests, summed
-            started = time.perf_counter()
-            counts, bad, self._stop_agreed = self.blocks.merge(self._counts.index_select(1, index),
-                                                               self._bad.index_select(1, index), bool(self._stop()))
-            self.stats.merges += 1
-            self.stats.merge_seconds += time.perf_counter() - started
+        else:                               # every rank's samples of these requests, summed
+            counts, bad = self.blocks.merge(self._counts.index_select(1, index), self._bad.index_select(1, index))
         self._counts.index_fill_(1, index, 0)
         self._bad.index_fill_(1, index, 0)
         self.stats.syncs += 1

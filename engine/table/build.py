@@ -85,9 +85,12 @@ class TableBuilder:
 
     def selection(self) -> List[int]:
         """The spec's image selection (dataset, skip, max)."""
+        return list(self.probe_run().indices)
+
+    def probe_run(self):
+        """The first line's first run as planned (its images, batch and device are every run's)."""
         line = self.spec.lines[0]
-        run = plan_run(self.request(Phase(line, self.spec.sigmas[0], (), None, self.out / "runs" / "probe.tsv", "")))
-        return list(run.indices)
+        return plan_run(self.request(Phase(line, self.spec.sigmas[0], (), None, self.out / "runs" / "probe.tsv", "")))
 
     def claim_folder(self) -> None:
         """Record what this folder holds; refuse a folder holding another table."""

@@ -118,15 +118,27 @@ def predict_race(pilot_rows: Dict[float, List[dict]], radii: Sequence[float], im
     return {s: float(np.mean(v)) for s, v in totals.items()}
 
 
-def on_ranks(costs: dict, ranks: int, images: int) -> str:
-    """What the predicted cost (cost.json) means on `ranks` ranks, in one line (estimated): each phase's images
-    are pulled by the ranks, so a phase of many images splits about evenly; a phase of fewer images than ranks
-    (the race's extensions often are) keeps only that many busy, and every phase ends on its slowest image."""
+def on_ranks(costs: dict, ranks: int, images: int, batch: int) -> str:
+    """What the predicted cost (cost.json) means on `ranks` ranks, in one line (estimated). Every run splits
+    each image's samples over the ranks (certify/blocks.py) and a rank computes ahead of its looks, so a run
+    takes 1/ranks of its time plus, per rank, about one batch of samples computed past where its images stop:
+    a run of k images drawing S samples each scales as (1 / ranks + batch / (k * S)) of one process's time.
+    Each rank's warm-up (model builds, compiles) does not divide."""
     seconds = (costs.get("predicted") or {}).get("seconds")
     if seconds is None:
         return f"table: on {ranks} ranks: no estimate without a measured rate (a pilot times it)"
-    share = images / ranks
-    return (f"table: on {ranks} ranks (estimated): about {seconds / ranks / 60:.1f} min for what one process does in "
-            f"{seconds / 60:.1f} min, if every phase keeps every rank busy ({share:.1f} images per rank per phase); "
-            f"a phase of fewer images than ranks, as short race extensions are, leaves ranks idle "
-            f"(summary.json's ranks.busiest_over_mean measures it)")
+    runs = [r for r in (costs.get("runs") or {}).values() if r.get("seconds") and r.get("samples")]
+    shared = sum(r["seconds"] * rank_share(ranks, batch, r["samples"]) for r in runs)
+    shared += seconds - sum(r["seconds"] for r in runs)     # anything not in a run's estimate: as if it split evenly
+    return (f"table: on {ranks} ranks (estimated): about {shared / 60:.1f} min of compute for what one process does "
+            f"in {seconds / 60:.1f} min ({seconds / max(shared, 1e-9):.1f}x; every image's samples split over the "
+            f"ranks, plus about one batch of {batch} samples per rank and run computed past where its {images} images "
+            f"stop), plus each rank's own warm-up; summary.json's ranks.phases measures each pass's shares")
+
+
+def rank_share(ranks: int, batch: int, samples: float) -> float:
+    """The share of one process's time a run drawing `samples` samples (all its images) takes on `ranks` ranks
+    (estimated): its samples split evenly, plus one batch per rank of samples past its images' stops."""
+    if ranks <= 1:
+        return 1.0
+    return min(1.0, 1.0 / ranks + batch / max(samples, 1.0))

@@ -259,15 +259,18 @@ def test_ranks_agree_on_refusals_and_see_a_different_spec(tmp_path):
 
 
 def test_a_dry_run_estimates_the_table_on_ranks(tmp_path):
-    """--dry-run --ranks N: the predicted minutes over N, and what keeps ranks idle; --ranks without --dry-run
-    is refused with one line (under torchrun the ranks are torchrun's)."""
+    """--dry-run --ranks N: the predicted minutes on N ranks (each run's samples split, one batch per rank past its
+    images' stops); --ranks without --dry-run is refused with one line (under torchrun the ranks are torchrun's)."""
     from click.testing import CliRunner
 
     from diffsmooth.cli import main
     from diffsmooth.engine.table.cost import on_ranks
-    line = on_ranks({"predicted": {"seconds": 960.0}}, 8, 500)
-    assert "about 2.0 min for what one process does in 16.0 min" in line and "62.5 images per rank" in line
-    assert "no estimate" in on_ranks({"predicted": {"seconds": None}}, 8, 500)
+    costs = {"predicted": {"seconds": 960.0}, "runs": {"a": {"seconds": 960.0, "samples": 500 * 30_000}}}
+    line = on_ranks(costs, 8, 500, 2000)
+    assert "about 2.0 min of compute for what one process does in 16.0 min (8.0x" in line, line
+    few = {"predicted": {"seconds": 960.0}, "runs": {"a": {"seconds": 960.0, "samples": 2 * 30_000}}}
+    assert "(6.3x" in on_ranks(few, 8, 2, 2000)      # two images: the batch computed past their stops shows
+    assert "no estimate" in on_ranks({"predicted": {"seconds": None}}, 8, 500, 2000)
     result = CliRunner().invoke(main, ["table", "--demo", "--ranks", "2", "--out", str(tmp_path / "t")])
     assert result.exit_code == 2 and "--ranks belongs to --dry-run" in result.output
 
