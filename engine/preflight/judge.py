@@ -15,7 +15,7 @@ from diffsmooth.engine.runs.analyze import clopper_pearson
 
 NORMALIZATION_GAIN = 0.10       # another normalisation beats the given one by 10 points, clean and under the noise
 CLEAR_OF_CHANCE = 3            # ... and scores at least 3 x chance clean
-SCALE_GAIN = 0.20               # half the noise scores 20 points more per sample: the classifier's noise is not this
+SCALE_GAIN = 0.15               # half the noise scores 15 points more per sample: the classifier's noise is not this
 SCHEDULE_GAIN = 0.05            # another schedule denoises with a 5% smaller error than the one given
 
 
@@ -71,7 +71,8 @@ def report_normalization(report: PreflightReport, clean: Dict[str, Optional[torc
             continue
         scores[mode] = (per_sample(votes, labels), float((preds == labels).double().mean()))
     report.measured["normalization"] = {mode: {"noise_per_sample": a, "clean": b} for mode, (a, b) in scores.items()}
-    how = ("one local noise, " if noise.light else "") + "the first sample of each image"
+    shown = noise.variants[given].shape[1]
+    how = ("one local noise, " if noise.light else "") + f"{shown} sample{'s' if shown > 1 else ''} of each image"
     parts = [f"{mode}{' (given)' if mode == given else ''} {_pct(a)} / {_pct(b)}" for mode, (a, b) in scores.items()]
     report.add("normalization", f"{'; '.join(parts)} (under the noise, {how} / clean)")
     if given not in scores:

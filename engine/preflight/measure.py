@@ -26,7 +26,7 @@ from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.stage_backends import StageBuild, TorchStages
 
 HALF = "half"                               # the variant at half the noise the classifier sees
-VARIANT_SAMPLES = 1                         # samples per image the variants score (their gaps are tens of points)
+VARIANT_SAMPLES = 2                         # samples per image the variants score (their gaps are tens of points)
 # The schedules tried beside the one given: the presets' (improved-diffusion's cosine/4000, guided-diffusion's
 # linear/1000), then the other pairings of SCHEDULES with their step counts.
 SCHEDULE_CHOICES = (("cosine", 4000), ("linear", 1000), ("cosine", 1000), ("linear", 4000))
