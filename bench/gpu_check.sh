@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: one command per part on a machine with one CUDA GPU, torch already installed, no network.
-#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|all]
+#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|preflight|all]
 #   DRY_RUN=1 bash bench/gpu_check.sh OUT_DIR PART     # print the steps and their limits, run nothing
 # Each part fits one 600 s call on a fresh H100 or H200, its own install included: the step limits of a
 # part (install, import check, its steps, summary) add up to at most 540 s (tests/engine/runs/test_gpu_readiness.py
@@ -24,12 +24,14 @@
 #        (docs/table-studies.md); resumable: a second call with OUT carried goes on.
 # densepure: DensePure's GPU test, its flip rates measured (bench.agreement --setup densepure) and its time per
 #        sample at the CIFAR-10 shapes (bench --method densepure).
+# preflight: `diffsmooth preflight`'s time on the demo models (rs, dds, diffsmooth) on CUDA (bench.preflight_time),
+#        beside its CPU figures and its estimates for the paper's models (bench/results/preflight_cpu/).
 # all: every part in a row (more than one call's time).
 # Everything goes under OUT_DIR: one log per step, steps.tsv (step, exit status, seconds, limit),
 # gpu_check.log (this script's whole output), summary.md. bench.jsonl records peak GPU memory per run;
 # agreement.json is rewritten after each variant.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|all]}
+OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|preflight|all]}
 PART=${2:-speed}
 DRY_RUN=${DRY_RUN:-0}
 mkdir -p "$OUT"
@@ -167,14 +169,19 @@ part_densepure() {
         --measure-n ${DP_MEASURE_N:-2000} --quiet --no-reference --results "$OUT/bench_densepure.jsonl"
 }
 
+part_preflight() {
+    run_step preflight-demo ${PREFLIGHT_LIMIT:-120} preflight_time.txt \
+        $PY -m diffsmooth.bench.preflight_time --device cuda --json "$OUT/preflight_time.json"
+}
+
 summary() {
     run_step summary ${SUMMARY_LIMIT:-10} summary.md $PY -m diffsmooth.bench.gpu_summary "$OUT"
 }
 
 case "$PART" in
-    speed|sequential|table|ablation|fixes|headline|densepure) ;;
+    speed|sequential|table|ablation|fixes|headline|densepure|preflight) ;;
     all) ;;
-    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation, fixes, headline or all)"; exit 2 ;;
+    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation, fixes, headline, densepure, preflight or all)"; exit 2 ;;
 esac
 setup
 case "$PART" in
@@ -185,6 +192,7 @@ case "$PART" in
     fixes) part_fixes ;;
     headline) part_headline ;;
     densepure) part_densepure ;;
+    preflight) part_preflight ;;
     all) part_speed; part_sequential; part_table; part_ablation ;;
 esac
 summary

@@ -3,7 +3,9 @@
 paper's CIFAR-10 and ImageNet models on one GPU from the calls the same preflight makes there and the measured fp32
 eager rate of the full-size models on an H200 (the preflight runs eager fp32, as the run-time check's reference).
 
-    python -m diffsmooth.bench.preflight_time [--threads 2] [--images 100] [--samples 5] [--json OUT]
+    python -m diffsmooth.bench.preflight_time [--device cpu] [--threads 2] [--images 100] [--samples 5] [--json OUT]
+
+`bash bench/gpu_check.sh OUT preflight` runs it with `--device cuda` (the demo's measured time on a GPU).
 """
 
 from __future__ import annotations
@@ -82,10 +84,10 @@ DEMO = {"rs": dict(method=("rs",), sigma=0.5),
         "diffsmooth": dict(method=("diffsmooth",), sigma=0.5, local_sigma=(0.25,), m=(5,))}
 
 
-def measure_demo(images: int, samples: int, threads: int) -> List[dict]:
+def measure_demo(images: int, samples: int, threads: int, device: str = "cpu") -> List[dict]:
     rows = []
     for method, options in DEMO.items():
-        request = RunRequest.parse("certify", out="(preflight)", threads=threads, quiet=True, **options)
+        request = RunRequest.parse("certify", out="(preflight)", threads=threads, device=device, quiet=True, **options)
         with CallCounter() as counter:
             start = time.perf_counter()
             report = preflight_request(request, images=images, samples=samples)
@@ -130,15 +132,17 @@ TABLES = {"cifar10-table1.toml (36 runs: 9 RS, 9 DDS, 18 DiffSmooth m = 21)": CI
 
 
 @click.command()
+@click.option("--device", default="cpu", show_default=True, help="Where the demo's preflights run (cpu, cuda).")
 @click.option("--threads", type=int, default=2, show_default=True, help="torch CPU threads for the demo runs.")
 @click.option("--images", type=int, default=IMAGES, show_default=True)
 @click.option("--samples", type=int, default=SAMPLES, show_default=True)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the figures as JSON.")
-def main(threads, images, samples, json_out):
+def main(device, threads, images, samples, json_out):
     """Print the preflight's measured time on the demo and its estimated time on the paper's models."""
-    demo = measure_demo(images, samples, threads)
+    demo = measure_demo(images, samples, threads, device)
+    where = "this machine's CPU" if device == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})"
     print(f"preflight on the embedded demo, {images} images x {samples} noise samples, {threads} torch threads, "
-          f"this machine's CPU (measured):")
+          f"{where} (measured):")
     print("| method | settings | seconds (measured) | UNet samples | classifier images | warnings |")
     print("|---|---|---|---|---|---|")
     for row in demo:
@@ -163,7 +167,7 @@ def main(threads, images, samples, json_out):
     if json_out:
         with open(json_out, "w") as f:
             json.dump({"demo_measured": demo, "paper_estimated": paper, "images": images, "samples": samples,
-                       "threads": threads, "h200_fp32_eager": H200_FP32_EAGER}, f, indent=1)
+                       "threads": threads, "device": device, "h200_fp32_eager": H200_FP32_EAGER}, f, indent=1)
 
 
 if __name__ == "__main__":
