@@ -49,8 +49,9 @@ def report_noise(report: PreflightReport, config: MethodConfig, noise: NoiseVote
     low, high = clopper_pearson(won, n)
     report.measured.update(noise_accuracy=won / n, noise_ci95=[low, high], noise_per_sample=per_sample(noise.votes, labels),
                            samples=samples)
+    each = f"{samples} sample{'s' if samples > 1 else ''} each"
     report.add("noise", f"{_pct(won / n)} of the images won by their label under {config.method}'s noise "
-                        f"({noise_settings(config)}; {samples} samples each, {_pct(report.measured['noise_per_sample'])} "
+                        f"({noise_settings(config)}; {each}, {_pct(report.measured['noise_per_sample'])} "
                         f"of the samples): certified accuracy at r = 0 can be at most about this "
                         f"(95% CI over the images {_pct(low)}-{_pct(high)})")
 
