@@ -18,6 +18,7 @@ from typing import List
 import click
 import torch
 
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.models.resnet import CifarResNet, ResNet50
 from diffsmooth.engine.models.unet import UNetModel
 from diffsmooth.engine.preflight.measure import SCHEDULE_CHOICES, VARIANT_SAMPLES
@@ -52,10 +53,13 @@ def expected_calls(method: str, images: int, samples: int, m: int) -> Calls:
     DiffSmooth); each variant on VARIANT_SAMPLES of them (one local noise); for a denoising method the UNet on
     every sample, and once per image for the denoiser's error with the schedule given and the other schedules; and
     the stages' one probe with a blank image when they are built."""
-    variants = VARIANTS - (method == "dds")          # DDS has no half-noise variant
-    per_sample = m if method == "diffsmooth" else 1
+    kind = method_named(method)
+    config = MethodConfig(method, 0.5, m=m)
+    half = kind.local_smoothing or not kind.denoises         # the variant at half the noise (none for DDS)
+    variants = VARIANTS - (not half)
+    per_sample = kind.classifier_calls(config)
     classifier = images * (NORMALIZATIONS + samples * per_sample + variants * min(samples, VARIANT_SAMPLES)) + per_sample
-    unet = images * (samples + 1 + len(SCHEDULE_CHOICES) - 1) + 1 if method != "rs" else 0
+    unet = images * (samples * kind.unet_calls(config) + len(SCHEDULE_CHOICES)) + 1 if kind.denoises else 0
     return Calls(unet, classifier)
 
 

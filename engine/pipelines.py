@@ -40,6 +40,7 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.preflight.findings import PreflightReport
+from diffsmooth.engine.preflight.measure import Sample, Sampling
 from diffsmooth.engine.preflight.run import IMAGES, SAMPLES, guess_stats, preflight_models, sample_of
 from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, RunSummary, run_dataset
@@ -178,8 +179,8 @@ class SmoothedClassifier:
         x, y, indices = sample_of(data, images, self.seed, skip, max_index)
         classifier = copy.deepcopy(self.classifier)
         denoiser = copy.deepcopy(self.denoiser) if self.denoiser is not None else None
-        return preflight_models(self.config, classifier, denoiser, x, y, indices, samples=samples, seed=self.seed,
-                                device=self.device, batch=self.batch,
+        return preflight_models(self.config, classifier, denoiser, Sample(x, y, indices),
+                                Sampling(samples, self.seed, self.device, self.batch or 0),
                                 stats=stats or guess_stats(classifier, tuple(x.shape[1:])),
                                 title=f"{type(self).__name__}: {self.config.method} on {len(indices)} images",
                                 published=published)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -72,6 +72,26 @@ def classifier_variants(classifier: nn.Module, stats: Optional[str]) -> Dict[str
     return variants
 
 
+@dataclass(frozen=True)
+class Sample:
+    """The images a preflight looks at: `x` [N,C,H,W] (CPU float32), `labels` [N] and their dataset `indices` (the
+    noise keys, as certify's)."""
+
+    x: torch.Tensor
+    labels: torch.Tensor
+    indices: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the sample is run: noise samples per image, the noise seed, the device and the batch."""
+
+    samples: int = 5
+    seed: int = 0
+    device: str = "cpu"
+    batch: int = 1000
+
+
 @torch.inference_mode()
 def predictions(classifier: nn.Module, x: torch.Tensor, device, batch: int) -> Optional[torch.Tensor]:
     """The classifier's class per image (CPU int64), or None when it cannot take them (statistics of another
@@ -113,9 +133,11 @@ def _variant_heads(config: MethodConfig, variants: Dict[str, nn.Module], given: 
     return {name: (head.to(device).eval(), half) for name, (head, half) in heads.items()}
 
 
-def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, x: torch.Tensor, indices: Sequence[int],
-                samples: int, seed: int, device, batch: int, variants: Dict[str, nn.Module]) -> NoiseVotes:
-    """Sample j of image i (dataset index indices[i]) for j < `samples`, through the run's own stages (eager fp32)."""
+def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: Sample, how: Sampling,
+                variants: Dict[str, nn.Module]) -> NoiseVotes:
+    """Sample j of image i (dataset index indices[i]) for j < `how.samples`, through the run's own stages (eager
+    fp32)."""
+    x, indices, samples, seed, device, batch = sample.x, sample.indices, how.samples, how.seed, how.device, how.batch
     shape = tuple(int(d) for d in x.shape[1:])
     build = StageBuild(device=str(device), precision="fp32", fast=FastPath(), batch=batch)
     stages = TorchStages().from_models(config, classifier, denoiser, shape, None, build)
@@ -169,11 +191,11 @@ def schedule_name(schedule: DiffusionSchedule) -> str:
     return f"{schedule.name}/{schedule.num_steps}"
 
 
-def denoiser_error(denoiser: DiffusionDenoiser, x: torch.Tensor, indices: Sequence[int], sigma: float, seed: int,
-                   device, batch: int) -> DenoiserError:
-    dev = torch.device(device)
-    keys = NoiseKeys(seed, STREAM_SMOOTHING, dev)
-    images = torch.as_tensor(list(indices), dtype=torch.int64, device=dev)
+def denoiser_error(denoiser: DiffusionDenoiser, sample: Sample, sigma: float, how: Sampling) -> DenoiserError:
+    """The one-shot denoiser on each image's first noise sample (certify's), with its schedule and the others."""
+    x, batch, dev = sample.x, how.batch, torch.device(how.device)
+    keys = NoiseKeys(how.seed, STREAM_SMOOTHING, dev)
+    images = torch.as_tensor(list(sample.indices), dtype=torch.int64, device=dev)
     clean = x.to(dev)
     noisy = clean + sigma * gaussian_rows(keys, images, torch.zeros_like(images), tuple(x.shape[1:]))
     error = _rms(_denoised(denoiser.purifier(sigma).to(dev).eval(), noisy, batch), clean)

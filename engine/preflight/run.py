@@ -4,6 +4,7 @@ It never writes a file."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from typing import Optional, Sequence, Tuple
@@ -20,6 +21,8 @@ from diffsmooth.engine.preflight.data_stats import DataStats
 from diffsmooth.engine.preflight.findings import PreflightReport
 from diffsmooth.engine.preflight.labels import LabelOrder
 from diffsmooth.engine.preflight.measure import (
+    Sample,
+    Sampling,
     classifier_variants,
     denoiser_error,
     input_mode,
@@ -44,31 +47,32 @@ def sample_indices(selected: Sequence[int], images: int, seed: int) -> Tuple[int
     return tuple(sorted(random.Random(seed).sample(selected, images)))
 
 
-def preflight_models(config: MethodConfig, classifier: nn.Module, denoiser, images: torch.Tensor, labels: torch.Tensor,
-                     indices: Sequence[int], *, samples: int = SAMPLES, seed: int = 0, device: str = "cpu",
-                     batch: Optional[int] = None, stats: Optional[str] = None, title: str = "",
-                     published: Optional[float] = None) -> PreflightReport:
-    """The report on loaded modules (which the stages may move to `device`: pass copies you keep nothing else
-    in) and the sample (`images` [N,C,H,W], `labels` [N], `indices`: their dataset indices, the noise keys)."""
+def preflight_models(config: MethodConfig, classifier: nn.Module, denoiser, sample: Sample, how: Sampling, *,
+                     stats: Optional[str] = None, title: str = "", published: Optional[float] = None) -> PreflightReport:
+    """The report on loaded modules (which the stages may move to `how.device`: pass copies you keep nothing else
+    in) and the sample (its images, labels and dataset indices, the noise keys)."""
     start = time.perf_counter()
-    if samples < 1:
-        raise UserError(f"`samples` must be >= 1, got {samples}")
-    if images.dim() != 4 or len(labels) != images.shape[0] or len(indices) != images.shape[0]:
+    if how.samples < 1:
+        raise UserError(f"`samples` must be >= 1, got {how.samples}")
+    images, indices = sample.x, sample.indices
+    if images.dim() != 4 or len(sample.labels) != images.shape[0] or len(indices) != images.shape[0]:
         raise UserError(f"preflight needs images [N,C,H,W] with one label and index each, got {tuple(images.shape)}")
-    labels = torch.as_tensor(labels, dtype=torch.int64).cpu()
+    labels = torch.as_tensor(sample.labels, dtype=torch.int64).cpu()
     report = PreflightReport(title or f"{config.method} at {judge.noise_settings(config)}")
     data = DataStats.of(images, labels)
     data.report(report)
     x = images.detach().to(torch.float32).cpu()
-    batch = batch or default_batch(device, tuple(x.shape[1:]))
+    sample = Sample(x, labels, tuple(int(i) for i in indices))
+    how = dataclasses.replace(how, batch=how.batch or default_batch(how.device, tuple(x.shape[1:])))
     classifier = classifier.eval()
     variants = classifier_variants(classifier, stats)
     given = input_mode(classifier)
-    clean = {mode: predictions(module, x, device, batch) for mode, module in (variants or {"given": classifier}).items()}
+    clean = {mode: predictions(module, x, how.device, how.batch)
+             for mode, module in (variants or {"given": classifier}).items()}
     mine = clean.get(given) if given else clean["given"]
     if mine is None:
         raise UserError(f"the classifier cannot take images {list(x.shape[1:])}")
-    noise = noise_votes(config, classifier, denoiser, x, indices, samples, seed, device, batch, variants)
+    noise = noise_votes(config, classifier, denoiser, sample, how, variants)
     report.measured.update(images=len(labels), classes=noise.classes, clean_accuracy=float((mine == labels).double().mean()))
     report.add("clean", f"the classifier's accuracy on the clean images: {100 * report.measured['clean_accuracy']:.1f}%"
                         f" ({noise.classes} classes)")
@@ -83,7 +87,7 @@ def preflight_models(config: MethodConfig, classifier: nn.Module, denoiser, imag
     order.report(report)
     judge.report_scale(report, config, noise, given, labels)
     if config.uses_denoiser:
-        judge.report_denoiser(report, denoiser_error(denoiser, x, indices, config.sigma, seed, device, batch), config.sigma)
+        judge.report_denoiser(report, denoiser_error(denoiser, sample, config.sigma, how), config.sigma)
     if published is not None:
         judge.report_published(report, published)
     report.seconds = time.perf_counter() - start
@@ -112,9 +116,9 @@ def preflight_request(request: RunRequest, images: int = IMAGES, samples: int = 
     x, y = load_arrays(dataset, indices)
     title = (f"{config.method} at {judge.noise_settings(config)} on {kind} ({len(indices)} of {len(selected)} selected "
              f"images, drawn with seed {request.seed}; {request.device})")
-    report = preflight_models(config, classifier, denoiser, x, y, indices, samples=samples, seed=request.seed,
-                              device=request.device, batch=request.batch, stats=sources.stats, title=title,
-                              published=published)
+    how = Sampling(samples, request.seed, request.device, request.batch or 0)
+    report = preflight_models(config, classifier, denoiser, Sample(x, y, indices), how, stats=sources.stats,
+                              title=title, published=published)
     report.seconds = time.perf_counter() - start
     return report
 
