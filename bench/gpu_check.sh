@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: one command per part on a machine with one CUDA GPU, torch already installed, no network.
-#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|all]
+#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|preflight|all]
 #   DRY_RUN=1 bash bench/gpu_check.sh OUT_DIR PART     # print the steps and their limits, run nothing
 # Each part fits one 600 s call on a fresh H100 or H200, its own install included: the step limits of a
 # part (install, import check, its steps, summary) add up to at most 540 s (tests/engine/runs/test_gpu_readiness.py
@@ -14,7 +14,8 @@
 # table: the demo table (race plan) on the CPU, on CUDA in fp32 eager (rows against the CPU's: the
 #        same noise) and in fp16 compiled (the agreement check's budget), wall time and model builds
 #        (bench/table_gpu.py); and one `certify --sequential --device cuda` run in fp16 with the
-#        fast path's agreement check on (the two-lane continuous batching on a GPU).
+#        fast path's agreement check on (the two-lane continuous batching on a GPU); the cost of torchrun's
+#        per-batch meeting on 8 gloo processes (bench/ranks.py --parts merge: the host's cores).
 # ablation: CIFAR-10 without fused attention.
 # fixes: the GPU tests that have not passed on a GPU yet, in one call (no timing runs): the Triton fused block
 #        and tritonized ResNet-110 (fp16 votes, compiled and replayed in a CUDA graph), a sweep against the CPU's
@@ -25,12 +26,14 @@
 # densepure: DensePure's GPU test, its flip rates measured (bench.agreement --setup densepure) and its time per
 #        sample at the CIFAR-10 shapes (bench --method densepure); then torchrun's merge of an image's counts on
 #        nccl (a 1-rank torchrun: bench/nccl_smoke.py, counts shared over the ranks against one rank's alone).
+# preflight: `diffsmooth preflight`'s time on the demo models (rs, dds, diffsmooth) on CUDA (bench.preflight_time),
+#        beside its CPU figures and its estimates for the paper's models (bench/results/preflight_cpu/).
 # all: every part in a row (more than one call's time).
 # Everything goes under OUT_DIR: one log per step, steps.tsv (step, exit status, seconds, limit),
 # gpu_check.log (this script's whole output), summary.md. bench.jsonl records peak GPU memory per run;
 # agreement.json is rewritten after each variant.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|all]}
+OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|preflight|all]}
 PART=${2:-speed}
 DRY_RUN=${DRY_RUN:-0}
 mkdir -p "$OUT"
@@ -122,6 +125,8 @@ part_table() {
         "${TABLE_DEMO[@]}"
     run_step sequential-cuda ${SEQUENTIAL_CUDA_LIMIT:-150} sequential_cuda.txt \
         "${SEQUENTIAL_CUDA[@]}"
+    # torchrun's per-batch meeting and merge on 8 gloo processes, on a host with the cores for them
+    run_step ranks-merge ${RANKS_LIMIT:-20} ranks_merge.txt $PY -m diffsmooth.bench.ranks --parts merge --out "$OUT/ranks"
 }
 
 part_fixes() {
@@ -170,14 +175,19 @@ part_densepure() {
         $PY -m torch.distributed.run --standalone --nproc-per-node 1 -m diffsmooth.bench.nccl_smoke --device cuda
 }
 
+part_preflight() {
+    run_step preflight-demo ${PREFLIGHT_LIMIT:-120} preflight_time.txt \
+        $PY -m diffsmooth.bench.preflight_time --device cuda --json "$OUT/preflight_time.json"
+}
+
 summary() {
     run_step summary ${SUMMARY_LIMIT:-10} summary.md $PY -m diffsmooth.bench.gpu_summary "$OUT"
 }
 
 case "$PART" in
-    speed|sequential|table|ablation|fixes|headline|densepure) ;;
+    speed|sequential|table|ablation|fixes|headline|densepure|preflight) ;;
     all) ;;
-    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation, fixes, headline or all)"; exit 2 ;;
+    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation, fixes, headline, densepure, preflight or all)"; exit 2 ;;
 esac
 setup
 case "$PART" in
@@ -188,6 +198,7 @@ case "$PART" in
     fixes) part_fixes ;;
     headline) part_headline ;;
     densepure) part_densepure ;;
+    preflight) part_preflight ;;
     all) part_speed; part_sequential; part_table; part_ablation ;;
 esac
 summary

@@ -17,6 +17,8 @@ _API = {
     "smoothed_classifier": "diffsmooth.engine.pipelines",
     "load_demo_denoiser": "diffsmooth.engine.pipelines",
     "load_demo_classifier": "diffsmooth.engine.pipelines",
+    # the preflight: do the models and data behave as a table needs? (engine/preflight/)
+    "PreflightReport": "diffsmooth.engine.preflight.findings",
     # loaders of the official checkpoints and datasets
     "load_denoiser": "diffsmooth.engine.base_classifier.denoise",
     "DiffusionDenoiser": "diffsmooth.engine.base_classifier.denoise",

@@ -14,6 +14,7 @@ object runs its own copy of the modules it is given (SmoothedClassifier says wha
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -39,6 +40,9 @@ from diffsmooth.engine.choices import (
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.checkpoints import load_classifier
+from diffsmooth.engine.preflight.findings import PreflightReport
+from diffsmooth.engine.preflight.measure import Sample, Sampling
+from diffsmooth.engine.preflight.run import IMAGES, SAMPLES, guess_stats, preflight_models, sample_of
 from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath, default_batch
@@ -170,6 +174,28 @@ class SmoothedClassifier:
                                   [Path(out)], Jobs("certify", n0, n, alpha, self.sigma), blocks=smooth.blocks)
         wait_for_all(self.shards)               # every row written before any rank returns
         return summary
+
+    def preflight(self, data, *, images: int = IMAGES, samples: int = SAMPLES, skip: int = 1,
+                  max_index: Optional[int] = None, stats: Optional[str] = None,
+                  published: Optional[float] = None) -> PreflightReport:
+        """Before certifying: do the models and `data` behave as a table needs? On `images` images of the selection
+        (`skip`, `max_index`; drawn with the model's seed), `samples` noise samples each: the data's pixel range
+        and labels, clean accuracy, accuracy under the method's noise (an upper bound of certified accuracy at
+        r = 0), the other normalisations (`stats`: their mean/std table; default: the classifier's own), the best
+        label permutation, the classifier at half its noise, the denoiser's error and t*, and `published` (the
+        paper's r = 0 cell, percent) beside the bound. `data`: a dataset (diffsmooth.load_dataset), a pair
+        (images [N,C,H,W], labels [N]) or a sequence of (image, label). Returns a PreflightReport (`.warnings`,
+        `.measured`, `.lines()`); runs on copies of the models, writes nothing."""
+        for owned in self._given.values():
+            owned.refuse_if_changed(type(self).__name__)
+        x, y, indices = sample_of(data, images, self.seed, skip, max_index)
+        classifier = copy.deepcopy(self.classifier)
+        denoiser = copy.deepcopy(self.denoiser) if self.denoiser is not None else None
+        return preflight_models(self.config, classifier, denoiser, Sample(x, y, indices),
+                                Sampling(samples, self.seed, self.device, self.batch or 0),
+                                stats=stats or guess_stats(classifier, tuple(x.shape[1:])),
+                                title=f"{type(self).__name__}: {self.config.method} on {len(indices)} images",
+                                published=published)
 
 
 def method_config(method: str, sigma: float, settings: dict) -> MethodConfig:

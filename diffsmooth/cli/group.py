@@ -47,6 +47,8 @@ COMMANDS = {
                      "once (conflicting rows are refused)."),
     "predict": Command("diffsmooth.cli.certify", "predict", "PREDICT each selected image (abstain = -1); "
                        "TSV rows idx label predict correct time."),
+    "preflight": Command("diffsmooth.cli.preflight", "preflight", "Check the set-up on a small sample before any "
+                         "certificate: data, accuracies, normalisation, labels, denoiser."),
     "purify": Command("diffsmooth.cli.purify", "purify", "PNG grid: clean / noisy / one-shot denoised / "
                       "locally smoothed images (the paper's figure)."),
     "table": Command("diffsmooth.cli.table", "table", "The paper's table in one command: which sigma settles "

@@ -9,6 +9,8 @@ import click
 from diffsmooth.cli.param_types import BATCH, SAMPLES, THREADS, Count, Number
 from diffsmooth.engine.choices import RUN_PRECISIONS
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.preflight.run import IMAGES as PREFLIGHT_IMAGES
+from diffsmooth.engine.preflight.run import SAMPLES as PREFLIGHT_SAMPLES
 from diffsmooth.engine.table.build import TableBuilder, TableInterrupted, TablePlanning, command_line
 from diffsmooth.engine.table.check import check_table
 from diffsmooth.engine.table.cost import on_ranks
@@ -54,6 +56,15 @@ def _log(line: str) -> None:
               help="Check that every file SPEC names is in place (exists, loads weights-only, official keys and "
                    "shapes, normalisation, data and selected images), print what would run, write nothing. "
                    "Every table runs this check first.")
+@click.option("--preflight/--no-preflight", "preflight", default=None,
+              help="With --check: after the files, run `diffsmooth preflight` for every line and sigma on a small sample "
+                   "(data, accuracies, normalisation, labels, denoiser; the paper's r = 0 cell beside the measured bound) "
+                   "[default: on with --check].")
+@click.option("--preflight-images", type=Count(1), default=PREFLIGHT_IMAGES, show_default=True,
+              help="With --check: the preflight's images per run, drawn from the selection with the spec's seed.")
+@click.option("--preflight-samples", type=Count(1, 10_000), default=PREFLIGHT_SAMPLES, show_default=True,
+              help="With --check: the preflight's noise samples per image.")
+@click.option("--strict", is_flag=True, help="With --check: exit with code 2 when the preflight warns.")
 @click.option("--smoke", is_flag=True,
               help=f"After the check, run SPEC at a smoke size ({SMOKE_IMAGES} images, n {SMOKE_N}; on the CPU where "
                    f"CUDA is missing): every line, sigma and file end to end in minutes; the numbers mean nothing.")
@@ -94,8 +105,9 @@ def _log(line: str) -> None:
 @click.option("--ranks", type=Count(1), default=None,
               help="--dry-run: also estimate the table on this many torchrun ranks (GPUs).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, pilot, margin, reach, rows, images, n_max, device,
-          threads, batch, compile_, precision, one_pass, dry_run, ranks, quiet):
+def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_images, preflight_samples, strict, smoke, plan,
+          tolerance, pilot, margin, reach, rows, images, n_max, device, threads, batch, compile_, precision, one_pass, dry_run,
+          ranks, quiet):
     """The paper's table in one command: which sigma settles which radius, the cost first, table.md/tex, curves.png.
 
     Certified accuracy per radius, best over sigma, for every line of SPEC (a TOML file; see
@@ -103,6 +115,8 @@ def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, 
     table stopped at any point (Ctrl-C, SIGTERM) continues when the same command runs again."""
     if demo == (spec is not None):
         raise UserError("give SPEC or --demo (one of them)")
+    if (preflight is not None or strict) and not check:
+        raise UserError("`preflight` and `strict` belong to `check`")
     if ranks is not None and not dry_run:
         raise UserError("`ranks` belongs to `dry_run` (under torchrun the ranks are torchrun's)")
     if out is None and not check:
@@ -131,7 +145,11 @@ def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, 
         _log(f"table: {len(report.problems)} problem(s); nothing was run or written")
         raise SystemExit(2)
     if check:
-        _log("table: check passed; nothing was run or written")
+        warnings = _preflight(table_spec, preflight_images, preflight_samples) if preflight is not False else []
+        _log(f"table: check passed{f' with {len(warnings)} preflight warning(s)' if warnings else ''}; nothing was "
+             f"written")
+        if strict and warnings:
+            raise SystemExit(2)
         return
     if smoke:
         import torch
@@ -149,3 +167,14 @@ def table(spec, demo, out, models_dir, data_dir, check, smoke, plan, tolerance, 
     except TableInterrupted as stop:
         _log(f"table: {stop}; finished rows are kept: run the same command again to continue")
         raise SystemExit(130) from None
+
+
+def _preflight(table_spec, images: int, samples: int) -> list:
+    """Every line's preflight (engine/table/preflight_lines.py), its lines and warnings printed; returns the warnings."""
+    from diffsmooth.engine.table.preflight_lines import preflight_lines
+    result = preflight_lines(table_spec, images, samples, _log)
+    for line in result.published:
+        _log(f"published: {line}")
+    for line in result.warnings:
+        _log(f"warning: {line}")
+    return result.warnings

@@ -53,9 +53,9 @@ def arrays_to_dataset(images: np.ndarray, labels: np.ndarray, *, name: str, wher
         if images.size and not np.isfinite(images).all():
             raise UserError(f"{where}: float images contain NaN or inf")
         if images.size and (images.min() < 0 or images.max() > 1):
-            raise UserError(f"{where}: float images must lie in [0, 1] (found "
-                            f"{float(images.min()):.4g}..{float(images.max()):.4g}); "
-                            "divide by 255 or store uint8")
+            low, high = float(images.min()), float(images.max())
+            fix = "map them to [0, 1] with (x + 1) / 2" if low >= -1 and high <= 1 else "divide by 255 or store uint8"
+            raise UserError(f"{where}: float images must lie in [0, 1] (found {low:.4g}..{high:.4g}); {fix}")
     else:
         raise UserError(f"{where}: images must be uint8 or float in [0, 1] (got {images.dtype})")
     images = _to_nchw(images, where, layout)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict, Sequence
 
 from diffsmooth.engine.table import by_config as layout
+from diffsmooth.engine.table import published as paper
 from diffsmooth.engine.table.plans import Outcome, Plan
 from diffsmooth.engine.table.report import LineRows, caption, latex, line_acr, line_cells, markdown, plot, write_summary
 from diffsmooth.engine.table.runner import PhaseRunner
@@ -35,8 +36,10 @@ def write_outputs(out: Path, spec: TableSpec, plan: Plan, images: int, outcome: 
     gaps = None if outcome.bounds is None else {name: [100.0 * b.undecided_gap / images for b in line_bounds]
                                                 for name, line_bounds in outcome.bounds.items()}
     text = caption(spec.title, images, spec.sigmas, spec.alpha, plan.how(spec.n_max))
-    (out / "table.md").write_text(markdown(table, acr, spec.radii, text, gaps))
-    (out / "table.tex").write_text(latex(table, acr, spec.radii, text))
+    compared = paper.compare(spec.published, table, spec.radii)
+    (out / "table.md").write_text(markdown(table, acr, spec.radii, text, gaps)
+                                  + paper.markdown(spec.published, compared, acr, spec.radii, not plan.reports_acr))
+    (out / "table.tex").write_text(latex(table, acr, spec.radii, text) + paper.latex(spec.published, compared, spec.radii))
     plot(out / "curves.png", spec.title, rows_by_line, table, spec.radii, images, settles)
     by_config = _write_by_config(out, spec, plan, images, rows_by_line, settles)
     runs = len(spec.lines) * len(spec.sigmas)
@@ -53,6 +56,8 @@ def write_outputs(out: Path, spec: TableSpec, plan: Plan, images: int, outcome: 
              "ranks": ranks_facts(computed, runner.phase_shares),
              "images": images, "version": _version(), "command": command, "seed": spec.seed,
              "device": spec.run.get("device", "cpu"), "host": socket.gethostname(), "spec": spec.as_dict()}
+    if compared:
+        extra["published"] = paper.summary(spec.published, compared, acr)
     write_summary(out / "summary.json", table, acr, dict(extra, by_config=by_config), gaps)
     log(f"table: wrote {out / 'table.md'}, table.tex, table_by_config.md, table_by_config.tex, curves.png, summary.json "
         f"({extra['samples']['total']:,} samples; fixed-n would draw {extra['samples']['fixed_n']:,})")

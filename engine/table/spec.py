@@ -14,6 +14,7 @@
              threads, window
     [[line]] name, method (rs | dds | diffsmooth), classifier, local_sigma, m, local_noise, source, normalization,
              group, denoiser, scheduler
+    [[published]] name, lines, cells, acr    (the paper's own row: engine/table/published.py)
 
 Paths may start with `{models}` or `{data}`: the folders given on the command line (`--models DIR`,
 `--data DIR`), so a shipped spec (specs/paper/) needs no editing. `[data] images` is the number of
@@ -24,6 +25,10 @@ the block it belongs to in the per-configuration layout (table_by_config.md: the
 in bold; engine/table/by_config.py); it changes no run. A line's `denoiser` (a diffusers folder or a
 checkpoint; `scheduler` for a diffusers UNet folder) replaces [models]' denoiser and its settings (preset,
 unet_config, schedule, diffusion_steps, scheduler) for that line only: DDS with two denoisers side by side.
+
+A `[[published]]` row holds the paper's cells of one of its rows (certified accuracy in percent, keyed by radius,
+and its ACR where the paper gives one) and the spec's `lines` it is the best of in each column (default: the line
+of its own name); it changes no run and is not part of the spec's fingerprint.
 
 A line's classifier / local_sigma / m is one value, a list (a one-pass sweep; the cell takes the best
 configuration), or a table keyed by sigma ("0.25" = ...); so is a list of a method's sweepable setting (DensePure's
@@ -64,7 +69,8 @@ from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.table.defaults import RADII, SIGMAS, TITLE, local_noises, local_sigmas
 from diffsmooth.engine.table.sources import SOURCES
 
-TOP_KEYS = {"title", "sigmas", "radii", "n0", "n_max", "alpha", "seed", "data", "models", "run", "line"}
+TOP_KEYS = {"title", "sigmas", "radii", "n0", "n_max", "alpha", "seed", "data", "models", "run", "line", "published"}
+PUBLISHED_KEYS = {"name", "lines", "cells", "acr"}
 DATA_KEYS = {"dataset", "data", "split", "skip", "max", "images", "image_size"}
 MODEL_KEYS = {"denoiser", "scheduler", "preset", "unet_config", "schedule", "diffusion_steps", "arch", "normalization",
               "stats"}
@@ -123,6 +129,22 @@ class LineSpec:
 
 
 @dataclass(frozen=True)
+class PublishedRow:
+    """A row of the paper's table: its name, the spec's lines whose best cell per column it reports (a DiffSmooth
+    row of Table 1 is the better of its two sigma' lines), its cells (radius, certified accuracy in percent) and
+    its ACR where the paper gives one."""
+
+    name: str
+    lines: Tuple[str, ...]
+    cells: Tuple[Tuple[float, float], ...]
+    acr: Optional[float] = None
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "lines": list(self.lines), "cells": {f"{r:g}": v for r, v in self.cells},
+                "acr": self.acr}
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """Every setting of a table; `fingerprint` identifies it (a table folder holds one spec)."""
 
@@ -137,9 +159,12 @@ class TableSpec:
     data: Dict[str, object] = field(default_factory=dict)
     models: Dict[str, object] = field(default_factory=dict)
     run: Dict[str, object] = field(default_factory=dict)
+    published: Tuple[PublishedRow, ...] = ()        # the paper's cells: shown beside the table's, never run
 
     def as_dict(self) -> dict:
+        """Every setting that decides the runs (the fingerprint's; `published` is not one of them)."""
         d = asdict(self)
+        d.pop("published")
         d["lines"] = [dict(asdict(line), classifier={f"{k:g}": list(v) for k, v in line.classifier.items()},
                            local_sigma={f"{k:g}": list(v) for k, v in line.local_sigma.items()},
                            m={f"{k:g}": list(v) for k, v in line.m.items()}) for line in self.lines]
@@ -325,13 +350,56 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
     title = doc.get("title", TITLE)
     if not isinstance(title, str):
         raise UserError(f"{where}: title must be a string, got {title!r}")
-    spec = TableSpec(title, sigmas, radii, tuple(lines),
+    published = parse_published(doc.get("published", []), {line.name for line in lines}, radii, where)
+    spec = TableSpec(title, sigmas, radii, tuple(lines), published=published,
                      n0=_number(f"{where}: n0", doc.get("n0", DEFAULT_N0), int, 1, high=MAX_SAMPLES),
                      n_max=_number(f"{where}: n_max", doc.get("n_max", DEFAULT_N), int, 1, high=MAX_SAMPLES),
                      alpha=_alpha(f"{where}: alpha", doc.get("alpha", DEFAULT_ALPHA)),
                      seed=_number(f"{where}: seed", doc.get("seed", DEFAULT_SEED), int, 0, high=MAX_SEED), **sections)
     check_requests(spec, where)
     return spec
+
+
+def parse_published(raw, line_names, radii: Tuple[float, ...], where: str = "spec") -> Tuple[PublishedRow, ...]:
+    """[[published]] rows: a name, the lines they are the best of (names of the spec's lines), cells keyed by a
+    radius of the spec ("0.25" = 60.0, percent) and an optional ACR; one UserError line for the first problem."""
+    if not isinstance(raw, list):
+        raise UserError(f"{where}: published must be an array of tables ([[published]])")
+    rows, names = [], set()
+    for k, item in enumerate(raw, 1):
+        at = f"{where}: published {k}"
+        if not isinstance(item, dict):
+            raise UserError(f"{at} must be a table")
+        _unknown(at, item, PUBLISHED_KEYS)
+        name = item.get("name")
+        if not isinstance(name, str) or not name.strip() or name in names:
+            raise UserError(f"{at}: name must be a new non-empty string, got {name!r}")
+        names.add(name)
+        lines = item.get("lines", [name])
+        if not isinstance(lines, list) or not lines or not all(isinstance(n, str) for n in lines) \
+                or len(set(lines)) != len(lines):
+            raise UserError(f"{at}.lines must be a non-empty list of line names, each once, got {lines!r}")
+        unknown = [n for n in lines if n not in line_names]
+        if unknown:
+            raise UserError(f"{at}.lines: no line named {unknown[0]!r} (lines: {', '.join(sorted(line_names))})")
+        cells = item.get("cells")
+        if not isinstance(cells, dict) or not cells:
+            raise UserError(f"{at}.cells must be a table of radius = percent, e.g. \"0.25\" = 60.0")
+        parsed = []
+        for key, value in cells.items():
+            try:
+                radius = float(key)
+            except ValueError:
+                raise UserError(f"{at}.cells: keys are radii such as \"0.25\", got {key!r}") from None
+            if radius not in radii:
+                raise UserError(f"{at}.cells: radius {key} is not in the spec's radii {list(radii)}")
+            percent = _number(f"{at}.cells.\"{key}\"", value, float, 0.0)
+            if percent > 100:
+                raise UserError(f"{at}.cells.\"{key}\" is a percentage (0 to 100), got {value!r}")
+            parsed.append((radius, percent))
+        acr = _number(f"{at}.acr", item["acr"], float, 0.0) if "acr" in item else None
+        rows.append(PublishedRow(name, tuple(lines), tuple(sorted(parsed)), acr))
+    return tuple(rows)
 
 
 def check_requests(spec: TableSpec, where: str = "spec") -> None:

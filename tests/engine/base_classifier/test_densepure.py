@@ -137,21 +137,21 @@ def test_a_table_spec_line_takes_its_settings(tmp_path):
     spec.write_text('title = "t"\nsigmas = [0.5]\nradii = [0.25]\nn_max = 40\n'
                     '[data]\ndataset = "embedded"\nskip = 250\nimages = 2\n'
                     '[[line]]\nmethod = "densepure"\nreverse_runs = 4\nsteps = 3\n')
-    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--out", str(tmp_path / "t")])
+    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--no-preflight", "--out", str(tmp_path / "t")])
     assert result.exit_code == 0, result.output
     from diffsmooth.engine.table.spec import load_spec
     line = load_spec(spec).lines[0]
     assert line.options == (("reverse_runs", 4), ("steps", 3))
     spec.write_text(spec.read_text().replace("reverse_runs = 4", "reverse_runs = [2, 4]"))
-    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--out", str(tmp_path / "t")])
+    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--no-preflight", "--out", str(tmp_path / "t")])
     assert result.exit_code == 0, result.output
     assert load_spec(spec).lines[0].options == (("reverse_runs", (2, 4)), ("steps", 3))     # a sweep on the line
     spec.write_text(spec.read_text().replace("steps = 3", "steps = 300"))
-    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--out", str(tmp_path / "t")])
+    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--no-preflight", "--out", str(tmp_path / "t")])
     assert result.exit_code == 2 and "line 1: densepure setting steps must be 1..100, got 300" in result.output, \
         result.output
     spec.write_text(spec.read_text().replace("steps = 300", "m = 3"))
-    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--out", str(tmp_path / "t")])
+    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--no-preflight", "--out", str(tmp_path / "t")])
     assert result.exit_code == 2 and "local_sigma and m belong to diffsmooth lines" in result.output, result.output
 
 

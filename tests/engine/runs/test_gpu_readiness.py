@@ -532,7 +532,8 @@ def _function_steps(script: str, function: str):
     return [(name, int(limit)) for name, _, limit in STEP.findall(body.group(1))]
 
 
-@pytest.mark.parametrize("part", ["speed", "sequential", "table", "ablation", "fixes", "headline", "densepure"])
+@pytest.mark.parametrize("part", ["speed", "sequential", "table", "ablation", "fixes", "headline", "densepure",
+                                  "preflight"])
 def test_each_gpu_check_part_fits_one_device_call(part):
     script = GPU_CHECK.read_text()
     steps = _function_steps(script, "setup") + _function_steps(script, f"part_{part}") + \

@@ -64,7 +64,8 @@ def layout(tmp_path_factory):
 
 
 def check(spec, models, data, *extra):
-    return CliRunner().invoke(main, ["table", str(spec), "--check", "--models", str(models), "--data", str(data), *extra])
+    return CliRunner().invoke(main, ["table", str(spec), "--check", "--no-preflight", "--models", str(models),
+                                     "--data", str(data), *extra])
 
 
 def errors(result):
@@ -244,7 +245,7 @@ def test_check_and_out(tmp_path):
     """--check needs no --out; a table without --check needs one; the demo passes the check."""
     result = CliRunner().invoke(main, ["table", "--demo"])
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "give --out DIR" in result.output
-    result = CliRunner().invoke(main, ["table", "--demo", "--check"])
+    result = CliRunner().invoke(main, ["table", "--demo", "--check", "--no-preflight"])
     assert result.exit_code == 0 and "check passed" in result.output and "run: DiffSmooth, sigma 1: diffsmooth" in result.output
 
 

@@ -33,13 +33,13 @@ def test_a_diffusers_denoiser_passes_the_check_and_a_mis_shaped_one_is_one_line(
     folder = save_pipeline(models / "ddpm", tiny_unet(0), DDPMScheduler())
     spec = tmp_path / "spec.toml"
     spec.write_text(SPEC)
-    ok = CliRunner().invoke(main, ["table", str(spec), "--check", "--models", str(models)])
+    ok = CliRunner().invoke(main, ["table", str(spec), "--check", "--no-preflight", "--models", str(models)])
     assert ok.exit_code == 0, ok.output
     assert "diffusers folder" in ok.output and "error:" not in ok.output
     config = folder / "unet" / "config.json"
     edited = dict(json.loads(config.read_text()), block_out_channels=[8, 32])
     config.write_text(json.dumps(edited))
-    bad = CliRunner().invoke(main, ["table", str(spec), "--check", "--models", str(models)])
+    bad = CliRunner().invoke(main, ["table", str(spec), "--check", "--no-preflight", "--models", str(models)])
     errors = [line for line in bad.output.splitlines() if line.startswith("error:")]
     assert bad.exit_code == 2 and len(errors) == 1 and "denoiser" in errors[0], bad.output
     assert "Traceback" not in bad.output and not (tmp_path / "out").exists()
@@ -65,7 +65,7 @@ def test_a_lines_own_denoiser_is_checked_and_its_keys_are_refused_where_they_do_
     options = parsed.request_options(own, 0.25)
     assert options["denoiser"] == str(folder) and "preset" not in options
     assert parsed.request_options(parsed.lines[0], 0.25)["preset"] == "demo"
-    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--models", str(models)])
+    result = CliRunner().invoke(main, ["table", str(spec), "--check", "--no-preflight", "--models", str(models)])
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert result.exit_code == 2 and len(errors) == 1 and "line 'DDS ddpm'" in errors[0], result.output
     assert "clf.pt" in errors[0]                        # the missing classifier; the folder itself passed

@@ -1,0 +1,219 @@
+"""The preflight's measurements on the sample: the classifier's clean predictions under each normalisation,
+the base classifier's votes under the method's noise (the production stages and keyed noise, so sample j of
+image i is the noise `certify` draws first), the same samples scored by the other normalisations and at half
+the noise the classifier sees, and the one-shot denoiser's error against the clean images with the schedule
+given and the others. Nothing is written."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import nn
+
+from diffsmooth.engine.base_classifier.diffusion_denoiser import DiffusionDenoiser
+from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
+from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, NoiseKeys, gaussian_rows
+from diffsmooth.engine.certify.scheduler import BatchRows
+from diffsmooth.engine.choices import NORMALIZATIONS, SCHEDULES
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.models.resnet import InputCenterLayer, NormalizedClassifier, NormalizeLayer, normalization_layer
+from diffsmooth.engine.runs.fast_path import FastPath
+from diffsmooth.engine.runs.stage_backends import StageBuild, TorchStages
+
+HALF = "half"                               # the variant at half the noise the classifier sees
+VARIANT_SAMPLES = 2                         # samples per image the variants score (their gaps are tens of points)
+# The schedules tried beside the one given: the presets' (improved-diffusion's cosine/4000, guided-diffusion's
+# linear/1000), then the other pairings of SCHEDULES with their step counts.
+SCHEDULE_CHOICES = (("cosine", 4000), ("linear", 1000), ("cosine", 1000), ("linear", 4000))
+
+
+def input_mode(classifier: nn.Module) -> Optional[str]:
+    """The normalisation in front of a loaded classifier (None: not a Sequential(normalisation, net))."""
+    if not isinstance(classifier, NormalizedClassifier):
+        return None
+    layer = classifier.normalization
+    if isinstance(layer, NormalizeLayer):
+        return "normalize"
+    if isinstance(layer, InputCenterLayer):
+        return "center"
+    return "none" if isinstance(layer, nn.Identity) else None
+
+
+def classifier_variants(classifier: nn.Module, stats: Optional[str]) -> Dict[str, nn.Module]:
+    """The classifier behind each normalisation (its own first; the others share its network): the given layer's
+    mean and std where it has them, else the `stats` table's. Empty when the input layer is not one of them."""
+    given = input_mode(classifier)
+    if given is None:
+        return {}
+    layer = classifier.normalization
+    mean = layer.mean.flatten().tolist() if hasattr(layer, "mean") else None
+    std = layer.std.flatten().tolist() if hasattr(layer, "std") else None
+    variants = {given: classifier}
+    for mode in NORMALIZATIONS:
+        if mode == given:
+            continue
+        try:
+            if mode == "none":
+                other = nn.Identity()
+            elif mode == "center" and mean is not None:
+                other = InputCenterLayer(mean)
+            elif mode == "normalize" and mean is not None and std is None and stats is not None:
+                other = NormalizeLayer(mean, normalization_layer("normalize", stats).std.flatten().tolist())
+            else:
+                other = normalization_layer(mode, stats)
+        except UserError:                   # no statistics for this mode
+            continue
+        variants[mode] = NormalizedClassifier(other, classifier.net).eval()
+    return variants
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The images a preflight looks at: `x` [N,C,H,W] (CPU float32), `labels` [N] and their dataset `indices` (the
+    noise keys, as certify's)."""
+
+    x: torch.Tensor
+    labels: torch.Tensor
+    indices: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the sample is run: noise samples per image, the noise seed, the device and the batch."""
+
+    samples: int = 5
+    seed: int = 0
+    device: str = "cpu"
+    batch: int = 1000
+
+
+@torch.inference_mode()
+def predictions(classifier: nn.Module, x: torch.Tensor, device, batch: int) -> Optional[torch.Tensor]:
+    """The classifier's class per image (CPU int64), or None when it cannot take them (statistics of another
+    channel count)."""
+    out = []
+    try:
+        for start in range(0, x.shape[0], batch):
+            out.append(classifier(x[start:start + batch].to(device)).argmax(-1).cpu())
+    except RuntimeError:
+        return None
+    return torch.cat(out)
+
+
+@dataclass
+class NoiseVotes:
+    """Votes [images, samples] of the base classifier as configured (`votes`) and of each variant on the first
+    VARIANT_SAMPLES of the same samples: the normalisations (one local noise for DiffSmooth, so they compare with
+    the given one at m = 1, `light`), and `half`: the classifier at half the noise it sees (RS: sigma / 2,
+    DiffSmooth: sigma' / 2)."""
+
+    votes: torch.Tensor
+    variants: Dict[str, torch.Tensor]
+    classes: int
+    light: bool                             # the variants score one local noise (DiffSmooth) instead of m
+
+
+def _variant_heads(config: MethodConfig, variants: Dict[str, nn.Module], given: Optional[str],
+                   shape: Tuple[int, ...], device) -> Dict[str, Tuple[nn.Module, bool]]:
+    """{variant: (score head, reads the noisy input at half the noise)}."""
+    kind = config.kind
+    light = dataclasses.replace(config, m=1, local_noise="fixed") if kind.local_smoothing else config
+    heads = {mode: (kind.score_head(light, clf, shape), False) for mode, clf in variants.items()}
+    classifier = variants.get(given) if given else None
+    if classifier is not None and kind.local_smoothing and config.local_sigma > 0:
+        heads[HALF] = (kind.score_head(dataclasses.replace(light, local_sigma=config.local_sigma / 2), classifier,
+                                       shape), False)
+    elif classifier is not None and not kind.denoises:
+        heads[HALF] = (kind.score_head(light, classifier, shape), True)
+    return {name: (head.to(device).eval(), half) for name, (head, half) in heads.items()}
+
+
+def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: Sample, how: Sampling,
+                variants: Dict[str, nn.Module]) -> NoiseVotes:
+    """Sample j of image i (dataset index indices[i]) for j < `how.samples`, through the run's own stages (eager
+    fp32)."""
+    x, indices, samples, seed, device, batch = sample.x, sample.indices, how.samples, how.seed, how.device, how.batch
+    shape = tuple(int(d) for d in x.shape[1:])
+    build = StageBuild(device=str(device), precision="fp32", fast=FastPath(), batch=batch)
+    stages = TorchStages().from_models(config, classifier, denoiser, shape, None, build)
+    pipeline = MonteCarloPipeline(stages, config.sigma, seed)
+    heads = _variant_heads(config, variants, input_mode(classifier), shape, pipeline.device)
+    dev = pipeline.device
+    n = x.shape[0]
+    position = torch.arange(n).repeat_interleave(samples)
+    sample = torch.arange(samples).repeat(n)
+    keys = torch.as_tensor(list(indices), dtype=torch.int64)
+    votes, out = [], {name: [] for name in heads}
+    for start in range(0, n * samples, batch):
+        p, s = position[start:start + batch], sample[start:start + batch]
+        rows = BatchRows(p.to(dev), keys[p].to(dev), s.to(dev), p.to(dev), len(p), [])
+        x_rows = x[p].to(dev)
+        h = pipeline.produce(x_rows, rows)
+        votes.append(pipeline.scores_of(h, rows)[:, 0].argmax(-1).cpu())
+        first = (s < VARIANT_SAMPLES).to(dev)
+        if bool(first.any()):
+            h, x_rows = h[first], x_rows[first]
+            with torch.inference_mode():
+                for name, (head, half) in heads.items():
+                    out[name].append(head(x_rows + (h - x_rows) / 2 if half else h).argmax(-1).cpu())
+    shaped = {name: torch.cat(v).view(n, min(samples, VARIANT_SAMPLES)) for name, v in out.items()}
+    return NoiseVotes(torch.cat(votes).view(n, samples), shaped, pipeline.num_classes, config.kind.local_smoothing)
+
+
+@dataclass
+class DenoiserError:
+    """The one-shot denoiser at sigma on the sample's first noisy sample: t*, the RMS error of the denoised
+    image against the clean one and of the noisy input ([0, 1] pixel units), and the errors with the other
+    schedules (`alternatives`: "SCHEDULE/STEPS" -> error; only for an improved-/guided-diffusion UNet)."""
+
+    t_star: Optional[int]
+    schedule: Optional[str]
+    error: float
+    noise: float
+    alternatives: Dict[str, float]
+
+
+def _rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).pow(2).mean().sqrt())
+
+
+@torch.inference_mode()
+def _denoised(purifier: nn.Module, noisy: torch.Tensor, batch: int) -> torch.Tensor:
+    return torch.cat([purifier(noisy[s:s + batch]) for s in range(0, noisy.shape[0], batch)])
+
+
+def schedule_name(schedule: DiffusionSchedule) -> str:
+    return f"{schedule.name}/{schedule.num_steps}"
+
+
+def denoiser_error(denoiser: DiffusionDenoiser, sample: Sample, sigma: float, how: Sampling) -> DenoiserError:
+    """The one-shot denoiser on each image's first noise sample (certify's), with its schedule and the others."""
+    x, batch, dev = sample.x, how.batch, torch.device(how.device)
+    keys = NoiseKeys(how.seed, STREAM_SMOOTHING, dev)
+    images = torch.as_tensor(list(sample.indices), dtype=torch.int64, device=dev)
+    clean = x.to(dev)
+    noisy = clean + sigma * gaussian_rows(keys, images, torch.zeros_like(images), tuple(x.shape[1:]))
+    error = _rms(_denoised(denoiser.purifier(sigma).to(dev).eval(), noisy, batch), clean)
+    schedule = getattr(denoiser, "schedule", None)
+    alternatives: Dict[str, float] = {}
+    plain = type(denoiser) is DiffusionDenoiser and isinstance(schedule, DiffusionSchedule)
+    if plain:
+        for name, steps in SCHEDULE_CHOICES:
+            other = DiffusionSchedule(name, steps, schedule.rescale_timesteps)
+            if (name, steps) == (schedule.name, schedule.num_steps) or name not in SCHEDULES:
+                continue
+            try:
+                purifier = DiffusionDenoiser(denoiser.unet, other, denoiser.channels).purifier(sigma)
+            except UserError:               # sigma beyond that schedule
+                continue
+            alternatives[schedule_name(other)] = _rms(_denoised(purifier.to(dev).eval(), noisy, batch), clean)
+    try:
+        t_star = int(denoiser.timestep(sigma))
+    except (UserError, AttributeError, TypeError):
+        t_star = None
+    return DenoiserError(t_star, schedule_name(schedule) if plain else None, error, _rms(noisy, clean), alternatives)
