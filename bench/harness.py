@@ -292,6 +292,30 @@ def _chunks(first: int, total: int, size: int):
         done += step
 
 
+@dataclass
+class _Timed:
+    """What one measurement runs on: the timed pipeline and its clock, the baseline (or None), the samples
+    measured per image, the batches and the baseline's interleaving chunk."""
+
+    stages: object
+    pipe: MonteCarloPipeline
+    clock: StageClock
+    reference: object
+    settings: BenchSettings
+    fast: object
+    n0: int
+    n: int
+    chunk: int
+
+    @property
+    def device(self):
+        return self.stages.device
+
+    @property
+    def static(self) -> bool:
+        return bool(self.fast and self.fast.static_batch)
+
+
 def measure(stages, model_set, images, settings: BenchSettings, reference=None,
             fast=None) -> Tuple[dict, Optional[dict]]:
     """Certify each image at (n0_measured, n_measured) with timed engine stages (see timing.py) and,
@@ -299,41 +323,87 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
     chunk by chunk in alternating order (ABBA), so both see the same machine load.
 
     Returns (engine measurement, reference measurement or None)."""
-    device = stages.device
-    clock = StageClock(device)
-    static = bool(fast and fast.static_batch)
-    classifier_batch = fast.classifier_batch if fast else None
-    pipe = make_timed_pipeline(stages, settings.sigma, settings.seed, clock, static_batch=static,
-                               compiled_noise=bool(fast and fast.compiled_noise), classifier_batch=classifier_batch)
+    clock = StageClock(stages.device)
+    pipe = make_timed_pipeline(stages, settings.sigma, settings.seed, clock, static_batch=bool(fast and fast.static_batch),
+                               compiled_noise=bool(fast and fast.compiled_noise),
+                               classifier_batch=fast.classifier_batch if fast else None)
     n0m, nm = min(settings.n0, settings.measure_n), settings.measure_n
-    batch, ref_batch = settings.batch, settings.reference_batch
-    chunk = max(batch, ref_batch) if reference is not None else max(n0m, nm)
-    x0 = images[0][0]
+    chunk = max(settings.batch, settings.reference_batch) if reference is not None else max(n0m, nm)
+    timed = _Timed(stages, pipe, clock, reference, settings, fast, n0m, nm, chunk)
+    first_batch_s, ref_first_batch_s, memory = _warm_up(timed, images[0][0])
+    computed_before = pipe.samples_computed
+    count_s, ref_s, predictions, ref_counts = _timed_images(timed, model_set, images)
+    stage_s = {name: float(clock.seconds.get(name, 0.0)) for name in STAGE_NAMES}
+    stage_s["vote_count"] = max(0.0, count_s - stage_s["noise"] - stage_s["denoise"] - stage_s["classify"])
+    pipeline_s, rate_source = count_s, "timed pass (no extra syncs on CPU)"
+    if stages.device.type == "cuda":      # timers synchronise per stage: measure the plain pipeline too
+        pipeline_s, computed = _plain_pass(timed, images, memory)
+        rate_source = "separate pass without stage timers"
+    else:
+        computed = pipe.samples_computed - computed_before
+    expected = len(images) * computed_samples(n0m, nm, settings.batch, timed.static)
+    if computed != expected:            # the extrapolation assumes what this measured pass computed
+        raise RuntimeError(f"bench: the pipeline computed {computed} samples, the extrapolation assumes {expected}")
+    samples = len(images) * (n0m + nm)
+    engine = {
+        "images": len(images),
+        "n0_measured": n0m,
+        "n_measured": nm,
+        "samples": samples,
+        "batch": settings.batch,
+        "interleave_chunk": chunk if reference is not None else None,
+        "first_batch_s": first_batch_s,
+        "stage_seconds": stage_s,
+        "stage_fraction": split_fractions(stage_s),
+        "count_seconds": count_s,
+        "seconds_per_image_measured": (count_s + stage_s["statistics"] + stage_s["io"]) / len(images),
+        "pipeline_seconds": pipeline_s,
+        "pipeline_rate_source": rate_source,
+        "static_batch": timed.static,
+        "samples_computed": computed,
+        "per_sample_s": pipeline_s / samples,
+        "per_computed_sample_s": pipeline_s / computed,
+        "per_image_fixed_s": (stage_s["statistics"] + stage_s["io"]) / len(images),
+        "predictions": predictions,
+        "memory_phases": memory,
+    }
+    ref = _reference_doc(timed, samples, ref_s, ref_first_batch_s, ref_counts) if reference is not None else None
+    return engine, ref
 
-    if fast and fast.compile:
-        print(f"# warming up the compiled fast path ({stages.describe()}): the first run compiles "
+
+def _warm_up(timed: _Timed, x0) -> Tuple[float, Optional[float], dict]:
+    """One batch of each side before the timed passes (the engine's compile, autotuning and graph capture):
+    (engine's first batch s, baseline's first batch s or None, peak memory of the warm-up)."""
+    settings, device = timed.settings, timed.device
+    if timed.fast and timed.fast.compile:
+        print(f"# warming up the compiled fast path ({timed.stages.describe()}): the first run compiles "
               f"(about a minute per stage on a GPU; cached on disk for the next run)", file=sys.stderr)
     start = time.perf_counter()
-    with timed_noise(clock):
-        pipe.count(x0, 0, 0, min(batch, n0m + nm), batch)
+    with timed_noise(timed.clock):
+        timed.pipe.count(x0, 0, 0, min(settings.batch, timed.n0 + timed.n), settings.batch)
     synchronize(device)
     first_batch_s = time.perf_counter() - start
     memory = {"warmup": gpu_peak_memory(str(device))}      # build, compile, autotuning, graph capture
     reset_gpu_peak_memory(str(device))
-    clock.reset()
+    timed.clock.reset()
     ref_first_batch_s = None
-    if reference is not None:
+    if timed.reference is not None:
         start = time.perf_counter()
-        reference.count(x0, min(ref_batch, n0m + nm), ref_batch)
+        timed.reference.count(x0, min(settings.reference_batch, timed.n0 + timed.n), settings.reference_batch)
         synchronize(device)
         ref_first_batch_s = time.perf_counter() - start
+    return first_batch_s, ref_first_batch_s, memory
 
+
+def _timed_images(timed: _Timed, model_set, images) -> Tuple[float, float, list, list]:
+    """Each image certified by the engine (one CERTIFY job) and counted by the baseline, in alternating order:
+    (engine seconds, baseline seconds, the engine's predictions, the baseline's estimation counts)."""
+    settings, clock, device = timed.settings, timed.clock, timed.device
     count_s = ref_s = 0.0
-    computed_before = pipe.samples_computed
     predictions, ref_counts = [], []
     with tempfile.TemporaryDirectory() as tmp, ResultWriter(Path(tmp) / "bench.tsv") as writer:
-        for i, (x, label) in enumerate(_progress(images, settings, desc=f"{stages.method} {stages.score.precision}",
-                                                 unit="img")):
+        for i, (x, label) in enumerate(_progress(images, settings, desc=f"{timed.stages.method} "
+                                                 f"{timed.stages.score.precision}", unit="img")):
             image_start = time.perf_counter()
             ref_est = np.zeros(model_set.num_classes, dtype=np.int64)
             order = ("engine", "reference") if i % 2 == 0 else ("reference", "engine")
@@ -341,14 +411,15 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
                 if who == "engine":         # one CERTIFY job: selection and estimation back to back
                     with timed_noise(clock):
                         t0 = time.perf_counter()
-                        selection, estimation = pipe.run_one(x, i, _selection_and_estimation(n0m, nm), batch)
+                        selection, estimation = timed.pipe.run_one(x, i, _selection_and_estimation(timed.n0, timed.n),
+                                                                   settings.batch)
                         count_s += time.perf_counter() - t0
-                elif reference is not None:
+                elif timed.reference is not None:
                     synchronize(device)
                     t0 = time.perf_counter()
-                    for phase, total in (("selection", n0m), ("estimation", nm)):
-                        for _, size in _chunks(0, total, chunk):
-                            got = reference.count(x, size, ref_batch)
+                    for phase, total in (("selection", timed.n0), ("estimation", timed.n)):
+                        for _, size in _chunks(0, total, timed.chunk):
+                            got = timed.reference.count(x, size, settings.reference_batch)
                             if phase == "estimation":
                                 ref_est += got
                     synchronize(device)
@@ -363,64 +434,40 @@ def measure(stages, model_set, images, settings: BenchSettings, reference=None,
             predictions.append({"image": i, "predict": int(prediction), "radius": float(radius),
                                 "estimation_counts": estimation.tolist()})
             ref_counts.append(ref_est.tolist())
+    return count_s, ref_s, predictions, ref_counts
 
-    samples = len(images) * (n0m + nm)
-    stage_s = {name: float(clock.seconds.get(name, 0.0)) for name in STAGE_NAMES}
-    stage_s["vote_count"] = max(0.0, count_s - stage_s["noise"] - stage_s["denoise"] - stage_s["classify"])
-    pipeline_s, rate_source = count_s, "timed pass (no extra syncs on CPU)"
-    if device.type == "cuda":      # timers synchronise per stage: measure the plain pipeline too
-        plain = MonteCarloPipeline(stages, settings.sigma, settings.seed, static_batch=static,
-                                   streams=fast.streams if fast else 1,
-                                   compiled_noise=bool(fast and fast.compiled_noise), classifier_batch=classifier_batch)
-        plain.count(x0, 0, 0, batch, batch)                 # warm the second stream's path
-        synchronize(device)
-        memory["timed"] = gpu_peak_memory(str(device))      # the timed passes (and the baseline's)
-        reset_gpu_peak_memory(str(device))
-        computed_before = plain.samples_computed
-        t0 = time.perf_counter()
-        for i, (x, _) in enumerate(images):
-            plain.run_one(x, i, _selection_and_estimation(n0m, nm), batch)
-        synchronize(device)
-        pipeline_s, rate_source = time.perf_counter() - t0, "separate pass without stage timers"
-        memory["steady"] = dict(gpu_peak_memory(str(device)), current_allocated_gib=_allocated_gib(device))
-    expected = len(images) * computed_samples(n0m, nm, batch, static)
-    computed = (plain if device.type == "cuda" else pipe).samples_computed - computed_before
-    if computed != expected:            # the extrapolation assumes what this measured pass computed
-        raise RuntimeError(f"bench: the pipeline computed {computed} samples, the extrapolation assumes {expected}")
-    fixed_s = (stage_s["statistics"] + stage_s["io"]) / len(images)
-    engine = {
-        "images": len(images),
-        "n0_measured": n0m,
-        "n_measured": nm,
-        "samples": samples,
-        "batch": batch,
-        "interleave_chunk": chunk if reference is not None else None,
-        "first_batch_s": first_batch_s,
-        "stage_seconds": stage_s,
-        "stage_fraction": split_fractions(stage_s),
-        "count_seconds": count_s,
-        "seconds_per_image_measured": (count_s + stage_s["statistics"] + stage_s["io"]) / len(images),
-        "pipeline_seconds": pipeline_s,
-        "pipeline_rate_source": rate_source,
-        "static_batch": static,
-        "samples_computed": computed,
-        "per_sample_s": pipeline_s / samples,
-        "per_computed_sample_s": pipeline_s / computed,
-        "per_image_fixed_s": fixed_s,
-        "predictions": predictions,
-        "memory_phases": memory,
-    }
-    ref = None
-    if reference is not None:
-        ref = {"batch": ref_batch, "samples": samples, "seconds": ref_s, "per_sample_s": ref_s / samples,
-               "samples_per_s": samples / ref_s, "first_batch_s": ref_first_batch_s,
-               "estimation_counts": ref_counts,
-               "interleaved": f"chunks of {chunk} samples, alternating engine/reference order",
-               "cudnn_benchmark": reference.cudnn_benchmark,
-               "structure": "fp32 eager, randn_like noise, tables to device per call, m-loop classifier "
-                            "with per-call softmax, .cpu() per batch, Python vote loop, cudnn.benchmark "
-                            "as the official code sets it"}
-    return engine, ref
+
+def _plain_pass(timed: _Timed, images, memory: dict) -> Tuple[float, int]:
+    """On CUDA, the images again on a pipeline without stage timers (which synchronise per stage): (seconds,
+    samples computed); `memory` gets the timed and steady peaks."""
+    settings, fast, device = timed.settings, timed.fast, timed.device
+    plain = MonteCarloPipeline(timed.stages, settings.sigma, settings.seed, static_batch=timed.static,
+                               streams=fast.streams if fast else 1, compiled_noise=bool(fast and fast.compiled_noise),
+                               classifier_batch=fast.classifier_batch if fast else None)
+    plain.count(images[0][0], 0, 0, settings.batch, settings.batch)      # warm the second stream's path
+    synchronize(device)
+    memory["timed"] = gpu_peak_memory(str(device))      # the timed passes (and the baseline's)
+    reset_gpu_peak_memory(str(device))
+    computed_before = plain.samples_computed
+    t0 = time.perf_counter()
+    for i, (x, _) in enumerate(images):
+        plain.run_one(x, i, _selection_and_estimation(timed.n0, timed.n), settings.batch)
+    synchronize(device)
+    seconds = time.perf_counter() - t0
+    memory["steady"] = dict(gpu_peak_memory(str(device)), current_allocated_gib=_allocated_gib(device))
+    return seconds, plain.samples_computed - computed_before
+
+
+def _reference_doc(timed: _Timed, samples: int, seconds: float, first_batch_s, counts) -> dict:
+    """The baseline's measurement: its rate over the same samples, how it was interleaved, what it is."""
+    return {"batch": timed.settings.reference_batch, "samples": samples, "seconds": seconds,
+            "per_sample_s": seconds / samples, "samples_per_s": samples / seconds, "first_batch_s": first_batch_s,
+            "estimation_counts": counts,
+            "interleaved": f"chunks of {timed.chunk} samples, alternating engine/reference order",
+            "cudnn_benchmark": timed.reference.cudnn_benchmark,
+            "structure": "fp32 eager, randn_like noise, tables to device per call, m-loop classifier "
+                         "with per-call softmax, .cpu() per batch, Python vote loop, cudnn.benchmark "
+                         "as the official code sets it"}
 
 
 def _allocated_gib(device) -> float:

@@ -175,8 +175,9 @@ def markdown(report: dict) -> str:
     for key in ("table", "shares"):
         if key in report:
             s = report[key]["shares"]
-            lines += [f"Each pass's samples per rank on {s['count']} ranks (counted; computed includes a short block's "
-                      f"padding): busiest pass's busiest rank / mean **{s['busiest_phase_over_mean']:.3f}**", "",
+            lines += [f"Each pass's samples per rank on {s['count']} ranks (counted by its requests; computed, look-ahead "
+                      f"and padding included): the busiest pass's busiest rank / mean "
+                      f"**{s['busiest_phase_over_mean']:.3f}**", "",
                       "| pass | counted per rank | computed per rank | busiest / mean |", "|---|---|---|---|"]
             lines += [f"| {p['pass']} | {', '.join(f'{c:,}' for c in p['counted'])} | "
                       f"{', '.join(f'{c:,}' for c in p['computed'])} | {p['busiest_over_mean']:.3f} |"

@@ -69,71 +69,87 @@ def render(doc: dict) -> str:
                 f"{skip['backend']}/{skip['precision']}" + (f" of variant {skip['variant']}" if "variant" in skip else ""))
         out.append(f"skipped {what}: {skip['reason']}")
     for run in doc["runs"]:
-        out.append("")
-        variant = f" [variant {run['variant']}, batch {run['batch']}]" if run.get("variant") else ""
-        out.append(f"== {run['backend']} / {run['precision']} on {run['device']}{variant}: {run['stages']}")
-        phases = (run.get("peak_memory") or {}).get("phases") or {}
-        if phases:
-            out.append("   peak GPU memory (allocated / reserved GiB): " + ", ".join(
-                f"{name} {p['max_allocated_gib']:.1f} / {p['max_reserved_gib']:.1f}" for name, p in phases.items() if p))
-        info = run["model_info"]
-        out.append(f"   weights: {info['weights']}; denoiser {info.get('denoiser')}, classifier {info.get('classifier')}")
-        meas, f = run["measured"], run["flops"]
-        out.append(f"   measured: {meas['images']} image(s) x (n0 {meas['n0_measured']} + n {meas['n_measured']}) "
-                   f"samples, batch {meas['batch']}; warm-up excluded: build models "
-                   f"{seconds(run['warmup']['build_models_s'])}, build stages {seconds(run['warmup']['build_stages_s'])}, "
-                   f"first batch {seconds(run['warmup']['first_batch_s'])}")
-        r, a = run["rates"], run["achieved"]
-        rows = [["denoiser", si(r["denoiser_samples_per_s"], "samples/s"), si(f["denoiser_per_sample"], "FLOP"),
-                 si(a["denoiser_flops_per_s"], "FLOP/s"), pct(a["denoiser_fraction_of_peak"])],
-                [f"classifier (x{f['classifier_calls_per_sample']} calls)", si(r["classifier_samples_per_s"], "samples/s"),
-                 si(f["classifier_per_sample"], "FLOP"), si(a["classifier_flops_per_s"], "FLOP/s"),
-                 pct(a["classifier_fraction_of_peak"])],
-                ["whole pipeline", si(r["pipeline_samples_per_s"], "samples/s"), si(f["total_per_sample"], "FLOP"),
-                 si(a["pipeline_flops_per_s"], "FLOP/s"), pct(a["pipeline_fraction_of_peak"])]]
-        out.append(_indent(table(["stage", "rate", "FLOPs/sample", "achieved", "of peak"], rows)))
-        out.append(f"   peak: {si(a['peak_flops_per_s'], 'FLOP/s')} ({a['peak_source']}); {f['convention']}")
-        st = meas["stage_seconds"]
-        total = sum(st.values())
-        rows = [[STAGE_LABELS[k], seconds(v / meas["images"]), pct(v / total if total else None)]
-                for k, v in st.items()]
-        rows.append(["total per measured image", seconds(total / meas["images"]), ""])
-        out.append(_indent(table(["time split (per image, measured)", "seconds", "share"], rows)))
-        if run.get("kernel_profile"):
-            out += [f"   {line}" for line in summary_lines(run["kernel_profile"])]
-        ex = run["extrapolated"]
-        ref = run.get("reference_equivalent")
-        rows = []
-        for n, sec in ex["seconds_per_image"].items():
-            rows.append([f"n0={ex['n0']:,}, n={int(n):,}", seconds(sec),
-                         seconds(ref["seconds_per_image"][n]) if ref else "-"])
-        out.append(_indent(table(["seconds per certified image (extrapolated)", "engine", "reference-equivalent"], rows)))
-        out.append(f"   ({ex['note']})")
-        if ref:
-            out.append(f"   engine vs reference-equivalent on this machine: {ref['speedup']:.2f}x "
-                       f"({si(r['pipeline_samples_per_s'], 'samples/s')} at batch {meas['batch']} vs "
-                       f"{si(ref['samples_per_s'], 'samples/s')} at batch {ref['batch']}; same models, same samples)")
-        cmp_ = run.get("compare")
-        if cmp_:
-            rows = []
-            for c in cmp_["rows"]:
-                rows.append([f"{c['dataset']} {c['method']}" + (f" m={c['m']}" if c["m"] else ""), f"{c['n']:,}",
-                             seconds(c["published_s"]), c["source"], seconds(c["measured_extrapolated_s"]),
-                             f"{c['measured_over_published']:.3g}x" if c["measured_over_published"] else "-",
-                             f"{c['published_implied_tflops']:.1f}" if c.get("published_implied_tflops") else "-"])
-            out.append(_indent(table(["published", "n", "s/image", "where", "this run (extrap.)", "ratio",
-                                      "implied TFLOP/s"], rows, "lrrlrrr")))
-            out.append(f"   NOTE: {cmp_['note']}")
+        out += _run_lines(run)
     if doc.get("sweep"):
-        sw = doc["sweep"]
-        out.append("")
-        out.append(f"== sweep ({sw['backend']}/{sw['precision']}): seconds per certified image at n0={sw['n0']:,}, "
-                   f"n={sw['n']:,} (extrapolated), rows m, columns batch")
-        rows = [[f"m={m}"] + [seconds(v) for v in row] for m, row in zip(sw["ms"], sw["table"])]
-        out.append(_indent(table(["", *[f"batch {b}" for b in sw["batches"]]], rows)))
-        if sw.get("plot"):
-            out.append(f"   plot: {sw['plot']}")
+        out += _sweep_lines(doc["sweep"])
     return "\n".join(out)
+
+
+def _run_lines(run: dict) -> List[str]:
+    """One run's section: memory, weights, what was measured, rates and FLOPs, time split, extrapolation."""
+    out = [""]
+    variant = f" [variant {run['variant']}, batch {run['batch']}]" if run.get("variant") else ""
+    out.append(f"== {run['backend']} / {run['precision']} on {run['device']}{variant}: {run['stages']}")
+    phases = (run.get("peak_memory") or {}).get("phases") or {}
+    if phases:
+        out.append("   peak GPU memory (allocated / reserved GiB): " + ", ".join(
+            f"{name} {p['max_allocated_gib']:.1f} / {p['max_reserved_gib']:.1f}" for name, p in phases.items() if p))
+    info = run["model_info"]
+    out.append(f"   weights: {info['weights']}; denoiser {info.get('denoiser')}, classifier {info.get('classifier')}")
+    meas, f = run["measured"], run["flops"]
+    out.append(f"   measured: {meas['images']} image(s) x (n0 {meas['n0_measured']} + n {meas['n_measured']}) "
+               f"samples, batch {meas['batch']}; warm-up excluded: build models "
+               f"{seconds(run['warmup']['build_models_s'])}, build stages {seconds(run['warmup']['build_stages_s'])}, "
+               f"first batch {seconds(run['warmup']['first_batch_s'])}")
+    r, a = run["rates"], run["achieved"]
+    rows = [["denoiser", si(r["denoiser_samples_per_s"], "samples/s"), si(f["denoiser_per_sample"], "FLOP"),
+             si(a["denoiser_flops_per_s"], "FLOP/s"), pct(a["denoiser_fraction_of_peak"])],
+            [f"classifier (x{f['classifier_calls_per_sample']} calls)", si(r["classifier_samples_per_s"], "samples/s"),
+             si(f["classifier_per_sample"], "FLOP"), si(a["classifier_flops_per_s"], "FLOP/s"),
+             pct(a["classifier_fraction_of_peak"])],
+            ["whole pipeline", si(r["pipeline_samples_per_s"], "samples/s"), si(f["total_per_sample"], "FLOP"),
+             si(a["pipeline_flops_per_s"], "FLOP/s"), pct(a["pipeline_fraction_of_peak"])]]
+    out.append(_indent(table(["stage", "rate", "FLOPs/sample", "achieved", "of peak"], rows)))
+    out.append(f"   peak: {si(a['peak_flops_per_s'], 'FLOP/s')} ({a['peak_source']}); {f['convention']}")
+    st = meas["stage_seconds"]
+    total = sum(st.values())
+    rows = [[STAGE_LABELS[k], seconds(v / meas["images"]), pct(v / total if total else None)]
+            for k, v in st.items()]
+    rows.append(["total per measured image", seconds(total / meas["images"]), ""])
+    out.append(_indent(table(["time split (per image, measured)", "seconds", "share"], rows)))
+    if run.get("kernel_profile"):
+        out += [f"   {line}" for line in summary_lines(run["kernel_profile"])]
+    return out + _extrapolation_lines(run)
+
+
+def _extrapolation_lines(run: dict) -> List[str]:
+    """Seconds per certified image extrapolated, beside the reference-equivalent baseline and published times."""
+    meas, r, out = run["measured"], run["rates"], []
+    ex = run["extrapolated"]
+    ref = run.get("reference_equivalent")
+    rows = []
+    for n, sec in ex["seconds_per_image"].items():
+        rows.append([f"n0={ex['n0']:,}, n={int(n):,}", seconds(sec),
+                     seconds(ref["seconds_per_image"][n]) if ref else "-"])
+    out.append(_indent(table(["seconds per certified image (extrapolated)", "engine", "reference-equivalent"], rows)))
+    out.append(f"   ({ex['note']})")
+    if ref:
+        out.append(f"   engine vs reference-equivalent on this machine: {ref['speedup']:.2f}x "
+                   f"({si(r['pipeline_samples_per_s'], 'samples/s')} at batch {meas['batch']} vs "
+                   f"{si(ref['samples_per_s'], 'samples/s')} at batch {ref['batch']}; same models, same samples)")
+    cmp_ = run.get("compare")
+    if cmp_:
+        rows = []
+        for c in cmp_["rows"]:
+            rows.append([f"{c['dataset']} {c['method']}" + (f" m={c['m']}" if c["m"] else ""), f"{c['n']:,}",
+                         seconds(c["published_s"]), c["source"], seconds(c["measured_extrapolated_s"]),
+                         f"{c['measured_over_published']:.3g}x" if c["measured_over_published"] else "-",
+                         f"{c['published_implied_tflops']:.1f}" if c.get("published_implied_tflops") else "-"])
+        out.append(_indent(table(["published", "n", "s/image", "where", "this run (extrap.)", "ratio",
+                                  "implied TFLOP/s"], rows, "lrrlrrr")))
+        out.append(f"   NOTE: {cmp_['note']}")
+    return out
+
+
+def _sweep_lines(sw: dict) -> List[str]:
+    """The sweep's seconds per certified image, rows m, columns batch."""
+    out = ["", f"== sweep ({sw['backend']}/{sw['precision']}): seconds per certified image at n0={sw['n0']:,}, "
+               f"n={sw['n']:,} (extrapolated), rows m, columns batch"]
+    rows = [[f"m={m}"] + [seconds(v) for v in row] for m, row in zip(sw["ms"], sw["table"])]
+    out.append(_indent(table(["", *[f"batch {b}" for b in sw["batches"]]], rows)))
+    if sw.get("plot"):
+        out.append(f"   plot: {sw['plot']}")
+    return out
 
 
 def _indent(text: str, by: str = "   ") -> str:

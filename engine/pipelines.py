@@ -48,7 +48,7 @@ from diffsmooth.engine.runs.dataset_run import Images, Jobs, RunSummary, run_dat
 from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath, default_batch
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings
-from diffsmooth.engine.runs.sharding import ShardPlan, plan_from, rank_device, wait_for_all
+from diffsmooth.engine.runs.sharding import plan_from, rank_device, wait_for_all
 from diffsmooth.engine.runs.stage_backends import build_stages
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 
@@ -67,16 +67,16 @@ class SmoothedClassifier:
     than the copy (trained further, loaded, cast), every call refuses with one line: build a new object
     to certify them. Moving them to another device changes nothing and is allowed.
 
-    Under torchrun (`ranks`: None or True; False keeps each process alone) every rank computes one block
-    of each image's samples and every call returns the same result on every rank (the ranks' counts are
-    summed before each look: certify/blocks.py), so every rank must make the same calls in the same order;
-    `device="cuda"` is then each rank's own GPU and `certify_dataset`'s file is written by rank 0."""
+    Under torchrun (WORLD_SIZE > 1) every rank computes its share of each image's samples and every call
+    returns the same result on every rank (the ranks' counts are summed before each look: certify/blocks.py),
+    so every rank must make the same calls in the same order; `device="cuda"` is then each rank's own GPU and
+    `certify_dataset`'s file is written by rank 0."""
 
     method = ""
 
     def __init__(self, *, classifier: nn.Module, sigma: float, denoiser: Optional[DiffusionDenoiser] = None,
                  device: str = "cpu", precision: str = "fp32", compile: Optional[bool] = None, seed: int = DEFAULT_SEED,
-                 batch: Optional[int] = None, ranks: Optional[bool] = None, **settings):
+                 batch: Optional[int] = None, **settings):
         if not isinstance(classifier, nn.Module):
             raise UserError("`classifier` must be a torch module (see diffsmooth.load_classifier)")
         denoises = method_named(self.method).denoises           # an unknown method: one line
@@ -87,7 +87,7 @@ class SmoothedClassifier:
         self._given = {name: OwnedModule(name, module) for name, module in given.items() if module is not None}
         self.classifier = self._given["classifier"].copy
         self.denoiser = self._given["denoiser"].copy if "denoiser" in self._given else None
-        self.shards = plan_from(None, device) if ranks is not False else ShardPlan()
+        self.shards = plan_from(None, device)       # torchrun's ranks (WORLD_SIZE > 1), or this process alone
         device = rank_device(self.shards, device)
         self.device, self.precision, self.seed = device, precision, int(seed)
         self.fast = FastPath.resolve(device, compile)

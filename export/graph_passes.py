@@ -102,17 +102,7 @@ def fuse_affine_chains(model: onnx.ModelProto, min_length: int = 3) -> int:
             cur = follow(val)
         if len(chain) < min_length:
             continue
-        a, b = np.ones((), np.float32), np.zeros((), np.float32)
-        for _, (op, c) in chain:
-            c = c.astype(np.float64)
-            if op == "Mul":
-                a, b = a * c, b * c
-            elif op == "Div":
-                a, b = a / c, b / c
-            elif op == "Add":
-                b = b + c
-            else:
-                b = b - c
+        a, b = _folded(op_and_constant for _, op_and_constant in chain)
         last = chain[-1][0].output[0]
         base = chain[0][0].name or f"affine{fused}"
         a_name, b_name, mid = f"{base}__affine_a", f"{base}__affine_b", f"{base}__affine_mid"
@@ -133,6 +123,22 @@ def fuse_affine_chains(model: onnx.ModelProto, min_length: int = 3) -> int:
         graph.node.extend(nodes)
         remove_unused(model)
     return fused
+
+
+def _folded(steps) -> tuple:
+    """(a, b) with a * x + b equal to the chain of (op, constant) steps applied to x, in float64."""
+    a, b = np.ones((), np.float32), np.zeros((), np.float32)
+    for op, c in steps:
+        c = c.astype(np.float64)
+        if op == "Mul":
+            a, b = a * c, b * c
+        elif op == "Div":
+            a, b = a / c, b / c
+        elif op == "Add":
+            b = b + c
+        else:
+            b = b - c
+    return a, b
 
 
 def remove_unused(model: onnx.ModelProto) -> None:

@@ -14,6 +14,7 @@ HEAVY_FIRST = (
     "tests/fuzz/test_faults.py",
     "tests/engine/table/test_one_pass.py",
     "tests/engine/runs/test_sharding.py",
+    "tests/engine/test_api_on_ranks.py",             # ~20 s: the API on two spawned gloo ranks
     "tests/engine/runs/test_sweep.py",
     "tests/engine/table/test_race_ends.py",
     "tests/engine/test_env_report.py",

@@ -438,6 +438,41 @@ def train_demo(out_dir, training: DemoTraining = DemoTraining(), *, command: Opt
     for job in jobs:
         job.update(threads=threads, budget=budget, out=str(out), data_dir=str(data_dir),
                    progress=progress)
+    models = _run_jobs(jobs, workers, log)
+    _set_threads(threads)
+    data = _EvaluationData.read(data_dir, budget)
+    log("evaluating ...")
+    t_eval = time.perf_counter()
+    _evaluate(models, out, data, log)
+    eval_wall = time.perf_counter() - t_eval
+
+    for name in models:
+        models[name]["file_bytes"] = model_bytes(out / name)
+        models[name]["sha256"] = sha256_path(out / name)
+    software = dict(python=platform.python_version(), torch=torch.__version__,
+                    numpy=np.__version__, workers=workers, threads_per_worker=threads,
+                    machine=platform.machine())
+    if old is None:
+        manifest = _new_manifest(training, out, command, data, hashes, models,
+                                 dict(workers=workers, threads=threads, software=software, eval_wall=eval_wall,
+                                      started=t_all))
+    else:
+        manifest = _merged_manifest(old, models, out, data_dir, seed, budget, dict(
+            command=command or _equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=True),
+            equivalent_command=_equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=True),
+            models=list(models), software=software, evaluation_wall_time_s=round(eval_wall, 1),
+            total_wall_time_s=round(time.perf_counter() - t_all, 1)))
+    tmp = out / "MODELS.json.tmp"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, out / "MODELS.json")
+    log(f"wrote {out / 'MODELS.json'} ({time.perf_counter() - t_all:.0f} s in all)")
+    return manifest
+
+
+def _run_jobs(jobs: list, workers: int, log: Callable[[str], None]) -> dict:
+    """Every training job, on `workers` spawned processes (or here); {file name: its manifest entry}."""
     if workers == 1 or len(jobs) == 1:
         results = [_train_job(job) for job in jobs]
     else:
@@ -447,20 +482,35 @@ def train_demo(out_dir, training: DemoTraining = DemoTraining(), *, command: Opt
     for name, entry in models.items():
         log(f"{name}: {entry['training']['steps']} steps in {entry['training']['wall_time_s']:.0f} s, "
             f"final loss {entry['training']['final_train_loss']:.4f}")
+    return models
 
-    _set_threads(threads)
-    n_train = len(load_dataset("idx", data_dir, split="train"))
-    n_train = min(n_train, budget.train_limit or n_train)
-    x_test, y_test = _load_split(data_dir, "test", budget.test_limit)
-    embedded = load_dataset("embedded")         # a smoke test's test_limit limits this subset's metrics too
-    x_sub, y_sub = load_arrays(embedded, None if budget.test_limit is None else list(range(min(budget.test_limit,
-                                                                                                len(embedded)))))
+
+@dataclass(frozen=True)
+class _EvaluationData:
+    """The images the trained models are evaluated on: the test split (its `test_limit`) and the embedded subset
+    (a smoke test's test_limit limits this subset's metrics too); `n_train`: the training images used."""
+
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    x_sub: torch.Tensor
+    y_sub: torch.Tensor
+    n_train: int
+
+    @classmethod
+    def read(cls, data_dir, budget: DemoBudget) -> "_EvaluationData":
+        n_train = len(load_dataset("idx", data_dir, split="train"))
+        x_test, y_test = _load_split(data_dir, "test", budget.test_limit)
+        embedded = load_dataset("embedded")
+        x_sub, y_sub = load_arrays(embedded, None if budget.test_limit is None else
+                                   list(range(min(budget.test_limit, len(embedded)))))
+        return cls(x_test, y_test, x_sub, y_sub, min(n_train, budget.train_limit or n_train))
+
+
+def _evaluate(models: dict, out: Path, data: _EvaluationData, log: Callable[[str], None]) -> None:
+    """The metrics of the models trained now, read back through the project's loaders, into their entries."""
+    x_test, y_test, x_sub, y_sub = data.x_test, data.y_test, data.x_sub, data.y_sub
     schedule = PRESET_SCHEDULES["demo"]
     unet_path = out / "demo_unet.pt"
-
-    # -- evaluation of the models trained now, read back through the project's loaders
-    log("evaluating ...")
-    t_eval = time.perf_counter()
     for s in CLASSIFIER_SIGMAS:
         if classifier_file(s) not in models:
             continue
@@ -493,28 +543,28 @@ def train_demo(out_dir, training: DemoTraining = DemoTraining(), *, command: Opt
             "load_denoiser(folder).denoise(noisy, sigma) and, for *_demo_unet_*, the demo UNet on the same noisy "
             "images; noise, MSE and DDS accuracy as in `evaluation` above")
         log(f"diffusers denoiser: {models[DDPM_FOLDER]['metrics']}")
-    eval_wall = time.perf_counter() - t_eval
 
-    for name in models:
-        models[name]["file_bytes"] = model_bytes(out / name)
-        models[name]["sha256"] = sha256_path(out / name)
-    software = dict(python=platform.python_version(), torch=torch.__version__,
-                    numpy=np.__version__, workers=workers, threads_per_worker=threads,
-                    machine=platform.machine())
-    if old is None:
-        equivalent = _equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=only_missing)
-        manifest = dict(
+
+def _new_manifest(training: DemoTraining, out: Path, command: Optional[str], data: _EvaluationData, hashes: dict,
+                  models: dict, run: dict) -> dict:
+    """MODELS.json of a fresh training: how to run it again, the data, how the models were evaluated, the models.
+    `run`: the processes (workers, threads), software, evaluation seconds and the training's start time."""
+    data_dir, seed, budget = training.data_dir, training.seed, training.budget
+    workers, threads, eval_wall, t_all = run["workers"], run["threads"], run["eval_wall"], run["started"]
+    software = run["software"]
+    equivalent = _equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=training.only_missing)
+    return dict(
             description=_description(),
             command=command or equivalent,
             equivalent_command=equivalent,
             seed=seed,
             seeds={job["name"]: job["seed"] for job in _jobs(seed)},
             budget=dataclasses.asdict(budget),
-            data=dict(directory=str(data_dir), sha256=hashes, train_images=n_train,
-                      test_images=int(x_test.shape[0]),
+            data=dict(directory=str(data_dir), sha256=hashes, train_images=data.n_train,
+                      test_images=int(data.x_test.shape[0]),
                       preprocessing="uint8/255, zero-pad 28x28 -> 32x32 (load_dataset('idx', dir, split))",
                       embedded_subset="load_dataset('embedded'): 500 test images, first 50 per class"
-                      + ("" if budget.test_limit is None else f" (metrics on its first {int(x_sub.shape[0])})")),
+                      + ("" if budget.test_limit is None else f" (metrics on its first {int(data.x_sub.shape[0])})")),
             evaluation=dict(
                 noise=("noisy = images + sigma * torch.randn(images.shape, generator="
                        f"torch.Generator().manual_seed({EVAL_NOISE_SEED})) on the whole [N,1,32,32] "
@@ -528,19 +578,6 @@ def train_demo(out_dir, training: DemoTraining = DemoTraining(), *, command: Opt
             software=software,
             total_wall_time_s=round(time.perf_counter() - t_all, 1),
             models=models)
-    else:
-        manifest = _merged_manifest(old, models, out, data_dir, seed, budget, dict(
-            command=command or _equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=True),
-            equivalent_command=_equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=True),
-            models=list(models), software=software, evaluation_wall_time_s=round(eval_wall, 1),
-            total_wall_time_s=round(time.perf_counter() - t_all, 1)))
-    tmp = out / "MODELS.json.tmp"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, out / "MODELS.json")
-    log(f"wrote {out / 'MODELS.json'} ({time.perf_counter() - t_all:.0f} s in all)")
-    return manifest
 
 
 def _ddpm_metrics(out: Path, x_sub, y_sub, x_test, y_test) -> dict:

@@ -95,14 +95,16 @@ CHANGES = {"in place": _in_place, "re-allocated": _re_allocated, "loaded": _load
            "denoiser written": _denoiser_trained}
 
 
-@pytest.mark.parametrize("change", list(CHANGES))
-@pytest.mark.parametrize("path", ["eager", "compiled"])
+# the compiled path here is RS, which holds no denoiser: a change to the denoiser is the eager path's case alone
+CHANGE_CASES = [(path, change) for path in ("eager", "compiled") for change in CHANGES
+                if not (path == "compiled" and change == "denoiser written")]
+
+
+@pytest.mark.parametrize("path,change", CHANGE_CASES)
 def test_every_path_refuses_once_the_callers_weights_changed(path, change):
     """After the caller changes the weights of a module an object was built from, its next call refuses
     with one line naming the module and what changed; the certificates before the change are those of
     a fresh object (which the change did not reach)."""
-    if change == "denoiser written" and path == "compiled":
-        pytest.skip("the compiled path here is RS: it has no denoiser")
     denoiser, classifier = tiny_models()
     model = build(path, denoiser, classifier)
     first = certificates(model, IMAGES[:1])
