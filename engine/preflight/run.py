@@ -31,9 +31,8 @@ from diffsmooth.engine.preflight.measure import (
 )
 from diffsmooth.engine.runs.assemble import load_models
 from diffsmooth.engine.runs.fast_path import default_batch
-from diffsmooth.engine.runs.plan import open_dataset, set_threads
+from diffsmooth.engine.runs.plan import open_run_inputs
 from diffsmooth.engine.runs.request import RunRequest
-from diffsmooth.engine.runs.sources import ModelOptions, resolve_sources
 
 IMAGES = 100                    # images in the sample
 SAMPLES = 5                     # noise samples per image
@@ -101,15 +100,7 @@ def preflight_request(request: RunRequest, images: int = IMAGES, samples: int = 
     if request.is_sweep:
         raise UserError("preflight checks one configuration: give `method`, `classifier`, `local_sigma` and `m` "
                         "once each")
-    set_threads(request.threads)
-    kind, dataset, selected = open_dataset(request)
-    if not selected:
-        raise UserError("no images selected (check `skip` / `max`)")
-    sources = resolve_sources(ModelOptions(denoiser=request.denoiser, scheduler=request.scheduler,
-                                           classifier=request.classifier_path, preset=request.preset,
-                                           unet_config=request.unet_config, schedule=request.schedule,
-                                           diffusion_steps=request.diffusion_steps, arch=request.arch,
-                                           normalization=request.normalization, stats=request.stats), kind)
+    kind, dataset, selected, sources = open_run_inputs(request)
     config = request.method_config()
     denoiser, classifier = load_models(config, sources)
     indices = sample_indices(selected, images, request.seed)

@@ -234,10 +234,9 @@ def classifier_names(request: RunRequest, sources: ModelSources) -> Tuple[Dict[s
     return paths, classifiers_for
 
 
-def plan_run(request: RunRequest) -> ResolvedRun:
-    """Resolve a request; refuses (before any model loads) a result file or sweep folder that another
-    run is writing (its lock is held: checked, not taken; `ResolvedRun.hold_locks` takes it) or that
-    was written with other settings."""
+def open_run_inputs(request: RunRequest) -> Tuple[str, object, List[int], ModelSources]:
+    """(dataset kind, dataset, selected indices, model sources) of a request, its threads set: what a run and a
+    preflight both start from; no images selected is refused."""
     set_threads(request.threads)
     kind, dataset, indices = open_dataset(request)
     if not indices:
@@ -247,6 +246,14 @@ def plan_run(request: RunRequest) -> ResolvedRun:
                                            unet_config=request.unet_config, schedule=request.schedule,
                                            diffusion_steps=request.diffusion_steps, arch=request.arch,
                                            normalization=request.normalization, stats=request.stats), kind)
+    return kind, dataset, indices, sources
+
+
+def plan_run(request: RunRequest) -> ResolvedRun:
+    """Resolve a request; refuses (before any model loads) a result file or sweep folder that another
+    run is writing (its lock is held: checked, not taken; `ResolvedRun.hold_locks` takes it) or that
+    was written with other settings."""
+    kind, dataset, indices, sources = open_run_inputs(request)
     paths, classifiers_for = classifier_names(request, sources)
     configs = configurations(request.method, request.sigma, request.local_sigma, request.m, request.local_noise,
                              classifiers_for, request.options_for)

@@ -245,12 +245,7 @@ def _per_sigma(where: str, value, sigmas: Tuple[float, ...], convert) -> Dict[fl
             raise UserError(f"{where}: a table keyed by sigma must name at least one sigma, e.g. \"0.25\" = ...")
         out = {}
         for key, item in value.items():
-            try:
-                sigma = float(key)
-            except ValueError:
-                raise UserError(f"{where}: keys are sigmas such as \"0.25\", got {key!r}") from None
-            if sigma not in sigmas:
-                raise UserError(f"{where}: sigma {key} is not in `sigmas` {list(sigmas)}")
+            sigma = _listed_key(where, key, sigmas, ("sigma", "sigmas", "`sigmas`"))
             out[sigma] = _values(f"{where}.\"{key}\"", item, convert)
         return out
     values = _values(where, value, convert)
@@ -387,12 +382,7 @@ def parse_published(raw, line_names, radii: Tuple[float, ...], where: str = "spe
             raise UserError(f"{at}.cells must be a table of radius = percent, e.g. \"0.25\" = 60.0")
         parsed = []
         for key, value in cells.items():
-            try:
-                radius = float(key)
-            except ValueError:
-                raise UserError(f"{at}.cells: keys are radii such as \"0.25\", got {key!r}") from None
-            if radius not in radii:
-                raise UserError(f"{at}.cells: radius {key} is not in the spec's radii {list(radii)}")
+            radius = _listed_key(f"{at}.cells", key, radii, ("radius", "radii", "the spec's radii"))
             percent = _number(f"{at}.cells.\"{key}\"", value, float, 0.0)
             if percent > 100:
                 raise UserError(f"{at}.cells.\"{key}\" is a percentage (0 to 100), got {value!r}")
@@ -551,3 +541,16 @@ def smoke_spec(spec: TableSpec, cuda: bool) -> Tuple[TableSpec, List[str]]:
     smoke = dataclasses.replace(spec, title=title, n0=SMOKE_N0, n_max=SMOKE_N, data=data, run=run)
     check_requests(smoke, "--smoke")
     return smoke, notes
+
+
+def _listed_key(where: str, key: str, listed, names: Tuple[str, str, str]) -> float:
+    """A table's key read as a number that `listed` holds (a sigma, a radius); `names`: (one, many, the list's
+    name) for the one line that refuses it."""
+    one, many, listing = names
+    try:
+        value = float(key)
+    except ValueError:
+        raise UserError(f"{where}: keys are {many} such as \"0.25\", got {key!r}") from None
+    if value not in listed:
+        raise UserError(f"{where}: {one} {key} is not in {listing} {list(listed)}")
+    return value
