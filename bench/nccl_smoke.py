@@ -1,7 +1,7 @@
 """The torchrun path's merge on the device's own collective: under torchrun (one rank or more), every rank
 counts the demo DiffSmooth votes of a few images once alone and once sharing every image's samples with the
 other ranks (certify/blocks.py: each look's counts all-reduced as device tensors, nccl on CUDA, gloo on the
-CPU), and the counts must be equal. Prints the merges, their mean cost and the backend.
+CPU), and the counts must be equal. Prints the ranks' meetings (one per batch), their mean cost and the backend.
 
     torchrun --nproc-per-node 1 -m diffsmooth.bench.nccl_smoke [--device cuda] [--images 4] [--n 300]
 """
@@ -56,7 +56,7 @@ def main(device: str, images: int, num: int, batch: int) -> None:
     stats = scheduler.stats
     print(f"rank {rank}/{world} on {device} ({dist.get_backend()}): counts shared over the ranks "
           f"{'EQUAL' if equal else 'DIFFERENT'} to one rank's alone ({images} images x {num} samples, top classes "
-          f"{sorted(classes)}); {stats.merges} merges, {1e3 * stats.merge_seconds / max(1, stats.merges):.2f} ms each; "
+          f"{sorted(classes)}); {stats.meetings} meetings, {1e3 * stats.meeting_seconds / max(1, stats.meetings):.2f} ms each; "
           f"{seconds:.2f} s", flush=True)
     dist.destroy_process_group()
     if not equal:

@@ -8,7 +8,7 @@ Sequential and PREDICT runs use the embedded demo models and images (RS base cla
 0.5). The packed run is the scheduler with its default window; "one at a time" is the same
 scheduler with a window of one image (what every run did before packing). Ranks: gloo processes on
 this machine with a stand-in classifier whose images need very different sample counts; each rank
-either computes a block of every image's samples (what torchrun's ranks do: certify/blocks.py) or takes
+either computes its share of every image's samples (what torchrun's ranks do: certify/blocks.py) or takes
 a static round-robin shard of the images.
 """
 

@@ -164,7 +164,7 @@ class SmoothedClassifier:
                         fast_path=self.fast.as_dict(), device_type=torch.device(self.device).type,
                         dataset=getattr(dataset, "name", type(dataset).__name__))
         settings[RADIUS_FORMAT_KEY] = RADIUS_FORMAT
-        writes = self.shards.writes_out
+        writes = self.shards.writes
         with hold_lock(out) if writes else nullcontext():       # one writer per result file (engine/runs/locks.py)
             check_or_record_settings(out, settings, record=False)
             for index in indices[:VALIDATE_IMAGES]:     # the check's images: the first selected, as the CLI's

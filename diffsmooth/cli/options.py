@@ -171,7 +171,7 @@ def run_options(f):
         click.option("--out", type=click.Path(), required=True, help="Result TSV (resumed if it exists)."),
         click.option("--shard", default=None, metavar="I/K",
                      help="Certify only a static shard I of K of the selected images (e.g. Slurm arrays); "
-                          "merge with `diffsmooth merge`. Under torchrun every rank computes a block of every "
+                          "merge with `diffsmooth merge`. Under torchrun every rank computes its share of every "
                           "image's samples instead (one image's latency divides by the ranks) and rank 0 writes."),
         click.option("--window", type=Count(1, MAX_WINDOW), default=None,
                      help="Most images in flight, packed into shared batches [default: from the batch; "

@@ -73,8 +73,8 @@ class SchedulerStats:
     syncs: int = 0
     samples_computed: int = 0       # rows run through the stages, padding included
     samples_counted: int = 0        # rows whose votes a request counted (this rank's, under torchrun)
-    merges: int = 0                 # torchrun: the ranks' meetings (one per batch) and the seconds spent in them
-    merge_seconds: float = 0.0      # (waiting for the slowest rank included)
+    meetings: int = 0               # torchrun: the ranks' meetings (one per batch) and the seconds spent in them
+    meeting_seconds: float = 0.0    # (waiting for the slowest rank included)
     max_window: int = 0
     seconds: float = 0.0            # wall time shared out to the images (the run up to its last result)
 
@@ -149,7 +149,7 @@ class NonFiniteScores(UserError):
 
 
 class MiscountedSamples(UserError):
-    """A request's counts do not hold one vote per sample: a block of samples counted twice or lost."""
+    """A request's counts do not hold one vote per sample: samples counted twice or lost."""
 
 
 class Scheduler:
@@ -451,8 +451,8 @@ class Scheduler:
                     order = list(active.values())           # admission order: the same on every rank
                     ready, busy, asked = self.blocks.step([all(p.complete for p in slot.pending) for slot in order],
                                                           bool(in_flight), stop(), self.device)
-                    self.stats.merges += 1
-                    self.stats.merge_seconds += time.perf_counter() - started
+                    self.stats.meetings += 1
+                    self.stats.meeting_seconds += time.perf_counter() - started
                     stopping = stopping or asked
                     done_slots = [slot for slot, r in zip(order, ready) if r]
                     if done_slots:
@@ -531,8 +531,8 @@ class Scheduler:
                 if (counts[:, column, :].sum(axis=1) != p.request.num).any():
                     raise MiscountedSamples(f"image {slot.work.index}: samples {p.request.first}.."
                                             f"{p.request.first + p.request.num - 1} hold "
-                                            f"{counts[:, column, :].sum(axis=1).max()} votes, not {p.request.num}: a "
-                                            f"block was counted twice or lost (do all ranks run the same command?); "
+                                            f"{counts[:, column, :].sum(axis=1).max()} votes, not {p.request.num}: "
+                                            f"samples were counted twice or lost (do all ranks run the same command?); "
                                             f"no result written for it")
                 got.append(counts[:, column, :])
                 self._free_rows.append(p.row)

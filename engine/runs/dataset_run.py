@@ -115,8 +115,6 @@ class RunSummary:
     samples_computed: int = 0
     samples_counted: int = 0
     max_window: int = 0
-    merges: int = 0                 # under torchrun: reads of counts summed over the ranks, and their seconds
-    merge_seconds: float = 0.0
 
     def line(self) -> str:
         """One line saying what the run wrote."""
@@ -214,7 +212,7 @@ def run_dataset(voter, run, files: Sequence, jobs: Jobs, *, on_row: Optional[Cal
         writers = [stack.enter_context(ResultWriter(f, columns)) for f in files] if writes else []
         flag = stack.enter_context(stop_after_current_image())
         todo = [i for i in indices if i not in skip and any(i not in w.done for w in writers)] if writes else None
-        if blocks is not None and blocks.ranks > 1:
+        if blocks is not None:
             todo = blocks.agree(todo)       # every rank runs the same images, in the same order
         bar = None
         if run.progress and writes:
@@ -254,4 +252,4 @@ def run_dataset(voter, run, files: Sequence, jobs: Jobs, *, on_row: Optional[Cal
         return RunSummary(written, len(indices) - len(todo), flag.stop, str(files[0] if len(files) == 1 else
                                                                            Path(files[0]).parent),
                           tuple(str(f) for f in files), stats.samples_computed, stats.samples_counted,
-                          stats.max_window, stats.merges, stats.merge_seconds)
+                          stats.max_window)

@@ -1,7 +1,7 @@
 """Run a resolved run (engine/runs/plan.py): build its voter, check a fast path against eager fp32,
 and certify the run's images (a `--shard`'s share).
 
-Under torchrun every rank runs every image and computes one block of its samples (certify/blocks.py);
+Under torchrun every rank runs every image and computes its share of its samples (certify/blocks.py);
 rank 0 writes `out`. Rank files left by an earlier release's torchrun run (images pulled per rank) are
 read as finished rows and merged into `out` at the end."""
 
@@ -84,12 +84,12 @@ def _execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], N
     summary = run_dataset(voter, dataclasses.replace(run, indices=tuple(indices)), files, jobs, blocks=plan.blocks(),
                           skip=skip)
     if plan.distributed:
-        log(f"{summary.line() if plan.writes_out else f'rank {plan.shard}: wrote no rows (rank 0 writes them)'}; "
+        log(f"{summary.line() if plan.writes else f'rank {plan.shard}: wrote no rows (rank 0 writes them)'}; "
             f"the {plan.num_shards} ranks shared every image's samples, this one counted {summary.samples_counted:,}")
     else:
         log(summary.line())
     wait_for_all(plan)
-    if plan.writes_out and leftovers and not summary.interrupted:
+    if plan.writes and leftovers and not summary.interrupted:
         count = merge_results(leftovers + ([r.out] if _has_rows(r.out) else []), r.out)
         log(f"merged {count} rows (with an earlier run's rank files) into {r.out}")
     elif plan.num_shards > 1 and not plan.distributed:

@@ -95,7 +95,7 @@ class ResolvedRun:
         """(target, what, is a folder) for each lock this process holds while it runs
         (engine/runs/locks.py): its result file (a shard's own) or the sweep folder (covering index.json
         and every configuration's file). Under torchrun rank 0 writes for every rank and holds them alone."""
-        if self.shards.distributed and not self.shards.writes_out:
+        if not self.shards.writes:
             return []
         if self.is_sweep:
             return [(self.out, "sweep folder", True)]
@@ -175,7 +175,7 @@ class ResolvedRun:
     def check_resumable(self, record: bool) -> None:
         """Refuse to append to results written with other settings; with `record`, write the settings
         (a new result file's sidecar, or the sweep folder's index.json)."""
-        record = record and self.shards.writes_out or record and not self.shards.distributed   # torchrun: rank 0 writes
+        record = record and self.shards.writes          # torchrun: rank 0 records, the others check
         if not self.is_sweep:
             check_or_record_settings(self.out, self.recorded(), record=record)
             return

@@ -1,6 +1,6 @@
 """Splitting a run over processes: `--shard i/k` (Slurm arrays, no communication: a static share of
 the images, merged afterwards) or torchrun (torch.distributed: every rank runs every image and computes
-one block of each of its requests, the ranks' counts summed before each look: certify/blocks.py; rank 0
+its share of each image's samples, the ranks' counts summed before each look: certify/blocks.py; rank 0
 writes the rows). Noise is keyed per (image, sample), so results never depend on the number of
 processes or on who computed which sample."""
 
@@ -31,10 +31,9 @@ class ShardPlan:
         return list(indices)[self.shard::self.num_shards]
 
     @property
-    def writes_out(self) -> bool:
-        """This process writes the run's own `out` (one process, or torchrun's rank 0; a `--shard` writes its
-        shard file)."""
-        return self.num_shards == 1 or (self.distributed and self.shard == 0)
+    def writes(self) -> bool:
+        """This process writes result files: every process but torchrun's ranks above 0 (rank 0 writes for all)."""
+        return not self.distributed or self.shard == 0
 
     def blocks(self) -> Optional[SampleBlocks]:
         """Under torchrun, this rank's share of every image's samples; None otherwise."""

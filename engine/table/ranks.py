@@ -1,4 +1,4 @@
-"""A table under torchrun: every rank runs every phase, every image of it, computing one block of each
+"""A table under torchrun: every rank runs every phase, every image of it, computing its share of each
 image's samples as `certify` does (certify/blocks.py), and every decision is taken from the rows, which
 every rank reads after the same barrier, so all ranks decide alike without sending a decision. Rank 0 is
 the one writer of the folder's own files (table.json, plan.json, cost.json, race.json, the outputs) and of

@@ -1,4 +1,4 @@
-"""The Python API under torchrun's environment (gloo ranks, spawned here): every rank computes a block of each
+"""The Python API under torchrun's environment (gloo ranks, spawned here): every rank computes its share of each
 image's samples and every call returns one process's result on every rank (certify, sequential, predict);
 certify_dataset's file, written by rank 0, equals one process's. The tiny models of stage_fixtures spread
 their votes over several classes."""

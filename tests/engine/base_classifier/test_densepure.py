@@ -279,7 +279,7 @@ def test_a_run_killed_mid_way_and_started_again_writes_the_uninterrupted_rows(ti
 
 @pytest.mark.slow
 def test_two_gloo_ranks_under_torchrun_write_one_process_rows(tiny_cli_args, tmp_path):
-    """torchrun, two gloo ranks: each rank computes a block of every image's samples (the chains' noises keyed by
+    """torchrun, two gloo ranks: each rank computes its share of every image's samples (the chains' noises keyed by
     image and sample, not by rank), rank 0 writes, and the file equals one process's."""
     import os
     import socket

@@ -77,7 +77,7 @@ def _torchrun(ranks: int, args, out, *extra: str, launch=("-m", "diffsmooth.cli"
 
 @pytest.mark.slow
 def test_three_gloo_ranks_share_every_image_of_a_sweep_and_write_one_processes_rows(tmp_path, tiny_models):
-    """A sweep (rs, dds and diffsmooth; two classifiers; m 1 and 3) on 3 ranks, each computing a block of every
+    """A sweep (rs, dds and diffsmooth; two classifiers; m 1 and 3) on 3 ranks, each computing its share of every
     image's samples: every configuration's file equals one process's, votes spread over several classes."""
     # torchrun's own parser rejects prefixes of its options (--n, --m, --max): the long aliases
     args = ["certify", "--denoiser", tiny_models["unet"], "--preset", "cifar10", "--unet-config",
