@@ -3,7 +3,7 @@ counts the demo DiffSmooth votes of a few images once alone and once sharing eve
 other ranks (certify/blocks.py: each look's counts all-reduced as device tensors, nccl on CUDA, gloo on the
 CPU), and the counts must be equal. Prints the ranks' meetings (one per batch), their mean cost and the backend.
 
-    torchrun --nproc-per-node 1 -m diffsmooth.bench.nccl_smoke [--device cuda] [--images 4] [--n 300]
+    torchrun --nproc-per-node 1 -m diffsmooth.bench.nccl_smoke [--device cuda] [--images 4] [--samples 300]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 @click.command()
 @click.option("--device", default="cuda", show_default=True, help="cuda (nccl) or cpu (gloo).")
 @click.option("--images", default=4, show_default=True)
-@click.option("--n", "num", default=300, show_default=True, help="Samples counted per image.")
+@click.option("--samples", "num", default=300, show_default=True, help="Samples counted per image.")
 @click.option("--batch", default=128, show_default=True)
 def main(device: str, images: int, num: int, batch: int) -> None:
     import torch.distributed as dist
