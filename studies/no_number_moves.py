@@ -1,5 +1,6 @@
 """Does a refactor move a number? The same small runs on the demo models in two checkouts, compared file by file:
-`certify` rows of every method (fixed and fresh local noise), `predict`, a sweep, the demo table (race and all),
+`certify` rows of every method (fixed and fresh local noise), `predict`, sweeps over methods, m, sigma' and
+DensePure's K, the demo table (race and all),
 the ONNX export (manifests, and `certify` on the exported graphs through ONNX Runtime) and `bench`'s counted
 quantities (FLOPs, stages, the reference-equivalent baseline's agreement).
 
@@ -20,6 +21,7 @@ from pathlib import Path
 
 CERTIFY = ["--dataset", "embedded", "--skip", "13", "--max", "100", "--n0", "20", "--n", "120", "--batch", "60",
            "--quiet"]
+DENSEPURE = ["--option", "reverse_runs=3", "--option", "steps=2"]
 RUNS = {
     "certify_rs": ["certify", "--method", "rs", *CERTIFY],
     "certify_dds": ["certify", "--method", "dds", *CERTIFY],
@@ -28,6 +30,9 @@ RUNS = {
     "predict_diffsmooth": ["predict", "--method", "diffsmooth", "--m", "3", *CERTIFY],
     "sweep": ["certify", "--method", "rs", "--method", "dds", "--method", "diffsmooth", "--m", "1", "--m", "3",
               "--local-sigma", "0.25", "--local-sigma", "0.5", *CERTIFY],
+    "certify_densepure": ["certify", "--method", "densepure", *DENSEPURE, *CERTIFY],
+    "sweep_densepure": ["certify", "--method", "densepure", "--option", "reverse_runs=1,3", "--option", "steps=2",
+                        *CERTIFY],
     "table_race": ["table", "--demo", "--images", "4", "--n-max", "300", "--threads", "1", "--quiet"],
     "table_all": ["table", "--demo", "--images", "4", "--n-max", "300", "--plan", "all", "--threads", "1", "--quiet"],
 }
@@ -36,6 +41,7 @@ EXPORTS = {
     "dds": ["--method", "dds"],
     "diffsmooth": ["--method", "diffsmooth", "--m", "3"],
     "diffsmooth_fresh": ["--method", "diffsmooth", "--m", "2", "--local-noise", "fresh"],
+    "densepure": ["--method", "densepure", *DENSEPURE],
 }
 BENCH = ["bench", "--models", "demo", "--n0", "10", "--n", "100", "--measure-n", "40", "--batch", "20", "--images", "1",
          "--json", "--quiet", "--threads", "1"]
