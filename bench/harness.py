@@ -119,7 +119,7 @@ class BenchSettings:
                     measure_n=given(self.measure_n, spec["measure_n_cuda" if cuda else "measure_n"]))
         batches, ms = SWEEP_DEFAULTS[self.models]
         s = replace(s, sweep_batches=tuple(self.sweep_batches or batches),
-                    sweep_ms=tuple(self.sweep_ms or (ms if method_named(self.method).local_smoothing else (s.m,))))
+                    sweep_ms=tuple(self.sweep_ms or (ms if _takes_m(self.method) else (s.m,))))
         for name in ("n0", "n", "batch", "images", "measure_n", "reference_batch", "m"):
             if getattr(s, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
@@ -181,9 +181,14 @@ def _progress(iterable, settings: BenchSettings, **kw):
     return tqdm(iterable, file=sys.stderr, dynamic_ncols=True, leave=False, **kw)
 
 
+def _takes_m(method: str) -> bool:
+    """Whether the method has the setting m (`--m` and the sweep over m apply to it)."""
+    return "m" in {o.name for o in method_named(method).options}
+
+
 def _method_config(settings: BenchSettings, m: Optional[int] = None):
     return MethodConfig(settings.method, settings.sigma, m or settings.m, settings.local_sigma, settings.local_noise,
-                        options=settings.method_options)
+                        options=settings.method_options)        # m, sigma', local noise: aliases (OPTION_ALIASES)
 
 
 def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = None) -> dict:
@@ -196,11 +201,11 @@ def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = Non
     den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma, lean=settings.lean_unet), shape,
                                 batch=batch if settings.lean_unet else 2)
                     if config.uses_denoiser else (0, {}))
-    unet_calls = config.kind.unet_calls(config)
+    unet_calls = config.kind.purifier.unet_calls(config)
     den *= max(1, unet_calls)
     head = score_module(config, model_set.classifier, shape)
-    extra = [(config.m, *shape)] if getattr(head, "takes_noise", False) else []
-    cls, cls_ops = stage_flops(head, config.kind.purified_shape(config, shape) or shape, extra)
+    extra = [config.kind.head.fresh_noise_shape(config, shape)] if getattr(head, "takes_noise", False) else []
+    cls, cls_ops = stage_flops(head, config.kind.purifier.purified_shape(config, shape) or shape, extra)
     calls = config.kind.classifier_calls(config)
     return {
         "convention": CONVENTION,
@@ -670,7 +675,7 @@ def _measure_settings(settings: BenchSettings, model_set, images, doc: dict, wor
             run = {
                 "backend": backend, "precision": precision, "device": str(stages.device),
                 "models": settings.models, "method": settings.method, "m": settings.m if
-                method_named(settings.method).local_smoothing else None, "batch": settings.batch,
+                _takes_m(settings.method) else None, "batch": settings.batch,
                 "model_info": model_set.description, "stages": stages.describe(),
                 "flops": flops,
                 "warmup": {"build_models_s": model_set.build_s, "build_stages_s": build_s,

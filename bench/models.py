@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser, schedule_for
-from diffsmooth.engine.base_classifier.methods import method_named
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.data import load_embedded
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped as demo_assets
@@ -113,7 +113,7 @@ def _demo_checkpoints(method: str, sigma: float, local_sigma: float):
     if not demo_assets.DEMO_UNET.exists():
         return None
     try:
-        clf = method_named(method).demo_classifier(sigma, local_sigma)
+        clf = method_named(method).demo_classifier(MethodConfig(method, sigma, local_sigma=local_sigma))
     except UserError:
         return None
     return demo_assets.DEMO_UNET, clf
@@ -138,7 +138,7 @@ def build_model_set(name: str, method: str = "diffsmooth", sigma: float = 0.5, l
     shape = tuple(spec["shape"])
     if unet_overrides and "image_size" in unet_overrides:
         shape = (shape[0], int(unet_overrides["image_size"]), int(unet_overrides["image_size"]))
-    needs_unet = method_named(method).denoises
+    needs_unet = method_named(method).purifier.denoises
     found = _demo_checkpoints(method, sigma, local_sigma) if name == "demo" and not unet_overrides and not arch else None
     if found is not None:
         denoiser = load_denoiser(found[0], "demo") if needs_unet else None
@@ -175,7 +175,7 @@ def _folder_model_set(name: str, spec: dict, method: str, seed: int, arch: Optio
     if stats is None:
         raise UserError(f"{folder}: bench pairs a diffusers denoiser with a random classifier of 1 or 3 channels, "
                         f"not {shape[0]}")
-    denoiser = load_denoiser(folder, None, scheduler=scheduler) if method_named(method).denoises else None
+    denoiser = load_denoiser(folder, None, scheduler=scheduler) if method_named(method).purifier.denoises else None
     classifier = random_classifier(arch or spec["arch"], spec["classes"], shape, stats, seed + 1)
     desc = {"denoiser": f"{denoiser.format} ({folder})" if denoiser is not None else None,
             "classifier": arch or spec["arch"], "weights": "denoiser from its folder, random classifier"}

@@ -55,11 +55,11 @@ def expected_calls(method: str, images: int, samples: int, m: int) -> Calls:
     the stages' one probe with a blank image when they are built."""
     kind = method_named(method)
     config = MethodConfig(method, 0.5, m=m)
-    half = kind.local_smoothing or not kind.denoises         # the variant at half the noise (none for DDS)
+    half = kind.head.noise_option is not None or not kind.purifier.denoises     # a half-noise variant (none for DDS)
     variants = VARIANTS - (not half)
     per_sample = kind.classifier_calls(config)
     classifier = images * (NORMALIZATIONS + samples * per_sample + variants * min(samples, VARIANT_SAMPLES)) + per_sample
-    unet = images * (samples * kind.unet_calls(config) + len(SCHEDULE_CHOICES)) + 1 if kind.denoises else 0
+    unet = images * (samples * kind.purifier.unet_calls(config) + len(SCHEDULE_CHOICES)) + 1 if kind.purifier.denoises else 0
     return Calls(unet, classifier)
 
 

@@ -39,12 +39,12 @@ class ReferenceEquivalent:
         self.num_classes = int(num_classes)
         self.sigma = float(sigma)
         kind = method_named(method)
-        self.local_smoothing = kind.local_smoothing
-        self.m = int(m) if kind.local_smoothing else 1
-        self.local_sigma = float(local_sigma) if kind.local_smoothing else 0.0
+        self.local_smoothing = kind.head.noise_option == "local_sigma"     # the reference's local smoothing
+        self.m = int(m) if self.local_smoothing else 1
+        self.local_sigma = float(local_sigma) if self.local_smoothing else 0.0
         self.unet = None
         self.one_step = None                # a diffusers folder's coefficients (Python floats), else tables
-        if kind.denoises:
+        if kind.purifier.denoises:
             if denoiser is None:
                 raise ValueError(f"method {method} needs a denoiser")
             self.unet = denoiser.unet.eval().to(self.device)
@@ -60,7 +60,7 @@ class ReferenceEquivalent:
                 self.rescale = 1000.0 / schedule.num_steps if schedule.rescale_timesteps else None
             else:
                 self.one_step = schedule.coefficients(self.sigma)
-        if kind.local_smoothing:
+        if self.local_smoothing:
             self._local_seed_gen = torch.Generator(device="cpu").manual_seed(local_noise_seed)
         self.local_noises = None            # drawn once on the CPU at first use, shape (m, C, H, W)
 

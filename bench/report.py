@@ -61,7 +61,7 @@ def render(doc: dict) -> str:
     hw = m["gpu"] or f"{m['cpu_model']} ({m['cpu_cores']} cores, torch threads {m['torch_threads']})"
     out.append(f"machine: {hw}; load average {m['load_average']}; torch {m['torch']}, "
                f"onnxruntime {m['onnxruntime'] or 'not installed'}")
-    mm = f", m={s['m']}, sigma'={s['local_sigma']}" if method_named(s["method"]).local_smoothing else ""
+    mm = f", m={s['m']}, sigma'={s['local_sigma']}" if "m" in {o.name for o in method_named(s["method"]).options} else ""
     out.append(f"models: {s['models']}; method {s['method']}, sigma={s['sigma']}{mm}; n0={s['n0']}, n={s['n']}, "
                f"batch {s['batch']}, {s['images']} image(s), device {s['device']}")
     for skip in doc["skipped"]:

@@ -91,7 +91,7 @@ def _accuracy_rows(rows, radii):
 def markdown(report: dict) -> str:
     s = report["settings"]
     radii = [f"{r:g}" for r in s["radii"]]
-    local = f" (m={s['m']}, sigma'={s['local_sigma']})" if method_named(s["method"]).local_smoothing else ""
+    local = f" (m={s['m']}, sigma'={s['local_sigma']})" if "m" in {o.name for o in method_named(s["method"]).options} else ""
     lines = [f"{s['method']} sigma={s['sigma']}{local}, n0={s['n0']}, "
              f"alpha={s['alpha']}, {report['images']} demo images, device={s['device']} {s['precision']}, "
              f"batch={s['batch']}", "",

@@ -25,6 +25,7 @@ from torch import nn
 from diffsmooth.engine.backends.weights import OwnedModule
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
+from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES
 from diffsmooth.engine.certify.cohen import Certificate, check_certify_parameters
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.smooth import Smooth, require_image_index
@@ -79,7 +80,7 @@ class SmoothedClassifier:
                  batch: Optional[int] = None, **settings):
         if not isinstance(classifier, nn.Module):
             raise UserError("`classifier` must be a torch module (see diffsmooth.load_classifier)")
-        denoises = method_named(self.method).denoises           # an unknown method: one line
+        denoises = method_named(self.method).purifier.denoises           # an unknown method: one line
         if denoises and not isinstance(denoiser, DiffusionDenoiser):
             raise UserError(f"{type(self).__name__} needs `denoiser` (see diffsmooth.load_denoiser)")
         self.config = method_config(self.method, sigma, settings)
@@ -199,13 +200,12 @@ class SmoothedClassifier:
 
 
 def method_config(method: str, sigma: float, settings: dict) -> MethodConfig:
-    """The MethodConfig of an API object: `settings` are DiffSmooth's local noises (local_sigma, m, local_noise;
-    any method takes them, as the command line does) and the method's own settings (its MethodOptions); a name the
-    method does not have is refused in one line."""
+    """The MethodConfig of an API object: `settings` are the method's own (its purifier's and head's options), and
+    the aliases of OPTION_ALIASES (local_sigma, m, local_noise: any method takes them, as the command line does, and
+    one without such a setting ignores them); a name the method does not have is refused in one line."""
     own = dict(settings)
-    local = dict(m=int(own.pop("m", DEFAULT_M)), local_sigma=float(own.pop("local_sigma", DEFAULT_LOCAL_SIGMA)),
-                 local_noise=own.pop("local_noise", DEFAULT_LOCAL_NOISE))
-    return MethodConfig(method, float(sigma), **local, options=tuple(own.items()))
+    aliased = {name: own.pop(name) for name in OPTION_ALIASES if name in own}
+    return MethodConfig(method, float(sigma), **aliased, options=tuple(own.items()))
 
 
 def smoothed_classifier(method: str, **arguments) -> SmoothedClassifier:

@@ -218,7 +218,7 @@ def export_denoiser(config: MethodConfig, denoiser: DiffusionDenoiser, image_sha
                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> List[ExportedGraph]:
     """The method's purify stage as its graph (Method.purifier_graph): for the one-shot methods x_rs [B,C,H,W] in
     [0,1] -> purified x_hat [B,C,H,W] in [0,1] at one sigma."""
-    graph = config.kind.purifier_graph(config, denoiser, image_shape)
+    graph = config.kind.purifier.graph(config, denoiser, image_shape)
     names = list(graph.input_names)
     batched = list(graph.batch_inputs or names)
     model = trace_to_onnx(graph.module, graph.inputs, names, [graph.output_name], batch_inputs=batched)
@@ -284,18 +284,19 @@ def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, 
     (mean softmax for DiffSmooth, logits for rs/dds)."""
     head = score_module(config, classifier.eval(), tuple(image_shape)).eval()
     shape = [int(s) for s in image_shape]
-    scored = list(config.kind.purified_shape(config, tuple(shape)) or shape)    # what its classifier reads
+    scored = list(config.kind.purifier.purified_shape(config, tuple(shape)) or shape)    # what its classifier reads
     x = example_batch(scored)
     args: Tuple[torch.Tensor, ...] = (x,)
     names = ["x"]
     inputs = {"x": ["batch", *scored]}
     if getattr(head, "takes_noise", False):
-        args = (x, torch.randn((x.shape[0], config.m, *shape), generator=torch.Generator().manual_seed(1)))
+        fresh = [int(d) for d in config.kind.head.fresh_noise_shape(config, tuple(shape))]
+        args = (x, torch.randn((x.shape[0], *fresh), generator=torch.Generator().manual_seed(1)))
         names.append("noise")
-        inputs["noise"] = ["batch", int(config.m), *shape]
+        inputs["noise"] = ["batch", *fresh]
     with torch.no_grad():
         num_classes = int(head(*args).shape[1])
-    output = config.kind.output_name
+    output = config.kind.head.output_name
     model = trace_to_onnx(head, args, names, [output])
     written = []
     for precision, variant in _variants(model, precisions):
@@ -304,7 +305,7 @@ def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, 
         fields = _base_fields("classifier", precision, shape, inputs, (output, ["batch", num_classes]), source)
         method = config.as_dict()
         fields.update(method=config.method, sigma=float(config.sigma), num_classes=num_classes,
-                      scores=config.kind.scores)
+                      scores=config.kind.head.scores)
         fields.update(config.kind.graph_fields(config))
         fields["method_config"] = method
         fields.update(facts)

@@ -15,7 +15,7 @@ from diffsmooth.engine.backends.manifests import matches, scan_manifests, verify
 from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
 from diffsmooth.engine.backends.torch_backend import TorchBackend, TorchStage
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
-from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named, method_names
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.base_classifier.torch_stages import score_module
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_PURIFY, STREAM_SMOOTHING, NoiseKeys, RowNoise, gaussian
@@ -240,8 +240,8 @@ def validate_graphs(graphs: Sequence, config: MethodConfig, image_shape, *, deno
             if den is not None:
                 if denoiser is None:
                     raise UserError(f"validating {Path(den.path).name} needs the torch denoiser")
-                reference["purify"] = config.kind.purify_stage(config, denoiser, TorchBackend())
-                candidate["purify"] = config.kind.exported_purify_stage(
+                reference["purify"] = config.kind.purifier.stage(config, denoiser, TorchBackend())
+                candidate["purify"] = config.kind.purifier.exported_stage(
                     config, _ort_stage(den.path, "denoiser", precision, threads), den.manifest)
             if cls is not None:
                 if classifier is None:
@@ -250,11 +250,11 @@ def validate_graphs(graphs: Sequence, config: MethodConfig, image_shape, *, deno
                 reference["score"] = _torch_stage(head, "classifier")
                 candidate["score"] = _ort_stage(cls.path, "classifier", precision, threads)
                 if getattr(head, "takes_noise", False):
-                    local_shape = (int(config.m), *map(int, image_shape))
+                    local_shape = config.kind.head.fresh_noise_shape(config, tuple(image_shape))
             res = compare_stages(precision=precision, sigma=config.sigma, image_shape=image_shape,
                                  reference=reference, candidate=candidate, local_noise_shape=local_shape,
                                  samples=samples, seed=seed, images=images, image_indices=indices,
-                                 images_desc=desc, purify_noise=den is not None and config.kind.purify_noise)
+                                 images_desc=desc, purify_noise=den is not None and config.kind.purifier.draws_noise)
             for g in (den, cls):
                 if g is not None:
                     update_manifest(g.path, validation=res)
@@ -332,10 +332,17 @@ def config_from_manifest(manifest: dict) -> MethodConfig:
 
 def purifier_config(manifest: dict) -> MethodConfig:
     """The method config a denoiser graph is validated at alone: its method's (a purifier of its own records
-    it), else the one-shot purifier's at its sigma (DDS)."""
+    it), else that of the first registered method whose purifier picks this graph by the fields it records (the
+    one-shot purifier at its sigma)."""
     if manifest.get("role") == "denoiser" and manifest.get("method"):
         return config_from_manifest(manifest)
-    return MethodConfig("dds", float(manifest.get("sigma") or 0.5))
+    sigma = float(manifest.get("sigma") or 0.5)
+    for name in method_names():
+        config = MethodConfig(name, sigma)
+        wanted = config.kind.purifier.lookup(config)
+        if wanted and all(manifest.get(k) == v for k, v in wanted.items()):
+            return config
+    raise UserError(f"{manifest.get('onnx_file', 'the denoiser graph')}: no registered method's purifier reads it")
 
 
 def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dataset: Optional[str] = None,
@@ -363,7 +370,7 @@ def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dat
         denoiser = None
         if config.uses_denoiser:
             match = [g for g in graphs if g.role == "denoiser" and g.precision == c.precision
-                     and g.manifest["image_shape"] == shape and matches(g.manifest, config.kind.purifier_lookup(config))]
+                     and g.manifest["image_shape"] == shape and matches(g.manifest, config.kind.purifier.lookup(config))]
             if match:
                 group.append(match[0])
                 used.add(match[0].path)

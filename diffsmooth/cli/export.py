@@ -59,8 +59,6 @@ def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, 
     if trt_max_batch is not None and trt_max_batch < trt_batch:
         raise click.BadParameter(f"must be >= --trt-batch ({trt_batch}), got {trt_max_batch}", param_hint="--trt-max-batch")
     config = MethodConfig(method, sigma, m, local_sigma, local_noise, options=method_options)
-    if not config.kind.exported:
-        raise UserError(f"method {method} has no exported graphs: it runs on the torch backend only")
     sources = resolve_sources(ModelOptions(denoiser=denoiser, scheduler=scheduler, classifier=classifier, preset=preset,
                                            unet_config=unet_config, schedule=schedule, diffusion_steps=diffusion_steps,
                                            arch=arch, normalization=normalization, stats=stats), dataset)

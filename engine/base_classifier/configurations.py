@@ -11,6 +11,7 @@ the largest m's draw) and the same classifier arithmetic.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -18,12 +19,9 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.base_classifier.local_smoothing import local_probabilities
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.methods.config import option_variants
 from diffsmooth.engine.base_classifier.torch_stages import probe
-from diffsmooth.engine.certify.noise import fixed_local_noise
-from diffsmooth.engine.choices import FIXED_LOCAL_NOISE_SEED
 from diffsmooth.engine.errors import UserError, first_line
 
 
@@ -40,25 +38,21 @@ class Configuration:
         return f"{self.method.method}__{self.classifier}{self.method.kind.config_tag(self.method)}"
 
 
-def configurations(methods: Sequence[str], sigma: float, local_sigmas: Sequence[float], ms: Sequence[int],
-                   local_noise: str, classifiers_for, options_for=None) -> List[Configuration]:
-    """Every (method, classifier, sigma', m) asked for; `classifiers_for(method, sigma')` names the
-    classifiers a method uses at that local sigma (sigma' None for a method without local smoothing);
-    `options_for(method)`: the method's own settings (None: their defaults; a sweepable one with several values
-    gives a configuration each). The configurations must share one purify stage (Method.purifier_key)."""
+def configurations(methods: Sequence[str], sigma: float, options_for, classifiers_for) -> List[Configuration]:
+    """Every configuration asked for: each method's settings `options_for(method)` gives (a dict or pairs; a
+    sweepable setting with several values gives a configuration each, the last one named varying fastest), each
+    with every classifier `classifiers_for(config)` names (a table's demo runs: the classifier its noise calls for).
+    The configurations must share one purify stage (Purifier.key)."""
     found = []
     for method in methods:
         kind = method_named(method)
-        for own in option_variants(kind, options_for(method) if options_for is not None else ()):
-            if kind.local_smoothing:
-                found += [Configuration(MethodConfig(method, sigma, int(m), float(ls), local_noise, options=own), clf)
-                          for ls in local_sigmas for clf in classifiers_for(method, float(ls)) for m in ms]
-            else:
-                found += [Configuration(MethodConfig(method, sigma, local_noise=local_noise, options=own), clf)
-                          for clf in classifiers_for(method, None)]
+        variants = option_variants(kind, options_for(method))
+        for _, group in itertools.groupby(variants, key=lambda variant: variant[:-1]):
+            group = [MethodConfig(method, sigma, options=own) for own in group]
+            found += [Configuration(config, clf) for clf in classifiers_for(group[0]) for config in group]
     keys = {}
     for c in found:
-        keys.setdefault(c.method.kind.purifier_key(c.method), c)
+        keys.setdefault(c.method.kind.purifier.key(c.method), c)
     keys.pop(None, None)
     if len(keys) > 1:
         a, b = list(keys.values())[:2]
@@ -72,94 +66,54 @@ def configurations(methods: Sequence[str], sigma: float, local_sigmas: Sequence[
 def inputs_of(configs: Sequence[Configuration]) -> Tuple[str, ...]:
     """Which samples the configurations read: the noisy ones (rs), the denoised ones (dds, diffsmooth); in that
     order."""
-    read = {c.method.kind.reads for c in configs}
+    read = {c.method.kind.purifier.reads for c in configs}
     return tuple(name for name in ("noisy", "denoised") if name in read)
 
 
 class ConfigurationHeads(nn.Module):
-    """(noisy and/or denoised samples [B,C,H,W], + fresh local noise [B,M,C,H,W]) -> scores [B, E, K].
+    """(noisy and/or denoised samples [B,C,H,W], + fresh noise [B,M,C,H,W]) -> scores [B, E, K].
 
-    Local smoothing of one classifier at one sigma' runs once on the largest m's noises; smaller m
-    average a prefix of its softmax outputs, so m in {1,3,5,11,21} costs one call at m = 21.
+    The configurations of one head kind are scored by that head's one sweep scorer (Head.sweep_scorer), which
+    computes what they share once (local smoothing: one classifier call at the largest m serves every smaller m).
+    What the forward pass does is in plain attributes (which configurations each scorer serves) and in the scorers'
+    tensors (the classifiers' weights, sigma' and fixed noises are buffers), never in a sigma, a sigma' or a file
+    name: the heads of another sigma or sigma' have the same architecture, so a table's model set copies them into
+    one built (and compiled) stage (engine/runs/model_set.py)."""
 
-    What the forward pass does is in plain attributes (`plan`: per configuration the samples it reads, the index
-    of its classifier, of its local-smoothing call and of its noise group, m, and the index of its method's own
-    head, for a method that scores its own way: Method.sweep_head) and in tensors (the
-    classifiers' weights, each call's sigma' and the fixed noises are buffers), never in a sigma,
-    a sigma' or a file name: the heads of another sigma or sigma' have the same architecture, so a
-    table's model set copies them into one built (and compiled) stage (engine/runs/model_set.py)."""
-
-    def __init__(self, configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], image_shape,
-                 local_noise: str = "fixed", local_noise_seed: int = FIXED_LOCAL_NOISE_SEED):
+    def __init__(self, configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], image_shape):
         super().__init__()
         configs = list(configs)
         names = sorted({c.classifier for c in configs})
         self.classifiers = nn.ModuleList(classifiers[name] for name in names)
         self.inputs = inputs_of(configs)
-        self.local_noise = local_noise
         self.image_shape = tuple(int(d) for d in image_shape)
-        ms = sorted({c.method.m for c in configs if c.method.kind.local_smoothing})
-        self.largest_m = ms[-1] if ms else None
-        groups = self._noise_groups(ms, local_noise_seed)
-        self.groups = [(big_m, members) for big_m, members, _ in groups]
-        for k, (_, _, noise) in enumerate(groups):
-            self.register_buffer(f"noise_{k}", noise, persistent=False)
-        calls: List[Tuple[str, float, int]] = []            # (classifier, sigma', noise group) of each call
-        plan = []
-        self.method_heads = nn.ModuleList()                 # the heads of methods that score their own way
-        for c in configs:
-            index = names.index(c.classifier)
-            if not c.method.kind.local_smoothing:
-                head = c.method.kind.sweep_head(c.method, self.classifiers[index], self.image_shape)
-                if head is not None:
-                    self.method_heads.append(head)
-                plan.append((c.method.kind.reads, index, None, None, None,
-                             None if head is None else len(self.method_heads) - 1))
-                continue
-            k = next(k for k, (_, members) in enumerate(self.groups) if c.method.m in members)
-            call = (c.classifier, float(c.method.local_sigma), k)
-            if call not in calls:
-                self.register_buffer(f"local_sigma_{len(calls)}", torch.tensor(call[1], dtype=torch.float32),
-                                     persistent=False)
-                calls.append(call)
-            plan.append((c.method.kind.reads, index, calls.index(call), k, int(c.method.m), None))
-        self.plan = tuple(plan)
+        groups: Dict[type, List[int]] = {}
+        for position, c in enumerate(configs):
+            groups.setdefault(type(c.method.kind.head), []).append(position)
+        self.scorers = nn.ModuleList()
+        for positions in groups.values():
+            members = [configs[p] for p in positions]
+            head = members[0].method.kind.head
+            self.scorers.append(head.sweep_scorer(
+                members, [self.classifiers[names.index(c.classifier)] for c in members], self.image_shape,
+                [c.method.kind.purifier.runs(c.method) for c in members]))
+        self.positions = tuple(tuple(p) for p in groups.values())
+        shapes = [s.noise_shape for s in self.scorers if s.noise_shape is not None]
+        if len(shapes) > 1:
+            raise UserError("two head kinds of a sweep take fresh noises of their own: run them apart")
+        self.noise_shape = shapes[0] if shapes else None
 
     @property
     def takes_noise(self) -> bool:
-        return self.local_noise == "fresh" and self.largest_m is not None
-
-    def _noise_groups(self, ms: List[int], seed: int) -> List[Tuple[int, List[int], Optional[torch.Tensor]]]:
-        """(M, the m served by the first M local noises, the fixed noises or None when fresh)."""
-        if not ms:
-            return []
-        if self.local_noise == "fresh":                 # Philox: prefixes are exact by construction
-            return [(ms[-1], ms, None)]
-        full = fixed_local_noise(ms[-1], self.image_shape, seed)
-        shared = [m for m in ms if torch.equal(full[:m], fixed_local_noise(m, self.image_shape, seed))]
-        return [(ms[-1], shared, full)] + [(m, [m], fixed_local_noise(m, self.image_shape, seed))
-                                           for m in ms if m not in shared]
+        return self.noise_shape is not None
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         samples = dict(zip(self.inputs, inputs))
         fresh = inputs[len(self.inputs)] if self.takes_noise else None
-        probabilities = {}
-        scores = []
-        for reads, index, call, k, m, head in self.plan:
-            classifier = self.classifiers[index]
-            if head is not None:                # the method's own head on the samples it reads
-                score = self.method_heads[head](samples[reads]).float()
-            elif call is None:                  # the plain classifier on the samples the method reads
-                score = classifier(samples[reads]).float()
-            else:                               # local smoothing: a prefix of one call's m noises
-                big_m = self.groups[k][0]
-                if call not in probabilities:
-                    delta = fresh if fresh is not None else getattr(self, f"noise_{k}").unsqueeze(0)
-                    probabilities[call] = local_probabilities(classifier, samples["denoised"], delta,
-                                                              getattr(self, f"local_sigma_{call}"))
-                p = probabilities[call]
-                score = p.mean(dim=1) if m == big_m else p[:, :m].contiguous().mean(dim=1)
-            scores.append(score)
+        scores: List[Optional[torch.Tensor]] = [None] * sum(len(p) for p in self.positions)
+        for positions, scorer in zip(self.positions, self.scorers):
+            for position, score in zip(positions, scorer(samples, fresh)):
+                scores[position] = score
         return torch.stack(scores, dim=1)
 
 
@@ -180,7 +134,7 @@ class StackedScores:
         noise = inputs[len(self.inputs)] if len(inputs) > len(self.inputs) else None
         scores = []
         for stage, position, m, config in self.heads:
-            samples = config.kind.sweep_samples(config, inputs[position])      # its share of the shared purify's
+            samples = config.kind.purifier.sweep_samples(config, inputs[position])     # its share of the shared purify's
             args = [samples] + ([noise[:, :m].contiguous()] if m is not None else [])
             scores.append(stage(*args))
         return torch.stack(scores, dim=1)
@@ -213,7 +167,7 @@ def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
     denoising = [c.method for c in configs if c.method.uses_denoiser]
     if not denoising:
         return None
-    return denoising[0].kind.sweep_purifier_config([m for m in denoising if m.kind is denoising[0].kind])
+    return denoising[0].kind.purifier.sweep_config([m for m in denoising if m.kind is denoising[0].kind])
 
 
 def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], denoiser, backend,
@@ -222,18 +176,16 @@ def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Di
     """The sweep's stages on a TorchBackend: the denoiser once (the method's purify stage, Method.purify_stage, of
     purifier_config), every configuration in one score stage (`lean_unet`: the denoiser on its UNet's eps-only
     copy, DiffusionDenoiser.purifier)."""
-    local_noise = configs[0].method.local_noise
     inputs = inputs_of(configs)
     if "denoised" in inputs and denoiser is None:
         raise UserError("the sweep's denoising configurations need `denoiser` CHECKPOINT")
     check_classes({c.classifier: classifiers[c.classifier] for c in configs}, image_shape, torch.device("cpu"))
     shared = purifier_config(configs) if "denoised" in inputs else None
-    purify = (shared.kind.purify_stage(shared, denoiser, backend, _Kernels(fused_attention, lean_unet))
+    purify = (shared.kind.purifier.stage(shared, denoiser, backend, _Kernels(fused_attention, lean_unet))
               if shared is not None else None)
-    heads = ConfigurationHeads(configs, classifiers, image_shape, local_noise,
-                               configs[0].method.local_noise_seed)
+    heads = ConfigurationHeads(configs, classifiers, image_shape)
     score = backend.stage(heads, f"{len(configs)} configurations")
-    local_shape = (heads.largest_m, *image_shape) if heads.takes_noise else None
+    local_shape = heads.noise_shape
     return checked_stages(configs, purify, score, local_shape, inputs, image_shape, num_classes)
 
 
@@ -244,9 +196,10 @@ def stacked_configuration_stages(configs: Sequence[Configuration], stages_of) ->
     singles = [stages_of(c) for c in configs]
     serving = purifier_config(configs)
     shared = next((s for c, s in zip(configs, singles) if c.method == serving), None)
-    fresh_ms = [c.method.m for c, s in zip(configs, singles) if s.local_noise_shape is not None]
-    heads = [(s.score, inputs.index(c.method.kind.reads),
-              c.method.m if s.local_noise_shape is not None else None, c.method) for c, s in zip(configs, singles)]
+    fresh_ms = [s.local_noise_shape[0] for s in singles if s.local_noise_shape is not None]
+    heads = [(s.score, inputs.index(c.method.kind.purifier.reads),
+              s.local_noise_shape[0] if s.local_noise_shape is not None else None, c.method)
+             for c, s in zip(configs, singles)]
     local_shape = None
     if fresh_ms:
         local_shape = (max(fresh_ms), *next(s.local_noise_shape[1:] for s in singles if s.local_noise_shape))
@@ -265,8 +218,8 @@ def checked_stages(configs, purify, score, local_shape, inputs, image_shape, num
                                   tuple(c.name for c in configs), inputs)
     shared = purifier_config(configs)
     if shared is not None and purify is not None:
-        stages.purify_noise = shared.kind.purify_noise
-        stages.purified_shape = shared.kind.purified_shape(shared, tuple(image_shape))
+        stages.purify_noise = shared.kind.purifier.draws_noise
+        stages.purified_shape = shared.kind.purifier.purified_shape(shared, tuple(image_shape))
     stages.num_classes = probe(stages, tuple(image_shape))
     if num_classes is not None and num_classes > stages.num_classes:
         raise UserError(f"the data has labels up to {num_classes - 1} but the classifiers score only "

@@ -20,7 +20,7 @@ from diffsmooth.engine.hashing import sha256_file
 def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[dict, dict]:
     """Manifest fields the denoiser and the classifier graph must have for `config`."""
     shape = [int(s) for s in image_shape]
-    denoiser = {**config.kind.purifier_lookup(config), "image_shape": shape, "precision": precision}
+    denoiser = {**config.kind.purifier.lookup(config), "image_shape": shape, "precision": precision}
     classifier = {"method": config.method, "sigma": float(config.sigma), "image_shape": shape,
                   "precision": precision}
     classifier.update({k: v for k, v in config.kind.graph_fields(config).items() if v is not None})
@@ -57,11 +57,11 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
     if config.uses_denoiser:
         path, manifest = find_graph(found, "denoiser", want_denoiser, onnx_dir)
         graph = OrtStage(path, f"denoiser[{path.name}]", dev, precision, session.provider, session.threads)
-        purify = config.kind.exported_purify_stage(config, graph, manifest)
+        purify = config.kind.purifier.exported_stage(config, graph, manifest)
     path, manifest = find_graph(found, "classifier", want_classifier, onnx_dir)
     if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{path.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
-    score = OrtStage(path, f"{config.kind.classifier_label}[{path.name}]", dev, precision, session.provider,
+    score = OrtStage(path, f"{config.kind.head.label}[{path.name}]", dev, precision, session.provider,
                      session.threads)
     return exported_stages(config, image_shape, num_classes, purify, score, path.name, "graph")
 
@@ -70,7 +70,7 @@ def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int
                     file_name: str, kind: str) -> BaseClassifierStages:
     """Stages from exported stages (ONNX graphs or TensorRT plans): checks that the classifier's inputs
     fit the local-noise mode, probes them once, and checks the number of classes against the data."""
-    local_shape = config.kind.fresh_noise_shape(config, image_shape)
+    local_shape = config.kind.head.fresh_noise_shape(config, image_shape)
     if len(score.input_names) != (2 if local_shape else 1):
         raise UserError(f"{file_name} takes inputs {score.input_names}, which does not fit "
                         f"local noise mode {config.local_noise!r}")

@@ -152,9 +152,9 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
         classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch,
                                            bool(wants("triton_blocks")))
     kind = config.kind
-    purify = kind.purify_stage(config, denoiser, backend, fast) if config.uses_denoiser else None
+    purify = kind.purifier.stage(config, denoiser, backend, fast) if config.uses_denoiser else None
     head = score_module(config, classifier, image_shape)
-    score = backend.for_classifier().stage(head, kind.classifier_label)
+    score = backend.for_classifier().stage(head, kind.head.label)
     stages = method_stages(config, purify, score, image_shape, num_classes)
     stages.num_classes = probe(stages, image_shape)
     if num_classes is not None and num_classes > stages.num_classes:
@@ -169,9 +169,9 @@ def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, .
     says its purifier takes and returns and how far its fast path's scores may move."""
     kind = config.kind
     return BaseClassifierStages(config.method, purify, score, num_classes or 0,
-                                kind.fresh_noise_shape(config, image_shape),
-                                purify_noise=kind.purify_noise and config.uses_denoiser,
-                                purified_shape=kind.purified_shape(config, image_shape),
+                                kind.head.fresh_noise_shape(config, image_shape),
+                                purify_noise=kind.purifier.draws_noise and config.uses_denoiser,
+                                purified_shape=kind.purifier.purified_shape(config, image_shape),
                                 score_tolerance=kind.score_tolerance(config))
 
 

@@ -9,6 +9,7 @@ from typing import Dict, Optional
 import torch
 
 from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES
 from diffsmooth.engine.preflight.findings import PreflightReport
 from diffsmooth.engine.preflight.measure import HALF, DenoiserError, NoiseVotes
 from diffsmooth.engine.runs.analyze import clopper_pearson
@@ -35,11 +36,9 @@ def _pct(value: float) -> str:
 
 
 def noise_settings(config: MethodConfig) -> str:
-    parts = [f"sigma {config.sigma:g}"]
-    if config.kind.local_smoothing:
-        parts += [f"sigma' {config.local_sigma:g}", f"m {config.m}"]
-    parts += [f"{name} {value}" for name, value in config.options]
-    return ", ".join(parts)
+    shown = [(o.shown, config.option(o.name)) for o in config.kind.options if o.recorded]
+    return ", ".join([f"sigma {config.sigma:g}"] + [f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+                                                    for name, value in shown])
 
 
 def report_noise(report: PreflightReport, config: MethodConfig, noise: NoiseVotes, labels: torch.Tensor) -> None:
@@ -94,13 +93,15 @@ def report_scale(report: PreflightReport, config: MethodConfig, noise: NoiseVote
     if HALF not in noise.variants or given not in noise.variants:
         return
     at, half = per_sample(noise.variants[given], labels), per_sample(noise.variants[HALF], labels)
-    local = config.kind.local_smoothing
-    name, value = ("sigma'", config.local_sigma) if local else ("sigma", config.sigma)
+    local = config.kind.head.noise_option
+    option = next((o for o in config.kind.options if o.name == local), None)
+    name, value = (option.shown, config.option(local)) if option else ("sigma", config.sigma)
     report.measured["scale"] = {"at": at, "half": half}
     report.add("sigma", f"the classifier scores {_pct(at)} of the samples at {name} {value:g} and {_pct(half)} at "
                         f"{value / 2:g}")
     if half - at >= SCALE_GAIN:
-        option = "--local-sigma" if local else "--sigma"
+        option = (f"--{local.replace('_', '-')}" if local in OPTION_ALIASES else f"--option {local}=") if local \
+            else "--sigma"
         report.add("sigma", f"the classifier scores {_pct(half)} at {name} {value / 2:g} but {_pct(at)} at {value:g}: "
                             f"was {name} given for [-1, 1] pixels? The engine's sigma is in [0, 1] pixel units, half the "
                             f"[-1, 1] value", warning=True,

@@ -6,7 +6,6 @@ given and the others. Nothing is written."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -122,13 +121,13 @@ def _variant_heads(config: MethodConfig, variants: Dict[str, nn.Module], given: 
                    shape: Tuple[int, ...], device) -> Dict[str, Tuple[nn.Module, bool]]:
     """{variant: (score head, reads the noisy input at half the noise)}."""
     kind = config.kind
-    light = dataclasses.replace(config, m=1, local_noise="fixed") if kind.local_smoothing else config
+    light = preview(config)
     heads = {mode: (kind.score_head(light, clf, shape), False) for mode, clf in variants.items()}
     classifier = variants.get(given) if given else None
-    if classifier is not None and kind.local_smoothing and config.local_sigma > 0:
-        heads[HALF] = (kind.score_head(dataclasses.replace(light, local_sigma=config.local_sigma / 2), classifier,
-                                       shape), False)
-    elif classifier is not None and not kind.denoises:
+    noise = kind.head.noise_option
+    if classifier is not None and noise and config.option(noise) > 0:
+        heads[HALF] = (kind.score_head(light.replace(**{noise: config.option(noise) / 2}), classifier, shape), False)
+    elif classifier is not None and not kind.purifier.denoises:
         heads[HALF] = (kind.score_head(light, classifier, shape), True)
     return {name: (head.to(device).eval(), half) for name, (head, half) in heads.items()}
 
@@ -162,7 +161,13 @@ def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: S
                 for name, (head, half) in heads.items():
                     out[name].append(head(x_rows + (h - x_rows) / 2 if half else h).argmax(-1).cpu())
     shaped = {name: torch.cat(v).view(n, min(samples, VARIANT_SAMPLES)) for name, v in out.items()}
-    return NoiseVotes(torch.cat(votes).view(n, samples), shaped, pipeline.num_classes, config.kind.local_smoothing)
+    return NoiseVotes(torch.cat(votes).view(n, samples), shaped, pipeline.num_classes, preview(config) != config)
+
+
+def preview(config: MethodConfig) -> MethodConfig:
+    """The config the variants score: each setting at its cheaper preview value, where it has one (DiffSmooth: one
+    local noise, fixed)."""
+    return config.replace(**{o.name: o.preview for o in config.kind.options if o.preview is not None})
 
 
 @dataclass

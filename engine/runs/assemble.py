@@ -86,7 +86,7 @@ def classifier_path_for(config: MethodConfig, sources: ModelSources) -> str:
         return sources.classifier
     if sources.preset != demo_assets.DEMO_PRESET:
         raise UserError("give `classifier` CHECKPOINT")
-    return str(config.kind.demo_classifier(config.sigma, config.local_sigma))
+    return str(config.kind.demo_classifier(config))
 
 
 def load_classifier_from(config: MethodConfig, sources: ModelSources):

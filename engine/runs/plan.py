@@ -16,7 +16,6 @@ import torch
 
 from diffsmooth.engine.base_classifier.configurations import Configuration, configurations
 from diffsmooth.engine.base_classifier.diffusers_denoise import check_sigma
-from diffsmooth.engine.base_classifier.methods import method_named
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
@@ -153,11 +152,12 @@ class ResolvedRun:
                 settings.update(schedule_radii=list(rule.schedule_radii), unanimity=rule.unanimity)
             if rule.decide_largest:                 # the race's extensions (other files stay as they were)
                 settings["decide_largest"] = True
-        if not self.is_sweep and not method_named(r.method[0]).local_smoothing:
+        if not self.is_sweep:           # a single run's settings: those its method has (the aliases' keys kept)
+            config = r.method_config()
             for k in ("local_sigma", "m", "local_noise"):
-                settings.pop(k)
-        if not self.is_sweep:
-            settings.update(r.method_config().options)     # a method's own settings (rs, dds, diffsmooth have none)
+                if k not in dict(config.options):
+                    settings.pop(k)
+            settings.update((o.name, config.option(o.name)) for o in config.kind.options if o.recorded)
         if r.scheduler is not None:
             settings["scheduler"] = r.scheduler
         # a diffusers folder: its format and the sha256 of its weights and configs (checkpoint files: nothing added)
@@ -168,8 +168,8 @@ class ResolvedRun:
         """The sweep folder's index.json: the recorded settings and each configuration's file."""
         return {"settings": self.recorded(), "entries": [
             {"method": c.method.method, "classifier": c.classifier,
-             "local_sigma": c.method.local_sigma if c.method.kind.local_smoothing else None,
-             "m": c.method.m if c.method.kind.local_smoothing else None, "file": f"{c.name}.tsv"}
+             "local_sigma": dict(c.method.options).get("local_sigma"), "m": dict(c.method.options).get("m"),
+             "file": f"{c.name}.tsv"}
             for c in self.configurations]}
 
     def check_resumable(self, record: bool) -> None:
@@ -216,19 +216,19 @@ def open_dataset(request: RunRequest) -> Tuple[str, object, List[int]]:
 
 
 def classifier_names(request: RunRequest, sources: ModelSources) -> Tuple[Dict[str, str], object]:
-    """({name: checkpoint}, classifiers_for(method, sigma')): the given checkpoints by file stem, or the
-    demo classifier each method's noise level calls for."""
+    """({name: checkpoint}, classifiers_for(config)): the given checkpoints by file stem, or the demo classifier
+    the noise each configuration's classifier sees calls for."""
     if request.classifier:
         paths = {Path(p).stem: str(p) for p in request.classifier}
         if len(paths) != len(request.classifier):
             raise UserError("sweep classifiers need distinct file names (they name the result files)")
-        return paths, lambda method, local_sigma: list(paths)
+        return paths, lambda config: list(paths)
     paths: Dict[str, str] = {}
 
-    def classifiers_for(method, local_sigma):
+    def classifiers_for(config):
         if sources.preset != shipped.DEMO_PRESET:
             raise UserError("give `classifier` CHECKPOINT")
-        path = method_named(method).demo_classifier(request.sigma, local_sigma if local_sigma is not None else 0.0)
+        path = config.kind.demo_classifier(config)
         paths[path.stem] = str(path)
         return [path.stem]
     return paths, classifiers_for
@@ -255,8 +255,7 @@ def plan_run(request: RunRequest) -> ResolvedRun:
     was written with other settings."""
     kind, dataset, indices, sources = open_run_inputs(request)
     paths, classifiers_for = classifier_names(request, sources)
-    configs = configurations(request.method, request.sigma, request.local_sigma, request.m, request.local_noise,
-                             classifiers_for, request.options_for)
+    configs = configurations(request.method, request.sigma, request.options_for, classifiers_for)
     if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.method.uses_denoiser for c in configs):
         check_sigma(sources.denoiser, sources.scheduler, request.sigma)     # before any file is touched
     shards = plan_from(request.shard, request.device)

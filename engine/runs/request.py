@@ -11,7 +11,7 @@ from typing import Optional, Tuple
 
 from diffsmooth.engine.backends.compile_options import check_compile_mode, parse_inductor_knobs
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
-from diffsmooth.engine.base_classifier.methods.config import option_variants
+from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES, option_variants
 from diffsmooth.engine.certify.sequential import BOUNDS, DEFAULT_BOUND, DEFAULT_FUTILITY_RULE, FUTILITY_RULES, SequentialRule
 from diffsmooth.engine.choices import (
     BACKENDS,
@@ -26,10 +26,8 @@ from diffsmooth.engine.choices import (
     DEFAULT_SIGMA,
     DEFAULT_SKIP,
     DEFAULT_SPLIT,
-    LOCAL_NOISE_MODES,
     MAX_BATCH,
     MAX_DIFFUSION_STEPS,
-    MAX_LOCAL_NOISES,
     MAX_SAMPLES,
     MAX_SEED,
     MAX_THREADS,
@@ -274,22 +272,14 @@ class RunRequest:
             raise UserError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if self.precision not in RUN_PRECISIONS:
             raise UserError(f"`precision` must be one of {', '.join(RUN_PRECISIONS)}, got {self.precision!r}")
-        if self.local_noise not in LOCAL_NOISE_MODES:
-            raise UserError(f"`local_noise` must be one of {', '.join(LOCAL_NOISE_MODES)}, got {self.local_noise!r}")
-        for ls in self.local_sigma:
-            _finite("local_sigma", ls, 0.0)
-        for m in self.m:
-            _positive("m", m, high=MAX_LOCAL_NOISES)
         if not all(isinstance(c, str) and c for c in self.classifier):
             raise UserError(f"`classifier` must name checkpoint files, got {list(self.classifier)!r}")
         for name in ("method", "local_sigma", "m", "classifier"):
             _distinct(name, getattr(self, name))
         self.options_for(self.method[0])        # every option named belongs to a method of the run
-        for method in self.method:              # every method x sigma' x m x setting combination is a valid configuration
-            for ls in self.local_sigma:
-                for m in self.m:
-                    for own in self.option_variants(method):
-                        MethodConfig(method, self.sigma, m, ls, self.local_noise, options=own)
+        for method in self.method:              # every configuration asked for is valid (its settings checked)
+            for own in self.option_variants(method):
+                MethodConfig(method, self.sigma, options=own)
         if self.is_sweep:
             if self.mode == "predict":
                 raise UserError("predict takes one configuration: give each of `method` / `classifier` / "
@@ -332,9 +322,16 @@ class RunRequest:
             known = f": the settings there are {', '.join(sorted(has))}" if has else " (no settings of its own)"
             raise UserError(f"{where} no setting {', '.join(map(repr, unknown))}{known}")
         mine = {o.name for o in method_named(method).options}
-        return tuple((k, v) for k, v in self.method_options if k in mine)
+        own = {name: self.aliased(name) for name in OPTION_ALIASES if name in mine and hasattr(self, name)}
+        own.update((k, v) for k, v in self.method_options if k in mine)
+        return tuple(own.items())
+
+    def aliased(self, name: str):
+        """The value of an option given by its alias (`--m`, `--local-sigma`, `--local-noise`: OPTION_ALIASES):
+        one value, or a list of several (a sweep)."""
+        value = getattr(self, name)
+        return (list(value) if len(value) > 1 else value[0]) if isinstance(value, tuple) else value
 
     def method_config(self) -> MethodConfig:
         """The single run's method."""
-        return MethodConfig(self.method[0], self.sigma, self.m[0], self.local_sigma[0], self.local_noise,
-                            options=self.options_for(self.method[0]))
+        return MethodConfig(self.method[0], self.sigma, options=self.options_for(self.method[0]))

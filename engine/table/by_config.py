@@ -54,7 +54,7 @@ def parse_config(name: str) -> tuple:
     `diffsmooth__STEM__lsSIGMA'__mM` (engine/base_classifier/configurations.py); the classifier's
     stem may itself hold `__`."""
     method, _, rest = name.partition("__")
-    if method not in method_names() or not method_named(method).local_smoothing:      # a single run's: no method
+    if method not in method_names() or not {"local_sigma", "m"} <= {o.name for o in method_named(method).options}:
         return method, rest, None, None
     classifier, local, m = rest.rsplit("__", 2)
     return method, classifier, float(local[2:]), int(m[1:])

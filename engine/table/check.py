@@ -108,7 +108,7 @@ def named_files(spec: TableSpec) -> Dict[str, FileUse]:
     """Every checkpoint the spec names, with its users ("line L at sigma s")."""
     files: Dict[str, FileUse] = {}
     denoiser = spec.models.get("denoiser")
-    if denoiser and any(line.denoiser is None and method_named(line.method).denoises for line in spec.lines):
+    if denoiser and any(line.denoiser is None and method_named(line.method).purifier.denoises for line in spec.lines):
         files[str(denoiser)] = FileUse("denoiser", ["[models]"], settings=dict(spec.models))
     for line in spec.lines:
         if line.denoiser is not None:
@@ -234,8 +234,10 @@ def describe_runs(spec: TableSpec) -> List[str]:
             ("the model's own" if line.source else f"{default} (default)")
         for sigma in spec.sigmas:
             what = [line.method, f"classifier {', '.join(line.classifier.get(sigma, ())) or 'demo'}"]
-            if method_named(line.method).local_smoothing:
+            declared = {o.name for o in method_named(line.method).options}
+            if "local_sigma" in declared:
                 what.append(f"sigma' {', '.join(f'{v:g}' for v in line.local_sigmas(sigma))}")
+            if "m" in declared:
                 what.append(f"m {', '.join(str(v) for v in line.local_noises(sigma))}")
             out.append(f"run: {line.name}, sigma {sigma:g}: {'; '.join(what)}; normalization {layer}")
     return out

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from diffsmooth.engine.base_classifier.methods import method_named
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.runs.plan import ResolvedRun
 
 # request options that may differ between the lines of one pass (what scores the denoised samples)
@@ -57,8 +57,8 @@ class SharedPass(ResolvedRun):
 def pass_key(request, phase) -> Optional[tuple]:
     """What phases must share to run as one pass (None: the phase runs alone); `request(phase)`: its run's request."""
     kind = method_named(phase.line.method)
-    if not (kind.denoises and kind.sweeps):         # a pass shares one-shot denoised samples
-        return None
+    if kind.purifier.runs_option is not None or kind.purifier.key(MethodConfig(kind.name, phase.sigma)) is None:
+        return None                 # a pass shares one purified sample per noisy sample, the same for every line
     options = request(phase)
     fixed = tuple((k, repr(getattr(options, k))) for k in sorted(f.name for f in dataclasses.fields(options))
                   if k not in PER_LINE)

@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from diffsmooth.engine.base_classifier.methods import method_named, method_names
-from diffsmooth.engine.base_classifier.methods.config import checked_options
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named, method_names
+from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES, checked_options
 from diffsmooth.engine.choices import (
     DEFAULT_ALPHA,
     DEFAULT_LOCAL_NOISE,
@@ -307,7 +307,8 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
             _unknown(at, raw, LINE_KEYS)
             raise UserError(f"{at}: method must be one of {', '.join(method_names())}, got {method!r}")
         kind = method_named(method)
-        own = {o.name for o in kind.options}
+        declared = {o.name for o in kind.options}
+        own = declared - set(OPTION_ALIASES)                # the aliases are line keys (per sigma, as before)
         _unknown(at, raw, LINE_KEYS | own)
         try:
             options = checked_options(kind, [(k, v) for k, v in raw.items() if k in own])    # a list: a sweep
@@ -317,9 +318,10 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
         if not isinstance(name, str) or not name.strip() or name in names:
             raise UserError(f"{at}: name must be a new non-empty string, got {name!r}")
         names.add(name)
-        if not kind.local_smoothing and ({"local_sigma", "m"} & set(raw)):
-            local = [n for n in method_names() if method_named(n).local_smoothing]
-            raise UserError(f"{at}: local_sigma and m belong to {' and '.join(local)} lines")
+        foreign = sorted(({"local_sigma", "m"} & set(raw)) - declared)
+        if foreign:
+            having = [n for n in method_names() if set(foreign) <= {o.name for o in method_named(n).options}]
+            raise UserError(f"{at}: {' and '.join(foreign)} belong to {' and '.join(having)} lines")
         source, layer = raw.get("source"), raw.get("normalization")
         if source is not None and source not in SOURCES:
             raise UserError(f"{at}: source must be one of {', '.join(SOURCES)}, got {source!r}")
@@ -328,8 +330,8 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
         group = raw.get("group")
         if group is not None and (not isinstance(group, str) or not group.strip()):
             raise UserError(f"{at}: group must be a non-empty string, got {group!r}")
-        if not kind.denoises and ({"denoiser", "scheduler"} & set(raw)):
-            denoising = [n for n in method_names() if method_named(n).denoises]
+        if not kind.purifier.denoises and ({"denoiser", "scheduler"} & set(raw)):
+            denoising = [n for n in method_names() if method_named(n).purifier.denoises]
             raise UserError(f"{at}: an {method} line does not denoise: denoiser and scheduler belong to "
                             f"{' and '.join(denoising)} lines")
         if "scheduler" in raw and "denoiser" not in raw:
@@ -472,9 +474,9 @@ def _demo_line(row: str) -> LineSpec:
         if not shipped.DEMO_DDPM.exists():
             raise UserError(f"--rows dds-ddpm: the demo's diffusers denoiser is missing ({shipped.DEMO_DDPM}); "
                             f"run `diffsmooth train-demo --only-missing` to create it")
-        clean = (str(kind.demo_classifier(0.0, 0.0)),)             # DDS's classifier, as the demo's dds line
+        clean = (str(kind.demo_classifier(MethodConfig(method, DEMO_SIGMAS[0]))),)  # DDS's, as the demo's dds line
         return LineSpec(name, method, {s: clean for s in DEMO_SIGMAS}, {}, {}, denoiser=str(shipped.DEMO_DDPM))
-    local = {s: (demo_local_sigma(s),) for s in DEMO_SIGMAS} if kind.local_smoothing else {}
+    local = {s: (demo_local_sigma(s),) for s in DEMO_SIGMAS} if "local_sigma" in {o.name for o in kind.options} else {}
     return LineSpec(name, method, {}, local, {s: (1,) for s in DEMO_SIGMAS} if local else {})
 
 

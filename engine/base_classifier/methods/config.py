@@ -1,23 +1,26 @@
-"""MethodConfig: which method the base classifier is, at which sigma, with the settings the method reads."""
+"""MethodConfig: which method the base classifier is, at which sigma, with its settings: the options its purifier
+and head declare (MethodOption), declared once and checked here for the command line, a spec and the API."""
 
 from __future__ import annotations
 
 import itertools
 import math
 import numbers
-from dataclasses import asdict, dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any, List, Optional, Tuple
 
 from diffsmooth.engine.base_classifier.methods.registry import method_named
-from diffsmooth.engine.choices import DEFAULT_LOCAL_NOISE, DEFAULT_LOCAL_SIGMA, DEFAULT_M, FIXED_LOCAL_NOISE_SEED
 from diffsmooth.engine.errors import UserError
 
 
 @dataclass(frozen=True)
 class MethodOption:
-    """A setting a method adds of its own (DensePure's reverse runs): its name (`--option NAME=VALUE`, a spec
-    line's key, a Python keyword), its type (int or float), default, smallest and largest value, and help.
-    `sweepable`: several values (`NAME=1,3,5`, a list) make a sweep whose configurations share one purify stage."""
+    """A setting of a method's purifier or head (DiffSmooth's m, DensePure's reverse runs): its name (`--option
+    NAME=VALUE`, a spec line's key, a Python keyword), its type (int, float, or str with `choices`), default,
+    smallest and largest value, and help. `sweepable`: several values (`NAME=1,3,5`, a list) make a sweep whose
+    configurations share one purify stage. `recorded`: a run's settings file records it (False: an API-only
+    setting a run keeps at its default, so files written before it existed still resume). `preview`: the value the
+    preflight's variants use where it is cheaper (DiffSmooth's m = 1)."""
 
     name: str
     kind: type
@@ -26,10 +29,22 @@ class MethodOption:
     high: Optional[float] = None
     help: str = ""
     sweepable: bool = False
+    choices: Tuple[str, ...] = ()
+    recorded: bool = True
+    label: str = ""                     # how reports name it (default: its name)
+    preview: Any = None                 # the value a quick look (the preflight's variants) takes, where cheaper
+
+    @property
+    def shown(self) -> str:
+        return self.label or self.name
 
     def value(self, given, method: str):
         """`given` (a number, or the text of `--option`) as this option's type, or one line saying why not."""
         what = f"{method} setting {self.name}"
+        if self.choices:
+            if given not in self.choices:
+                raise UserError(f"{what} must be one of {', '.join(self.choices)}, got {given!r}")
+            return given
         if isinstance(given, str):
             try:
                 given = self.kind(given.strip())
@@ -82,26 +97,34 @@ def resolve_options(kind, given) -> Tuple[Tuple[str, Any], ...]:
     return tuple((o.name, o.value(given[o.name], kind.name) if o.name in given else o.default) for o in kind.options)
 
 
+# The keywords DiffSmooth's settings had before they were its head's options (`MethodConfig(..., m=5)`, `--m`,
+# a spec's `m` key): each sets the option of that name where the method has one, and is ignored where it has not
+# (as the command line's --m is for rs): docs/extending.md.
+OPTION_ALIASES = ("local_sigma", "m", "local_noise", "local_noise_seed")
+
+
 @dataclass(frozen=True)
 class MethodConfig:
-    """What the base classifier is: method (a registered name), smoothing sigma, and the settings methods read
-    (DiffSmooth's m, sigma' and local noises, and `options`: the settings a method adds of its own, its
-    MethodOptions as (name, value) pairs, defaults filled in); each method validates its own."""
+    """What the base classifier is: method (a registered name), smoothing sigma, and `options`: the settings its
+    purifier and head declare, as (name, value) pairs in their order, checked, defaults filled in. `m`,
+    `local_sigma`, `local_noise`, `local_noise_seed` are aliases of the options of those names (OPTION_ALIASES)."""
 
     method: str
     sigma: float
-    m: int = DEFAULT_M
-    local_sigma: float = DEFAULT_LOCAL_SIGMA
-    local_noise: str = DEFAULT_LOCAL_NOISE
-    local_noise_seed: int = FIXED_LOCAL_NOISE_SEED
+    m: InitVar[Optional[int]] = None
+    local_sigma: InitVar[Optional[float]] = None
+    local_noise: InitVar[Optional[str]] = None
+    local_noise_seed: InitVar[Optional[int]] = None
     options: Tuple[Tuple[str, Any], ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self, m, local_sigma, local_noise, local_noise_seed):
         kind = method_named(self.method)            # an unknown method: one line
-        object.__setattr__(self, "options", resolve_options(kind, self.options))
+        declared = {o.name for o in kind.options}
+        given = dict(m=m, local_sigma=local_sigma, local_noise=local_noise, local_noise_seed=local_noise_seed)
+        aliased = {name: given[name] for name in OPTION_ALIASES if given[name] is not None and name in declared}
+        object.__setattr__(self, "options", resolve_options(kind, {**dict(self.options or ()), **aliased}))
         if not (isinstance(self.sigma, numbers.Real) and math.isfinite(self.sigma) and self.sigma > 0):
             raise UserError(f"sigma must be > 0 and finite, got {self.sigma}")
-        kind.validate(self)
 
     @property
     def kind(self):
@@ -110,13 +133,18 @@ class MethodConfig:
 
     @property
     def uses_denoiser(self) -> bool:
-        return self.kind.denoises
+        """Whether its purifier runs the UNet."""
+        return self.kind.purifier.denoises
 
     def option(self, name: str):
-        """The value of one of the method's own settings (its MethodOptions)."""
+        """The value of one of its settings (its purifier's and head's MethodOptions)."""
         return dict(self.options)[name]
 
+    def replace(self, **settings) -> "MethodConfig":
+        """This config with some settings changed (sigma, or option values by name)."""
+        sigma = settings.pop("sigma", self.sigma)
+        return MethodConfig(self.method, sigma, options={**dict(self.options), **settings})
+
     def as_dict(self) -> dict:
-        """The method, sigma and the settings its method reads, its own included (what result files record)."""
-        keep = {"method", "sigma", *self.kind.settings}
-        return {**{k: v for k, v in asdict(self).items() if k in keep}, **dict(self.options)}
+        """The method, sigma and every setting (what result files record)."""
+        return {"method": self.method, "sigma": self.sigma, **dict(self.options)}

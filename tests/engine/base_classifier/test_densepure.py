@@ -14,7 +14,8 @@ from torch import nn
 
 from diffsmooth.cli import main
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
-from diffsmooth.engine.base_classifier.methods.densepure import MAX_STEPS, MajorityVoteHead
+from diffsmooth.engine.base_classifier.methods.majority_vote_head import MajorityVoteHead
+from diffsmooth.engine.base_classifier.methods.reverse_chains_purifier import MAX_STEPS
 from diffsmooth.engine.certify.noise import STREAM_PURIFY, NoiseKeys, RowNoise, gaussian_rows
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
@@ -158,8 +159,8 @@ def test_a_table_spec_line_takes_its_settings(tmp_path):
 def test_its_costs_and_file_tags():
     config = MethodConfig("densepure", 0.5, options=(("reverse_runs", 4), ("steps", 5)))
     kind = method_named("densepure")
-    assert (kind.unet_calls(config), kind.classifier_calls(config)) == (20, 4)
-    assert kind.purified_shape(config, (3, 32, 32)) == (4, 3, 32, 32)
+    assert (kind.purifier.unet_calls(config), kind.classifier_calls(config)) == (20, 4)
+    assert kind.purifier.purified_shape(config, (3, 32, 32)) == (4, 3, 32, 32)
     assert kind.config_tag(config) == "__K4__S5"
     assert MethodConfig("densepure", 0.5).options == (("reverse_runs", 10), ("steps", 2))     # DensePure's defaults
 
@@ -178,8 +179,8 @@ def test_one_compiled_graph_serves_every_step_and_votes_as_eager(tiny_models):
     noise = RowNoise(NoiseKeys(0, STREAM_PURIFY, "cpu"), torch.tensor([0, 0, 1, 2]), torch.tensor([0, 1, 0, 5]))
     kind = config.kind
     before = compiled_graphs()
-    compiled = kind.purify_stage(config, api.denoiser, TorchBackend("cpu", compile=True))
-    eager = kind.purify_stage(config, api.denoiser, TorchBackend("cpu"))
+    compiled = kind.purifier.stage(config, api.denoiser, TorchBackend("cpu", compile=True))
+    eager = kind.purifier.stage(config, api.denoiser, TorchBackend("cpu"))
     fast_x, slow_x = compiled(x, noise), eager(x, noise)
     assert compiled_graphs() - before == 1                      # three steps, one graph
     assert (fast_x - slow_x).abs().max() <= 1e-4
@@ -322,8 +323,8 @@ def test_a_sweep_over_k_shares_the_chains_and_writes_each_ks_single_rows(tiny_mo
         swept = sweep / f"densepure__clf__K{runs}__S{STEPS}.tsv"
         assert rows_without_time(swept) == rows_without_time(single), runs
     assert len({r["predict"] for r in read_rows(sweep / "densepure__clf__K3__S2.tsv")} - {"-1"}) >= 3
-    configs = configurations(["densepure"], 0.25, [0.25], [1], "fixed", lambda method, ls: ["clf"],
-                             lambda method: (("reverse_runs", "1,4,3"), ("steps", "2")))
+    configs = configurations(["densepure"], 0.25, lambda method: (("reverse_runs", "1,4,3"), ("steps", "2")),
+                             lambda config: ["clf"])
     denoiser = load_denoiser(tiny_models["unet"], "cifar10", **__import__("json").loads(tiny_models["unet_config"]))
     classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
     stages = torch_configuration_stages(configs, {"clf": classifier}, denoiser, TorchBackend(), (3, 8, 8))

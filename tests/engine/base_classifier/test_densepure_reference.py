@@ -16,7 +16,7 @@ from tiny_fixtures import TINY_UNET, random_unet
 
 from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.methods.densepure import MAX_STEPS, ReversePlan
+from diffsmooth.engine.base_classifier.methods.reverse_chains_purifier import MAX_STEPS, ReversePlan
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, betas_for
 from diffsmooth.engine.errors import UserError
 
@@ -145,7 +145,7 @@ def _engine_chain(unet, schedule, sigma, runs, steps):
     from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 
     config = MethodConfig("densepure", sigma, options=(("reverse_runs", runs), ("steps", steps)))
-    return config.kind.purify_stage(config, DiffusionDenoiser(unet, schedule), TorchBackend("cpu"))
+    return config.kind.purifier.stage(config, DiffusionDenoiser(unet, schedule), TorchBackend("cpu"))
 
 
 @pytest.mark.parametrize("case", list(_cases()))

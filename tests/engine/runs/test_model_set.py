@@ -143,7 +143,8 @@ def test_a_sweeps_stages_serve_every_sigma_and_sigma_prime_and_vote_as_a_fresh_b
     models = ModelSet()
 
     def sweep(sigma, local_sigmas, clf, model_set):
-        configs = configurations(["dds", "diffsmooth"], sigma, local_sigmas, [1, 3], "fixed", lambda method, ls: ["c"])
+        configs = configurations(["dds", "diffsmooth"], sigma, lambda method: {"local_sigma": list(local_sigmas), "m": [1, 3]},
+                                 lambda config: ["c"])
         runner = model_set.backend(TorchBackend()) if model_set is not None else TorchBackend()
         return torch_configuration_stages(configs, {"c": copy.deepcopy(clf)}, other_weights(denoiser, 1), runner, SHAPE)
 

@@ -67,8 +67,12 @@ def test_sweep_resume_and_settings_guard(tmp_path, tiny_models):
 
 
 def test_configurations_and_nested_fixed_noise():
-    configs = configurations(["diffsmooth", "dds"], 0.5, [0.25, 0.5], [1, 5], "fixed", lambda method, ls: ["a", "b"])
+    configs = configurations(["diffsmooth", "dds"], 0.5, lambda method: {"local_sigma": [0.25, 0.5], "m": [1, 5]},
+                             lambda config: ["a", "b"])
     assert len(configs) == 2 * 2 * 2 + 2
+    # sigma', then the classifier, then m (the order of a sweep's index and files)
+    assert [c.name for c in configs[:4]] == ["diffsmooth__a__ls0.25__m1", "diffsmooth__a__ls0.25__m5",
+                                             "diffsmooth__b__ls0.25__m1", "diffsmooth__b__ls0.25__m5"]
     assert Configuration(MethodConfig("diffsmooth", 0.5, 5, 0.25), "a").name == "diffsmooth__a__ls0.25__m5"
     assert Configuration(MethodConfig("rs", 0.5), "a").name == "rs__a"
     # the reference's seed-42 draw is prefix-consistent for the shapes the sweep shares it on

@@ -1,0 +1,70 @@
+"""What a head is to the engine: how the classifier's outputs over one sample's purified samples become its scores
+[B, classes], whose argmax is the vote (logits, local smoothing's mean softmax, a majority vote), with its own
+settings, exported classifier graph and sweep sharing. One class per file beside this one; a method pairs one with
+a purifier (base.py)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Optional, Tuple
+
+from torch import nn
+
+from diffsmooth.engine.base_classifier.methods.config import MethodConfig, MethodOption
+
+
+class Head(ABC):
+    """The classifier half of the base classifier. `label`: the score stage's name in logs; `scores`: what its
+    scores are; `output_name`: the exported classifier graph's output. `runs` (the methods below) is the number of
+    purified samples per noisy sample the purifier hands it (Purifier.runs)."""
+
+    options: ClassVar[Tuple[MethodOption, ...]] = ()
+    noise_option: ClassVar[Optional[str]] = None    # its option that sets the noise its classifier sees, if any
+    label: ClassVar[str]
+    scores: ClassVar[str]
+    output_name: ClassVar[str]
+
+    @abstractmethod
+    def module(self, config: MethodConfig, classifier: nn.Module, image_shape: Tuple[int, ...], runs: int) -> nn.Module:
+        """The head as one module: purified samples [B,C,H,W] or [B,runs,C,H,W] (+ fresh noise) -> scores [B,K]."""
+
+    @abstractmethod
+    def classifier_calls(self, config: MethodConfig, runs: int) -> int:
+        """Classifier images per Monte Carlo sample."""
+
+    @abstractmethod
+    def fresh_noise_shape(self, config: MethodConfig, image_shape) -> Optional[Tuple[int, ...]]:
+        """The per-sample noise its module takes besides the samples ([B, *shape]), or None."""
+
+    @abstractmethod
+    def score_tolerance(self, config: MethodConfig, runs: int) -> Optional[float]:
+        """How far a fast path's scores may lie from eager fp32's (relative; None: the check's default, made for
+        logits and probabilities)."""
+
+    @abstractmethod
+    def noise_seen(self, config: MethodConfig, noise_left: float) -> float:
+        """The Gaussian noise std its classifier sees, given what the purifier left (the demo classifier it takes)."""
+
+    @abstractmethod
+    def tag(self, config: MethodConfig) -> str:
+        """What a sweep configuration's file name gets from its settings."""
+
+    @abstractmethod
+    def graph_tag(self, config: MethodConfig) -> str:
+        """What an exported classifier graph's file name gets from its settings."""
+
+    @abstractmethod
+    def graph_fields(self, config: MethodConfig) -> dict:
+        """Its settings in an exported classifier graph's manifest (None: does not apply)."""
+
+    @abstractmethod
+    def sweep_scorer(self, configs, classifiers, image_shape, runs: int) -> "SweepScorer":
+        """One module scoring all of a sweep's configurations with this head (shared work computed once)."""
+
+
+class SweepScorer(nn.Module):
+    """A head's share of a sweep (configurations.ConfigurationHeads): `forward(samples, fresh)` -> one score
+    [B,K] per configuration, in the order given; `samples` maps "noisy" / "denoised" to the samples, `fresh` is
+    the sweep's fresh noise or None. `noise_shape`: the fresh noise it takes per sample ([M, C, H, W]) or None."""
+
+    noise_shape: Optional[Tuple[int, ...]] = None
