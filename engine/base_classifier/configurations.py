@@ -20,7 +20,7 @@ from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
-from diffsmooth.engine.base_classifier.methods.config import option_variants
+from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES, option_variants
 from diffsmooth.engine.base_classifier.torch_stages import probe
 from diffsmooth.engine.errors import UserError, first_line
 
@@ -40,13 +40,16 @@ class Configuration:
 
 def configurations(methods: Sequence[str], sigma: float, options_for, classifiers_for) -> List[Configuration]:
     """Every configuration asked for: each method's settings `options_for(method)` gives (a dict or pairs; a
-    sweepable setting with several values gives a configuration each, the last one named varying fastest), each
+    sweepable setting with several values gives a configuration each, the last one named varying fastest; an alias
+    the method has no setting of is ignored, OPTION_ALIASES), each
     with every classifier `classifiers_for(config)` names (a table's demo runs: the classifier its noise calls for).
     The configurations must share one purify stage (Purifier.key)."""
     found = []
     for method in methods:
         kind = method_named(method)
-        variants = option_variants(kind, options_for(method))
+        declared = {o.name for o in kind.options}
+        given = {k: v for k, v in dict(options_for(method)).items() if k in declared or k not in OPTION_ALIASES}
+        variants = option_variants(kind, given)
         for _, group in itertools.groupby(variants, key=lambda variant: variant[:-1]):
             group = [MethodConfig(method, sigma, options=own) for own in group]
             found += [Configuration(config, clf) for clf in classifiers_for(group[0]) for config in group]

@@ -2,12 +2,16 @@
 code never compares a method's name with a string (docs/extending.md)."""
 
 import ast
+import inspect
+import sys
 from pathlib import Path
 
 import pytest
 
 from diffsmooth.engine import choices
 from diffsmooth.engine.base_classifier.methods import BUILT_IN, Method, MethodConfig, method_named, method_names, register
+from diffsmooth.engine.base_classifier.methods.head import Head
+from diffsmooth.engine.base_classifier.methods.purifier import Purifier
 from diffsmooth.engine.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,37 +61,109 @@ def test_the_built_in_methods_are_registered_once_each_in_their_own_file():
     assert type(method_named("dds")) is BUILT_IN[1]
 
 
-def test_each_method_builds_on_the_house_alone():
-    """A method's file imports, of its package, only base.py / config.py / registry.py, and those three import no
-    method (what the `one-method-per-file` contract checks for the three it names, for every method file here)."""
-    house = {"base", "config", "registry"}
+PARTS = {"purifier", "head"}                 # the part interfaces; each part's file builds on one of them
+
+
+def _house_imports(path: Path) -> set:
     package = "diffsmooth.engine.base_classifier.methods"
-    methods = sorted(p.stem for p in HOUSE.glob("*.py") if p.stem not in house | {"__init__"})
-    assert set(choices.METHODS) <= set(methods)
-    for path in HOUSE.glob("*.py"):
-        if path.stem == "__init__":
-            continue
-        imported = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
-                imported.add(node.module[len(package) + 1:].split(".")[0])
-        allowed = house if path.stem in methods else house - {path.stem}
-        assert imported <= allowed, (path.name, imported - allowed)
-        if path.stem in house:
-            assert not imported & set(methods), path.name
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
+            imported.add(node.module[len(package) + 1:].split(".")[0])
+    return imported
+
+
+def test_each_method_is_a_pairing_of_parts_in_their_own_files():
+    """A method's file imports base.py and its parts; a part's file its interface (and the config); the interfaces,
+    base.py, the config and the registry import no method and no part."""
+    house = {"base", "config", "registry"} | PARTS
+    files = {p.stem: p for p in HOUSE.glob("*.py") if p.stem != "__init__"}
+    methods = {cls.__module__.rsplit(".", 1)[1] for cls in BUILT_IN}
+    parts = set(files) - house - methods
+    assert set(choices.METHODS) == methods and parts
+    for stem, path in files.items():
+        imported = _house_imports(path)
+        if stem in methods:
+            assert imported <= {"base"} | parts, (stem, imported)
+        elif stem in parts:
+            assert imported & PARTS and imported <= {"config"} | PARTS, (stem, imported)
+        else:
+            assert not imported & (methods | parts), (stem, imported)
+    for cls in BUILT_IN:
+        assert isinstance(cls.purifier, Purifier) and isinstance(cls.head, Head)
+        assert Path(sys.modules[type(cls.purifier).__module__].__file__).stem in parts
+        assert Path(sys.modules[type(cls.head).__module__].__file__).stem in parts
+
+
+def _flags(cls: type) -> list:
+    """The bool class attributes a method class or a part class defines (a switch another module would branch on)."""
+    return [name for klass in cls.__mro__ if klass.__module__.startswith("diffsmooth") or klass is cls
+            for name, value in vars(klass).items() if isinstance(value, bool)]
+
+
+# The capabilities a part declares and the engine may ask (reviewed; each is a fact of the part, not a method's
+# name in disguise): a purifier runs the UNet; a purifier draws keyed noises of its own.
+CAPABILITIES = {"denoises", "draws_noise"}
+
+
+def test_no_method_carries_a_flag_like_switch():
+    """A method is its parts: no bool class attribute on a method (DiffSmooth's old `local_smoothing`), none on a
+    part beyond the reviewed capabilities, and the interfaces' defaults belong to no method (they are abstract)."""
+    for cls in BUILT_IN:
+        assert not _flags(cls), (cls.name, _flags(cls))
+        for part in (type(cls.purifier), type(cls.head)):
+            assert set(_flags(part)) <= CAPABILITIES, (part.__name__, set(_flags(part)) - CAPABILITIES)
+    assert inspect.isabstract(Purifier) and inspect.isabstract(Head)
+    assert not [name for name in vars(Method) if not name.startswith("_")
+                and name not in {"name", "line_name", "flip_rates", "paper_settings", "options", "score_head",
+                                 "classifier_calls", "score_tolerance", "config_tag", "graph_tag", "graph_fields",
+                                 "config_from_manifest", "demo_classifier"}]
+
+
+def test_the_flag_check_sees_a_planted_switch():
+    """Planted: DiffSmooth with its old flag back, and a head with a new one; the check names both."""
+    planted = type("Planted", (BUILT_IN[2],), {"name": "planted", "local_smoothing": True})
+    head = type("FlaggedHead", (type(BUILT_IN[2].head),), {"averages_softmax": True})
+    assert _flags(planted) == ["local_smoothing"]
+    assert "averages_softmax" in set(_flags(head)) - CAPABILITIES
 
 
 def test_each_method_reads_only_its_own_settings():
-    """A method records only the settings it reads; DiffSmooth validates its own, the others ignore them."""
+    """A method records only its settings (its parts' options); the aliases (m, local_sigma, local_noise) set
+    DiffSmooth's and are ignored by a method without them; each option checks its own values."""
     assert MethodConfig("rs", 0.5, m=0).as_dict() == {"method": "rs", "sigma": 0.5}
     assert MethodConfig("dds", 0.25, local_noise="odd").as_dict() == {"method": "dds", "sigma": 0.25}
     assert set(MethodConfig("diffsmooth", 0.5).as_dict()) == {"method", "sigma", "m", "local_sigma", "local_noise",
                                                              "local_noise_seed"}
-    for bad, message in [({"m": 0}, "m \\(local noises\\) must be >= 1"), ({"local_sigma": -1.0}, "local sigma"),
-                         ({"local_noise": "odd"}, "local noise must be one of fixed, fresh")]:
+    for bad, message in [({"m": 0}, "setting m must be 1..1024, got 0"),
+                         ({"local_sigma": -1.0}, "setting local_sigma must be >= 0"),
+                         ({"local_noise": "odd"}, "setting local_noise must be one of fixed, fresh")]:
         with pytest.raises(UserError, match=message):
             MethodConfig("diffsmooth", 0.5, **bad)
     with pytest.raises(UserError, match="sigma must be > 0"):
         MethodConfig("rs", 0.0)
     with pytest.raises(UserError, match="unknown method 42"):
         MethodConfig(42, 0.5)
+
+
+def _methods_named(tree: ast.AST) -> list:
+    """(line, name) of every call that names a built-in method with a literal: `method_named("diffsmooth")`,
+    `MethodConfig("dds", ...)`."""
+    return [(node.lineno, node.args[0].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None))
+            in ("method_named", "MethodConfig") and node.args and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in choices.METHODS]
+
+
+def test_no_engine_or_exporter_code_names_a_method():
+    """The engine, the exporters and the command line ask the registry, never one method by name (the benchmarks
+    name the cases they measure)."""
+    offenders = []
+    for folder in (ROOT / "engine", ROOT / "export", ROOT / "diffsmooth" / "cli"):
+        for path in folder.rglob("*.py"):
+            if HOUSE not in path.parents:
+                offenders += [f"{path.relative_to(ROOT)}:{line} ({name!r})"
+                              for line, name in _methods_named(ast.parse(path.read_text()))]
+    assert not offenders, offenders
+    assert _methods_named(ast.parse('method_named("diffsmooth")\nMethodConfig("dds", 0.5)\nf("rs")\n')) == \
+        [(1, "diffsmooth"), (2, "dds")]

@@ -1,6 +1,6 @@
-"""A method defined in this file alone (docs/extending.md): registered, it certifies through the command line and
-the Python API on the engine's keyed noise, its own score head runs, and both paths write the same rows;
-unregistered, every path refuses it in one line."""
+"""A method defined in this file alone, with one new part, a head (docs/extending.md): registered, it certifies
+through the command line and the Python API on the engine's keyed noise, its own head runs, and both paths write
+the same rows; unregistered, every path refuses it in one line."""
 
 import pytest
 import torch
@@ -10,6 +10,8 @@ from torch import nn
 
 from diffsmooth.cli import main
 from diffsmooth.engine.base_classifier.methods import Method, MethodConfig, method_names, register, unregister
+from diffsmooth.engine.base_classifier.methods.logits_head import Logits
+from diffsmooth.engine.base_classifier.methods.no_purifier import NoPurifier
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
@@ -31,16 +33,21 @@ class ClampedHead(nn.Module):
         return self.classifier(x.clamp(0.0, 1.0)).float()
 
 
+class ClampedLogits(Logits):
+    """A head: the classifier's logits on its samples clipped to [0, 1]."""
+
+    def module(self, config, classifier, image_shape, runs):
+        return ClampedHead(classifier)
+
+
 class ClampedSmoothing(Method):
     """Randomized smoothing whose classifier sees the noisy sample clipped to [0, 1]: no denoiser, one call."""
 
     name = "clamped-rs"
     line_name = "RS, clipped"
-    denoises = False
+    purifier = NoPurifier()
+    head = ClampedLogits()
     flip_rates = {"fp16": 1e-3, "bf16": 1e-2}
-
-    def score_head(self, config, classifier, image_shape):
-        return ClampedHead(classifier)
 
 
 class ClampedSmoothingAPI(SmoothedClassifier):
