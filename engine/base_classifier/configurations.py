@@ -21,7 +21,7 @@ from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.local_smoothing import local_probabilities
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.methods.config import option_variants
-from diffsmooth.engine.base_classifier.torch_stages import probe
+from diffsmooth.engine.base_classifier.probe import probe
 from diffsmooth.engine.certify.noise import fixed_local_noise
 from diffsmooth.engine.choices import FIXED_LOCAL_NOISE_SEED
 from diffsmooth.engine.errors import UserError, first_line
