@@ -27,7 +27,7 @@ from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.errors import first_line
 from diffsmooth.engine.runs.assemble import ModelSources, load_models
 from diffsmooth.engine.runs.fast_path import FastPath, judge_each_configuration, production_arrays, reference_arrays
-from diffsmooth.engine.runs.stage_backends import build_smooth
+from diffsmooth.engine.runs.stage_build import build_smooth
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 
 from .hardware import gpu_peak_memory, reset_gpu_peak_memory

@@ -18,10 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from diffsmooth.engine.backends.tensorrt_backend import tensorrt_available
-from diffsmooth.engine.backends.torch_backend import resolve_device
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
-from diffsmooth.engine.base_classifier.torch_stages import score_module
 from diffsmooth.engine.certify.cohen import certify_from_counts
 from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
@@ -30,7 +27,13 @@ from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
-from diffsmooth.engine.runs.stage_backends import StageBuild, TensorRTStages, TorchStages, stage_backend
+from diffsmooth.engine.runs.stage_build import StageBuild
+from diffsmooth.engine.stage_backends.registry import stage_backend
+from diffsmooth.engine.stage_backends.tensorrt.backend import TensorRTStages
+from diffsmooth.engine.stage_backends.tensorrt.runner import tensorrt_available
+from diffsmooth.engine.stage_backends.torch.backend import TorchStages
+from diffsmooth.engine.stage_backends.torch.runner import resolve_device
+from diffsmooth.engine.stage_backends.torch.stages import score_module
 
 from ..export.trt_build import build_plans, current_target
 from .compare import compare_rows

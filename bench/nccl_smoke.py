@@ -31,7 +31,7 @@ def main(device: str, images: int, num: int, batch: int) -> None:
     from diffsmooth.engine.data import load_dataset
     from diffsmooth.engine.runs.assemble import ModelSources
     from diffsmooth.engine.runs.sharding import join_process_group
-    from diffsmooth.engine.runs.stage_backends import build_smooth
+    from diffsmooth.engine.runs.stage_build import build_smooth
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "cuda":

@@ -28,7 +28,6 @@ import torch.multiprocessing as mp
 
 from diffsmooth.bench.models import build_model_set
 from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.blocks import SampleBlocks
@@ -43,7 +42,8 @@ from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.request import sequential_rule
 from diffsmooth.engine.runs.results import read_rows
-from diffsmooth.engine.runs.stage_backends import build_smooth
+from diffsmooth.engine.runs.stage_build import build_smooth
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
 
 RADII = "0.25,0.5,0.75,1.0"
 

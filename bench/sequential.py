@@ -35,7 +35,7 @@ from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.request import sequential_rule
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, SEQUENTIAL_EXTRA, ResultWriter, format_radius, format_time
-from diffsmooth.engine.runs.stage_backends import build_smooth
+from diffsmooth.engine.runs.stage_build import build_smooth
 
 
 class _Stopped(Exception):

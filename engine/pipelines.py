@@ -50,7 +50,7 @@ from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath, default_
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings
 from diffsmooth.engine.runs.sharding import plan_from, rank_device, wait_for_all
-from diffsmooth.engine.runs.stage_backends import build_stages
+from diffsmooth.engine.runs.stage_build import build_stages
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 
 

@@ -22,11 +22,11 @@ from torch import nn
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.purifier_graph import example_batch
-from diffsmooth.engine.base_classifier.torch_stages import score_module
 from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.diffusers_folder import denoiser_identity, is_diffusers_folder
+from diffsmooth.engine.stage_backends.torch.stages import score_module
 
 from .fp16 import convert_mixed_fp16
 from .graph_passes import check_structure, fuse_affine_chains, initializer_bytes, op_counts, optimize

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
-from diffsmooth.engine.backends.tensorrt_backend import cuda_device, gpu_identity, import_tensorrt
-from diffsmooth.engine.backends.trt_plans import (
+from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.stage_backends.tensorrt.plans import (
     DEFAULT_WORKSPACE_BYTES,
     cache_key,
     gpu_slug,
@@ -30,8 +31,7 @@ from diffsmooth.engine.backends.trt_plans import (
     reuse_decision,
     write_plan_manifest,
 )
-from diffsmooth.engine.errors import UserError, first_line
-from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.stage_backends.tensorrt.runner import cuda_device, gpu_identity, import_tensorrt
 
 from .trt_inspect import format_report, summarize
 

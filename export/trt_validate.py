@@ -10,11 +10,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from diffsmooth.engine.backends.manifests import find_graph, matches, scan_manifests
-from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
-from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device
-from diffsmooth.engine.backends.trt_plans import read_plan_manifest, write_plan_manifest
-from diffsmooth.engine.base_classifier.onnx_stages import wanted_fields
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtStage
+from diffsmooth.engine.stage_backends.onnxruntime.stages import wanted_fields
+from diffsmooth.engine.stage_backends.tensorrt.plans import read_plan_manifest, write_plan_manifest
+from diffsmooth.engine.stage_backends.tensorrt.runner import TrtStage, cuda_device
 
 from .validate import (
     DEFAULT_IMAGES,

@@ -12,18 +12,18 @@ import torch
 import torch.nn.functional as F
 
 from diffsmooth.engine.backends.manifests import matches, scan_manifests, verify_hashes
-from diffsmooth.engine.backends.onnxruntime_backend import OrtStage
-from diffsmooth.engine.backends.torch_backend import TorchBackend, TorchStage
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named, method_names
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
-from diffsmooth.engine.base_classifier.torch_stages import score_module
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_PURIFY, STREAM_SMOOTHING, NoiseKeys, RowNoise, gaussian
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.checkpoints import load_classifier, load_unet
 from diffsmooth.engine.models.diffusers_folder import denoiser_identity
+from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtStage
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend, TorchStage
+from diffsmooth.engine.stage_backends.torch.stages import score_module
 
 from .manifest import update_manifest
 

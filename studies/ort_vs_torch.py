@@ -21,12 +21,12 @@ import torch
 
 from diffsmooth.bench.models import build_model_set
 from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.backends.onnxruntime_backend import OrtSession, physical_cores
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
+from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtSession, physical_cores
+from diffsmooth.engine.stage_backends.onnxruntime.stages import build_onnx_stages
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 from diffsmooth.export.manifest import package_versions
 from diffsmooth.export.onnx_export import export_models
 

@@ -16,15 +16,15 @@ import time
 import click
 import torch
 
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser, load_denoiser
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models import shipped as demo_assets
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.models.unet import PRESETS, UNetModel
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 LOCAL_SIGMAS = (0.12, 0.25, 0.5, 1.0)
 MS = (1, 3, 5, 11, 21)

@@ -3,12 +3,12 @@ whose votes spread over several classes, and a ResNet with non-trivial BatchNorm
 
 import torch
 
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models.resnet import CifarResNet, NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.runs.fast_path import FastPath
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 SHAPE = (3, 8, 8)
 

@@ -34,7 +34,7 @@ def _demo_pipelines(precision, **pipeline_options):
     from diffsmooth.engine.demo import shipped as demo_assets
     from diffsmooth.engine.runs.assemble import ModelSources, load_models
     from diffsmooth.engine.runs.fast_path import FastPath
-    from diffsmooth.engine.runs.stage_backends import build_smooth
+    from diffsmooth.engine.runs.stage_build import build_smooth
     if not demo_assets.DEMO_UNET.exists():
         pytest.skip("embedded demo weights not built")
     config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
@@ -75,7 +75,7 @@ def test_the_demo_diffusers_ddpm_on_cuda(precision):
     from diffsmooth.engine.demo import shipped as demo_assets
     from diffsmooth.engine.runs.assemble import ModelSources, load_models
     from diffsmooth.engine.runs.fast_path import FastPath, measure_agreement
-    from diffsmooth.engine.runs.stage_backends import build_smooth
+    from diffsmooth.engine.runs.stage_build import build_smooth
     if not demo_assets.DEMO_DDPM.exists():
         pytest.skip("the demo's diffusers denoiser is not built")
     config = MethodConfig("dds", 0.5)
@@ -107,8 +107,8 @@ def test_two_streams_count_like_one():
 
 
 def test_cuda_graph_replay_matches_uncaptured_call():
-    from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
-    from diffsmooth.engine.backends.torch_backend import TorchStage
+    from diffsmooth.engine.stage_backends.torch.cuda_graphs import CudaGraphStage
+    from diffsmooth.engine.stage_backends.torch.runner import TorchStage
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.GroupNorm(4, 16), torch.nn.SiLU(),
                               torch.nn.Flatten(), torch.nn.Linear(16 * 64, 10))
     stage = TorchStage(net, "tiny", torch.device("cuda"), "fp16")
@@ -152,11 +152,11 @@ def test_issuing_a_packed_batch_never_blocks_the_host():
     """Rows to the device (pinned, non-blocking), noise from keys made once, the stages and the vote
     scatter: no host sync while batches are issued. The only sync is reading completed counts."""
     from diffsmooth.engine.backends.base import BaseClassifierStages
-    from diffsmooth.engine.backends.torch_backend import TorchBackend
     from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
     from diffsmooth.engine.certify.jobs import count_job
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     from diffsmooth.engine.certify.scheduler import Scheduler, Work
+    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
                               torch.nn.Linear(8 * 64, 10)).eval()
     stage = TorchBackend("cuda").stage(LogitsHead(net), "classifier")

@@ -84,11 +84,15 @@ class BaseClassifierStages:
 
 class StageBackend(Protocol):
     """A backend as a run sees it: builds the stages of one method config, or of a sweep's configurations on the
-    same samples, from the run's model sources and how it builds (engine/runs/stage_backends.py has the three,
-    torch, onnxruntime and tensorrt, and the one place that picks one by name)."""
+    same samples, from the run's model sources and how it builds, and decides its fast path's defaults
+    (engine/stage_backends/ has the three, torch, onnxruntime and tensorrt, one folder each, and in registry.py the
+    one place that picks one by name)."""
 
     name: str
     runs_modules: bool          # builds from torch modules (its fast path is checked against eager fp32 per run)
+    accepts_torch_options: bool     # reads the torch fast path's options (compile modes, kernels, rewrites)
+
+    def fast_path_defaults(self, cuda: bool, compile: Optional[bool], asked: dict) -> dict: ...
 
     def stages(self, config, sources, image_shape: Tuple[int, ...], num_classes: Optional[int],
                build) -> "BaseClassifierStages": ...

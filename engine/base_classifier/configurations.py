@@ -21,7 +21,7 @@ from torch import nn
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES, option_variants
-from diffsmooth.engine.base_classifier.torch_stages import probe
+from diffsmooth.engine.base_classifier.probe import probe
 from diffsmooth.engine.errors import UserError, first_line
 
 

@@ -23,7 +23,7 @@ from diffsmooth.engine.runs.dataset_run import Images, Jobs, run_dataset
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings, settings_path
-from diffsmooth.engine.runs.stage_backends import build_smooth
+from diffsmooth.engine.runs.stage_build import build_smooth
 
 
 def spread_indices(total: int, count: int) -> List[int]:

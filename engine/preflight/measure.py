@@ -22,7 +22,8 @@ from diffsmooth.engine.choices import NORMALIZATIONS, SCHEDULES
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.resnet import InputCenterLayer, NormalizedClassifier, NormalizeLayer, normalization_layer
 from diffsmooth.engine.runs.fast_path import FastPath
-from diffsmooth.engine.runs.stage_backends import StageBuild, TorchStages
+from diffsmooth.engine.runs.stage_build import StageBuild
+from diffsmooth.engine.stage_backends.torch.backend import TorchStages
 
 HALF = "half"                               # the variant at half the noise the classifier sees
 VARIANT_SAMPLES = 2                         # samples per image the variants score (their gaps are tens of points)

@@ -1,6 +1,6 @@
 """From model sources to loaded models, and from stages to a ready voter: what a run's models are
 (`ModelSources`, the loaders), the pipeline around built stages, and the once-per-run check of a fast path
-against eager fp32. Building the stages on a backend is engine/runs/stage_backends.py's."""
+against eager fp32. Building the stages on a backend is engine/runs/stage_build.py's (engine/stage_backends/)."""
 
 from __future__ import annotations
 

@@ -19,8 +19,9 @@ from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.plan import ResolvedRun
 from diffsmooth.engine.runs.results import merge_results, read_rows, shard_path
 from diffsmooth.engine.runs.sharding import finish, wait_for_all
-from diffsmooth.engine.runs.stage_backends import build_stages, build_sweep_stages, stage_backend
+from diffsmooth.engine.runs.stage_build import build_stages, build_sweep_stages
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
+from diffsmooth.engine.stage_backends.registry import stage_backend
 
 
 def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optional[ModelSet] = None) -> MonteCarloPipeline:

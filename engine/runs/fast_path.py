@@ -11,11 +11,10 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
-from diffsmooth.engine.backends.compile_options import check_compile_mode, parse_inductor_knobs
-from diffsmooth.engine.base_classifier.torch_stages import check_classifier_rewrites
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import packing
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE, AgreementReport, judge_agreement
+from diffsmooth.engine.stage_backends.registry import stage_backend
 
 # Batch defaults from the H200 measurements (bench/results/h200-2026-11-26/): the compiled
 # CIFAR-10 UNet peaks at batch 2000 (classifier B x m = 10,000); the ImageNet UNet was measured at 32.
@@ -48,7 +47,7 @@ class FastPath:
     # the time-per-sample variants, each off (None / empty) unless asked for until a GPU has measured it
     lean_unet: bool = False                     # eps-only output conv, t*'s embedding once per call
     compile_mode: Optional[str] = None          # torch.compile mode (None: torch's default)
-    inductor: Tuple[str, ...] = ()              # inductor knobs (engine/backends/compile_options.py)
+    inductor: Tuple[str, ...] = ()              # inductor knobs (engine/stage_backends/torch/compile_options.py)
     classifier_batch: Optional[int] = None      # samples per classifier call (None: sized from free memory)
     triton_conv: bool = False                   # folded ResNet classifier on Triton convolutions
     triton_blocks: bool = False                 # with triton_conv: each stride-1 BasicBlock one Triton kernel
@@ -63,67 +62,31 @@ class FastPath:
 
     @classmethod
     def resolve(cls, device: str, compile: Optional[bool] = None, *, backend: str = "torch", **asked) -> "FastPath":
-        """The one place the fast path's defaults are decided; `asked`: the settings of ASKED a user gave (None
-        or absent: the default). Torch backend: on CUDA everything on unless switched off; on CPU eager unless
-        compile=True. Compiled stages always get static batches (one graph per run); fused attention defaults to
-        on with compiled CUDA stages; fused (BatchNorm-folded) classifier convolutions only when asked for
-        (docs/status.md says what has run on a GPU). The lean UNet, the compile mode and inductor knobs, the
-        classifier's own batch, Triton convolutions and the packed first stage are off until asked for: no GPU has
-        measured them (docs/performance.md, "Time-per-sample variants"). TensorRT: static batches (plans are built
-        for the run's batch) and, on CUDA, two streams. ONNX Runtime: none of it."""
+        """The fast path of a run on `backend`; `asked`: the settings of ASKED a user gave (None or absent: the
+        default). Each backend decides its own defaults (its class's `fast_path_defaults`, engine/stage_backends/),
+        and the settings only the torch backend reads are refused on the others. Torch backend: on CUDA everything
+        on unless switched off; on CPU eager unless compile=True. Compiled stages always get static batches (one
+        graph per run); fused attention defaults to on with compiled CUDA stages; fused (BatchNorm-folded)
+        classifier convolutions only when asked for (docs/status.md says what has run on a GPU). The lean UNet, the
+        compile mode and inductor knobs, the classifier's own batch, Triton convolutions and the packed first stage
+        are off until asked for: no GPU has measured them (docs/performance.md, "Time-per-sample variants").
+        TensorRT: static batches (plans are built for the run's batch) and, on CUDA, two streams. ONNX Runtime:
+        none of it."""
         unknown = sorted(set(asked) - set(ASKED))
         if unknown:
             raise TypeError(f"FastPath.resolve() got unknown settings {unknown}")
-        cuda_graphs, streams = asked.get("cuda_graphs"), asked.get("streams")
-        fused_attention, fused_conv, lean_unet = asked.get("fused_attention"), asked.get("fused_conv"), asked.get("lean_unet")
-        compile_mode, classifier_compile_mode = asked.get("compile_mode"), asked.get("classifier_compile_mode")
-        classifier_batch, pack_images = asked.get("classifier_batch"), asked.get("pack_images")
-        triton_conv, triton_blocks = asked.get("triton_conv"), asked.get("triton_blocks")
-        inductor = asked.get("inductor") or ()
         try:
             cuda = torch.device(device).type == "cuda"
         except RuntimeError:
             raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
-        pack_images = packing(pack_images)
-        asked = [name for name, value in (("lean_unet", lean_unet), ("compile_mode", compile_mode),
-                                          ("inductor", inductor), ("classifier_batch", classifier_batch),
-                                          ("triton_conv", triton_conv), ("triton_blocks", triton_blocks),
-                                          ("pack_images", pack_images),
-                                          ("classifier_compile_mode", classifier_compile_mode))
-                 if value not in (None, False, (), "")]
-        if backend != "torch" and asked:
-            raise UserError(f"`{asked[0]}` is for the torch backend, not {backend}")
-        if backend == "tensorrt":
-            return cls(static_batch=True, streams=2 if cuda else 1)
-        if backend != "torch":
-            return cls()
-        compile = cuda if compile is None else bool(compile)
-        cuda_graphs = (cuda and compile) if cuda_graphs is None else bool(cuda_graphs)
-        if cuda_graphs and not cuda:
-            raise UserError("`cuda_graphs` needs a CUDA device")
-        streams = (2 if cuda else 1) if streams is None else int(streams)
-        if streams not in (1, 2):
-            raise UserError(f"`streams` must be 1 or 2, got {streams}")
-        fused_attention = (cuda and compile) if fused_attention is None else bool(fused_attention)
-        compile_mode = check_compile_mode(None if compile_mode == "default" else compile_mode)
-        classifier_compile_mode = check_compile_mode(None if classifier_compile_mode == "default"
-                                                     else classifier_compile_mode)
-        inductor = parse_inductor_knobs(inductor)
-        if (compile_mode or classifier_compile_mode or inductor) and not compile:
-            raise UserError("`compile_mode`, `classifier_compile_mode` and `inductor` set how stages compile: they "
-                            "need `compile`")
-        if classifier_batch is not None and (isinstance(classifier_batch, bool) or not isinstance(classifier_batch, int)
-                                             or classifier_batch < 1):
-            raise UserError(f"`classifier_batch` must be an integer >= 1, got {classifier_batch!r}")
-        check_classifier_rewrites(fused_conv, triton_conv, pack_images)
-        if triton_blocks and not triton_conv:
-            raise UserError("`triton_blocks` fuses the Triton convolutions of a block: it needs `triton_conv`")
-        return cls(compile=compile, cuda_graphs=cuda_graphs, streams=streams,
-                   static_batch=compile or cuda_graphs, compiled_noise=compile and cuda,
-                   fused_attention=fused_attention, fused_conv=bool(fused_conv), lean_unet=bool(lean_unet),
-                   compile_mode=compile_mode, inductor=inductor, classifier_batch=classifier_batch,
-                   triton_conv=bool(triton_conv), triton_blocks=bool(triton_blocks), pack_images=pack_images,
-                   classifier_compile_mode=classifier_compile_mode)
+        asked = {**asked, "pack_images": packing(asked.get("pack_images")), "inductor": asked.get("inductor") or ()}
+        given = [name for name in ("lean_unet", "compile_mode", "inductor", "classifier_batch", "triton_conv",
+                                   "triton_blocks", "pack_images", "classifier_compile_mode")
+                 if asked.get(name) not in (None, False, (), "")]
+        on = stage_backend(backend)
+        if given and not on.accepts_torch_options:
+            raise UserError(f"`{given[0]}` is for the torch backend, not {backend}")
+        return cls(**on.fast_path_defaults(cuda, compile, asked))
 
     @property
     def changes_arithmetic(self) -> bool:

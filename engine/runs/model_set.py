@@ -19,7 +19,7 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from diffsmooth.engine.backends.recompile_limit import compiled_graphs
+from diffsmooth.engine.stage_backends.torch.recompile_limit import compiled_graphs
 
 __all__ = ["ModelSet", "architecture", "copy_weights"]
 

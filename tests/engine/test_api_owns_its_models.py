@@ -171,12 +171,12 @@ def test_a_run_keeps_the_rows_before_its_weights_changed_and_refuses_the_rest(tm
     """Weights written in place in the middle of a sealed run (in the third image's first batch): the run
     stops with WeightsChanged; the rows written before equal a clean run's, and none comes after."""
     from diffsmooth.engine.backends.base import BaseClassifierStages
-    from diffsmooth.engine.backends.torch_backend import TorchBackend
     from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     from diffsmooth.engine.runs.dataset_run import Images as RunImages
     from diffsmooth.engine.runs.dataset_run import Jobs, run_dataset
     from diffsmooth.engine.runs.results import read_rows
+    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
 
     def run(out, change_after=None):
         classifier = spread_classifier(2)

@@ -127,9 +127,9 @@ def test_a_methods_score_tolerance_reaches_the_agreement_check(gain, tiny_models
     score_tolerance); its stages carry it and the run-time check judges with it instead of the default."""
     import numpy as np
 
-    from diffsmooth.engine.backends.torch_backend import TorchBackend
-    from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
     from diffsmooth.engine.runs.fast_path import judge_each_configuration
+    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+    from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
     classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
     config = MethodConfig(gain, 0.25)

@@ -15,13 +15,9 @@ import torch
 ort = pytest.importorskip("onnxruntime")
 
 from diffsmooth.engine.backends.base import BaseClassifierStages  # noqa: E402
-from diffsmooth.engine.backends.onnxruntime_backend import OrtStage  # noqa: E402
-from diffsmooth.engine.backends.torch_backend import TorchBackend  # noqa: E402
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser  # noqa: E402
 from diffsmooth.engine.base_classifier.methods import MethodConfig  # noqa: E402
-from diffsmooth.engine.base_classifier.onnx_stages import build_onnx_stages  # noqa: E402
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule  # noqa: E402
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages  # noqa: E402
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline  # noqa: E402
 from diffsmooth.engine.certify.smooth import Smooth  # noqa: E402
 from diffsmooth.engine.errors import UserError  # noqa: E402
@@ -29,6 +25,10 @@ from diffsmooth.engine.hashing import sha256_file  # noqa: E402
 from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state  # noqa: E402
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer  # noqa: E402
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel  # noqa: E402
+from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtStage  # noqa: E402
+from diffsmooth.engine.stage_backends.onnxruntime.stages import build_onnx_stages  # noqa: E402
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend  # noqa: E402
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages  # noqa: E402
 from diffsmooth.export.fp16 import precision_report  # noqa: E402
 from diffsmooth.export.graph_passes import infer_types  # noqa: E402
 from diffsmooth.export.manifest import read_manifest  # noqa: E402
@@ -151,7 +151,7 @@ def test_dynamic_batch_and_fp32_matches_torch(export_dir, models):
     den = _graph(graphs["dds"], "denoiser")
     cls = _graph(graphs["diffsmooth-fresh"], "classifier")
     purifier = denoiser.purifier(SIGMA)
-    from diffsmooth.engine.base_classifier.torch_stages import score_module
+    from diffsmooth.engine.stage_backends.torch.stages import score_module
     head = score_module(CONFIGS["diffsmooth-fresh"], classifier, SHAPE)
     s_den = ort.InferenceSession(str(den.path), providers=["CPUExecutionProvider"])
     s_cls = ort.InferenceSession(str(cls.path), providers=["CPUExecutionProvider"])

@@ -170,8 +170,8 @@ def test_one_compiled_graph_serves_every_step_and_votes_as_eager(tiny_models):
     """The fast path's compiled step: the timestep and coefficients are inputs, so S steps compile one graph, and
     the compiled chain's samples, and the votes on them, are eager fp32's (CPU; the classifier is not compiled here,
     its compiled forms have tests of their own)."""
-    from diffsmooth.engine.backends.recompile_limit import compiled_graphs
-    from diffsmooth.engine.backends.torch_backend import TorchBackend
+    from diffsmooth.engine.stage_backends.torch.recompile_limit import compiled_graphs
+    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
 
     api = _api(tiny_models)
     config = MethodConfig("densepure", api.sigma, options=(("reverse_runs", 2), ("steps", 3)))
@@ -225,7 +225,7 @@ def test_densepure_on_cuda_agrees_with_eager_fp32(precision):
     from diffsmooth.engine.demo import shipped as demo_assets
     from diffsmooth.engine.runs.assemble import ModelSources, load_models
     from diffsmooth.engine.runs.fast_path import FastPath, measure_agreement
-    from diffsmooth.engine.runs.stage_backends import build_smooth
+    from diffsmooth.engine.runs.stage_build import build_smooth
     from diffsmooth.engine.runs.vote_agreement import design_flip_rate
     if not demo_assets.DEMO_UNET.exists():
         pytest.skip("embedded demo weights not built")
@@ -307,10 +307,10 @@ def test_two_gloo_ranks_under_torchrun_write_one_process_rows(tiny_cli_args, tmp
 def test_a_sweep_over_k_shares_the_chains_and_writes_each_ks_single_rows(tiny_models, tiny_cli_args, tmp_path):
     """`--option reverse_runs=1,3`: one purify stage of 3 chains (run k's noise does not depend on K), each K's
     majority on its first K runs; every configuration's rows equal its own single run's, and spread."""
-    from diffsmooth.engine.backends.torch_backend import TorchBackend
     from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
     from diffsmooth.engine.base_classifier.denoise import load_denoiser
     from diffsmooth.engine.runs.results import read_rows
+    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
 
     sweep = tmp_path / "sweep"
     quick = [*FAST[:-3], "--batch", "30", "--quiet"]             # one batch per image's estimate

@@ -15,12 +15,12 @@ from diffusers import DDIMScheduler, DDPMScheduler  # noqa: E402
 from diffusers_fixtures import save_pipeline, tiny_unet  # noqa: E402
 from tiny_fixtures import SIGMA, centroid_classifier, tiny_images  # noqa: E402
 
-from diffsmooth.engine.backends.torch_backend import TorchBackend  # noqa: E402
 from diffsmooth.engine.base_classifier.denoise import load_denoiser  # noqa: E402
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named  # noqa: E402
 from diffsmooth.engine.base_classifier.methods.reverse_chains_purifier import MAX_STEPS  # noqa: E402
 from diffsmooth.engine.errors import UserError  # noqa: E402
 from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint  # noqa: E402
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend  # noqa: E402
 
 
 class GeneratorDraws:

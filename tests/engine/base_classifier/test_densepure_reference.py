@@ -14,11 +14,11 @@ import pytest
 import torch
 from tiny_fixtures import TINY_UNET, random_unet
 
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.methods.reverse_chains_purifier import MAX_STEPS, ReversePlan
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, betas_for
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
 
 SIGMA = 0.5
 RUNS = 2

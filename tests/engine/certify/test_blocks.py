@@ -11,12 +11,12 @@ import pytest
 import torch
 from test_scheduler import INDICES, SHAPE, TemplateClassifier, TwoLanes, images, jobs, packed_results, pipeline
 
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.jobs import count_job
 from diffsmooth.engine.certify.scheduler import MiscountedSamples, Scheduler, Work
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 
 @pytest.fixture(scope="module")

@@ -6,14 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, NonFiniteScores
 from diffsmooth.engine.certify.smooth import Smooth
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 SHAPE = (1, 8, 8)
 

@@ -15,13 +15,13 @@ from stage_fixtures import RESNET8, SHAPE, build_tiny_stages, image, make_pipeli
 from test_triton_conv import prototype_classifier, prototype_images
 
 from diffsmooth.bench.variants import parse_variant
-from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import PackedCifarResNet, pack_classifier
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 CL = torch.channels_last
 

@@ -249,7 +249,7 @@ def test_beit_counts_on_cuda(tmp_path, precision):
     (fp32) agree with the CPU's up to near-ties."""
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.runs.assemble import ModelSources
-    from diffsmooth.engine.runs.stage_backends import build_smooth
+    from diffsmooth.engine.runs.stage_build import build_smooth
     path = official_checkpoint(tmp_path / "b.pt", tiny_beit())
     config = MethodConfig("rs", 0.25)
     sources = ModelSources(classifier=str(path), stats="imagenet")

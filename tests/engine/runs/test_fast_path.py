@@ -7,13 +7,13 @@ import pytest
 import torch
 from stage_fixtures import SHAPE, image, make_pipeline, spread_classifier  # noqa: F401
 
-from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
 from diffsmooth.engine.certify.lanes import SerialLanes
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, gaussian
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch, validate_fast_path
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 
 def test_fixture_votes_spread(tiny_stages):

@@ -8,15 +8,15 @@ import pytest
 import torch
 from stage_fixtures import SHAPE, build_tiny_stages, spread_classifier
 
-from diffsmooth.engine.backends.recompile_limit import compiled_graphs
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages, score_module
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.model_set import ModelSet, architecture
+from diffsmooth.engine.stage_backends.torch.recompile_limit import compiled_graphs
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages, score_module
 
 
 def other_weights(module: torch.nn.Module, seed: int) -> torch.nn.Module:

@@ -4,13 +4,13 @@ stop writes a row that says so; a result file written before `selected` existed 
 import torch
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, run_dataset
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, SEQUENTIAL_EXTRA_BEFORE_SELECTED, read_result
 from diffsmooth.engine.runs.row_states import read_states, states_path
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
 from tests.stage_fixtures import spread_classifier
 
 N0 = 20

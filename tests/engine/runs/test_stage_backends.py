@@ -1,11 +1,15 @@
-"""A backend is a class (engine/runs/stage_backends.py): the command line's names are the registered ones, an
-unknown name is refused in one line, and only the torch backend's fast path is checked against eager fp32 per run."""
+"""A backend is a class in its own folder (engine/stage_backends/, picked by name in registry.py): the command
+line's names are the registered ones, an unknown name is refused in one line, only the torch backend's fast path is
+checked against eager fp32 per run, and each backend decides its own fast path's defaults."""
 
 import pytest
 
 from diffsmooth.engine.choices import BACKENDS
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.runs.stage_backends import STAGE_BACKENDS, ExportedStages, StageBuild, TorchStages, stage_backend
+from diffsmooth.engine.runs.stage_build import StageBuild
+from diffsmooth.engine.stage_backends.exported import ExportedStages
+from diffsmooth.engine.stage_backends.registry import STAGE_BACKENDS, stage_backend
+from diffsmooth.engine.stage_backends.torch.backend import TorchStages
 
 
 def test_the_backends_are_the_command_lines_in_its_order():

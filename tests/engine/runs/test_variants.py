@@ -13,15 +13,15 @@ import torch
 from cli_helpers import invoke_ok, rows_without_time
 from stage_fixtures import SHAPE, build_tiny_stages, image, make_pipeline
 
-from diffsmooth.engine.backends.compile_options import Compilation, compile_options, parse_inductor_knobs
-from diffsmooth.engine.backends.torch_backend import TorchBackend
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages, score_module
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, initial_score_chunks
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.fast_path import OPTIONAL_KEYS, FastPath
 from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.stage_backends.torch.compile_options import Compilation, compile_options, parse_inductor_knobs
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages, score_module
 
 
 def test_each_variant_is_off_and_unrecorded_by_default_and_recorded_when_on():
@@ -280,8 +280,8 @@ TRITON_SCRIPT = """
 import json
 import torch
 from stage_fixtures import RESNET8, SHAPE, build_tiny_stages, image, make_pipeline, randomized_bn_resnet
-from diffsmooth.engine.backends.torch_backend import TorchBackend
-from diffsmooth.engine.base_classifier.torch_stages import build_torch_stages
+from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models import triton_conv
 from diffsmooth.engine.models.folded_resnet import FoldedConv, fold_classifier
@@ -371,10 +371,10 @@ def test_the_triton_check_keeps_the_kernels_only_when_they_agree_with_torch_conv
     disagrees or is not finite gives way to the folded one, which then stays off cuDNN's fused kernels."""
     from stage_fixtures import randomized_bn_resnet
 
-    from diffsmooth.engine.base_classifier.torch_stages import checked_triton
     from diffsmooth.engine.models import folded_resnet
     from diffsmooth.engine.models.folded_resnet import fold_classifier
     from diffsmooth.engine.models.triton_conv import tritonize
+    from diffsmooth.engine.stage_backends.torch.stages import checked_triton
     monkeypatch.setitem(folded_resnet.CUDNN_FUSION, "enabled", True)
     folded = fold_classifier(randomized_bn_resnet("cifar_resnet20"))
     seen = []
@@ -409,8 +409,8 @@ def test_a_kernels_check_allows_what_the_runs_precision_itself_is_off_by():
     the absolute term (what refused the Triton kernel and cuDNN's fusion on a random-weight ResNet-110); one far
     worse than fp16's own drift, a non-finite one or one of another shape does not; checked_triton judges
     against `exact` when given, and against the fp16 reference alone without it."""
-    from diffsmooth.engine.base_classifier.torch_stages import checked_triton
     from diffsmooth.engine.models.folded_resnet import fusion_verdict
+    from diffsmooth.engine.stage_backends.torch.stages import checked_triton
     g = torch.Generator().manual_seed(0)
     truth = torch.randn(8, 10, generator=g)
     fp16_drift = 0.15 * torch.randn(8, 10, generator=g).clamp(-1, 1)

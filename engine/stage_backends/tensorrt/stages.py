@@ -9,12 +9,12 @@ from typing import Optional
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
-from diffsmooth.engine.backends.tensorrt_backend import TrtStage, cuda_device, gpu_identity, import_tensorrt
-from diffsmooth.engine.backends.trt_plans import choose_plan, scan_plans
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.onnx_stages import exported_from, exported_stages, wanted_fields
 from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.stage_backends.onnxruntime.stages import exported_from, exported_stages, wanted_fields
+from diffsmooth.engine.stage_backends.tensorrt.plans import choose_plan, scan_plans
+from diffsmooth.engine.stage_backends.tensorrt.runner import TrtStage, cuda_device, gpu_identity, import_tensorrt
 
 TRT_PRECISIONS = GRAPH_PRECISIONS
 

@@ -10,11 +10,12 @@ import torch
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
-from diffsmooth.engine.backends.onnxruntime_backend import ORT_PRECISIONS, OrtSession, OrtStage
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.torch_stages import method_stages, probe
+from diffsmooth.engine.base_classifier.probe import probe
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.stage_backends.onnxruntime.runner import ORT_PRECISIONS, OrtSession, OrtStage
+from diffsmooth.engine.stage_backends.torch.stages import method_stages
 
 
 def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[dict, dict]:

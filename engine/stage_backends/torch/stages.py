@@ -1,6 +1,5 @@
 """A method's stages on the torch backend: the denoiser's purifier and the method's score head, with the classifier
-rewrites of the fast path (folded, fused, Triton, packed) and one probe that turns a shape the models cannot take
-into one line."""
+rewrites of the fast path (folded, fused, Triton, packed), probed once (base_classifier/probe.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +9,12 @@ import torch
 from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.backends.torch_backend import AUTOCAST_DTYPES
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.certify.noise import STREAM_PURIFY, NoiseKeys, RowNoise
-from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.base_classifier.probe import probe
+from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, fp32_scores, fusion_verdict, probe_cudnn_fusion
 from diffsmooth.engine.models.packed_resnet import pack_classifier
+from diffsmooth.engine.stage_backends.torch.runner import AUTOCAST_DTYPES
 
 
 def score_module(config: MethodConfig, classifier: nn.Module, image_shape: Tuple[int, ...]) -> nn.Module:
@@ -173,30 +172,3 @@ def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, .
                                 purify_noise=kind.purifier.draws_noise and config.uses_denoiser,
                                 purified_shape=kind.purifier.purified_shape(config, image_shape),
                                 score_tolerance=kind.score_tolerance(config))
-
-
-def probe(stages: BaseClassifierStages, image_shape: Tuple[int, ...]) -> int:
-    """Run one blank sample through the stages: a shape the models cannot take becomes one clear
-    error here instead of a stack trace mid-run. Returns the number of classes scored.
-    Compiled stages are probed through their eager form, so no graph is compiled for batch 1."""
-    blank = x = torch.full((1, *image_shape), 0.5, device=stages.device)
-    purify = getattr(stages.purify, "eager", stages.purify)
-    score = getattr(stages.score, "eager", stages.score)
-    try:
-        if purify is not None:
-            x = purify(x, RowNoise(NoiseKeys(0, STREAM_PURIFY, stages.device), *[torch.zeros(1, dtype=torch.int64,
-                       device=stages.device)] * 2)) if stages.purify_noise else purify(x)
-            want = tuple(stages.purified_shape or image_shape)
-            if tuple(x.shape[1:]) != want:
-                raise UserError(f"the denoiser returned shape {tuple(x.shape[1:])} for input {tuple(image_shape)}")
-        inputs = [x if name == "denoised" else blank for name in stages.inputs]
-        if stages.local_noise_shape is not None:
-            inputs.append(torch.zeros((1, *stages.local_noise_shape), device=stages.device))
-        out = score(*inputs)
-    except RuntimeError as exc:
-        raise UserError(f"the models cannot take images of shape {tuple(image_shape)} "
-                        f"({stages.describe()}): {first_line(exc)}") from exc
-    if out.dim() != (2 if not stages.configs else 3):
-        want = "[B, classes]" if not stages.configs else "[B, configurations, classes]"
-        raise UserError(f"the classifier stage returned shape {tuple(out.shape)}, expected {want}")
-    return int(out.shape[-1])

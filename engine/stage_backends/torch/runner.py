@@ -2,8 +2,8 @@
 autocast fp16/bf16 (GroupNorm statistics and softmax stay fp32 inside the models).
 
 The fast path (default on CUDA): channels_last, `torch.compile` at one static batch shape,
-cudnn.benchmark, and each stage replayed from a CUDA graph (engine/backends/cuda_graphs.py). The compile's
-mode and inductor knobs, when asked for, are that compile's own options (engine/backends/compile_options.py).
+cudnn.benchmark, and each stage replayed from a CUDA graph (engine/stage_backends/torch/cuda_graphs.py). The compile's
+mode and inductor knobs, when asked for, are that compile's own options (engine/stage_backends/torch/compile_options.py).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from diffsmooth.engine.backends.compile_cache import use_compile_cache
-from diffsmooth.engine.backends.compile_options import Compilation, check_compile_mode, compile_options, freezes
-from diffsmooth.engine.backends.cuda_graphs import CudaGraphStage
-from diffsmooth.engine.backends.recompile_limit import is_recompile_limit_hit, reserve_compiled_stage
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.stage_backends.torch.compile_cache import use_compile_cache
+from diffsmooth.engine.stage_backends.torch.compile_options import Compilation, check_compile_mode, compile_options, freezes
+from diffsmooth.engine.stage_backends.torch.cuda_graphs import CudaGraphStage
+from diffsmooth.engine.stage_backends.torch.recompile_limit import is_recompile_limit_hit, reserve_compiled_stage
 
 # a run's precision (choices.RUN_PRECISIONS) -> the dtype torch.autocast runs the stages at (fp32: no autocast)
 AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -1,6 +1,6 @@
 """ONNX Runtime backend: an exported graph (diffsmooth.export) as a Stage, with the session options
 and execution providers for a device; onnxruntime is imported lazily so `import diffsmooth` works
-without it. Which graphs a method needs is decided above, in base_classifier/onnx_stages.py."""
+without it. Which graphs a method needs is decided beside it, in stages.py."""
 
 from __future__ import annotations
 

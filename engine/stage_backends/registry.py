@@ -1,0 +1,25 @@
+"""The one place a backend's name becomes its class: the backends a run builds its stages on, one folder each behind
+engine/backends/base.py's `StageBackend`: `torch` (the models in eager or compiled torch), `onnxruntime` (the graphs
+of `diffsmooth export`), `tensorrt` (the plans of `diffsmooth build-engine`). A run, its fast path's defaults, the
+Python API and `diffsmooth bench` all ask `stage_backend(name)`; the rest of the product asks the backend object
+(`runs_modules`, `accepts_torch_options`, ...), never compares its name."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+from diffsmooth.engine.backends.base import StageBackend
+from diffsmooth.engine.choices import BACKENDS
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.stage_backends.onnxruntime.backend import OnnxRuntimeStages
+from diffsmooth.engine.stage_backends.tensorrt.backend import TensorRTStages
+from diffsmooth.engine.stage_backends.torch.backend import TorchStages
+
+STAGE_BACKENDS: Dict[str, StageBackend] = {b.name: b for b in (TorchStages(), OnnxRuntimeStages(), TensorRTStages())}
+
+
+def stage_backend(name: str) -> StageBackend:
+    """The backend called `name`; an unknown one is refused in one line."""
+    if name not in STAGE_BACKENDS:
+        raise UserError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    return STAGE_BACKENDS[name]

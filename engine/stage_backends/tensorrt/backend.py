@@ -1,0 +1,21 @@
+"""The tensorrt backend as a run sees it (engine/backends/base.py's StageBackend)."""
+
+from __future__ import annotations
+
+from diffsmooth.engine.stage_backends.exported import ExportedStages
+from diffsmooth.engine.stage_backends.tensorrt.stages import build_trt_stages
+
+
+class TensorRTStages(ExportedStages):
+    """The plans `diffsmooth build-engine` built from the exported graphs, for the run's batch."""
+
+    name = "tensorrt"
+    needs = "graphs from `diffsmooth export`, plans from `diffsmooth build-engine`"
+
+    def fast_path_defaults(self, cuda: bool, compile, asked: dict) -> dict:
+        """Static batches (plans are built for the run's batch) and, on CUDA, two streams."""
+        return {"static_batch": True, "streams": 2 if cuda else 1}
+
+    def load(self, config, sources, image_shape, num_classes, build):
+        return build_trt_stages(build.onnx_dir, config, image_shape, num_classes, device=build.device,
+                                precision=build.precision, batch=build.batch, classifier=sources.classifier)
