@@ -2,6 +2,7 @@
 (DDS with a majority of K one-shot denoisings) certifies through the command line and the Python API, and a toy
 purifier defined here composes with every head."""
 
+import inspect
 import json
 
 import pytest
@@ -90,6 +91,7 @@ def test_the_fifth_method_certifies_through_the_cli_and_the_api_as_dds(methods, 
         batch=16, denoisings=3)
     model.certify_dataset(load_dataset("npz", str(tiny_models["data"])), api_rows, n0=8, n=40, alpha=0.001)
     assert rows_without_time(api_rows) == rows_without_time(majority)
+    assert len(inspect.getsourcelines(MajorityOfDenoisings)[0]) <= 60       # a method from existing parts: one file
 
 
 def test_a_toy_purifier_composes_with_every_head(methods, tiny_models, tiny_cli_args, tmp_path):

@@ -115,7 +115,7 @@ def test_no_method_carries_a_flag_like_switch():
             assert set(_flags(part)) <= CAPABILITIES, (part.__name__, set(_flags(part)) - CAPABILITIES)
     assert inspect.isabstract(Purifier) and inspect.isabstract(Head)
     assert not [name for name in vars(Method) if not name.startswith("_")
-                and name not in {"name", "line_name", "flip_rates", "paper_settings", "options", "score_head",
+                and name not in {"name", "line_name", "flip_rates", "purifier", "head", "options", "score_head",
                                  "classifier_calls", "score_tolerance", "config_tag", "graph_tag", "graph_fields",
                                  "config_from_manifest", "demo_classifier"}]
 
@@ -167,3 +167,23 @@ def test_no_engine_or_exporter_code_names_a_method():
     assert not offenders, offenders
     assert _methods_named(ast.parse('method_named("diffsmooth")\nMethodConfig("dds", 0.5)\nf("rs")\n')) == \
         [(1, "diffsmooth"), (2, "dds")]
+
+
+def test_diffsmooths_settings_are_its_heads_options_and_the_old_spellings_are_aliases():
+    """m, sigma', the local noise and its seed are declared once, on DiffSmooth's head; the keywords and the command
+    line's --m / --local-sigma / --local-noise set the same options as `--option NAME=VALUE`."""
+    from diffsmooth.engine.runs.request import RunRequest
+    head = method_named("diffsmooth").head
+    assert [o.name for o in head.options] == ["local_sigma", "m", "local_noise", "local_noise_seed"]
+    assert method_named("diffsmooth").options == head.options and not method_named("diffsmooth").purifier.options
+    by_alias = MethodConfig("diffsmooth", 0.5, m=3, local_sigma=0.12, local_noise="fresh")
+    assert by_alias == MethodConfig("diffsmooth", 0.5, options={"m": 3, "local_sigma": 0.12, "local_noise": "fresh"})
+    assert by_alias.option("m") == 3 and by_alias.replace(m=1).option("m") == 1
+    flags = RunRequest.parse("certify", out="r.tsv", method=("diffsmooth",), m=(3,), local_sigma=(0.12,),
+                             local_noise="fresh")
+    options = RunRequest.parse("certify", out="r.tsv", method=("diffsmooth",),
+                               method_options=(("m", "3"), ("local_sigma", "0.12"), ("local_noise", "fresh")))
+    assert flags.method_config() == options.method_config() == by_alias
+    assert RunRequest.parse("certify", out="r.tsv", method=("rs",), m=(3,)).method_config() == MethodConfig("rs", 0.5)
+    with pytest.raises(UserError, match="setting m must be 1..1024"):
+        RunRequest.parse("certify", out="r.tsv", method=("diffsmooth",), m=(0,))

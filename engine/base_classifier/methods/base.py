@@ -26,9 +26,6 @@ class Method:
     # Per-sample vote flips of a correct fp16 / bf16 path against eager fp32 that the run-time agreement check
     # expects (engine/runs/vote_agreement.py); each method's figures say where they were measured.
     flip_rates: ClassVar[Dict[str, float]] = {}
-    # The paper's settings at each sigma where a table line names none (its options' values by sigma), e.g.
-    # DiffSmooth's sigma' and m (engine/table/spec.py).
-    paper_settings: ClassVar[Dict[float, Dict[str, Tuple]]] = {}
 
     @property
     def options(self) -> Tuple[MethodOption, ...]:
