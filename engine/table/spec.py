@@ -318,10 +318,9 @@ def parse_spec(doc: dict, where: str = "spec") -> TableSpec:
         if not isinstance(name, str) or not name.strip() or name in names:
             raise UserError(f"{at}: name must be a new non-empty string, got {name!r}")
         names.add(name)
-        foreign = sorted(({"local_sigma", "m"} & set(raw)) - declared)
-        if foreign:
-            having = [n for n in method_names() if set(foreign) <= {o.name for o in method_named(n).options}]
-            raise UserError(f"{at}: {' and '.join(foreign)} belong to {' and '.join(having)} lines")
+        if ({"local_sigma", "m"} & set(raw)) - declared:
+            having = [n for n in method_names() if {"local_sigma", "m"} <= {o.name for o in method_named(n).options}]
+            raise UserError(f"{at}: local_sigma and m belong to {' and '.join(having)} lines")
         source, layer = raw.get("source"), raw.get("normalization")
         if source is not None and source not in SOURCES:
             raise UserError(f"{at}: source must be one of {', '.join(SOURCES)}, got {source!r}")

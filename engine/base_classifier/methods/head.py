@@ -68,3 +68,14 @@ class SweepScorer(nn.Module):
     the sweep's fresh noise or None. `noise_shape`: the fresh noise it takes per sample ([M, C, H, W]) or None."""
 
     noise_shape: Optional[Tuple[int, ...]] = None
+
+
+class EachOwnScorer(SweepScorer):
+    """A sweep share with nothing shared: each configuration's own module on the samples it reads (`reads`)."""
+
+    def __init__(self, modules, reads):
+        super().__init__()
+        self.own, self.reads = nn.ModuleList(modules), tuple(reads)
+
+    def forward(self, samples, fresh=None):
+        return [module(samples[reads]).float() for module, reads in zip(self.own, self.reads)]

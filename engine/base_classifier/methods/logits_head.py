@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
-from diffsmooth.engine.base_classifier.methods.head import Head, SweepScorer
+from diffsmooth.engine.base_classifier.methods.head import EachOwnScorer, Head
 
 
 class Logits(Head):
@@ -38,15 +36,4 @@ class Logits(Head):
         return {}
 
     def sweep_scorer(self, configs, classifiers, image_shape, runs):
-        return LogitsScorer(classifiers, [c.method.kind.purifier.reads for c in configs])
-
-
-class LogitsScorer(SweepScorer):
-    """Each configuration's classifier on the samples it reads."""
-
-    def __init__(self, classifiers, reads):
-        super().__init__()
-        self.classifiers, self.reads = nn.ModuleList(classifiers), tuple(reads)
-
-    def forward(self, samples, fresh=None):
-        return [classifier(samples[reads]).float() for classifier, reads in zip(self.classifiers, self.reads)]
+        return EachOwnScorer(classifiers, [c.method.kind.purifier.reads for c in configs])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from diffsmooth.engine.base_classifier.methods.head import Head, SweepScorer
+from diffsmooth.engine.base_classifier.methods.head import EachOwnScorer, Head
 
 
 class MajorityVoteHead(nn.Module):
@@ -63,16 +63,5 @@ class MajorityVote(Head):
         return {}
 
     def sweep_scorer(self, configs, classifiers, image_shape, runs):
-        return MajorityScorer([MajorityVoteHead(classifiers[i], k) for i, k in zip(range(len(configs)), runs)],
-                              [c.method.kind.purifier.reads for c in configs])
-
-
-class MajorityScorer(SweepScorer):
-    """Each configuration's majority vote on (the first K of) the shared samples it reads."""
-
-    def __init__(self, heads, reads):
-        super().__init__()
-        self.heads, self.reads = nn.ModuleList(heads), tuple(reads)
-
-    def forward(self, samples, fresh=None):
-        return [head(samples[reads]).float() for head, reads in zip(self.heads, self.reads)]
+        return EachOwnScorer([MajorityVoteHead(classifier, k) for classifier, k in zip(classifiers, runs)],
+                             [c.method.kind.purifier.reads for c in configs])

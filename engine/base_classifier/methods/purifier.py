@@ -56,7 +56,8 @@ class Purifier(ABC):
 
     @abstractmethod
     def runs(self, config: MethodConfig) -> int:
-        """Purified samples per noisy sample (1: one sample of the image's shape; K: [K, C, H, W])."""
+        """Purified samples per noisy sample (1 without `runs_option`: one sample of the image's shape; else K:
+        [K, C, H, W])."""
 
     @abstractmethod
     def unet_calls(self, config: MethodConfig) -> int:
@@ -71,6 +72,6 @@ class Purifier(ABC):
         """What a sweep configuration's file name gets from its settings."""
 
     def purified_shape(self, config: MethodConfig, image_shape) -> Optional[Tuple[int, ...]]:
-        """One noisy sample's purified samples' shape when not the image's (None: the image's)."""
-        runs = self.runs(config)
-        return None if runs == 1 else (runs, *map(int, image_shape))
+        """One noisy sample's purified samples' shape when not the image's (None: the image's): [K, C, H, W] for a
+        purifier with the setting K (even at K = 1)."""
+        return None if self.runs_option is None else (self.runs(config), *map(int, image_shape))
