@@ -13,6 +13,8 @@ from torch import nn
 from diffsmooth.cli import main
 from diffsmooth.engine.base_classifier.methods import Method, MethodConfig, register, unregister
 from diffsmooth.engine.base_classifier.methods.config import MethodOption
+from diffsmooth.engine.base_classifier.methods.logits_head import Logits
+from diffsmooth.engine.base_classifier.methods.no_purifier import NoPurifier
 from diffsmooth.engine.certify.noise import STREAM_PURIFY, NoiseKeys, RowNoise, gaussian, gaussian_rows
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
@@ -34,14 +36,20 @@ class GainHead(nn.Module):
         return self.classifier(0.5 + self.gain * (x - 0.5)).float()
 
 
+class Gain(Logits):
+    """A head with a setting of its own: the classifier on its samples' contrast scaled by `gain`."""
+
+    options = (MethodOption("gain", float, 1.0, 0.0, 4.0, "contrast of the noisy sample"),)
+
+    def module(self, config, classifier, image_shape, runs):
+        return GainHead(classifier, config.option("gain"))
+
+
 class GainSmoothing(Method):
     name = "gain-rs"
-    denoises = False
-    options = (MethodOption("gain", float, 1.0, 0.0, 4.0, "contrast of the noisy sample"),)
+    purifier = NoPurifier()
+    head = Gain()
     flip_rates = {"fp16": 1e-3, "bf16": 1e-2}
-
-    def score_head(self, config, classifier, image_shape):
-        return GainHead(classifier, config.option("gain"))
 
 
 @pytest.fixture
@@ -134,11 +142,11 @@ def test_a_methods_score_tolerance_reaches_the_agreement_check(gain, tiny_models
     classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
     config = MethodConfig(gain, 0.25)
     assert build_torch_stages(config, classifier, None, TorchBackend("cpu"), (3, 8, 8)).score_tolerance is None
-    GainSmoothing.score_tolerance = lambda self, config: 0.5
+    Gain.score_tolerance = lambda self, config, runs: 0.5
     try:
         assert build_torch_stages(config, classifier, None, TorchBackend("cpu"), (3, 8, 8)).score_tolerance == 0.5
     finally:
-        del GainSmoothing.score_tolerance
+        del Gain.score_tolerance
     reference = np.tile(np.array([[4.0, 1.0, 0.0]]), (20, 1))[:, None, :]       # [samples, E, K]
     fast = reference + np.array([0.0, 1.0, 0.0])                                 # 1 / (1 + 4) apart, no vote moved
     counts = [np.array([[20, 0, 0]])]

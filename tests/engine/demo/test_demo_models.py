@@ -195,7 +195,7 @@ def test_demo_sigmas_are_one_list(manifest):
     """Every sigma of DEMO_TRAINING_SIGMAS has its shipped classifier (recorded with that sigma and the seed
     scheme), the classifier rule picks it for each method's noise level, and training, the manifest and the
     help texts list exactly these sigmas."""
-    from diffsmooth.engine.base_classifier.methods import method_named
+    from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
     names = [demo_assets.demo_classifier_name(s) for s in SIGMAS]
     assert 1.0 in SIGMAS and list(SIGMAS) == sorted(SIGMAS) and len(set(SIGMAS)) == len(SIGMAS)
     assert training.CLASSIFIER_SIGMAS == SIGMAS
@@ -206,17 +206,18 @@ def test_demo_sigmas_are_one_list(manifest):
         entry = manifest["models"][path.name]
         assert entry["noise_sigma"] == s and entry["training"]["noise_sigma"] == s
         assert manifest["seeds"][path.name] == entry["training"]["seed"] == manifest["seed"] + 1 + i
-        assert method_named("rs").demo_classifier(s, 0.25) == path
-        assert method_named("diffsmooth").demo_classifier(0.5, s) == path
-        assert method_named("dds").demo_classifier(s, 0.25) == demo_assets.ASSETS / names[0]
-    assert method_named("rs").demo_classifier(1.0, 0.25).name == "demo_classifier_s1.00.pt"
+        if s > 0:                       # RS's classifier sees sigma (> 0), DiffSmooth's sigma', DDS's none
+            assert method_named("rs").demo_classifier(MethodConfig("rs", s, local_sigma=0.25)) == path
+            assert method_named("dds").demo_classifier(MethodConfig("dds", s)) == demo_assets.ASSETS / names[0]
+        assert method_named("diffsmooth").demo_classifier(MethodConfig("diffsmooth", 0.5, local_sigma=s)) == path
+    assert method_named("rs").demo_classifier(MethodConfig("rs", 1.0)).name == "demo_classifier_s1.00.pt"
     assert sorted(p.name for p in demo_assets.ASSETS.glob("demo_classifier_s*.pt")) == sorted(names)
     assert sorted(n for n, e in manifest["models"].items() if e["kind"] == "classifier") == sorted(names)
     assert f"sigma {demo_assets.demo_sigmas_text()}, on" in manifest["description"]
     help_text = " ".join(CliRunner().invoke(train_demo_command, ["--help"]).output.split())
     assert demo_assets.demo_sigmas_text(s for s in SIGMAS if s > 0) in help_text
     with pytest.raises(UserError, match="the demo ships 0, 0.25, 0.5, 1"):
-        method_named("rs").demo_classifier(0.75, 0.25)
+        method_named("rs").demo_classifier(MethodConfig("rs", 0.75))
     assert load_demo_classifier(SIGMAS[-1])[1].fc.out_features == 10
 
 

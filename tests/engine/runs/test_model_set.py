@@ -143,8 +143,8 @@ def test_a_sweeps_stages_serve_every_sigma_and_sigma_prime_and_vote_as_a_fresh_b
     models = ModelSet()
 
     def sweep(sigma, local_sigmas, clf, model_set):
-        configs = configurations(["dds", "diffsmooth"], sigma, lambda method: {"local_sigma": list(local_sigmas), "m": [1, 3]},
-                                 lambda config: ["c"])
+        configs = configurations(["dds", "diffsmooth"], sigma,
+                                 lambda method: {"local_sigma": list(local_sigmas), "m": [1, 3]}, lambda config: ["c"])
         runner = model_set.backend(TorchBackend()) if model_set is not None else TorchBackend()
         return torch_configuration_stages(configs, {"c": copy.deepcopy(clf)}, other_weights(denoiser, 1), runner, SHAPE)
 
@@ -159,8 +159,8 @@ def test_a_sweeps_stages_serve_every_sigma_and_sigma_prime_and_vote_as_a_fresh_b
     assert np.array_equal(votes_reused, votes_fresh), (votes_reused, votes_fresh)
     assert not np.array_equal(votes_first, votes_fresh)
     # another set of configurations (other m) is another plan: built anew
-    other = torch_configuration_stages(configurations(["diffsmooth"], 0.5, [0.25], [1], "fixed", lambda method, ls: ["c"]),
-                                       {"c": classifier}, other_weights(denoiser, 1), models.backend(TorchBackend()), SHAPE)
+    one = configurations(["diffsmooth"], 0.5, lambda method: {"local_sigma": 0.25, "m": 1}, lambda config: ["c"])
+    other = torch_configuration_stages(one, {"c": classifier}, other_weights(denoiser, 1), models.backend(TorchBackend()), SHAPE)
     assert other.score is not first.score and models.builds == 3
 
 
