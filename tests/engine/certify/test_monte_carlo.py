@@ -184,7 +184,8 @@ def test_bad_shapes_and_parameters_are_user_errors():
     with pytest.raises(UserError, match="labels up to 9 but the classifier scores only 4"):
         build_torch_stages(MethodConfig("rs", 0.5), toy_classifier(), None, TorchBackend(), SHAPE, 10)
     for kwargs, msg in (({"sigma": 0}, "sigma must be > 0"), ({"m": 0}, "setting m must be 1..1024"),
-                        ({"local_sigma": -0.1}, "setting local_sigma must be >= 0"), ({"local_noise": "x"}, "setting local_noise must be one of")):
+                        ({"local_sigma": -0.1}, "setting local_sigma must be >= 0"),
+                        ({"local_noise": "x"}, "setting local_noise must be one of")):
         args = dict(method="diffsmooth", sigma=0.5)
         args.update(kwargs)
         with pytest.raises(UserError, match=msg):
