@@ -62,6 +62,31 @@ class Head(ABC):
         """One module scoring all of a sweep's configurations with this head (shared work computed once)."""
 
 
+class PlainHead(Head):
+    """A head with no settings of its own (logits, a majority vote): no fresh noise, nothing in its file names or
+    manifests, its classifier sees the noise the purifier left; its configurations share nothing in a sweep."""
+
+    def fresh_noise_shape(self, config, image_shape):
+        return None
+
+    def noise_seen(self, config, noise_left):
+        return noise_left
+
+    def tag(self, config):
+        return ""
+
+    def graph_tag(self, config):
+        return ""
+
+    def graph_fields(self, config):
+        return {}
+
+    def sweep_scorer(self, configs, classifiers, image_shape, runs):
+        return EachOwnScorer([self.module(c.method, classifier, image_shape, k)
+                              for c, classifier, k in zip(configs, classifiers, runs)],
+                             [c.method.kind.purifier.reads for c in configs])
+
+
 class SweepScorer(nn.Module):
     """A head's share of a sweep (configurations.ConfigurationHeads): `forward(samples, fresh)` -> one score
     [B,K] per configuration, in the order given; `samples` maps "noisy" / "denoised" to the samples, `fresh` is

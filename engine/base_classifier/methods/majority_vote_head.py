@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from diffsmooth.engine.base_classifier.methods.head import EachOwnScorer, Head
+from diffsmooth.engine.base_classifier.methods.head import PlainHead
 
 
 class MajorityVoteHead(nn.Module):
@@ -29,7 +29,7 @@ class MajorityVoteHead(nn.Module):
         return torch.where(counts > 0, counts * (self.runs + 1) - first, torch.full_like(counts, -1.0))
 
 
-class MajorityVote(Head):
+class MajorityVote(PlainHead):
     """The K labels' majority; K is what the purifier hands over (Purifier.runs; one sample: its own label)."""
 
     label = "majority-vote classifier"
@@ -42,26 +42,7 @@ class MajorityVote(Head):
     def classifier_calls(self, config, runs):
         return int(runs)
 
-    def fresh_noise_shape(self, config, image_shape):
-        return None
-
     def score_tolerance(self, config, runs):
         """Its scores are vote counts: a run whose label flips moves a sample's score by up to K + 2 against a scale
         of K (K + 1); three such runs in one sample are allowed (the flip budgets judge the votes themselves)."""
         return 3.0 * (runs + 2) / (1.0 + runs * (runs + 1))
-
-    def noise_seen(self, config, noise_left):
-        return noise_left
-
-    def tag(self, config):
-        return ""
-
-    def graph_tag(self, config):
-        return ""
-
-    def graph_fields(self, config):
-        return {}
-
-    def sweep_scorer(self, configs, classifiers, image_shape, runs):
-        return EachOwnScorer([MajorityVoteHead(classifier, k) for classifier, k in zip(classifiers, runs)],
-                             [c.method.kind.purifier.reads for c in configs])
