@@ -1,4 +1,5 @@
-"""The classifier half of the base classifier: local smoothing over m noises, or plain logits.
+"""The torch modules of the heads (engine/base_classifier/methods/*_head.py): local smoothing over m noises, or
+plain logits.
 
 DiffSmooth: p = mean_i softmax(classifier(x_hat + sigma' * delta_i)), vote = argmax p. The
 delta_i are `fixed` (drawn once, shared by every sample, as the reference does) or `fresh`
@@ -13,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from diffsmooth.engine.choices import LOCAL_NOISE_MODES  # noqa: F401 - re-exported for methods.py
+from diffsmooth.engine.choices import LOCAL_NOISE_MODES
 
 
 class LocalSmoothingHead(nn.Module):
@@ -52,19 +53,6 @@ def local_probabilities(classifier: nn.Module, x_hat: torch.Tensor, delta: torch
     y = (x_hat.unsqueeze(1) + local_sigma * delta.to(x_hat.dtype)).reshape(b * m, *x_hat.shape[1:])
     logits = classifier(y).float()
     return torch.softmax(logits, dim=-1).view(b, m, -1)
-
-
-class LocalProbabilities(nn.Module):
-    """(x_hat, delta [1|B, M, C,H,W]) -> per-noise probabilities [B,M,K]; the sweep averages
-    prefixes of it, so m in {1,3,5,11,21} costs one call at m=21."""
-
-    def __init__(self, classifier: nn.Module, local_sigma: float):
-        super().__init__()
-        self.classifier = classifier
-        self.local_sigma = float(local_sigma)
-
-    def forward(self, x_hat: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        return local_probabilities(self.classifier, x_hat, delta, self.local_sigma)
 
 
 class LogitsHead(nn.Module):
