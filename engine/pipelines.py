@@ -48,10 +48,12 @@ from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath, default_batch
 from diffsmooth.engine.runs.locks import hold_lock
-from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings
-from diffsmooth.engine.runs.sharding import plan_from, rank_device, wait_for_all
+from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings, shard_path
+from diffsmooth.engine.runs.sharding import independent_plan, plan_from, rank_device, wait_for_all
 from diffsmooth.engine.runs.stage_build import build_stages
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
+
+RANK_MODES = ("shared", "independent")      # under torchrun: each image's samples over all ranks, or each rank alone
 
 
 class SmoothedClassifier:
@@ -68,16 +70,23 @@ class SmoothedClassifier:
     than the copy (trained further, loaded, cast), every call refuses with one line: build a new object
     to certify them. Moving them to another device changes nothing and is allowed.
 
-    Under torchrun (WORLD_SIZE > 1) every rank computes its share of each image's samples and every call
-    returns the same result on every rank (the ranks' counts are summed before each look: certify/blocks.py),
-    so every rank must make the same calls in the same order; `device="cuda"` is then each rank's own GPU and
-    `certify_dataset`'s file is written by rank 0."""
+    Under torchrun (WORLD_SIZE > 1), `ranks` says how the ranks share the work; `device="cuda"` is each rank's
+    own GPU either way.
+    - "shared" (the default): every rank computes its share of each image's samples and every call returns the
+      same result on every rank (the ranks' counts are summed before each look: certify/blocks.py), so every rank
+      must make the same calls in the same order. Before any image's votes are summed the ranks compare its
+      pixels, index, request, settings and weights; a rank holding other work stops every rank with one line.
+      `certify_dataset`'s file is written by rank 0.
+    - "independent": each rank certifies the calls it makes alone (no process group is joined), each certificate
+      one process's for that image; `certify_dataset` certifies this rank's share of the images (every
+      WORLD_SIZE-th, from RANK) into its own file OUT.shard-RANK-of-WORLD_SIZE.tsv (`diffsmooth merge` joins
+      them)."""
 
     method = ""
 
     def __init__(self, *, classifier: nn.Module, sigma: float, denoiser: Optional[DiffusionDenoiser] = None,
                  device: str = "cpu", precision: str = "fp32", compile: Optional[bool] = None, seed: int = DEFAULT_SEED,
-                 batch: Optional[int] = None, **settings):
+                 batch: Optional[int] = None, ranks: str = "shared", **settings):
         if not isinstance(classifier, nn.Module):
             raise UserError("`classifier` must be a torch module (see diffsmooth.load_classifier)")
         denoises = method_named(self.method).purifier.denoises           # an unknown method: one line
@@ -88,7 +97,10 @@ class SmoothedClassifier:
         self._given = {name: OwnedModule(name, module) for name, module in given.items() if module is not None}
         self.classifier = self._given["classifier"].copy
         self.denoiser = self._given["denoiser"].copy if "denoiser" in self._given else None
-        self.shards = plan_from(None, device)       # torchrun's ranks (WORLD_SIZE > 1), or this process alone
+        if ranks not in RANK_MODES:
+            raise UserError(f"`ranks` must be one of {', '.join(RANK_MODES)}, got {ranks!r}")
+        self.ranks = ranks
+        self.shards = plan_from(None, device) if ranks == "shared" else independent_plan()
         device = rank_device(self.shards, device)
         self.device, self.precision, self.seed = device, precision, int(seed)
         self.fast = FastPath.resolve(device, compile)
@@ -128,7 +140,7 @@ class SmoothedClassifier:
         """The torch pipeline of one image shape, built as the command line builds it (every fast-path setting)."""
         stages = build_stages(self.config, None, shape, device=self.device, precision=precision, fast=fast,
                               models=(self.denoiser, self.classifier), batch=self.batch_for(shape))
-        return build_pipeline(stages, self.sigma, self.seed, fast)
+        return build_pipeline(stages, self.sigma, self.seed, fast, configs=[self.config])
 
     def batch_for(self, image_shape: Tuple[int, ...]) -> int:
         return self.batch or default_batch(self.device, tuple(image_shape))
@@ -165,6 +177,11 @@ class SmoothedClassifier:
                         fast_path=self.fast.as_dict(), device_type=torch.device(self.device).type,
                         dataset=getattr(dataset, "name", type(dataset).__name__))
         settings[RADIUS_FORMAT_KEY] = RADIUS_FORMAT
+        if self.ranks == "independent" and self.shards.num_shards > 1:      # this rank's images, into its own file
+            indices = self.shards.take(indices)
+            out = shard_path(out, self.shards.shard, self.shards.num_shards)
+            if not indices:
+                raise UserError(f"rank {self.shards.shard} of {self.shards.num_shards} has no image of the selection")
         writes = self.shards.writes
         with hold_lock(out) if writes else nullcontext():       # one writer per result file (engine/runs/locks.py)
             check_or_record_settings(out, settings, record=False)

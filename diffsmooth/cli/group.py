@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import importlib
 import re
+import sys
 from typing import NamedTuple
 
 import click
@@ -105,6 +106,13 @@ def as_flags(message: str, command: click.Command | None) -> str:
     return re.sub(r"`([a-z_][a-z0-9_]*)`", lambda m: flags.get(m.group(1), m.group(0)), message)
 
 
+def _note_failure(line: str) -> None:
+    """Under torchrun, leave this rank's error line where the other ranks read it (certify/agreement.py)."""
+    if "diffsmooth.engine.certify.agreement" in sys.modules:
+        from diffsmooth.engine.certify.agreement import note_failure
+        note_failure(line)
+
+
 class LazyGroup(click.Group):
     """Loads a command's module when the command is used; maps UserError (and a few OS errors) to CLIError."""
 
@@ -138,6 +146,16 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx):
         try:
+            return self._invoke(ctx)
+        except CLIError as exc:                 # under torchrun the other ranks read it when their collective breaks
+            _note_failure(exc.message)
+            raise
+        except Exception as exc:
+            _note_failure(f"{type(exc).__name__}: {first_line(exc)}")
+            raise
+
+    def _invoke(self, ctx):
+        try:
             return super().invoke(ctx)
         except click.UsageError as exc:         # bad, missing or unknown options of a command
             if isinstance(exc, _HELP_ON_NO_ARGS):
@@ -145,6 +163,9 @@ class LazyGroup(click.Group):
             raise CLIError(usage_line(exc)) from None
         except Terminated as exc:               # SIGTERM: one line (rows kept, rerun to resume), exit 143
             click.echo(" ".join(str(exc).split()), err=True)
+            if "torch.distributed" in sys.modules:      # torchrun's ranks: the launcher must not restart them
+                from diffsmooth.engine.runs.sharding import keep_launcher_from_restarting
+                keep_launcher_from_restarting()
             raise SystemExit(TERMINATED_EXIT) from None
         except UserError as exc:
             command = self.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None

@@ -166,6 +166,8 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
             _log(on_ranks(json.loads((builder.out / "cost.json").read_text()), ranks, len(probe.indices), probe.batch))
     except TableInterrupted as stop:
         _log(f"table: {stop}; finished rows are kept: run the same command again to continue")
+        from diffsmooth.engine.runs.sharding import keep_launcher_from_restarting
+        keep_launcher_from_restarting()
         raise SystemExit(130) from None
 
 

@@ -10,7 +10,8 @@ from typing import Optional, Protocol, Tuple
 
 import torch
 
-from diffsmooth.engine.backends.weights import Marks, mark_module
+from diffsmooth.engine.backends.weights import Marks, mark_module, value_fingerprint
+from diffsmooth.engine.hashing import sha256_file
 
 
 class Stage(Protocol):
@@ -73,6 +74,18 @@ class BaseClassifierStages:
             if module is not None:
                 marks.update(mark_module(module, f"{stage.name}: "))
         return marks
+
+    def weight_fingerprint(self) -> str:
+        """What every stage computes with, equal wherever the weights are: a torch stage's tensor values, an
+        exported graph's or plan's file digest (what torchrun's ranks compare: certify/agreement.py)."""
+        parts = []
+        for stage in (self.purify, self.score):
+            if stage is None:
+                continue
+            module, path = getattr(stage, "weights", None), getattr(stage, "path", None)
+            held = value_fingerprint(module) if module is not None else sha256_file(path) if path is not None else ""
+            parts.append(f"{stage.name}[{held}]")
+        return " -> ".join(parts)
 
     def describe(self) -> str:
         parts = [s.name for s in (self.purify, self.score) if s is not None]

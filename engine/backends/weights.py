@@ -74,6 +74,27 @@ def first_change(before: Marks, after: Marks) -> Optional[str]:
     return None
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def value_fingerprint(module: nn.Module) -> str:
+    """A digest of every parameter's and buffer's name, dtype, shape and value, equal on every machine that
+    holds the same weights (the ranks compare it before summing votes: certify/agreement.py). Each tensor's
+    bits are summed with a per-position multiplier in int64, where the sum wraps: exact in any order, on the
+    tensor's own device, so a model is read once at device speed."""
+    parts, sums = [], []
+    for name, tensor in sorted(named_tensors(module), key=lambda item: item[0]):
+        flat = tensor.detach().contiguous().reshape(-1)
+        if flat.is_complex() or flat.element_size() not in _BITS:
+            flat = flat.view(torch.uint8)
+        bits = flat.view(_BITS[flat.element_size()]).to(torch.int64)
+        position = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64)
+        sums.append((bits * (position * 0x9E3779B1 + 0x7F4A7C15)).sum())
+        parts.append(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}")
+    values = torch.stack(sums).cpu().tolist() if sums else []
+    return ";".join(f"{p}={v}" for p, v in zip(parts, values))
+
+
 def same_values(given: nn.Module, copy_: nn.Module) -> Optional[str]:
     """None when every parameter and buffer of `given` equals the same-named one of `copy_` (dtype, shape
     and value, wherever each lies), else the first name that differs."""

@@ -17,7 +17,7 @@ are never counted.
 from __future__ import annotations
 
 import sys
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ import torch
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.eager_fallback import eager_fallback
 from diffsmooth.engine.backends.weights import Marks, first_change
+from diffsmooth.engine.certify.agreement import digest64
 from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.jobs import count_job
 from diffsmooth.engine.certify.lanes import lanes_for
@@ -71,7 +72,10 @@ class MonteCarloPipeline:
 
     def __init__(self, stages: BaseClassifierStages, sigma: float, seed: int = 0, *,
                  static_batch: bool = False, streams: int = 1, compiled_noise: bool = False,
-                 log: Optional[Callable[[str], None]] = None, classifier_batch: Optional[int] = None):
+                 log: Optional[Callable[[str], None]] = None, classifier_batch: Optional[int] = None,
+                 settings: str = ""):
+        """`settings`: what else determines the votes (the method's options, precision, backend, fast path), as
+        text: torchrun's ranks compare it with the sigma, seed and weights (`identity`)."""
         if not sigma > 0:
             raise UserError(f"sigma must be > 0, got {sigma}")
         self.stages = stages
@@ -87,11 +91,25 @@ class MonteCarloPipeline:
         self.log = log or (lambda message: print(message, file=sys.stderr))
         self.batch_hooks: List[Callable[[int], None]] = []     # told each classified batch's rows (a table times its pilot)
         self._sealed: Optional[Marks] = None     # the stages' weights as the agreement check saw them
+        self.settings = settings
+        self._weights_digest: Optional[int] = None
+
+    def identity(self) -> Dict[str, int]:
+        """The run's digests that torchrun's ranks compare per image (certify/agreement.py): "settings" (the
+        method, its configurations, sigma, seed, precision and `settings`) and "weights" (every stage's, read
+        once per seal)."""
+        if self._weights_digest is None:
+            self._weights_digest = digest64(self.stages.weight_fingerprint())
+        precision = self.stages.score.precision
+        described = (self.stages.method, self.stages.configs, self.stages.inputs, self.sigma, self.seed, precision,
+                     self.settings)
+        return {"settings": digest64(repr(described)), "weights": self._weights_digest}
 
     def seal_weights(self) -> None:
         """Mark the stages' weights as they are now (after the agreement check judged them): from here on
         the scheduler refuses counts read after any of them moved, was re-allocated or written."""
         self._sealed = self.stages.weight_marks()
+        self._weights_digest = None         # read again: what the sealed weights hold
 
     @property
     def sealed(self) -> bool:
@@ -214,11 +232,13 @@ class MonteCarloPipeline:
         samples under torchrun (certify/blocks.py)."""
         return Scheduler(self, batch, window, blocks)
 
-    def run_one(self, x: torch.Tensor, image_index: int, job, batch: int, blocks: Optional[SampleBlocks] = None):
+    def run_one(self, x: torch.Tensor, image_index: int, job, batch: int, blocks: Optional[SampleBlocks] = None,
+                recipe: str = ""):
         """One image's job to its end (the scheduler with a window of one image); `blocks`: its samples
-        shared by torchrun's ranks."""
+        shared by torchrun's ranks, who compare `recipe` (what the job asks) before summing them."""
         results = []
-        self.scheduler(batch, 1, blocks).run([Work(image_index, x, job)], lambda done: results.append(done.result))
+        self.scheduler(batch, 1, blocks).run([Work(image_index, x, job, recipe=recipe)],
+                                             lambda done: results.append(done.result))
         return results[0]
 
     def count(self, x: torch.Tensor, image_index: int, first_sample: int, num: int,

@@ -23,6 +23,7 @@ images join the window only there, so every rank holds the same images in the sa
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,10 +32,11 @@ from typing import Any, Callable, Deque, Dict, Generator, Iterable, Iterator, Li
 import numpy as np
 import torch
 
-from diffsmooth.engine.certify.blocks import SampleBlocks
+from diffsmooth.engine.certify.agreement import FIELDS, Identity, RankFailed, RanksDisagree, mismatch_line
+from diffsmooth.engine.certify.blocks import NO_STOP, TERMINATE, SampleBlocks
 from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.noise import check_indices
-from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.errors import Terminated, UserError, first_line
 
 # Images in flight are kept on the device; this bounds their memory (a 224x224 RGB image is 0.6 MB).
 WINDOW_BYTES = 512 * 2 ** 20
@@ -48,13 +50,14 @@ def default_window(batch: int, image_numel: int) -> int:
 
 @dataclass
 class Work:
-    """One image to run: its dataset index (which keys its noise), the image, its job, and a tag
-    handed back with the result."""
+    """One image to run: its dataset index (which keys its noise), the image, its job, a tag handed back
+    with the result, and its job's recipe."""
 
     index: int
     image: torch.Tensor
     job: Generator
     tag: Any = None
+    recipe: str = ""        # what the job asks (n0, n, alpha, looks, its start): ranks compare it (certify/agreement.py)
 
 
 @dataclass
@@ -76,6 +79,7 @@ class SchedulerStats:
     meetings: int = 0               # torchrun: the ranks' meetings (one per batch) and the seconds spent in them
     meeting_seconds: float = 0.0    # (waiting for the slowest rank included)
     max_window: int = 0
+    stopped: bool = False           # a stop was asked (under torchrun: on any rank, agreed at a meeting)
     seconds: float = 0.0            # wall time shared out to the images (the run up to its last result)
 
     @property
@@ -213,8 +217,8 @@ class Scheduler:
 
     # -- images joining and leaving ----------------------------------------------------------
 
-    def _admit(self, work: Work, active: Dict[int, _Slot], on_finish) -> None:
-        """Start the image's job; an image whose job asks for nothing finishes at once."""
+    def _admit(self, work: Work, active: Dict[int, _Slot], on_finish) -> bool:
+        """Start the image's job; an image whose job asks for nothing finishes at once. Whether it joined."""
         if self._x is None:
             self._allocate(work.image)
         if tuple(work.image.shape) != tuple(self._x.shape[1:]):
@@ -226,7 +230,7 @@ class Scheduler:
         except StopIteration as done:
             self._free_slots.append(slot.number)
             on_finish(Finished(work, done.value, 0.0, 0))
-            return
+            return False
         image = work.image.detach().to(torch.float32)
         if self.device.type == "cuda":
             image = image.pin_memory()
@@ -235,6 +239,7 @@ class Scheduler:
         self._set_ask(slot, ask)
         active[slot.number] = slot
         self.stats.max_window = max(self.stats.max_window, len(active))
+        return True
 
     def _set_ask(self, slot: _Slot, ask) -> None:
         slot.ask_is_tuple = not isinstance(ask, Request)
@@ -366,8 +371,9 @@ class Scheduler:
     def run(self, works: Iterable[Work], on_finish: Callable[[Finished], None],
             stop: Callable[[], bool] = lambda: False) -> SchedulerStats:
         """Run every work item's job to its end; on_finish gets each result as its image completes
-        (completion order). After stop() turns True no new image joins; those in flight finish. Under
-        torchrun a rank's stop() reaches every rank at the next meeting, so all ranks admit the same images."""
+        (completion order). After stop() turns true no new image joins; those in flight finish (TERMINATE under
+        torchrun: every rank drops them and raises Terminated). Under torchrun a rank's stop() reaches every rank
+        at the next meeting, so all ranks admit the same images, and stats.stopped is the agreed stop."""
         self.voter.verify_weights()             # weights changed before the run: refused before they compute
         if self.blocks is not None:
             return self._run_shared(iter(works), on_finish, stop)
@@ -387,9 +393,7 @@ class Scheduler:
                 except StopIteration:
                     exhausted = True
                     return False
-                before = len(active)
-                self._admit(work, active, on_finish)
-                if len(active) > before:
+                if self._admit(work, active, on_finish):
                     return True
             return False
 
@@ -412,56 +416,121 @@ class Scheduler:
                     mark = self._complete(rows, votes, finite, active, on_finish, mark)
         finally:
             lanes.end()
+        self.stats.stopped = bool(stop())
         return self.stats
 
     def _run_shared(self, source: Iterator[Work], on_finish: Callable[[Finished], None],
-                    stop: Callable[[], bool]) -> SchedulerStats:
-        """`run` under torchrun: each loop computes (and counts) at most one batch of this rank's samples, then
-        the ranks meet (certify/blocks.py): the images every rank has completed get their summed counts, the
-        same on every rank; images join the window only after a meeting, up to the window's size, so every
-        rank holds the same images in the same slots. The loop ends when no rank has an image or a batch."""
+                    stop: Callable[[], int]) -> SchedulerStats:
+        """`run` under torchrun: the ranks first agree on the window's size, the settings and the weights; then
+        each loop computes (and counts) at most one batch of this rank's samples and the ranks meet
+        (certify/blocks.py). The meeting compares the identity of every image that joined since the last one
+        (certify/agreement.py) before any vote of it is summed, says whether a rank failed (every rank then stops
+        with the failing rank's line) and agrees on stops; the images every rank has completed then get their
+        summed counts, the same on every rank. Images join the window only after a meeting, up to the window's
+        size, so every rank holds the same images in the same slots. The loop ends when no rank has an image or
+        a batch."""
         active: Dict[int, _Slot] = {}
-        exhausted = stopping = False
+        exhausted = False
+        stopping = NO_STOP
         depth = 2 if self.voter.lanes.overlapping else 1
         in_flight: Deque[Tuple[BatchRows, Any, Any]] = deque()
         lanes = self.voter.lanes
         mark = time.perf_counter()
+        failure: Optional[BaseException] = None
+        done_slots: List[_Slot] = []
+        try:
+            run_identity = self.voter.identity()
+            first = next(source, None)
+            source = itertools.chain([first], source) if first is not None else iter(())
+            window = self.window or (default_window(self.batch, first.image.numel()) if first is not None else 0)
+        except Exception as exc:            # noqa: BLE001 - re-raised after the first meeting, on every rank
+            failure, run_identity, window = exc, {"settings": 0, "weights": 0}, 0
+        self.window = window or self.window
+        failed, differs = self.blocks.start(window, run_identity, failure is not None, self.device)
+        self._refuse_on_failure(failed, failure)
+        if differs is not None:
+            held = self.blocks.gather(window if differs == "window" else run_identity[differs])
+            raise RanksDisagree(mismatch_line(differs, held, None))
         lanes.begin()
         try:
             while True:
-                while not exhausted and not stopping and len(active) < (self.window or 2 ** 62):
-                    work = next(source, None)
-                    if work is None:
-                        exhausted = True
-                    else:
-                        self._admit(work, active, on_finish)
-                with lanes.producer():
-                    rows = self._plan(active, lambda: False)
-                    if rows is not None:
-                        h = self._produce(rows)
-                        in_flight.append((rows, h, lanes.handoff(_tensors(h) + rows.tensors())))
-                if in_flight and (rows is None or len(in_flight) >= depth):
-                    done, h, token = in_flight.popleft()
-                    with lanes.consumer():
-                        lanes.accept(token, _tensors(h) + done.tensors())
-                        votes, finite = self._count(h, done)
-                        self._book(done, votes, finite, active)
-                with lanes.consumer():
-                    started = time.perf_counter()
-                    order = list(active.values())           # admission order: the same on every rank
-                    ready, busy, asked = self.blocks.step([all(p.complete for p in slot.pending) for slot in order],
-                                                          bool(in_flight), stop(), self.device)
-                    self.stats.meetings += 1
-                    self.stats.meeting_seconds += time.perf_counter() - started
-                    stopping = stopping or asked
-                    done_slots = [slot for slot, r in zip(order, ready) if r]
+                joined: List[Identity] = []
+                try:                # this rank's own work: what it raises reaches every rank at the meeting below
                     if done_slots:
                         mark, _ = self._deliver(done_slots, active, on_finish, mark)
-                if not active and not busy and (exhausted or stopping):
+                    while not exhausted and not stopping and len(active) < window:
+                        work = next(source, None)
+                        if work is None:
+                            exhausted = True
+                        elif self._admit(work, active, on_finish):
+                            joined.append(Identity.of(work.index, work.image, work.recipe, run_identity))
+                    self._shared_batch(active, in_flight, depth)
+                except Exception as exc:        # noqa: BLE001 - re-raised after the meeting, on every rank
+                    failure = failure or exc
+                done_slots = []
+                with lanes.consumer():
+                    started = time.perf_counter()
+                    waiting = np.zeros(window, dtype=np.int64)
+                    if failure is None:
+                        for slot in active.values():
+                            waiting[slot.number] = not all(p.complete for p in slot.pending)
+                    met = self.blocks.step(waiting, bool(in_flight), int(stop()), failure is not None, joined,
+                                           self.device)
+                    self.stats.meetings += 1
+                    self.stats.meeting_seconds += time.perf_counter() - started
+                self._refuse_on_failure(met.failed, failure)
+                self._refuse_on_mismatch(met.mismatch, joined)
+                stopping = max(stopping, met.stop)
+                if met.stop == TERMINATE:
+                    self.stats.stopped = True
+                    raise Terminated("terminated (SIGTERM) on a rank: the images in flight were dropped; every "
+                                     "finished row is kept: run the same command again to continue")
+                done_slots = [slot for slot in active.values() if met.ready[slot.number]]
+                if not done_slots and not active and not met.busy and (exhausted or stopping):
                     break
         finally:
             lanes.end()
+        self.stats.stopped = bool(stopping)
         return self.stats
+
+    def _shared_batch(self, active: Dict[int, _Slot], in_flight: Deque, depth: int) -> None:
+        """Under torchrun: plan and produce this rank's next batch, and count the oldest batch in flight."""
+        lanes = self.voter.lanes
+        with lanes.producer():
+            rows = self._plan(active, lambda: False)
+            if rows is not None:
+                h = self._produce(rows)
+                in_flight.append((rows, h, lanes.handoff(_tensors(h) + rows.tensors())))
+        if in_flight and (rows is None or len(in_flight) >= depth):
+            done, h, token = in_flight.popleft()
+            with lanes.consumer():
+                lanes.accept(token, _tensors(h) + done.tensors())
+                votes, finite = self._count(h, done)
+                self._book(done, votes, finite, active)
+
+    def _refuse_on_failure(self, failed: bool, failure: Optional[BaseException]) -> None:
+        """A rank failed: it raises its own error, every other rank the failing rank's line."""
+        if not failed:
+            return
+        lines = self.blocks.gather(None if failure is None else f"{type(failure).__name__}: {first_line(failure)}")
+        if failure is not None:
+            raise failure
+        rank = next(r for r, line in enumerate(lines) if line is not None)
+        raise RankFailed(f"rank {rank} failed ({lines[rank]}); every rank stopped, no votes of the images in flight "
+                         f"were summed: finished rows are kept, run the same command again to continue")
+
+    def _refuse_on_mismatch(self, field: Optional[str], joined: List[Identity]) -> None:
+        """Images that joined and differ between ranks in `field`: every rank stops with the same line naming
+        the first such image and which ranks hold what."""
+        if field is None:
+            return
+        column = FIELDS.index(field)
+        held = self.blocks.gather([(i.digests[column], i.index) for i in joined])
+        position = next(p for p in range(max(len(h) for h in held))
+                        if len({h[p] if p < len(h) else None for h in held}) > 1)
+        values = [h[position][0] if position < len(h) else None for h in held]
+        indices = [h[position][1] if position < len(h) else None for h in held]
+        raise RanksDisagree(mismatch_line(field, values, indices))
 
     def _complete(self, rows: BatchRows, votes, finite, active: Dict[int, _Slot], on_finish, mark: float) -> float:
         """Book the consumed rows (keep look-ahead votes); read the counts of requests that completed

@@ -40,7 +40,8 @@ class Smooth:
         ABSTAIN. Samples 0..n0-1 select, samples n0..n0+n-1 estimate."""
         check_certify_parameters(n0, n, alpha)
         job = certify_job(n0, n, alpha, self.sigma)
-        return only(self.pipeline.run_one(x, require_image_index(image_index), job, batch, self.blocks))
+        return only(self.pipeline.run_one(x, require_image_index(image_index), job, batch, self.blocks,
+                                         f"certify n0={n0} n={n} alpha={alpha!r}"))
 
     def certify_sequential(self, x, n0: int, rule: SequentialRule, batch: int, *,
                            image_index: Optional[int] = None) -> Certificate:
@@ -48,10 +49,11 @@ class Smooth:
         if rule.sigma != self.sigma:
             raise UserError(f"the sequential rule is for sigma={rule.sigma}, this classifier smooths at {self.sigma}")
         job = sequential_job(n0, rule)
-        return only(self.pipeline.run_one(x, require_image_index(image_index), job, batch, self.blocks))
+        return only(self.pipeline.run_one(x, require_image_index(image_index), job, batch, self.blocks,
+                                         f"sequential n0={n0} {rule!r}"))
 
     def predict(self, x, n: int, alpha: float, batch: int, *, image_index: Optional[int] = None) -> int:
         """g(x), or ABSTAIN; wrong with probability at most alpha when it does not abstain."""
         check_certify_parameters(1, n, alpha)
         return only(self.pipeline.run_one(x, require_image_index(image_index), predict_job(n, alpha), batch,
-                                         self.blocks))
+                                         self.blocks, f"predict n={n} alpha={alpha!r}"))

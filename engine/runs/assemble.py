@@ -115,10 +115,14 @@ def load_sweep_models(configs: Sequence[Configuration], classifier_paths: Dict[s
     return denoiser, classifiers
 
 
-def build_pipeline(stages: BaseClassifierStages, sigma: float, seed: int, fast: FastPath, log=None) -> MonteCarloPipeline:
-    """The voter of the stages with the fast path's batch shape, lanes and noise kernel."""
+def build_pipeline(stages: BaseClassifierStages, sigma: float, seed: int, fast: FastPath, log=None,
+                   configs: Sequence[MethodConfig] = (), backend: str = "torch") -> MonteCarloPipeline:
+    """The voter of the stages with the fast path's batch shape, lanes and noise kernel; `configs` and `backend`
+    join its settings (what torchrun's ranks compare before summing votes)."""
+    settings = repr(([c.as_dict() for c in configs], backend, sorted(fast.as_dict().items())))
     return MonteCarloPipeline(stages, sigma, seed, static_batch=fast.static_batch, streams=fast.streams,
-                              compiled_noise=fast.compiled_noise, log=log, classifier_batch=fast.classifier_batch)
+                              compiled_noise=fast.compiled_noise, log=log, classifier_batch=fast.classifier_batch,
+                              settings=settings)
 
 
 def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[int, ...], device,

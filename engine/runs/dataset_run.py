@@ -47,28 +47,35 @@ class StopFlag:
     `terminated`: SIGTERM came; `writing` > 0 while an image's rows are written, so that SIGTERM never
     cuts a row or writes an image to some configurations' files only (it is raised once they are)."""
 
-    def __init__(self):
+    def __init__(self, shared: bool = False):
         self.stop = False
         self.terminated = False
         self.writing = 0
+        self.shared = shared        # torchrun's ranks: SIGTERM is agreed at a meeting, never raised alone
 
     @contextmanager
     def rows(self):
-        """Write one image's rows; a SIGTERM that came meanwhile is raised after them."""
+        """Write one image's rows; a SIGTERM that came meanwhile is raised after them (in one process)."""
         self.writing += 1
         try:
             yield
         finally:
             self.writing -= 1
-        if self.terminated and not self.writing:
+        if self.terminated and not self.writing and not self.shared:
             raise Terminated(TERMINATED)
+
+    def level(self) -> int:
+        """The stop this process asks of the scheduler: none (0), finish the images in flight (1), drop them (2)."""
+        return 2 if self.terminated else 1 if self.stop else 0
 
 
 @contextmanager
-def stop_after_current_image():
+def stop_after_current_image(shared: bool = False):
     """Ctrl-C: the first lets the images in flight finish, a second interrupts at once. SIGTERM: stop at
-    once (Terminated, raised between two Python steps of the current batch, never inside a row write)."""
-    flag = StopFlag()
+    once (Terminated, raised between two Python steps of the current batch, never inside a row write).
+    `shared` (torchrun's ranks): SIGTERM only sets the flag, which the ranks agree on at their next meeting
+    (every rank then drops its images in flight and raises Terminated there, certify/scheduler.py)."""
+    flag = StopFlag(shared)
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
@@ -84,7 +91,7 @@ def stop_after_current_image():
     def terminate(signum, frame):
         flag.stop = flag.terminated = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)      # one notice is enough; the unwinding is not cut
-        if not flag.writing:
+        if not flag.writing and not shared:
             raise Terminated(TERMINATED)
 
     signal.signal(signal.SIGINT, handler)
@@ -96,11 +103,11 @@ def stop_after_current_image():
         signal.signal(signal.SIGTERM, previous_term)
 
 
-def image_works(dataset, indices: Iterable[int], make_job: Callable[[int, int], object]) -> Iterable[Work]:
-    """Work items for the scheduler, loading each image only when it joins the window; make_job(index, label)."""
+def image_works(dataset, indices: Iterable[int], jobs: "Jobs") -> Iterable[Work]:
+    """Work items for the scheduler, loading each image only when it joins the window."""
     for index in indices:
         x, label = dataset[index]
-        yield Work(index, x, make_job(index, int(label)), tag=int(label))
+        yield Work(index, x, jobs(index, int(label)), tag=int(label), recipe=jobs.recipe(index, int(label)))
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,11 @@ class Jobs:
         if self.mode == "certify":
             return certify_job(self.n0, self.n, self.alpha, self.sigma)
         return predict_job(self.n, self.alpha)
+
+    def recipe(self, index: int, label: Optional[int] = None) -> str:
+        """What image `index`'s job asks, as text (torchrun's ranks compare it before summing its votes)."""
+        return repr((self.mode, self.n0, self.n, self.alpha, self.sigma, self.sequential, self.starts.get(index),
+                     self.stop_wrong_class and label))
 
     @property
     def columns(self) -> Tuple[str, ...]:
@@ -210,7 +222,7 @@ def run_dataset(voter, run, files: Sequence, jobs: Jobs, *, on_row: Optional[Cal
     writes = blocks is None or blocks.writes
     with ExitStack() as stack:
         writers = [stack.enter_context(ResultWriter(f, columns)) for f in files] if writes else []
-        flag = stack.enter_context(stop_after_current_image())
+        flag = stack.enter_context(stop_after_current_image(shared=blocks is not None))
         todo = [i for i in indices if i not in skip and any(i not in w.done for w in writers)] if writes else None
         if blocks is not None:
             todo = blocks.agree(todo)       # every rank runs the same images, in the same order
@@ -243,13 +255,13 @@ def run_dataset(voter, run, files: Sequence, jobs: Jobs, *, on_row: Optional[Cal
 
         try:
             stats = voter.scheduler(batch, run.window, blocks).run(image_works(dataset, todo, jobs), finished,
-                                                               stop=lambda: flag.stop)
+                                                               stop=flag.level)
         except Terminated:
             where = files[0] if len(files) == 1 else Path(files[0]).parent
             raise Terminated(f"terminated (SIGTERM): the images in flight were dropped; {written} rows written "
                              f"this run, every finished row is kept in {where}: run the same command again to "
                              f"continue") from None
-        return RunSummary(written, len(indices) - len(todo), flag.stop, str(files[0] if len(files) == 1 else
+        return RunSummary(written, len(indices) - len(todo), stats.stopped, str(files[0] if len(files) == 1 else
                                                                            Path(files[0]).parent),
                           tuple(str(f) for f in files), stats.samples_computed, stats.samples_counted,
                           stats.max_window)

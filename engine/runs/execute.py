@@ -46,7 +46,9 @@ def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optiona
     check = (stage_backend(r.backend).runs_modules and (run.fast.changes_arithmetic or r.precision != "fp32")
              and r.validate_samples > 0)
     models = loaded_models(run) if check else None
-    voter = build_pipeline(stages(run.fast, r.precision, models, model_set), r.sigma, r.seed, run.fast, log)
+    configs = [c.method for c in run.configurations]
+    voter = build_pipeline(stages(run.fast, r.precision, models, model_set), r.sigma, r.seed, run.fast, log, configs,
+                           r.backend)
     voter.seal_weights()        # a row is written only from the weights built (and checked) here
     if check:
         reference = build_pipeline(stages(FastPath(), "fp32", models), r.sigma, r.seed, FastPath(), log)

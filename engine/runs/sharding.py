@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
+import threading
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence
 
+from diffsmooth.engine.certify.agreement import answered, rank_timeout_s, use_store
 from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.errors import UserError, first_line
 
@@ -36,8 +40,11 @@ class ShardPlan:
         return not self.distributed or self.shard == 0
 
     def blocks(self) -> Optional[SampleBlocks]:
-        """Under torchrun, this rank's share of every image's samples; None otherwise."""
-        return SampleBlocks(self.shard, self.num_shards) if self.distributed and self.num_shards > 1 else None
+        """Under torchrun, this rank's share of every image's samples (its meetings on a CPU group when the counts
+        go over nccl); None otherwise."""
+        if not (self.distributed and self.num_shards > 1):
+            return None
+        return SampleBlocks(self.shard, self.num_shards, meeting_group=_Groups.meeting)
 
 
 def parse_shard(text: str) -> ShardPlan:
@@ -73,17 +80,86 @@ def plan_from(shard_option: Optional[str], device: str) -> ShardPlan:
     return ShardPlan(dist.get_rank(), dist.get_world_size(), True, local_rank)
 
 
+class _Groups:
+    """The CPU (gloo) group of the per-batch meetings when the process group is nccl (None: the process group)."""
+
+    meeting = None
+
+
+def independent_plan() -> ShardPlan:
+    """This process's place among torchrun's ranks (RANK, WORLD_SIZE, LOCAL_RANK) without joining a process group:
+    each rank works alone on its own share."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    return ShardPlan(rank, world, False, int(os.environ.get("LOCAL_RANK", "0"))) if world > 1 else ShardPlan()
+
+
 def join_process_group(backend: str) -> None:
-    """torchrun's process group, its keys under this attempt's own prefix: the rendezvous store outlives a
-    restart (`--max-restarts`, with the static and the c10d rendezvous alike), and a restarted worker that
-    read the killed attempt's gloo addresses there would connect to ports nobody listens on
-    (`connectFullMesh ... Connection refused`). Its timeout must outlast a rank's longest wait: 7 days."""
+    """torchrun's process group, its keys under this rendezvous round's own prefix (RoundPrefix). Its timeout,
+    the rank timeout (agreement.rank_timeout_s), bounds how long a rank waits for the others at any collective.
+    Under nccl the per-batch meetings go over a gloo group of the same ranks (their flags are CPU data)."""
     import torch.distributed as dist
-    timeout = datetime.timedelta(days=7)
-    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(backend, store=dist.PrefixStore(f"diffsmooth/attempt_{attempt}", store), rank=rank,
-                            world_size=world, timeout=timeout)
+    timeout = datetime.timedelta(seconds=rank_timeout_s())
+    store, rank, world = next(dist.rendezvous("env://", timeout=datetime.timedelta(seconds=STORE_CONNECT_S)))
+    with RoundPrefix(rank, world) as prefix:
+        round_store = dist.PrefixStore(prefix, store)
+        dist.init_process_group(backend, store=round_store, rank=rank, world_size=world, timeout=timeout)
+    use_store(dist.PrefixStore("notes", round_store), rank, world)
+    _Groups.meeting = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
+
+
+class RoundPrefix:
+    """A store prefix of this rendezvous round alone. The store outlives a restart (`--max-restarts`) and a
+    membership change, and a worker that read an earlier round's gloo addresses there would connect to ports
+    nobody listens on (`connectFullMesh ... Connection refused`); torchrun's restart count does not grow on a
+    membership change. So rank 0 takes the next round number from a counter in the store and, until the process
+    group stands, answers every ticket the other ranks leave: each asks under a key named by a fresh token of its
+    own (`join/<token>`), which no earlier round can have written. Every rank reaches the store over its own
+    connection (MASTER_ADDR:MASTER_PORT), so the keys never depend on torch's own prefixes."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        self._done = threading.Event()
+        self._server: Optional[threading.Thread] = None
+
+    def __enter__(self) -> str:
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = _store_client()
+        if self.rank == 0:
+            number = store.add("diffsmooth/rounds", 1)
+            self._server = threading.Thread(target=self._answer, args=(number,), daemon=True)
+            self._server.start()
+        else:
+            token = uuid.uuid4().hex
+            store.set(f"diffsmooth/ticket/{store.add('diffsmooth/tickets', 1)}", token)
+            store.wait([f"diffsmooth/join/{token}"], datetime.timedelta(seconds=STORE_CONNECT_S))
+            number = int(store.get(f"diffsmooth/join/{token}").decode())
+        return f"diffsmooth/attempt_{attempt}/round_{number}"
+
+    def _answer(self, number: int) -> None:
+        """Rank 0: answer every ticket in order (stale ones from a dead round too: harmless), until the group stands."""
+        store = _store_client()
+        position = int(store.get("diffsmooth/served").decode()) if store.check(["diffsmooth/served"]) else 0
+        while not self._done.is_set():
+            key = f"diffsmooth/ticket/{position + 1}"
+            if not store.check([key]):
+                self._done.wait(0.02)
+                continue
+            store.set(f"diffsmooth/join/{store.get(key).decode()}", str(number))
+            position += 1
+            store.set("diffsmooth/served", str(position))
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        if self._server is not None:
+            self._server.join()
+
+
+def _store_client():
+    """A connection of this process's own to the rendezvous store at MASTER_ADDR:MASTER_PORT."""
+    import torch.distributed as dist
+    return dist.TCPStore(os.environ.get("MASTER_ADDR", "localhost"), int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=datetime.timedelta(seconds=STORE_CONNECT_S), wait_for_workers=False)
 
 
 def reach_store(seconds: Optional[float] = None) -> None:
@@ -121,13 +197,28 @@ def _quiet_stderr() -> Iterator[None]:
 def rank_device(plan: ShardPlan, device: str) -> str:
     """Under torchrun, `cuda` means this rank's own GPU (cuda:LOCAL_RANK); an explicit `cuda:N`
     is kept as given (one GPU per rank is then the user's choice)."""
-    return f"cuda:{plan.local_rank}" if plan.distributed and device == "cuda" else device
+    own = plan.distributed or plan.local_rank > 0          # torchrun's ranks, shared or independent (independent_plan)
+    return f"cuda:{plan.local_rank}" if own and device == "cuda" else device
 
 
 def wait_for_all(plan: ShardPlan) -> None:
+    """Every rank here before any goes on (a rank that never comes: RanksLost within the rank timeout)."""
     if plan.distributed:
         import torch.distributed as dist
-        dist.barrier()
+        with answered():
+            dist.barrier()
+
+
+def keep_launcher_from_restarting() -> None:
+    """A person stopped the run (SIGINT / SIGTERM, agreed by every rank): under torchrun with restarts left, ask the
+    launcher (this worker's parent, torchrun's agent) to stop too, since it takes any non-zero exit for a failure
+    and would start the run again. This process ignores the agent's SIGTERM to its workers and exits on its own."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    left = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if left > 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.kill(os.getppid(), signal.SIGTERM)
 
 
 def finish(plan: ShardPlan) -> None:

@@ -51,6 +51,10 @@ class PlanTable:
     def write_costs(self, costs: dict) -> None:
         self._folder.write_costs(costs)
 
+    def agreed(self, read):
+        """What `read()` gives on rank 0, on every rank (a decision the folder records travels as a message)."""
+        return self._runner.ranks.agree(read)
+
     @property
     def race_record(self) -> Path:
         """race.json: the race's decisions, replayed by a rerun and by every rank."""

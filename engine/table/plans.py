@@ -237,8 +237,8 @@ class RacePlan(Plan):
                           for line, sigma in reversed(pairs)], costs)
         rows_by_line, bounds, extensions = {}, {}, 0
         record = table.race_record
-        # read once, before any line's race: under torchrun every rank replays the same decisions (rank 0 writes)
-        recorded = json.loads(record.read_text()) if record.exists() else {}
+        # read once, before any line's race: under torchrun rank 0 reads them and every rank replays its decisions
+        recorded = table.agreed(lambda: json.loads(record.read_text()) if record.exists() else {})
         for line in spec.lines:
             rules = {sigma: table.rule(line, sigma) for sigma in spec.sigmas}
             race = LineRace(spec, line, indices, rules, table.phase_path)

@@ -1,8 +1,10 @@
 """A table under torchrun: every rank runs every phase, every image of it, computing its share of each
-image's samples as `certify` does (certify/blocks.py), and every decision is taken from the rows, which
-every rank reads after the same barrier, so all ranks decide alike without sending a decision. Rank 0 is
-the one writer of the folder's own files (table.json, plan.json, cost.json, race.json, the outputs) and of
-every result file. Without torchrun: one rank, no barrier, and everything below is a no-op."""
+image's samples as `certify` does (certify/blocks.py). What the folder decides travels as a message from rank 0
+(`agree`: which runs are still to do, the race's recorded decisions) or is checked by digest before use (`same`:
+the rows every rank reads after a pass, from which the race decides), and a stop on any rank stops every rank
+before the next pass (`agreed_stop`). Rank 0 is the one writer of the folder's own files (table.json, plan.json,
+cost.json, race.json, the outputs) and of every result file. Without torchrun: one rank, no barrier, and
+everything below is a no-op."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence, TypeVar
 
+from diffsmooth.engine.certify.agreement import answered, digest64
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.locks import lock_file
 from diffsmooth.engine.runs.results import merge_results, settings_path, shard_path
@@ -57,7 +60,8 @@ class Ranks:
                 box = [("ok", act())]
             except UserError as exc:
                 box = [("error", str(exc))]
-        dist.broadcast_object_list(box, src=0)
+        with answered():
+            dist.broadcast_object_list(box, src=0)
         kind, value = box[0]
         if kind == "error":
             raise UserError(value)
@@ -69,7 +73,8 @@ class Ranks:
             return
         import torch.distributed as dist
         values = [None] * self.count
-        dist.all_gather_object(values, value)
+        with answered():
+            dist.all_gather_object(values, value)
         others = sorted({str(v) for v in values if v != values[0]})
         if others:
             raise UserError(f"the ranks see different {what} (rank 0: {values[0]}; another: {others[0]}): start every "
@@ -81,8 +86,20 @@ class Ranks:
             return [value]
         import torch.distributed as dist
         values = [None] * self.count
-        dist.all_gather_object(values, value)
+        with answered():
+            dist.all_gather_object(values, value)
         return values
+
+    def same_rows(self, what: str, rows) -> None:
+        """A UserError on every rank unless every rank read the same `rows` (a digest of them is compared)."""
+        if self.distributed:
+            self.same(what, digest64(repr(rows)))
+
+    def agreed_stop(self, signal_name):
+        """The first rank's stop signal name (None: no rank was asked to stop), the same on every rank."""
+        if not self.distributed:
+            return signal_name
+        return next((name for name in self.gather(signal_name) if name), None)
 
     def all_files(self, merged: Path) -> list:
         """Every rank's file of `merged`, and `merged` itself."""

@@ -62,7 +62,7 @@ class PhaseRunner:
         order = [line.name for line in self.spec.lines]
         phases = sorted(phases, key=lambda p: order.index(p.line.name))     # the configurations in the spec's order
         runs = [self.planned(phase) for phase in phases]
-        todo = [k for k, run in enumerate(runs) if not self._done(run)]
+        todo = self.ranks.agree(lambda: [k for k, run in enumerate(runs) if not self._done(run)])   # rank 0's reading
         if len(todo) > 1 and shared_run([runs[k] for k in todo]) is None:     # cannot share: each line on its own
             out: Dict[tuple, PhaseResult] = {}
             for phase in phases:
@@ -75,6 +75,7 @@ class PhaseRunner:
         for k, (phase, run) in enumerate(zip(phases, runs)):
             files = self.merged(run)
             rows = self.folder.rows(files)
+            self.ranks.same_rows(f"rows of {phase.line.name} sigma {phase.sigma:g} (the folder on a shared disk?)", rows)
             share = seconds / len(todo) if k in todo else 0.0
             phase_rate = rate if k in todo else self._probe_if_untimed(phase, run)
             result = PhaseResult(rows, share, self.folder.samples(rows, phase, files, self.spec.n0, self.spec.n_max),
@@ -88,8 +89,9 @@ class PhaseRunner:
         run = runs[0] if len(runs) == 1 else shared_run(runs)
         phase, names = phases[0], " + ".join(p.line.name for p in phases)
         what = f"{names} sigma {phase.sigma:g} ({phase.kind})"
-        if self.stop.signal:
-            raise TableInterrupted(f"stopped by {self.stop.signal} before {what}")
+        stop = self.ranks.agreed_stop(self.stop.signal)        # a stop on any rank stops every rank here
+        if stop:
+            raise TableInterrupted(f"stopped by {stop} before {what}")
         self.log(self._progress_line(phases, costs))
         key = (phase.line.name, phase.sigma) if len(runs) == 1 else ("one pass", phase.sigma, tuple(p.line.name for p in phases))
         if key not in self.voters:

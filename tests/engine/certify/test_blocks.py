@@ -34,27 +34,34 @@ class ThreadRanks:
         self.merges = [0] * ranks
         self.steps = [0] * ranks
 
-    def all_reduce(self, rank: int, value: np.ndarray) -> np.ndarray:
-        self.parts[rank] = value.copy()
+    def exchange(self, rank: int, value) -> list:
+        """Every rank's `value`, in rank order."""
+        self.parts[rank] = value
         self.barrier.wait()
         parts = list(self.parts)
         self.barrier.wait()            # every rank has read the parts before any hands in its next
+        return parts
+
+    def all_reduce(self, rank: int, value: np.ndarray, reduce=sum) -> np.ndarray:
+        parts = self.exchange(rank, value.copy())
         assert len({p.shape for p in parts}) == 1, [p.shape for p in parts]    # the ranks met at the same point
-        return sum(parts)
+        return reduce(parts)
 
 
 class ThreadBlocks(SampleBlocks):
-    """SampleBlocks whose collectives are ThreadRanks' (its `group`)."""
+    """SampleBlocks whose collectives are ThreadRanks' (its `group`); the meeting's logic is SampleBlocks' own."""
 
-    def step(self, complete, busy, stop, device):
+    def reduce_max(self, values, device):
         self.group.steps[self.rank] += 1
-        summed = self.group.all_reduce(self.rank, np.asarray([not c for c in complete] + [busy, stop], np.int64))
-        return summed[:-2] == 0, bool(summed[-2]), bool(summed[-1])
+        return self.group.all_reduce(self.rank, values, lambda parts: np.max(np.stack(parts), axis=0))
 
     def merge(self, counts, bad):
         self.group.merges[self.rank] += 1
         flat = self.group.all_reduce(self.rank, np.concatenate([counts.numpy().ravel(), bad.numpy().ravel()]))
         return flat[:counts.numel()].reshape(counts.shape), flat[counts.numel():].reshape(bad.shape)
+
+    def gather(self, value):
+        return self.group.exchange(self.rank, value)
 
 
 def on_threads(ranks: int, main):
