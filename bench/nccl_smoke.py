@@ -1,7 +1,7 @@
 """The torchrun path's merge on the device's own collective: under torchrun (one rank or more), every rank
 counts the demo DiffSmooth votes of a few images once alone and once sharing every image's samples with the
 other ranks (certify/blocks.py: each look's counts all-reduced as device tensors, nccl on CUDA, gloo on the
-CPU), and the counts must be equal. Prints the ranks' meetings (one per batch), their mean cost and the backend.
+CPU; the meetings on a gloo group of the same ranks under nccl), and the counts must be equal. Prints the ranks' meetings (one per batch), their mean cost and the backend.
 
     torchrun --nproc-per-node 1 -m diffsmooth.bench.nccl_smoke [--device cuda] [--images 4] [--samples 300]
 """
@@ -30,7 +30,7 @@ def main(device: str, images: int, num: int, batch: int) -> None:
     from diffsmooth.engine.certify.scheduler import Work
     from diffsmooth.engine.data import load_dataset
     from diffsmooth.engine.runs.assemble import ModelSources
-    from diffsmooth.engine.runs.sharding import join_process_group
+    from diffsmooth.engine.runs.sharding import join_process_group, meeting_group
     from diffsmooth.engine.runs.stage_build import build_smooth
 
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -46,7 +46,7 @@ def main(device: str, images: int, num: int, batch: int) -> None:
     chosen = [(i, dataset[i][0]) for i in range(images)]
     alone = pipe.count_many(chosen, 0, num, batch)
     shared = {}
-    scheduler = pipe.scheduler(batch, None, SampleBlocks(rank, world))
+    scheduler = pipe.scheduler(batch, None, SampleBlocks(rank, world, meeting_group=meeting_group()))
     start = time.perf_counter()
     scheduler.run([Work(i, x, count_job(0, num), tag=k) for k, (i, x) in enumerate(chosen)],
                   lambda done: shared.__setitem__(done.work.tag, done.result))

@@ -1,7 +1,7 @@
 """One image's samples over ranks, side by side in one run (gloo on the CPU, one thread per process):
 one image's certification latency in one process and on N ranks (fixed n and sequential), the demo table
 (race) in one process and on N ranks, each pass's shares of samples per rank on more ranks, and the cost
-of one look's merge at 8 ranks.
+of a batch's meeting (with and without the ranks' identity check) and of a merge on 2, 4 and 8 ranks.
 
     python -m diffsmooth.bench.ranks [--parts image,table,shares,merge] [--ranks 2] [--share-ranks 4]
         [--n 4000] [--images 16] [--n-max 2000] [--out DIR]
@@ -9,8 +9,9 @@ of one look's merge at 8 ranks.
 `image`: the Python API (DiffSmooth on the demo models, sigma 0.5, sigma' 0.25, m 5) certifies one image
 after a warm-up; the seconds are the call's own (models built, process group joined). `table`: the
 command line (`diffsmooth table --demo`), whole processes timed. `shares`: summary.json's ranks.phases.
-`merge`: 8 gloo processes meet as after a batch (which of 64 images every rank completed) and sum those images'
-counts (10 classes), 200 times."""
+`merge`: 2, 4 and 8 gloo processes meet as after a batch (which of 64 images every rank completed): the old
+meeting (a SUM of the flags alone), the meeting with the identity check and no image joined, and with 4 images
+joined (their digests computed); then they sum 64 images' counts (10 classes), 200 times each."""
 
 from __future__ import annotations
 
@@ -117,36 +118,61 @@ def phase_shares(folder: Path) -> dict:
             "phases": ranks["phases"]}
 
 
-# -- a look's merge ---------------------------------------------------------------------------------
+# -- the meeting's cost, with and without the identity check ---------------------------------------
 
-def _merge_worker(rank: int, world: int, port: int, repeats: int, out: str) -> None:
+MEETING_KINDS = ("flags only (before issue 65)", "flags + digests, no image joined", "flags + digests, 4 images joined")
+
+
+def _meeting_worker(rank: int, world: int, port: int, repeats: int, out: str) -> None:
+    """A batch's meeting three ways (the old SUM of flags alone; the MAX meeting with no image joined; with 4
+    CIFAR-10-sized images joined, their digests computed here), then the merge of 64 images' counts."""
+    import numpy as np
     import torch.distributed as dist
 
+    from diffsmooth.engine.certify.agreement import Identity
     from diffsmooth.engine.certify.blocks import SampleBlocks
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     blocks = SampleBlocks(rank, world)
     counts, bad = torch.ones((1, 64, 10), dtype=torch.int64), torch.zeros((1, 64), dtype=torch.int64)
-    complete = [True] * 64
-    for _ in range(10):
-        blocks.step(complete, False, False, "cpu")
+    waiting = np.zeros(64, dtype=np.int64)
+    images = [torch.rand((3, 32, 32), generator=torch.Generator().manual_seed(k)) for k in range(4)]
+    run = {"settings": 1, "weights": 2}
+
+    def old():                              # what the meeting was: one SUM all-reduce of the flags
+        dist.all_reduce(torch.from_numpy(np.zeros(66, dtype=np.int64)), op=dist.ReduceOp.SUM)
+
+    def bare():
+        blocks.step(waiting, False, 0, False, [], "cpu")
+
+    def joined():
+        blocks.step(waiting, False, 0, False, [Identity.of(k, x, "certify n0=100 n=100000", run)
+                                               for k, x in enumerate(images)], "cpu")
+
+    def merge():
         blocks.merge(counts, bad)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(repeats):        # a batch's meeting and its merge of 64 images' counts
-        blocks.step(complete, False, False, "cpu")
-        merged, _ = blocks.merge(counts, bad)
-    seconds = (time.perf_counter() - start) / repeats
-    assert int(merged.sum()) == world * 640
-    Path(out, f"merge-{rank}.json").write_text(json.dumps({"seconds": seconds}))
+    seconds = {}
+    for name, act in zip(MEETING_KINDS + ("merge of 64 images' counts",), (old, bare, joined, merge)):
+        for _ in range(10):
+            act()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            act()
+        seconds[name] = (time.perf_counter() - start) / repeats
+    Path(out, f"meeting-{rank}.json").write_text(json.dumps(seconds))
     dist.destroy_process_group()
 
 
-def merge_cost(world: int, repeats: int = 200) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_merge_worker, args=(world, free_port(), repeats, tmp), nprocs=world, join=True)
-        seconds = [json.loads(Path(tmp, f"merge-{r}.json").read_text())["seconds"] for r in range(world)]
-    return {"ranks": world, "requests": 64, "classes": 10, "seconds_per_merge": max(seconds)}
+def meeting_cost(worlds=(2, 4, 8), repeats: int = 200) -> dict:
+    """Each kind's mean seconds per meeting on each number of gloo ranks (the slowest rank's), side by side."""
+    out = {}
+    for world in worlds:
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.spawn(_meeting_worker, args=(world, free_port(), repeats, tmp), nprocs=world, join=True)
+            per_rank = [json.loads(Path(tmp, f"meeting-{r}.json").read_text()) for r in range(world)]
+        out[str(world)] = {kind: max(r[kind] for r in per_rank) for kind in per_rank[0]}
+    return {"repeats": repeats, "ranks": out}
 
 
 # -- the report -------------------------------------------------------------------------------------
@@ -184,10 +210,12 @@ def markdown(report: dict) -> str:
                       for p in s["phases"]]
             lines.append("")
     if "merge" in report:
-        m = report["merge"]
-        lines.append(f"A batch's meeting and the merge of {m['requests']} images' counts ({m['classes']} classes) on "
-                     f"{m['ranks']} gloo ranks: **{m['seconds_per_merge'] * 1e3:.2f} ms** (the slowest rank's mean "
-                     f"over 200)")
+        m = report["merge"]["ranks"]
+        kinds = list(next(iter(m.values())))
+        lines += [f"A batch's meeting (64 images in flight) and a merge, ms per call (the slowest rank's mean over "
+                  f"{report['merge']['repeats']}; gloo on this host's cores):", "",
+                  "| ranks | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+        lines += [f"| {world} | " + " | ".join(f"{row[k] * 1e3:.3f}" for k in kinds) + " |" for world, row in m.items()]
     return "\n".join(lines)
 
 
@@ -218,7 +246,7 @@ def main(parts, ranks, share_ranks, n, images, n_max, merge_ranks, out: Optional
         seconds = run_table(share_ranks, folder, images, n_max)
         report["shares"] = {"ranks": share_ranks, "seconds": seconds, "shares": phase_shares(folder)}
     if "merge" in parts:
-        report["merge"] = merge_cost(merge_ranks)
+        report["merge"] = meeting_cost(tuple(w for w in (2, 4, 8) if w <= merge_ranks))
     text = markdown(report)
     print(text)
     if out:

@@ -44,7 +44,7 @@ class ShardPlan:
         go over nccl); None otherwise."""
         if not (self.distributed and self.num_shards > 1):
             return None
-        return SampleBlocks(self.shard, self.num_shards, meeting_group=_Groups.meeting)
+        return SampleBlocks(self.shard, self.num_shards, meeting_group=meeting_group())
 
 
 def parse_shard(text: str) -> ShardPlan:
@@ -92,6 +92,11 @@ def independent_plan() -> ShardPlan:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     return ShardPlan(rank, world, False, int(os.environ.get("LOCAL_RANK", "0"))) if world > 1 else ShardPlan()
+
+
+def meeting_group():
+    """The gloo group of the ranks' meetings when the process group is nccl (None: the process group itself)."""
+    return _Groups.meeting
 
 
 def join_process_group(backend: str) -> None:

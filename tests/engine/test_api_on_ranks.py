@@ -16,6 +16,8 @@ from stage_fixtures import build_tiny_stages, image, spread_classifier
 
 from diffsmooth import DiffSmooth
 from diffsmooth.engine.certify.sequential import SequentialRule
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.runs.results import merge_results
 
 IMAGES = [(i, image(i)) for i in range(5)]
 RULE = SequentialRule((0.02, 0.05, 0.1), sigma=0.12, alpha=0.01, n_max=300)
@@ -50,15 +52,25 @@ def results(model, out: Path) -> dict:
     return got
 
 
-def build():
+def build(**execution):
     _, denoiser, _ = build_tiny_stages()
     return DiffSmooth(denoiser=denoiser, classifier=spread_classifier(2), sigma=0.12, local_sigma=0.06, m=3,
-                      local_noise="fresh", batch=32)          # the tiny classifier's votes spread at this sigma
+                      local_noise="fresh", batch=32, **execution)      # the tiny classifier's votes spread at this sigma
+
+
+def _environ(rank: int, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+
+
+def _free_port() -> int:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
 
 
 def _rank(rank: int, world: int, port: int, folder: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
-                      LOCAL_RANK=str(rank))
+    _environ(rank, world, port)
     torch.set_num_threads(1)
     model = build()
     got = results(model, Path(folder, "ranks.tsv"))
@@ -82,3 +94,41 @@ def test_every_call_of_the_api_on_two_ranks_returns_one_processes_result(tmp_pat
         assert got == expected, rank
     assert_rows_spread(tmp_path / "whole.tsv")
     assert rows_without_time(tmp_path / "ranks.tsv") == rows_without_time(tmp_path / "whole.tsv")
+
+
+def _own_images_rank(rank: int, world: int, port: int, folder: str) -> None:
+    """The usual evaluation loop (each rank its own images) with the default mode, then with ranks="independent"."""
+    _environ(rank, world, port)
+    torch.set_num_threads(1)
+    mine = IMAGES[rank::world]
+    shared, refused = build(), None
+    try:
+        shared.certify(mine[0][1], n0=20, n=150, alpha=0.01, image_index=mine[0][0])
+    except UserError as exc:
+        refused = str(exc)
+    alone = build(ranks="independent")
+    got = [alone.certify(x, n0=20, n=150, alpha=0.01, image_index=i) for i, x in mine]
+    alone.certify_dataset(Images(), Path(folder, "own.tsv"), n0=20, n=150, alpha=0.01)
+    Path(folder, f"own{rank}.json").write_text(json.dumps({
+        "refused": refused, "indices": [i for i, _ in mine], "certificates": [(c.prediction, c.radius) for c in got],
+        "ranks": alone.shards.num_shards}))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_each_rank_certifying_its_own_images_is_refused_when_shared_and_one_processes_when_independent(tmp_path):
+    whole = build()
+    alone = {i: whole.certify(x, n0=20, n=150, alpha=0.01, image_index=i) for i, x in IMAGES}
+    assert len({c.prediction for c in alone.values()} - {-1}) >= 3, alone           # the votes spread
+    whole.certify_dataset(Images(), tmp_path / "whole.tsv", n0=20, n=150, alpha=0.01)
+    mp.spawn(_own_images_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    lines = set()
+    for rank in range(2):
+        got = json.loads((tmp_path / f"own{rank}.json").read_text())
+        lines.add(got["refused"])
+        assert got["certificates"] == [[alone[i].prediction, alone[i].radius] for i in got["indices"]], rank
+        assert got["ranks"] == 2
+    assert len(lines) == 1 and "the ranks differ in the image's index (rank 0: 0; rank 1: 1)" in lines.pop()
+    shards = [tmp_path / f"own.shard-{r}-of-2.tsv" for r in range(2)]
+    assert merge_results(shards, tmp_path / "own.tsv") == len(IMAGES)
+    assert rows_without_time(tmp_path / "own.tsv") == rows_without_time(tmp_path / "whole.tsv")

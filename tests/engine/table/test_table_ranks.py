@@ -103,13 +103,33 @@ def _rerun(ranks: int, out: Path, table=DEMO) -> dict:
     return _folder(out)
 
 
+@pytest.fixture(scope="module")
+def rs_one_process(tmp_path_factory):
+    return _one_process(tmp_path_factory.mktemp("rs") / "one", RS)
+
+
 @needs_demo
 @pytest.mark.slow
-def test_a_table_on_three_gloo_ranks_equals_one_process(tmp_path):
-    whole = _one_process(tmp_path / "one", RS)
+def test_a_table_on_three_gloo_ranks_equals_one_process(rs_one_process, tmp_path):
+    whole = rs_one_process
     # the ranks' shares are uneven: some pass holds a number of images that 3 does not divide
     assert any((len(rows) - 1) % 3 for name, rows in whole.items() if name.endswith(".tsv")), sorted(whole)
     assert _rerun(3, tmp_path / "t", RS) == whole
+
+
+@needs_demo
+@pytest.mark.slow
+def test_a_sigterm_on_one_rank_mid_table_stops_every_rank_unrestarted_and_a_rerun_gives_one_processes_folder(
+        rs_one_process, tmp_path):
+    """SIGTERM reaches rank 1 alone at its 4th meeting, under `--max-restarts 1`: every rank stops at the next
+    meeting with exit 130, torchrun starts nothing again (a restarted attempt, unplanted, would finish and exit 0);
+    the same command again finishes with one process's folder."""
+    out = tmp_path / "t"
+    proc = subprocess.run(_torchrun(2, out, "--max-restarts", "1", table=RS, paced=True), capture_output=True,
+                          text=True, timeout=900, env=dict(_env(), DIFFSMOOTH_TEST_TERM_AT="1:4"))
+    assert proc.returncode != 0
+    assert proc.stderr.count("stopped by SIGTERM") == 2, proc.stderr[-3000:]         # both ranks, once each
+    assert _rerun(2, out, RS) == rs_one_process
 
 
 def _extension_with_rows(out: Path) -> Path:
