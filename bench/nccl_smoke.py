@@ -1,7 +1,8 @@
 """The torchrun path's merge on the device's own collective: under torchrun (one rank or more), every rank
 counts the demo DiffSmooth votes of a few images once alone and once sharing every image's samples with the
 other ranks (certify/blocks.py: each look's counts all-reduced as device tensors, nccl on CUDA, gloo on the
-CPU; the meetings on a gloo group of the same ranks under nccl), and the counts must be equal. Prints the ranks' meetings (one per batch), their mean cost and the backend.
+CPU; the meetings on a gloo group of the same ranks under nccl), and the counts must be equal. Prints the
+ranks' meetings (one per batch), their mean cost and the backend.
 
     torchrun --nproc-per-node 1 -m diffsmooth.bench.nccl_smoke [--device cuda] [--images 4] [--samples 300]
 """

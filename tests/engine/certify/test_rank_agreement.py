@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from test_blocks import ThreadBlocks, ThreadRanks, on_threads, rs_stages  # noqa: F401 - a fixture
+from test_blocks import on_threads
 from test_scheduler import TemplateClassifier, images, pipeline
 
 from diffsmooth.engine.base_classifier.methods import MethodConfig
@@ -23,6 +23,11 @@ from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 JOBS = Jobs("certify", 10, 60, 0.001, 0.5)
 SHAPE = (3, 8, 8)
+
+
+@pytest.fixture(scope="module")
+def rs_stages():
+    return build_torch_stages(MethodConfig("rs", 0.5), TemplateClassifier().eval(), None, TorchBackend(), SHAPE, 10)
 
 
 def works(jobs=JOBS, swap=None, other_image=None):
@@ -128,13 +133,8 @@ def test_a_rank_that_raises_stops_every_rank_at_the_same_meeting_with_its_line(r
     torch.set_num_threads(1)
     meetings = {}
 
-    def plant(rank, pipe, work):
-        return (FailingPipeline(rs_stages, 0.5, seed=3) if rank == 2 else pipe), work
-    world = {}
-
     def main(rank, blocks):
-        pipe, work = plant(rank, pipeline(rs_stages), works())
-        world["group"] = blocks.group
+        pipe, work = (FailingPipeline(rs_stages, 0.5, seed=3) if rank == 2 else pipeline(rs_stages)), works()
         try:
             Scheduler(pipe, 16, None, blocks).run(work, lambda done: None)
         except Exception as exc:            # noqa: BLE001
