@@ -6,6 +6,7 @@
 HEAVY_FIRST = (
     "tests/engine/table/test_table_ranks.py",        # ~170 s: torchrun tables, killed and restarted
     "tests/engine/table/test_paper_specs.py",        # ~100 s
+    "tests/engine/runs/test_rank_faults.py",         # ~60 s: torchrun ranks with a planted fault each
     "tests/test_readme_python.py",                   # ~75 s
     "tests/export/test_export.py",                   # ~65 s
     "tests/engine/base_classifier/test_densepure.py",  # ~55 s

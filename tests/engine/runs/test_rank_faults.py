@@ -93,32 +93,38 @@ def test_a_rank_that_raises_or_hangs_ends_every_rank_within_the_rank_timeout(tmp
     assert seconds < 90, seconds                   # start-up, the plant's batch, the 8 s timeout: not 7 days
 
 
-@pytest.mark.slow
-def test_a_sigterm_on_one_rank_stops_every_rank_and_torchrun_does_not_restart_them(tmp_path, tiny_cli_args):
+def _sequential_alone(tmp_path, tiny_cli_args):
+    """A sequential run's arguments and its rows in one process (votes spread, images stopping at various looks)."""
     args = _args(tiny_cli_args, "--sequential", "--radii", "0.1,0.2,0.3")
     args[args.index("120")] = "2000"
-    whole, ranks = tmp_path / "whole.tsv", tmp_path / "ranks.tsv"
+    whole = tmp_path / "whole.tsv"
     invoke([*args, "--out", whole])
+    assert_rows_spread(whole)
+    return args, whole
+
+
+@pytest.mark.slow
+def test_a_sigterm_on_one_rank_stops_every_rank_and_torchrun_does_not_restart_them(tmp_path, tiny_cli_args):
+    args, whole = _sequential_alone(tmp_path, tiny_cli_args)
+    ranks = tmp_path / "ranks.tsv"
     proc, _ = _torchrun(2, args, ranks, "--max-restarts", "2", env={"DIFFSMOOTH_TEST_TERM_AT": "1:6"})
     assert proc.returncode != 0
     stopped = [line for line in proc.stderr.splitlines() if "terminated (SIGTERM)" in line]
     assert len(stopped) == 2, proc.stderr[-3000:]                       # both ranks, once
     kept = len(read_rows(ranks)) if ranks.exists() else 0
     assert kept < len(read_rows(whole))         # a restarted attempt (no plant) would have finished the rows
-    proc, _ = _torchrun(2, [a for a in args], ranks)                     # the same command again finishes the run
+    proc, _ = _torchrun(2, args, ranks)                                  # the same command again finishes the run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_rows_spread(whole)
     assert rows_without_time(ranks) == rows_without_time(whole)
 
 
 @pytest.mark.slow
 def test_three_ranks_one_killed_then_two_ranks_give_one_processes_rows(tmp_path, tiny_cli_args):
-    args = _args(tiny_cli_args, "--sequential", "--radii", "0.1,0.2,0.3")
-    args[args.index("120")] = "2000"
-    whole, ranks = tmp_path / "whole.tsv", tmp_path / "ranks.tsv"
-    invoke([*args, "--out", whole])
+    args, whole = _sequential_alone(tmp_path, tiny_cli_args)
+    ranks = tmp_path / "ranks.tsv"
     proc, _ = _torchrun(3, args, ranks, env={"DIFFSMOOTH_TEST_KILL_AT_MERGE": "1:8"})
     assert proc.returncode != 0 and re.search(r"exitcode\s*:\s*-9", proc.stderr), proc.stderr[-3000:]
+    assert (len(read_rows(ranks)) if ranks.exists() else 0) < len(read_rows(whole))
     proc, _ = _torchrun(2, args, ranks)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert rows_without_time(ranks) == rows_without_time(whole)
