@@ -86,12 +86,13 @@ class SmoothedClassifier:
 
     def __init__(self, *, classifier: nn.Module, sigma: float, denoiser: Optional[DiffusionDenoiser] = None,
                  device: str = "cpu", precision: str = "fp32", compile: Optional[bool] = None, seed: int = DEFAULT_SEED,
-                 batch: Optional[int] = None, ranks: str = "shared", **settings):
+                 batch: Optional[int] = None, **settings):
         if not isinstance(classifier, nn.Module):
             raise UserError("`classifier` must be a torch module (see diffsmooth.load_classifier)")
         denoises = method_named(self.method).purifier.denoises           # an unknown method: one line
         if denoises and not isinstance(denoiser, DiffusionDenoiser):
             raise UserError(f"{type(self).__name__} needs `denoiser` (see diffsmooth.load_denoiser)")
+        ranks = settings.pop("ranks", "shared")         # an execution keyword beside the method's own settings
         self.config = method_config(self.method, sigma, settings)
         given = {"classifier": classifier, "denoiser": denoiser if denoises else None}
         self._given = {name: OwnedModule(name, module) for name, module in given.items() if module is not None}

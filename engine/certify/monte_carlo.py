@@ -72,10 +72,7 @@ class MonteCarloPipeline:
 
     def __init__(self, stages: BaseClassifierStages, sigma: float, seed: int = 0, *,
                  static_batch: bool = False, streams: int = 1, compiled_noise: bool = False,
-                 log: Optional[Callable[[str], None]] = None, classifier_batch: Optional[int] = None,
-                 settings: str = ""):
-        """`settings`: what else determines the votes (the method's options, precision, backend, fast path), as
-        text: torchrun's ranks compare it with the sigma, seed and weights (`identity`)."""
+                 log: Optional[Callable[[str], None]] = None, classifier_batch: Optional[int] = None):
         if not sigma > 0:
             raise UserError(f"sigma must be > 0, got {sigma}")
         self.stages = stages
@@ -91,7 +88,7 @@ class MonteCarloPipeline:
         self.log = log or (lambda message: print(message, file=sys.stderr))
         self.batch_hooks: List[Callable[[int], None]] = []     # told each classified batch's rows (a table times its pilot)
         self._sealed: Optional[Marks] = None     # the stages' weights as the agreement check saw them
-        self.settings = settings
+        self.settings = ""     # what else determines the votes, as text (runs/assemble.py): ranks compare it (`identity`)
         self._weights_digest: Optional[int] = None
 
     def identity(self) -> Dict[str, int]:

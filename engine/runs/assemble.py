@@ -119,10 +119,10 @@ def build_pipeline(stages: BaseClassifierStages, sigma: float, seed: int, fast: 
                    configs: Sequence[MethodConfig] = (), backend: str = "torch") -> MonteCarloPipeline:
     """The voter of the stages with the fast path's batch shape, lanes and noise kernel; `configs` and `backend`
     join its settings (what torchrun's ranks compare before summing votes)."""
-    settings = repr(([c.as_dict() for c in configs], backend, sorted(fast.as_dict().items())))
-    return MonteCarloPipeline(stages, sigma, seed, static_batch=fast.static_batch, streams=fast.streams,
-                              compiled_noise=fast.compiled_noise, log=log, classifier_batch=fast.classifier_batch,
-                              settings=settings)
+    voter = MonteCarloPipeline(stages, sigma, seed, static_batch=fast.static_batch, streams=fast.streams,
+                               compiled_noise=fast.compiled_noise, log=log, classifier_batch=fast.classifier_batch)
+    voter.settings = repr(([c.as_dict() for c in configs], backend, sorted(fast.as_dict().items())))
+    return voter
 
 
 def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[int, ...], device,

@@ -175,7 +175,10 @@ class ResolvedRun:
     def check_resumable(self, record: bool) -> None:
         """Refuse to append to results written with other settings; with `record`, write the settings
         (a new result file's sidecar, or the sweep folder's index.json)."""
-        record = record and self.shards.writes          # torchrun: rank 0 records, the others check
+        if self.shards.distributed and not self.shards.writes:
+            return      # torchrun: rank 0 checks and records; the ranks prove they hold the same work by content
+                        # (certify/agreement.py), never by paths, which may differ between nodes
+        record = record and self.shards.writes
         if not self.is_sweep:
             check_or_record_settings(self.out, self.recorded(), record=record)
             return

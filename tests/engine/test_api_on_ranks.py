@@ -132,3 +132,8 @@ def test_each_rank_certifying_its_own_images_is_refused_when_shared_and_one_proc
     shards = [tmp_path / f"own.shard-{r}-of-2.tsv" for r in range(2)]
     assert merge_results(shards, tmp_path / "own.tsv") == len(IMAGES)
     assert rows_without_time(tmp_path / "own.tsv") == rows_without_time(tmp_path / "whole.tsv")
+
+
+def test_an_unknown_rank_mode_is_refused_in_one_line():
+    with pytest.raises(UserError, match="`ranks` must be one of shared, independent, got 'each'"):
+        build(ranks="each")

@@ -77,6 +77,11 @@ def shifted_stages(shift: float):
     return build_torch_stages(MethodConfig("rs", 0.5), ShiftedClassifier(shift).eval(), None, TorchBackend(), SHAPE, 10)
 
 
+def with_settings(pipe, settings: str):
+    pipe.settings = settings
+    return pipe
+
+
 PLANTS = {
     "image": lambda stages: lambda rank, pipe, work: (pipe, works(other_image=2) if rank == 1 else work),
     "index": lambda stages: lambda rank, pipe, work: (pipe, works(swap=(1, 2)) if rank == 1 else work),
@@ -87,8 +92,7 @@ PLANTS = {
                                                       work),
     "seed": lambda stages: lambda rank, pipe, work: (MonteCarloPipeline(stages, 0.5, seed=4) if rank == 1 else pipe,
                                                      work),
-    "method setting": lambda stages: lambda rank, pipe, work: (
-        MonteCarloPipeline(stages, 0.5, seed=3, settings="m=5" if rank == 1 else "m=3"), work),
+    "method setting": lambda stages: lambda rank, pipe, work: (with_settings(pipe, "m=5" if rank == 1 else "m=3"), work),
     "weights": lambda stages: lambda rank, pipe, work: (
         MonteCarloPipeline(shifted_stages(0.01 if rank == 1 else 0.0), 0.5, seed=3), work),
 }
