@@ -12,6 +12,7 @@ import torch
 from test_scheduler import INDICES, SHAPE, TemplateClassifier, TwoLanes, images, jobs, packed_results, pipeline
 
 from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.certify.agreement import RankFailed
 from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.jobs import count_job
 from diffsmooth.engine.certify.scheduler import MiscountedSamples, Scheduler, Work
@@ -198,12 +199,11 @@ def test_a_sample_counted_twice_is_refused_before_any_result(rs_stages):
         try:
             pipeline(rs_stages).scheduler(64, None, DoublingBlocks(rank, 2, world)).run(
                 [Work(index, x, make()) for (index, x), make in zip(images(), jobs())], lambda done: None)
-        except MiscountedSamples as exc:
-            errors.append(str(exc))
-            world.barrier.abort()
-        except threading.BrokenBarrierError:
-            pass
+        except (MiscountedSamples, RankFailed) as exc:      # the rank that saw it, and the other at the same meeting
+            errors.append((rank, type(exc), str(exc)))
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    assert len(errors) == 1 and "counted twice or lost" in errors[0], errors
+    by_rank = {rank: (kind, text) for rank, kind, text in errors}
+    assert by_rank[1][0] is MiscountedSamples and "counted twice or lost" in by_rank[1][1], errors
+    assert by_rank[0][0] is RankFailed and by_rank[0][1].startswith("rank 1 failed (MiscountedSamples: "), errors
