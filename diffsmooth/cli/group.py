@@ -20,6 +20,7 @@ from click.utils import make_default_short_help
 from diffsmooth.engine.errors import Terminated, UserError, first_line
 
 TERMINATED_EXIT = 143                           # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+SETUP_EXIT = 3          # --strict: the set-up is wrong (a preflight finding), told apart from a bad invocation (2)
 
 
 class Command(NamedTuple):

@@ -7,13 +7,12 @@ import json
 
 import click
 
+from diffsmooth.cli.group import SETUP_EXIT
 from diffsmooth.cli.options import dataset_option, method_options, model_options
 from diffsmooth.cli.param_types import BATCH, SEED, THREADS, Count, Number
 from diffsmooth.engine.choices import DEFAULT_SKIP, DEFAULT_SPLIT
 from diffsmooth.engine.preflight.run import IMAGES, SAMPLES, preflight_request
 from diffsmooth.engine.runs.request import RunRequest
-
-WARNINGS_EXIT = 2               # --strict: a warning fails the command
 
 
 @click.command()
@@ -34,7 +33,7 @@ WARNINGS_EXIT = 2               # --strict: a warning fails the command
 @click.option("--threads", type=THREADS, default=None, help="CPU threads for torch.")
 @click.option("--published", type=Number(0, 100, label="the published cell"), default=None,
               help="The paper's certified accuracy at r = 0 (percent), shown beside the measured upper bound.")
-@click.option("--strict", is_flag=True, help=f"Exit with code {WARNINGS_EXIT} when there is a warning.")
+@click.option("--strict", is_flag=True, help=f"Exit with code {SETUP_EXIT} (the set-up is wrong) when there is a warning.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document (findings and measurements) instead of lines.")
 def preflight(images, samples, published, strict, as_json, classifier, method, local_sigma, m, **options):
     """Check the set-up on a small sample before any certificate: data, accuracies, normalisation, labels, denoiser.
@@ -53,4 +52,4 @@ def preflight(images, samples, published, strict, as_json, classifier, method, l
         for line in report.lines():
             click.echo(line)
     if strict and report.warnings:
-        raise SystemExit(WARNINGS_EXIT)
+        raise SystemExit(SETUP_EXIT)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
+from diffsmooth.cli.group import SETUP_EXIT
 from diffsmooth.cli.param_types import BATCH, SAMPLES, THREADS, Count, Number
 from diffsmooth.engine.choices import RUN_PRECISIONS
 from diffsmooth.engine.errors import UserError
@@ -56,15 +58,20 @@ def _log(line: str) -> None:
               help="Check that every file SPEC names is in place (exists, loads weights-only, official keys and "
                    "shapes, normalisation, data and selected images), print what would run, write nothing. "
                    "Every table runs this check first.")
-@click.option("--preflight/--no-preflight", "preflight", default=None,
-              help="With --check: after the files, run `diffsmooth preflight` for every line and sigma on a small sample "
-                   "(data, accuracies, normalisation, labels, denoiser; the paper's r = 0 cell beside the measured bound) "
-                   "[default: on with --check].")
+@click.option("--preflight/--no-preflight", "preflight", default=True, show_default=True,
+              help="Before the first sample (and with --check, after the files), run `diffsmooth preflight` for every "
+                   "line and sigma on a small sample (data, accuracies, normalisation, labels, denoiser; the paper's "
+                   "r = 0 cell beside the measured bound). A table resumed in its folder skips it (it ran at the start).")
 @click.option("--preflight-images", type=Count(1), default=PREFLIGHT_IMAGES, show_default=True,
-              help="With --check: the preflight's images per run, drawn from the selection with the spec's seed.")
+              help="The preflight's images per run, drawn from the selection with the spec's seed.")
 @click.option("--preflight-samples", type=Count(1, 10_000), default=PREFLIGHT_SAMPLES, show_default=True,
-              help="With --check: the preflight's noise samples per image.")
-@click.option("--strict", is_flag=True, help="With --check: exit with code 2 when the preflight warns.")
+              help="The preflight's noise samples per image.")
+@click.option("--strict", is_flag=True,
+              help=f"A preflight warning stops the table before any sample (with --check: fails the check), exit code "
+                   f"{SETUP_EXIT}: the set-up is wrong.")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --check: one JSON document on stdout (the plan, problems, every run's preflight) instead of "
+                   "the lines on stderr.")
 @click.option("--smoke", is_flag=True,
               help=f"After the check, run SPEC at a smoke size ({SMOKE_IMAGES} images, n {SMOKE_N}; on the CPU where "
                    f"CUDA is missing): every line, sigma and file end to end in minutes; the numbers mean nothing.")
@@ -105,9 +112,9 @@ def _log(line: str) -> None:
 @click.option("--ranks", type=Count(1), default=None,
               help="--dry-run: also estimate the table on this many torchrun ranks (GPUs).")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_images, preflight_samples, strict, smoke, plan,
-          tolerance, pilot, margin, reach, rows, images, n_max, device, threads, batch, compile_, precision, one_pass, dry_run,
-          ranks, quiet):
+def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_images, preflight_samples, strict, as_json,
+          smoke, plan, tolerance, pilot, margin, reach, rows, images, n_max, device, threads, batch, compile_, precision,
+          one_pass, dry_run, ranks, quiet):
     """The paper's table in one command: which sigma settles which radius, the cost first, table.md/tex, curves.png.
 
     Certified accuracy per radius, best over sigma, for every line of SPEC (a TOML file; see
@@ -115,8 +122,10 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
     table stopped at any point (Ctrl-C, SIGTERM) continues when the same command runs again."""
     if demo == (spec is not None):
         raise UserError("give SPEC or --demo (one of them)")
-    if (preflight is not None or strict) and not check:
-        raise UserError("`preflight` and `strict` belong to `check`")
+    if as_json and not check:
+        raise UserError("`as_json` belongs to `check` (a table writes summary.json)")
+    if strict and not preflight:
+        raise UserError("`strict` stops on the preflight's warnings: drop --no-preflight")
     if ranks is not None and not dry_run:
         raise UserError("`ranks` belongs to `dry_run` (under torchrun the ranks are torchrun's)")
     if out is None and not check:
@@ -137,20 +146,33 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
         table_spec = load_spec(spec, {"models": models_dir, "data": data_dir})
         pilot = PILOT_IMAGES if pilot is None else pilot
     report = check_table(table_spec, {"models": models_dir, "data": data_dir})      # before any sample: seconds
-    for line in report.plan if check else ():
+    for line in report.plan if check and not as_json else ():
         _log(line)
     if report.problems:
+        if as_json:
+            click.echo(json.dumps({"passed": False, "plan": report.plan, "problems": report.problems}, indent=1))
         for line in report.problems:
             click.echo(f"error: {line}", err=True)
         _log(f"table: {len(report.problems)} problem(s); nothing was run or written")
         raise SystemExit(2)
     if check:
-        warnings = _preflight(table_spec, preflight_images, preflight_samples) if preflight is not False else []
+        lines = _preflight(table_spec, preflight_images, preflight_samples, quiet=as_json) if preflight else None
+        warnings = lines.warnings if lines is not None else []
+        if as_json:
+            click.echo(json.dumps(check_document(report, lines, strict), indent=1, allow_nan=False))
         _log(f"table: check passed{f' with {len(warnings)} preflight warning(s)' if warnings else ''}; nothing was "
              f"written")
         if strict and warnings:
-            raise SystemExit(2)
+            raise SystemExit(SETUP_EXIT)
         return
+    if preflight and not (Path(out) / "table.json").exists():     # a table asks first: before its first sample
+        from diffsmooth.engine.table.ranks import Ranks
+        asking = Ranks.join(table_spec.run.get("device", "cpu"))      # under torchrun: rank 0 asks for all
+        warnings = asking.agree(lambda: _preflight(table_spec, preflight_images, preflight_samples).warnings)
+        if strict and warnings:
+            _log(f"table: {len(warnings)} preflight warning(s) under --strict: stopped before any sample, nothing "
+                 f"was written (fix the set-up, or run without --strict)")
+            raise SystemExit(SETUP_EXIT)
     if smoke:
         import torch
         table_spec, notes = smoke_spec(table_spec, torch.cuda.is_available())
@@ -171,12 +193,24 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
         raise SystemExit(130) from None
 
 
-def _preflight(table_spec, images: int, samples: int) -> list:
-    """Every line's preflight (engine/table/preflight_lines.py), its lines and warnings printed; returns the warnings."""
+def _preflight(table_spec, images: int, samples: int, quiet: bool = False):
+    """Every line's preflight (engine/table/preflight_lines.py), its lines and warnings printed (unless `quiet`);
+    returns the LinesPreflight."""
     from diffsmooth.engine.table.preflight_lines import preflight_lines
-    result = preflight_lines(table_spec, images, samples, _log)
+    log = (lambda line: None) if quiet else _log
+    result = preflight_lines(table_spec, images, samples, log)
     for line in result.published:
-        _log(f"published: {line}")
+        log(f"published: {line}")
     for line in result.warnings:
-        _log(f"warning: {line}")
-    return result.warnings
+        log(f"warning: {line}")
+    return result
+
+
+def check_document(report, lines, strict: bool) -> dict:
+    """`table --check --json`: the plan, every run's preflight (its findings and measurements), the published rows'
+    r = 0 lines and every warning; `passed` is false where --strict would fail."""
+    runs = [] if lines is None else [dict(line=line, sigma=sigma, configuration=config, **found.as_dict())
+                                     for (line, sigma, config), found in lines.reports.items()]
+    warnings = [] if lines is None else lines.warnings
+    return {"passed": not (strict and warnings), "plan": report.plan, "problems": [], "preflight": runs,
+            "published": [] if lines is None else lines.published, "warnings": warnings}

@@ -100,7 +100,10 @@ def predictions(classifier: nn.Module, x: torch.Tensor, device, batch: int) -> O
     try:
         for start in range(0, x.shape[0], batch):
             out.append(classifier(x[start:start + batch].to(device)).argmax(-1).cpu())
-    except RuntimeError:
+    except RuntimeError as exc:         # torch.OutOfMemoryError is one: memory, not the images' layout
+        if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+            raise UserError(f"out of memory classifying {min(batch, x.shape[0])} images of {list(x.shape[1:])} on "
+                            f"{device}: lower `batch` or use a larger device") from None
         return None
     return torch.cat(out)
 

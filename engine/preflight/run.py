@@ -70,7 +70,7 @@ def preflight_models(config: MethodConfig, classifier: nn.Module, denoiser, samp
              for mode, module in (variants or {"given": classifier}).items()}
     mine = clean.get(given) if given else clean["given"]
     if mine is None:
-        raise UserError(f"the classifier cannot take images {list(x.shape[1:])}")
+        raise UserError(f"the classifier cannot take images {list(x.shape[1:])}{layout_hint(x)}")
     noise = noise_votes(config, classifier, denoiser, sample, how, variants)
     report.measured.update(images=len(labels), classes=noise.classes, clean_accuracy=float((mine == labels).double().mean()))
     report.add("clean", f"the classifier's accuracy on the clean images: {100 * report.measured['clean_accuracy']:.1f}%"
@@ -127,6 +127,14 @@ def guess_stats(classifier: nn.Module, shape: Tuple[int, ...]) -> str:
     return "cifar10" if shape[-1] <= 64 else "imagenet"
 
 
+def layout_hint(x: torch.Tensor) -> str:
+    """A hint when images [N, A, B, C] look channels-last (C of 1 or 3 last, A not): the engine takes [N,C,H,W]."""
+    if x.dim() == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+        return (f": they look channels-last [N,H,W,C]; give them as [N,C,H,W] (for a tensor x: "
+                f"x.permute(0, 3, 1, 2))")
+    return ""
+
+
 def sample_of(data, images: int, seed: int, skip: int = 1, max_index: Optional[int] = None):
     """(images [N,C,H,W], labels [N], indices) of a seeded sample of `data`: a dataset of the engine
     (diffsmooth.load_dataset), a pair (images, labels) of tensors or arrays, or any sequence of (image, label)."""
@@ -136,6 +144,8 @@ def sample_of(data, images: int, seed: int, skip: int = 1, max_index: Optional[i
         tensor, labels = torch.as_tensor(data[0]), torch.as_tensor(data[1])
         if tensor.dim() != 4 or labels.dim() != 1 or len(labels) != tensor.shape[0]:
             raise UserError(f"data: images [N,C,H,W] and labels [N], got {tuple(tensor.shape)} and {tuple(labels.shape)}")
+        if layout_hint(tensor):
+            raise UserError(f"data: images [N,C,H,W], got {tuple(tensor.shape)}{layout_hint(tensor)}")
         stop = len(labels) if max_index is None else min(max_index, len(labels))
         indices = sample_indices(range(0, stop, skip), images, seed)
         pick = torch.as_tensor(indices, dtype=torch.int64)

@@ -14,6 +14,7 @@ from diffsmooth import DenoisedSmoothing, DiffSmooth, RandomizedSmoothing, load_
 from diffsmooth.cli import main
 from diffsmooth.engine.base_classifier.diffusion_denoiser import PRESET_SCHEDULES, DiffusionDenoiser
 from diffsmooth.engine.data.base import load_arrays
+from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.preflight.labels import LabelOrder
 
@@ -95,7 +96,7 @@ def test_no_normalisation_where_the_classifier_needs_it_names_the_option():
     assert len(warnings) == 1 and "fix: --normalization normalize" in warnings[0], result.output
     strict = preflight(["--method", "rs", "--sigma", "0.5", "--classifier", shipped.demo_classifier_path(0.5),
                         "--normalization", "none", "--stats", "fashion-mnist", "--images", 40, "--samples", 1, "--strict"])
-    assert strict.exit_code == 2 and "fix: --normalization normalize" in strict.output
+    assert strict.exit_code == 3 and "fix: --normalization normalize" in strict.output    # the set-up is wrong
 
 
 def test_labels_in_another_order_name_the_permutation(data, arrays):
@@ -179,3 +180,25 @@ def test_the_sample_is_seeded_and_its_noise_is_certifys(data):
                                                                                                     samples=2)
     assert other.measured != one.measured
     assert torch.equal(torch.as_tensor(one.measured["noise_ci95"]), torch.as_tensor(two.measured["noise_ci95"]))
+
+
+def test_channels_last_images_get_the_layout_they_need_in_one_line(arrays):
+    x, y = arrays
+    model = RandomizedSmoothing(classifier=load_demo_classifier(0.5), sigma=0.5)
+    with pytest.raises(UserError, match=r"channels-last \[N,H,W,C\]; give them as \[N,C,H,W\].*permute\(0, 3, 1, 2\)"):
+        model.preflight((x[:40].permute(0, 2, 3, 1).repeat(1, 1, 1, 3), y[:40]), images=20, samples=1)
+    assert model.preflight((x[:40], y[:40]), images=20, samples=1).ok        # the same images as [N,C,H,W]
+
+
+class OutOfMemory(torch.nn.Module):
+    """A classifier whose forward runs out of device memory (a batch too large for the GPU)."""
+
+    def forward(self, x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def test_out_of_memory_is_reported_as_such_not_as_a_layout_the_classifier_cannot_take(arrays):
+    x, y = arrays
+    with pytest.raises(UserError, match=r"out of memory classifying .* lower `batch`") as raised:
+        RandomizedSmoothing(classifier=OutOfMemory(), sigma=0.5).preflight((x[:40], y[:40]), images=20, samples=1)
+    assert "cannot take" not in str(raised.value)

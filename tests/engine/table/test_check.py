@@ -4,6 +4,7 @@ problem, exit 2, what is wrong; every shipped spec parses and reports its missin
 
 import json
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -297,12 +298,17 @@ def test_beit_checkpoints_are_compared_with_the_timm_model(tmp_path):
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda p: str(p.relative_to(ROOT / "specs" / "paper")))
 def test_shipped_specs_have_the_papers_settings(spec, tmp_path):
-    """n (100,000 on CIFAR-10, 10,000 on ImageNet), Cohen et al.'s 500-image selection, m = 21 outside the
-    m ablation, and every DiffSmooth line's local noise at its classifier's training level plus the
-    paper's shift (CIFAR-10 + 0.03; ImageNet + 0.01 at sigma 0.25, + 0.02 above)."""
+    """n (100,000 on CIFAR-10, 10,000 on ImageNet; a same-N spec's N, with N x m that number), Cohen et al.'s
+    500-image selection, m = 21 outside the m ablation and the same-N tables, and every DiffSmooth line's local
+    noise at its classifier's training level plus the paper's shift (CIFAR-10 + 0.03; ImageNet + 0.01 at sigma
+    0.25, + 0.02 above; none in the appendix's table without it, imagenet-sigma-prime-noshift/)."""
     parsed = load_spec(spec, {"models": str(tmp_path), "data": str(tmp_path)})
     cifar = parsed.data["dataset"] == "cifar10"
-    assert (parsed.n_max, parsed.data["skip"]) == ((100000, 20) if cifar else (10000, 100))
+    same_n = re.fullmatch(r".*n-(\d+)-m-(\d+)\.toml", spec.name) if spec.parent.name.endswith("same-n") else None
+    paper_n = 100000 if cifar else 10000
+    n, m = map(int, same_n.groups()) if same_n else (paper_n, 21)
+    assert (parsed.n_max, parsed.data["skip"]) == ((n, 20) if cifar else (n, 100))
+    assert not same_n or n * m == paper_n or spec.name == "resnet50-smoothadv-n-20000-m-5.toml"   # the row as printed
     assert parsed.sigmas == (0.25, 0.5, 1.0) or len(parsed.sigmas) == 1
     for line in parsed.lines:
         if line.method != "diffsmooth":
@@ -310,7 +316,7 @@ def test_shipped_specs_have_the_papers_settings(spec, tmp_path):
         for sigma in parsed.sigmas:
             path, = line.classifier[sigma]
             level = float(path.rsplit("noise_", 1)[1].split("/")[0].removeprefix("sd"))
-            shift = 0.03 if cifar else (0.01 if sigma == 0.25 else 0.02)
+            shift = 0.0 if spec.parent.name.endswith("noshift") else 0.03 if cifar else (0.01 if sigma == 0.25 else 0.02)
             assert line.local_sigma[sigma] == (pytest.approx(level + shift),), (line.name, sigma)
             assert level <= sigma
-            assert line.m[sigma] == ((int(line.name.rsplit("m = ", 1)[1]),) if "ablation" in spec.name else (21,))
+            assert line.m[sigma] == ((int(line.name.rsplit("m = ", 1)[1]),) if "ablation" in spec.name else (m,))
