@@ -130,8 +130,8 @@ def guess_stats(classifier: nn.Module, shape: Tuple[int, ...]) -> str:
 def layout_hint(x: torch.Tensor) -> str:
     """A hint when images [N, A, B, C] look channels-last (C of 1 or 3 last, A not): the engine takes [N,C,H,W]."""
     if x.dim() == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
-        return (f": they look channels-last [N,H,W,C]; give them as [N,C,H,W] (for a tensor x: "
-                f"x.permute(0, 3, 1, 2))")
+        return (": they look channels-last [N,H,W,C]; give them as [N,C,H,W] (for a tensor x: "
+                "x.permute(0, 3, 1, 2))")
     return ""
 
 
