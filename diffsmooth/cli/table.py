@@ -165,14 +165,6 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
         if strict and warnings:
             raise SystemExit(SETUP_EXIT)
         return
-    if preflight and not (Path(out) / "table.json").exists():     # a table asks first: before its first sample
-        from diffsmooth.engine.table.ranks import Ranks
-        asking = Ranks.join(table_spec.run.get("device", "cpu"))      # under torchrun: rank 0 asks for all
-        warnings = asking.agree(lambda: _preflight(table_spec, preflight_images, preflight_samples).warnings)
-        if strict and warnings:
-            _log(f"table: {len(warnings)} preflight warning(s) under --strict: stopped before any sample, nothing "
-                 f"was written (fix the set-up, or run without --strict)")
-            raise SystemExit(SETUP_EXIT)
     if smoke:
         import torch
         table_spec, notes = smoke_spec(table_spec, torch.cuda.is_available())
@@ -181,6 +173,15 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
     planning = TablePlanning(plan=plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance)
     builder = TableBuilder(table_spec, out, planning=planning, log=_log, command=command_line(), progress=not quiet,
                            one_pass=one_pass)
+    if preflight and not (Path(out) / "table.json").exists():     # a table asks first: before its first sample
+        from diffsmooth.engine.runs.locks import check_unlocked
+        check_unlocked(Path(out), "table folder", True)               # a folder another table writes: refused first
+        # under torchrun rank 0 asks for all (builder.ranks: torchrun's, or this process alone)
+        warnings = builder.ranks.agree(lambda: _preflight(table_spec, preflight_images, preflight_samples).warnings)
+        if strict and warnings:
+            _log(f"table: {len(warnings)} preflight warning(s) under --strict: stopped before any sample, nothing "
+                 f"was written (fix the set-up, or run without --strict)")
+            raise SystemExit(SETUP_EXIT)
     try:
         builder.build(dry_run=dry_run)
         if ranks is not None:
@@ -197,12 +198,11 @@ def _preflight(table_spec, images: int, samples: int, quiet: bool = False):
     """Every line's preflight (engine/table/preflight_lines.py), its lines and warnings printed (unless `quiet`);
     returns the LinesPreflight."""
     from diffsmooth.engine.table.preflight_lines import preflight_lines
-    log = (lambda line: None) if quiet else _log
-    result = preflight_lines(table_spec, images, samples, log)
-    for line in result.published:
-        log(f"published: {line}")
-    for line in result.warnings:
-        log(f"warning: {line}")
+    held: list = []             # printed once every run's preflight is done: a refusal inside stays one line
+    result = preflight_lines(table_spec, images, samples, held.append)
+    held += [f"published: {line}" for line in result.published] + [f"warning: {line}" for line in result.warnings]
+    for line in held if not quiet else ():
+        _log(line)
     return result
 
 

@@ -15,13 +15,14 @@ def _accept(*args, **kwargs):
 @pytest.fixture
 def stub_heavy_steps(monkeypatch):
     """Every command stops with Accepted where its real work (models, training, export, the table's
-    runs) would begin: reaching it means the options were accepted."""
+    preflight and runs) would begin: reaching it means the options were accepted."""
     import diffsmooth.bench.harness as bench_harness
     import diffsmooth.cli.certify as certify
     import diffsmooth.cli.demo as demo
     import diffsmooth.cli.env as env
     import diffsmooth.cli.export as export
     import diffsmooth.cli.purify as purify
+    import diffsmooth.cli.table as table
     import diffsmooth.cli.train_demo as train_demo
     import diffsmooth.cli.validate as validate
     import diffsmooth.export.plan_check as plan_check
@@ -38,6 +39,7 @@ def stub_heavy_steps(monkeypatch):
     monkeypatch.setattr(validate, "validate_dir", _accept)
     monkeypatch.setattr(plan_check, "trt_target", _accept)
     monkeypatch.setattr(bench_harness, "machine_info", _accept)      # the first step after BenchSettings.resolved()
+    monkeypatch.setattr(table, "_preflight", _accept)               # a table asks first: the models' first work
     monkeypatch.setattr(TableBuilder, "build", _accept)
 
 
