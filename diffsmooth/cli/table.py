@@ -176,8 +176,9 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
     if preflight and not (Path(out) / "table.json").exists():     # a table asks first: before its first sample
         from diffsmooth.engine.runs.locks import check_unlocked
         check_unlocked(Path(out), "table folder", True)               # a folder another table writes: refused first
-        # under torchrun rank 0 asks for all (builder.ranks: torchrun's, or this process alone)
-        warnings = builder.ranks.agree(lambda: _preflight(table_spec, preflight_images, preflight_samples).warnings)
+        from diffsmooth.engine.table.ranks import Ranks
+        asking = Ranks.join(table_spec.run.get("device", "cpu"))      # under torchrun rank 0 asks for all
+        warnings = asking.agree(lambda: _preflight(table_spec, preflight_images, preflight_samples).warnings)
         if strict and warnings:
             _log(f"table: {len(warnings)} preflight warning(s) under --strict: stopped before any sample, nothing "
                  f"was written (fix the set-up, or run without --strict)")

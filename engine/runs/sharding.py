@@ -221,9 +221,16 @@ def keep_launcher_from_restarting() -> None:
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return
     left = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if left > 0:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        os.kill(os.getppid(), signal.SIGTERM)
+    if left <= 0:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:                    # every rank has printed its line and ignores the agent's SIGTERM before any rank asks
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.barrier()
+    except Exception:       # noqa: BLE001 - a rank already gone: the launcher stops the rest anyway
+        pass
+    os.kill(os.getppid(), signal.SIGTERM)
 
 
 def finish(plan: ShardPlan) -> None:
