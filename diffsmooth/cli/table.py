@@ -174,15 +174,7 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
     builder = TableBuilder(table_spec, out, planning=planning, log=_log, command=command_line(), progress=not quiet,
                            one_pass=one_pass)
     if preflight and not (Path(out) / "table.json").exists():     # a table asks first: before its first sample
-        from diffsmooth.engine.runs.locks import check_unlocked
-        check_unlocked(Path(out), "table folder", True)               # a folder another table writes: refused first
-        from diffsmooth.engine.table.ranks import Ranks
-        asking = Ranks.join(table_spec.run.get("device", "cpu"))      # under torchrun rank 0 asks for all
-        warnings = asking.agree(lambda: _preflight(table_spec, preflight_images, preflight_samples).warnings)
-        if strict and warnings:
-            _log(f"table: {len(warnings)} preflight warning(s) under --strict: stopped before any sample, nothing "
-                 f"was written (fix the set-up, or run without --strict)")
-            raise SystemExit(SETUP_EXIT)
+        _ask_first(table_spec, Path(out), preflight_images, preflight_samples, strict)
     try:
         builder.build(dry_run=dry_run)
         if ranks is not None:
@@ -193,6 +185,20 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
         from diffsmooth.engine.runs.sharding import keep_launcher_from_restarting
         keep_launcher_from_restarting()
         raise SystemExit(130) from None
+
+
+def _ask_first(table_spec, out: Path, images: int, samples: int, strict: bool) -> None:
+    """A new table's preflight before its first sample (under torchrun rank 0 asks for all); under `strict` a
+    warning stops it with SETUP_EXIT, nothing written. A folder another table writes is refused first."""
+    from diffsmooth.engine.runs.locks import check_unlocked
+    from diffsmooth.engine.table.ranks import Ranks
+    check_unlocked(out, "table folder", True)
+    asking = Ranks.join(table_spec.run.get("device", "cpu"))
+    warnings = asking.agree(lambda: _preflight(table_spec, images, samples).warnings)
+    if strict and warnings:
+        _log(f"table: {len(warnings)} preflight warning(s) under --strict: stopped before any sample, nothing was "
+             f"written (fix the set-up, or run without --strict)")
+        raise SystemExit(SETUP_EXIT)
 
 
 def _preflight(table_spec, images: int, samples: int, quiet: bool = False):
