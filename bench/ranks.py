@@ -137,7 +137,6 @@ def _meeting_worker(rank: int, world: int, port: int, repeats: int, out: str) ->
     counts, bad = torch.ones((1, 64, 10), dtype=torch.int64), torch.zeros((1, 64), dtype=torch.int64)
     waiting = np.zeros(64, dtype=np.int64)
     images = [torch.rand((3, 32, 32), generator=torch.Generator().manual_seed(k)) for k in range(4)]
-    run = {"settings": 1, "weights": 2}
 
     def old():                              # what the meeting was: one SUM all-reduce of the flags
         dist.all_reduce(torch.from_numpy(np.zeros(66, dtype=np.int64)), op=dist.ReduceOp.SUM)
@@ -146,7 +145,7 @@ def _meeting_worker(rank: int, world: int, port: int, repeats: int, out: str) ->
         blocks.step(waiting, False, 0, False, [], "cpu")
 
     def joined():
-        blocks.step(waiting, False, 0, False, [Identity.of(k, x, "certify n0=100 n=100000", run)
+        blocks.step(waiting, False, 0, False, [Identity.of(k, x, "certify n0=100 n=100000")
                                                for k, x in enumerate(images)], "cpu")
 
     def merge():

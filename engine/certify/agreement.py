@@ -1,8 +1,9 @@
 """What torchrun's ranks must agree on before their votes are summed, and the lines a rank prints when they do
 not (certify/blocks.py holds the meeting that compares them).
 
-Every image in flight has an identity: one 62-bit digest per field of FIELDS (its bytes, its index, the job asked
-of it, the run's settings, the weights every stage computes with). The ranks compare each image's digests at
+A run's settings and the weights every stage computes with are compared at the run's first meeting. Every image
+in flight has an identity: one 62-bit digest per field of FIELDS (its index, its bytes, the job asked of it). The
+ranks compare each image's digests at
 the first meeting after it joins, in the meeting's one all-reduce (the maximum of d and of -d gives both the
 largest and the smallest digest, so the cost does not grow with the ranks); an image whose digests differ
 anywhere stops every rank with the same line before any of its votes are summed."""
@@ -19,7 +20,7 @@ import numpy as np
 
 from diffsmooth.engine.errors import UserError, first_line
 
-FIELDS = ("index", "image", "request", "settings", "weights")
+FIELDS = ("index", "image", "request")       # per image; a run's settings and weights are agreed at its start
 WHAT = {                        # how a line names each field, and what the user should check
     "image": ("the image's pixels", "every rank must read the same data (the same file, the same transforms)"),
     "index": ("the image's index", "every rank must certify the same images in the same order (the Python API: "
@@ -54,9 +55,8 @@ class Identity:
     index: int
 
     @classmethod
-    def of(cls, index: int, image, request: str, run: Dict[str, int]) -> "Identity":
-        """`run`: the run's own digests ("settings", "weights": MonteCarloPipeline.identity)."""
-        return cls((int(index), digest64(image), digest64(request), run["settings"], run["weights"]), int(index))
+    def of(cls, index: int, image, request: str) -> "Identity":
+        return cls((int(index), digest64(image), digest64(request)), int(index))
 
 
 class RanksDisagree(UserError):

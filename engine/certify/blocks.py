@@ -91,7 +91,7 @@ class SampleBlocks:
         """The element-wise maximum of every rank's `values` (int64), on the meeting's group: CPU tensors on a
         gloo group, `device` tensors otherwise."""
         import torch.distributed as dist
-        group = self.meeting_group if self.meeting_group is not None else self.group
+        group = self._meetings
         on = "cpu" if dist.get_backend(group) == "gloo" else device
         tensor = torch.from_numpy(values).to(on)
         with answered():
@@ -115,19 +115,23 @@ class SampleBlocks:
         import torch.distributed as dist
         values = [None] * self.ranks
         with answered():
-            dist.all_gather_object(values, value, group=self.meeting_group if self.meeting_group is not None
-                                   else self.group)
+            dist.all_gather_object(values, value, group=self._meetings)
         return values
 
     def agree(self, value):
         """Rank 0's `value` on every rank (a picklable object: the images still to run, say)."""
         import torch.distributed as dist
         box = [value]
-        group = self.meeting_group if self.meeting_group is not None else self.group
+        group = self._meetings
         src = 0 if group is None else dist.get_global_rank(group, 0)
         with answered():
             dist.broadcast_object_list(box, src=src, group=group)
         return box[0]
+
+    @property
+    def _meetings(self):
+        """The group of the meetings and of what travels with them (gathers, broadcasts)."""
+        return self.meeting_group if self.meeting_group is not None else self.group
 
     @property
     def writes(self) -> bool:

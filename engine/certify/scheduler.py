@@ -463,7 +463,7 @@ class Scheduler:
                         if work is None:
                             exhausted = True
                         elif self._admit(work, active, on_finish):
-                            joined.append(Identity.of(work.index, work.image, work.recipe, run_identity))
+                            joined.append(Identity.of(work.index, work.image, work.recipe))
                     self._shared_batch(active, in_flight, depth)
                 except Exception as exc:        # noqa: BLE001 - re-raised after the meeting, on every rank
                     failure = failure or exc
