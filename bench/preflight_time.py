@@ -1,7 +1,9 @@
 """How long `diffsmooth preflight` takes: measured on the embedded demo here (rs, dds, diffsmooth at their
-`preflight` defaults: 100 images, 5 noise samples each), with the model calls it made counted; and estimated for the
-paper's CIFAR-10 and ImageNet models on one GPU from the calls the same preflight makes there and the measured fp32
-eager rate of the full-size models on an H200 (the preflight runs eager fp32, as the run-time check's reference).
+`preflight` defaults: 100 images, 5 noise samples each; DiffSmooth also at the paper's m = 21), with the model calls
+it made counted; and estimated for the paper's CIFAR-10 and ImageNet models on one GPU from the calls the same
+preflight makes there (ImageNet's clean checks: 5 images per label of 1,000, decoded on the CPU at the rate measured
+here) and the measured fp32 eager rate of the full-size models on an H200 (the preflight runs eager fp32, as the
+run-time check's reference).
 
     python -m diffsmooth.bench.preflight_time [--device cpu] [--threads 2] [--images 100] [--samples 5] [--json OUT]
 
@@ -11,6 +13,7 @@ eager rate of the full-size models on an H200 (the preflight runs eager fp32, as
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import List
@@ -21,6 +24,7 @@ import torch
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.models.resnet import CifarResNet, ResNet50
 from diffsmooth.engine.models.unet import UNetModel
+from diffsmooth.engine.preflight.labels import MIN_PER_LABEL
 from diffsmooth.engine.preflight.measure import SCHEDULE_CHOICES, VARIANT_SAMPLES
 from diffsmooth.engine.preflight.run import IMAGES, SAMPLES, preflight_request
 from diffsmooth.engine.runs.request import RunRequest
@@ -36,7 +40,16 @@ H200_FP32_EAGER = {
                  "classifier": "ResNet-50"},
 }
 NORMALIZATIONS = 3              # the classifier's clean predictions under normalize, center, none
-VARIANTS = 4                    # the noise variants: the three normalisations and the half-noise one
+VARIANTS = 5                    # the noise variants: the three normalisations, half and twice the noise
+CLASSES = {"cifar10": 10, "imagenet": 1000, "embedded": 10}
+CHANNELS = {"cifar10": 3, "imagenet": 3, "embedded": 1}     # 3: the clean checks add the channels reversed (BGR)
+
+
+def clean_images(dataset: str, images: int) -> int:
+    """The clean checks' images (engine/preflight/run.py clean_indices): MIN_PER_LABEL per label or more, at least
+    `images`."""
+    classes = CLASSES[dataset]
+    return max(MIN_PER_LABEL, -(-images // classes)) * classes
 
 
 @dataclass
@@ -47,18 +60,19 @@ class Calls:
     classifier: int = 0
 
 
-def expected_calls(method: str, images: int, samples: int, m: int) -> Calls:
-    """The calls a preflight makes (engine/preflight/measure.py): the classifier on the clean images under each
-    normalisation; the base classifier on `samples` noise samples per image (m classifier images each for
-    DiffSmooth); each variant on VARIANT_SAMPLES of them (one local noise); for a denoising method the UNet on
-    every sample, and once per image for the denoiser's error with the schedule given and the other schedules; and
-    the stages' one probe with a blank image when they are built."""
+def expected_calls(method: str, images: int, samples: int, m: int, dataset: str = "embedded") -> Calls:
+    """The calls a preflight makes (engine/preflight/run.py, measure.py): the classifier on the clean sample under
+    each normalisation (and with the channels reversed for RGB); the base classifier on `samples` noise samples per
+    image (m classifier images each for DiffSmooth); each variant on VARIANT_SAMPLES of them (one local noise; DDS
+    has no half-noise one); for a denoising method the UNet on every sample, and once per image for the denoiser's
+    error with the schedule given and the other schedules; and the stages' one probe with a blank image."""
     kind = method_named(method)
     config = MethodConfig(method, 0.5, m=m)
     half = kind.head.noise_option is not None or not kind.purifier.denoises     # a half-noise variant (none for DDS)
     variants = VARIANTS - (not half)
     per_sample = kind.classifier_calls(config)
-    classifier = images * (NORMALIZATIONS + samples * per_sample + variants * min(samples, VARIANT_SAMPLES)) + per_sample
+    clean = clean_images(dataset, images) * (NORMALIZATIONS + (CHANNELS[dataset] == 3))
+    classifier = clean + images * (samples * per_sample + variants * min(samples, VARIANT_SAMPLES)) + per_sample
     unet = images * (samples * kind.purifier.unet_calls(config) + len(SCHEDULE_CHOICES)) + 1 if kind.purifier.denoises else 0
     return Calls(unet, classifier)
 
@@ -82,15 +96,18 @@ class CallCounter:
         self.handle.remove()
 
 
-SETTINGS = {"rs": "sigma 0.5", "dds": "sigma 0.5", "diffsmooth": "sigma 0.5, sigma' 0.25, m 5"}
+SETTINGS = {"rs": "sigma 0.5", "dds": "sigma 0.5", "diffsmooth": "sigma 0.5, sigma' 0.25, m 5",
+            "diffsmooth m 21": "sigma 0.5, sigma' 0.25, m 21 (the paper's m)"}
 DEMO = {"rs": dict(method=("rs",), sigma=0.5),
         "dds": dict(method=("dds",), sigma=0.5),
-        "diffsmooth": dict(method=("diffsmooth",), sigma=0.5, local_sigma=(0.25,), m=(5,))}
+        "diffsmooth": dict(method=("diffsmooth",), sigma=0.5, local_sigma=(0.25,), m=(5,)),
+        "diffsmooth m 21": dict(method=("diffsmooth",), sigma=0.5, local_sigma=(0.25,), m=(21,))}
 
 
 def measure_demo(images: int, samples: int, threads: int, device: str = "cpu") -> List[dict]:
     rows = []
-    for method, options in DEMO.items():
+    for name, options in DEMO.items():
+        method = options["method"][0]
         request = RunRequest.parse("certify", out="(preflight)", threads=threads, device=device, quiet=True, **options)
         with CallCounter() as counter:
             start = time.perf_counter()
@@ -98,10 +115,10 @@ def measure_demo(images: int, samples: int, threads: int, device: str = "cpu") -
             seconds = time.perf_counter() - start
         m = request.m[0]
         expected = expected_calls(method, images, samples, m)
-        rows.append({"method": method, "settings": SETTINGS[method],
+        rows.append({"method": method, "settings": SETTINGS[name],
                      "seconds": seconds, "warnings": len(report.warnings), "unet_samples": counter.calls.unet,
                      "classifier_images": counter.calls.classifier, "expected": expected.__dict__,
-                     "noise_accuracy": report.measured["noise_accuracy"]})
+                     "inconclusive": len(report.inconclusive), "r0_upper": report.measured["r0_upper"]})
     return rows
 
 
@@ -115,15 +132,41 @@ PAPER_RUNS = {      # the paper's runs whose preflight is estimated: (dataset, m
 }
 
 
-def estimate_paper(images: int, samples: int) -> List[dict]:
+def decode_seconds(count: int = 24) -> float:
+    """Seconds per image to decode, resize and crop an ImageNet-sized JPEG (500 x 375, the validation set's common
+    size) with the engine's ImageFolderDataset on this machine, measured on synthetic files."""
+    import tempfile
+
+    import numpy as np
+    from PIL import Image
+
+    from diffsmooth.engine.data.imagenet import ImageFolderDataset
+
+    with tempfile.TemporaryDirectory() as root:
+        rng = np.random.default_rng(0)
+        for k in range(count):
+            folder = f"{root}/n{k % 2:08d}"
+            os.makedirs(folder, exist_ok=True)
+            pixels = (rng.random((375, 500, 3)) * 255).astype("uint8")
+            Image.fromarray(pixels).save(f"{folder}/{k}.JPEG", quality=90)
+        dataset = ImageFolderDataset(root)
+        start = time.perf_counter()
+        for i in range(len(dataset)):
+            dataset[i]
+        return (time.perf_counter() - start) / len(dataset)
+
+
+def estimate_paper(images: int, samples: int, decode: float) -> List[dict]:
     rows = []
     for name, (dataset, method, m) in PAPER_RUNS.items():
         rate = H200_FP32_EAGER[dataset]
         flop_per_s = rate["samples_per_s"] * (rate["unet_gflop"] + rate["calls"] * rate["classifier_gflop"]) * 1e9
-        calls = expected_calls(method, images, samples, m)
+        calls = expected_calls(method, images, samples, m, dataset)
         flops = (calls.unet * rate["unet_gflop"] + calls.classifier * rate["classifier_gflop"]) * 1e9
+        decoded = (clean_images(dataset, images) + images) * decode if dataset == "imagenet" else 0.0
         rows.append({"run": name, "unet_samples": calls.unet, "classifier_images": calls.classifier,
-                     "seconds": flops / flop_per_s, "fp32_eager_tflop_per_s": flop_per_s / 1e12})
+                     "seconds": flops / flop_per_s, "decode_seconds": decoded,
+                     "fp32_eager_tflop_per_s": flop_per_s / 1e12})
     return rows
 
 
@@ -147,30 +190,36 @@ def main(device, threads, images, samples, json_out):
     where = "this machine's CPU" if device == "cpu" else f"{device} ({torch.cuda.get_device_name(device)})"
     print(f"preflight on the embedded demo, {images} images x {samples} noise samples, {threads} torch threads, "
           f"{where} (measured):")
-    print("| method | settings | seconds (measured) | UNet samples | classifier images | warnings |")
-    print("|---|---|---|---|---|---|")
+    print("| method | settings | seconds (measured) | UNet samples | classifier images | warnings | inconclusive |")
+    print("|---|---|---|---|---|---|---|")
     for row in demo:
         same = row["expected"] == {"unet": row["unet_samples"], "classifier": row["classifier_images"]}
         print(f"| {row['method']} | {row['settings']} | {row['seconds']:.1f} | {row['unet_samples']:,} | "
               f"{row['classifier_images']:,}{'' if same else ' (expected ' + str(row['expected']) + ')'} | "
-              f"{row['warnings']} |")
-    paper = estimate_paper(images, samples)
+              f"{row['warnings']} | {row['inconclusive']} |")
+    decode = decode_seconds()
+    paper = estimate_paper(images, samples, decode)
     print()
     print("the same preflight on the paper's models on one H200 (estimated: the calls above at the fp32 eager FLOP rate "
-          "measured there, bench/results/h200-2026-11-26/bench.jsonl; checkpoint loading and data decoding not "
-          "included):")
-    print("| run | UNet samples | classifier images | seconds (estimated) |")
-    print("|---|---|---|---|")
+          "measured there, bench/results/h200-2026-11-26/bench.jsonl; ImageNet's decoding at "
+          f"{1000 * decode:.1f} ms per image, measured here on one core; checkpoint loading not included):")
+    print("| run | UNet samples | classifier images | GPU seconds (estimated) | decoding seconds (estimated) |")
+    print("|---|---|---|---|---|")
     for row in paper:
-        print(f"| {row['run']} | {row['unet_samples']:,} | {row['classifier_images']:,} | {row['seconds']:.1f} |")
+        print(f"| {row['run']} | {row['unet_samples']:,} | {row['classifier_images']:,} | {row['seconds']:.1f} | "
+              f"{row['decode_seconds']:.1f} |")
     by_run = {row["run"]: row["seconds"] for row in paper}
+    decoding = {row["run"]: row["decode_seconds"] for row in paper}
     print()
     for table, runs in TABLES.items():
         total = sum(by_run[run] * count for run, count in runs)
-        print(f"`table specs/paper/{table} --check`'s preflight: {total:.0f} s (estimated, one H200)")
+        once = max(decoding[run] for run, _ in runs)      # the clean sample is decoded once per table (cached)
+        print(f"`table specs/paper/{table} --check`'s preflight: {total + once:.0f} s (estimated, one H200: "
+              f"{total:.0f} s on the GPU, {once:.0f} s decoding the clean sample once)")
     if json_out:
         with open(json_out, "w") as f:
-            json.dump({"demo_measured": demo, "paper_estimated": paper, "images": images, "samples": samples,
+            json.dump({"demo_measured": demo, "paper_estimated": paper, "decode_seconds_per_image": decode,
+                       "images": images, "samples": samples,
                        "threads": threads, "device": device, "h200_fp32_eager": H200_FP32_EAGER}, f, indent=1)
 
 

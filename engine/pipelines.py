@@ -42,7 +42,7 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.preflight.findings import PreflightReport
-from diffsmooth.engine.preflight.measure import Sample, Sampling
+from diffsmooth.engine.preflight.measure import Sampling
 from diffsmooth.engine.preflight.run import IMAGES, SAMPLES, guess_stats, preflight_models, sample_of
 from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, RunSummary, run_dataset
@@ -207,13 +207,13 @@ class SmoothedClassifier:
         `.measured`, `.lines()`); runs on copies of the models, writes nothing."""
         for owned in self._given.values():
             owned.refuse_if_changed(type(self).__name__)
-        x, y, indices = sample_of(data, images, self.seed, skip, max_index)
+        sample = sample_of(data, images, self.seed, skip, max_index)
         classifier = copy.deepcopy(self.classifier)
         denoiser = copy.deepcopy(self.denoiser) if self.denoiser is not None else None
-        return preflight_models(self.config, classifier, denoiser, Sample(x, y, indices),
+        return preflight_models(self.config, classifier, denoiser, sample,
                                 Sampling(samples, self.seed, self.device, self.batch or 0),
-                                stats=stats or guess_stats(classifier, tuple(x.shape[1:])),
-                                title=f"{type(self).__name__}: {self.config.method} on {len(indices)} images",
+                                stats=stats or guess_stats(classifier, tuple(sample.x.shape[1:])),
+                                title=f"{type(self).__name__}: {self.config.method} on {len(sample.indices)} images",
                                 published=published)
 
 

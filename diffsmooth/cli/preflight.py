@@ -32,17 +32,18 @@ from diffsmooth.engine.runs.request import RunRequest
 @click.option("--batch", type=BATCH, default=None, help="Noisy samples per batch [default: as certify's].")
 @click.option("--threads", type=THREADS, default=None, help="CPU threads for torch.")
 @click.option("--published", type=Number(0, 100, label="the published cell"), default=None,
-              help="The paper's certified accuracy at r = 0 (percent), shown beside the measured upper bound.")
+              help="The paper's certified accuracy at r = 0 (percent), beside the measured upper bound (a warning above it).")
 @click.option("--strict", is_flag=True, help=f"Exit with code {SETUP_EXIT} (the set-up is wrong) when there is a warning.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document (findings and measurements) instead of lines.")
 def preflight(images, samples, published, strict, as_json, classifier, method, local_sigma, m, **options):
     """Check the set-up on a small sample before any certificate: data, accuracies, normalisation, labels, denoiser.
 
-    On --images images of the selection (seeded), --samples noise samples each: the data's shape and pixel
-    range, the classifier's clean accuracy, its accuracy under the method's noise (an upper bound of certified
-    accuracy at r = 0), the other normalisations, the best label permutation, the classifier at half its noise,
-    the denoiser's error and t*. Every finding that predicts a wrong table is a warning naming the option that
-    fixes it. Writes nothing."""
+    On --images images of the selection (seeded, stratified by label), --samples noise samples each: the data's
+    shape and pixel range, the classifier's clean accuracy (on images stratified over the whole data), an upper
+    confidence bound of certified accuracy at r = 0, and paired tests on the same images of the other
+    normalisations, the channels reversed, the best label permutation, the classifier at half and twice its noise
+    and the other schedules. A finding that predicts a wrong table is a warning naming the option that fixes it; a
+    test too weak for the sample is inconclusive and says how many more images it needs. Writes nothing."""
     request = RunRequest.parse("certify", out="(preflight: nothing is written)", classifier=classifier,
                                method=method, local_sigma=local_sigma, m=m, quiet=True, **options)
     report = preflight_request(request, images=images, samples=samples, published=published)

@@ -92,6 +92,10 @@ class ImageDataset:
                             f"({len(self)} images): lower skip or raise max")
         return chosen
 
+    def labels(self) -> np.ndarray | None:
+        """Every image's label without decoding an image (int64 [N]), or None where only loading tells."""
+        return None
+
     def verify(self, indices: Sequence[int]) -> None:
         """UserError naming the first of `indices` whose image cannot be read. Images held in memory were
         checked when loaded; datasets decoding files lazily check each one here, before a run starts."""
@@ -129,6 +133,9 @@ class ArrayDataset(ImageDataset):
 
     def __len__(self) -> int:
         return int(self._images.shape[0])
+
+    def labels(self) -> np.ndarray:
+        return self._labels.numpy().copy()
 
     def _to_float(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 -> float32 / 255 (as torchvision's ToTensor); floats pass through."""

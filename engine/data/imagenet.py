@@ -58,6 +58,9 @@ class ImageFolderDataset(ImageDataset):
     def __len__(self) -> int:
         return len(self.samples)
 
+    def labels(self) -> np.ndarray:
+        return np.array([label for _, label in self.samples], dtype=np.int64)
+
     def verify(self, indices) -> None:
         """Decode every selected image once (truncated or non-image files, sizes that differ), so a
         damaged file is refused before the run writes a row, not after hours of other images."""

@@ -10,17 +10,21 @@ from typing import List, Optional
 @dataclass(frozen=True)
 class Finding:
     """One line of the report: which check (`data`, `clean`, `noise`, `normalization`, `labels`, `denoiser`,
-    `sigma`, `published`), what it measured, and for a warning what fixes it (`fix`: an option, or an action)."""
+    `sigma`, `published`), what it measured, and for a warning what fixes it (`fix`: an option, or an action).
+    A check whose paired test had too little power for its sample is `inconclusive` instead of passing."""
 
     check: str
     text: str
     warning: bool = False
     fix: Optional[str] = None
+    inconclusive: bool = False          # a paired test too weak to pass or fail on this sample (paired.py)
 
     def line(self) -> str:
-        if not self.warning:
-            return f"{self.check + ':':<15}{self.text}"
-        return f"warning: {self.text}" + (f"; fix: {self.fix}" if self.fix else "")
+        if self.warning:
+            return f"warning: {self.text}" + (f"; fix: {self.fix}" if self.fix else "")
+        if self.inconclusive:
+            return f"inconclusive: {self.text}"
+        return f"{self.check + ':':<15}{self.text}"
 
 
 @dataclass
@@ -38,6 +42,11 @@ class PreflightReport:
         return [f for f in self.findings if f.warning]
 
     @property
+    def inconclusive(self) -> List[Finding]:
+        """Checks whose paired test could not tell on this sample (each says how many more images it needs)."""
+        return [f for f in self.findings if f.inconclusive]
+
+    @property
     def ok(self) -> bool:
         """No finding predicts a wrong table."""
         return not self.warnings
@@ -46,19 +55,24 @@ class PreflightReport:
         """The checks that ran (each printed at least one line)."""
         return list(dict.fromkeys(f.check for f in self.findings))
 
-    def add(self, check: str, text: str, warning: bool = False, fix: Optional[str] = None) -> None:
-        self.findings.append(Finding(check, text, warning, fix))
+    def add(self, check: str, text: str, warning: bool = False, fix: Optional[str] = None,
+            inconclusive: bool = False) -> None:
+        self.findings.append(Finding(check, text, warning, fix, inconclusive))
 
     def lines(self) -> List[str]:
-        """The report as printed: the title, the measurements, then the warnings."""
-        notes = [f.line() for f in self.findings if not f.warning]
+        """The report as printed: the title, the measurements, the inconclusive checks, then the warnings."""
+        notes = [f.line() for f in self.findings if not (f.warning or f.inconclusive)]
+        weak = [f.line() for f in self.inconclusive]
         warnings = [f.line() for f in self.warnings]
         tail = f"preflight: {len(warnings)} warning(s)" if warnings else "preflight: no warnings"
-        return [f"preflight: {self.title}", *notes, *warnings, f"{tail} ({self.seconds:.1f} s); nothing was written"]
+        if weak:
+            tail += f", {len(weak)} check(s) inconclusive"
+        return [f"preflight: {self.title}", *notes, *weak, *warnings,
+                f"{tail} ({self.seconds:.1f} s); nothing was written"]
 
     def text(self) -> str:
         return "\n".join(self.lines()) + "\n"
 
     def as_dict(self) -> dict:
-        return {"title": self.title, "ok": self.ok, "seconds": self.seconds,
+        return {"title": self.title, "ok": self.ok, "inconclusive": len(self.inconclusive), "seconds": self.seconds,
                 "findings": [asdict(f) for f in self.findings], "measured": self.measured}

@@ -6,7 +6,7 @@ given and the others. Nothing is written."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -26,6 +26,8 @@ from diffsmooth.engine.runs.stage_build import StageBuild
 from diffsmooth.engine.stage_backends.torch.backend import TorchStages
 
 HALF = "half"                               # the variant at half the noise the classifier sees
+HIGHER = "higher"                           # ... at twice it (a method that feeds it no noise: at the run's sigma)
+BGR = "bgr"                                 # the classifier on the images with their channels in reverse order
 VARIANT_SAMPLES = 2                         # samples per image the variants score (their gaps are tens of points)
 # The schedules tried beside the one given: the presets' (improved-diffusion's cosine/4000, guided-diffusion's
 # linear/1000), then the other pairings of SCHEDULES with their step counts.
@@ -72,14 +74,43 @@ def classifier_variants(classifier: nn.Module, stats: Optional[str]) -> Dict[str
     return variants
 
 
+class ChannelsSwapped(nn.Module):
+    """A classifier fed its images with the channels in reverse order (RGB <-> BGR)."""
+
+    def __init__(self, classifier: nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(x.flip(1))
+
+
+class AddedNoise(nn.Module):
+    """A head fed its input plus Gaussian noise of std `std` (seeded, so a preflight repeats): a classifier that
+    is fed denoised images, scored at a noise level."""
+
+    def __init__(self, head: nn.Module, std: float, seed: int):
+        super().__init__()
+        self.head, self.std, self.seed = head, float(std), int(seed)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        generator = torch.Generator(device=x.device).manual_seed(self.seed + self.calls)
+        self.calls += 1
+        noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+        return self.head(x + self.std * noise)
+
+
 @dataclass(frozen=True)
 class Sample:
     """The images a preflight looks at: `x` [N,C,H,W] (CPU float32), `labels` [N] and their dataset `indices` (the
-    noise keys, as certify's)."""
+    noise keys, as certify's); `clean`: the images and labels the clean checks score (stratified by label over the
+    whole data where it can be read; None: these)."""
 
     x: torch.Tensor
     labels: torch.Tensor
     indices: Tuple[int, ...]
+    clean: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
 
 
 @dataclass(frozen=True)
@@ -112,8 +143,8 @@ def predictions(classifier: nn.Module, x: torch.Tensor, device, batch: int) -> O
 class NoiseVotes:
     """Votes [images, samples] of the base classifier as configured (`votes`) and of each variant on the first
     VARIANT_SAMPLES of the same samples: the normalisations (one local noise for DiffSmooth, so they compare with
-    the given one at m = 1, `light`), and `half`: the classifier at half the noise it sees (RS: sigma / 2,
-    DiffSmooth: sigma' / 2)."""
+    the given one at m = 1, `light`), `half` and `higher`: the classifier at half and at twice the noise it is fed
+    (RS: sigma, DiffSmooth: sigma'; a method that feeds it denoised images: `higher` adds noise of std sigma)."""
 
     votes: torch.Tensor
     variants: Dict[str, torch.Tensor]
@@ -121,19 +152,36 @@ class NoiseVotes:
     light: bool                             # the variants score one local noise (DiffSmooth) instead of m
 
 
+def fed_noise(config: MethodConfig) -> Tuple[Optional[str], float]:
+    """(the setting, its value) of the noise the method feeds its classifier: ("sigma", sigma) for a method that
+    classifies the noisy input, (sigma' or the head's option, its value), or (None, 0.0): denoised images."""
+    kind = config.kind
+    local = kind.head.noise_option
+    if local:
+        option = next((o for o in kind.options if o.name == local), None)
+        return (option.shown if option else local), float(config.option(local))
+    return (None, 0.0) if kind.purifier.denoises else ("sigma", float(config.sigma))
+
+
 def _variant_heads(config: MethodConfig, variants: Dict[str, nn.Module], given: Optional[str],
-                   shape: Tuple[int, ...], device) -> Dict[str, Tuple[nn.Module, bool]]:
-    """{variant: (score head, reads the noisy input at half the noise)}."""
+                   shape: Tuple[int, ...], device, seed: int) -> Dict[str, Tuple[nn.Module, float]]:
+    """{variant: (score head, the factor on the noise in its input)}: the input a head reads is x + factor * (h - x)
+    for a method that classifies the noisy input, else h itself (factor 1)."""
     kind = config.kind
     light = preview(config)
-    heads = {mode: (kind.score_head(light, clf, shape), False) for mode, clf in variants.items()}
+    heads = {mode: (kind.score_head(light, clf, shape), 1.0) for mode, clf in variants.items()}
     classifier = variants.get(given) if given else None
-    noise = kind.head.noise_option
-    if classifier is not None and noise and config.option(noise) > 0:
-        heads[HALF] = (kind.score_head(light.replace(**{noise: config.option(noise) / 2}), classifier, shape), False)
+    local, value = fed_noise(config)
+    if classifier is not None and kind.head.noise_option and value > 0:
+        for name, factor in ((HALF, 0.5), (HIGHER, 2.0)):
+            heads[name] = (kind.score_head(light.replace(**{kind.head.noise_option: value * factor}), classifier,
+                                           shape), 1.0)
     elif classifier is not None and not kind.purifier.denoises:
-        heads[HALF] = (kind.score_head(light, classifier, shape), True)
-    return {name: (head.to(device).eval(), half) for name, (head, half) in heads.items()}
+        heads[HALF], heads[HIGHER] = (kind.score_head(light, classifier, shape), 0.5), \
+            (kind.score_head(light, classifier, shape), 2.0)
+    elif classifier is not None:
+        heads[HIGHER] = (AddedNoise(kind.score_head(light, classifier, shape), config.sigma, seed), 1.0)
+    return {name: (head.to(device).eval(), factor) for name, (head, factor) in heads.items()}
 
 
 def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: Sample, how: Sampling,
@@ -145,7 +193,8 @@ def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: S
     build = StageBuild(device=str(device), precision="fp32", fast=FastPath(), batch=batch)
     stages = TorchStages().from_models(config, classifier, denoiser, shape, None, build)
     pipeline = MonteCarloPipeline(stages, config.sigma, seed)
-    heads = _variant_heads(config, variants, input_mode(classifier), shape, pipeline.device)
+    heads = _variant_heads(config, variants, input_mode(classifier), shape, pipeline.device, seed)
+    noisy_input = not config.kind.purifier.denoises
     dev = pipeline.device
     n = x.shape[0]
     position = torch.arange(n).repeat_interleave(samples)
@@ -162,8 +211,9 @@ def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: S
         if bool(first.any()):
             h, x_rows = h[first], x_rows[first]
             with torch.inference_mode():
-                for name, (head, half) in heads.items():
-                    out[name].append(head(x_rows + (h - x_rows) / 2 if half else h).argmax(-1).cpu())
+                for name, (head, factor) in heads.items():
+                    seen = x_rows + factor * (h - x_rows) if noisy_input and factor != 1.0 else h
+                    out[name].append(head(seen).argmax(-1).cpu())
     shaped = {name: torch.cat(v).view(n, min(samples, VARIANT_SAMPLES)) for name, v in out.items()}
     return NoiseVotes(torch.cat(votes).view(n, samples), shaped, pipeline.num_classes, preview(config) != config)
 
@@ -178,17 +228,23 @@ def preview(config: MethodConfig) -> MethodConfig:
 class DenoiserError:
     """The one-shot denoiser at sigma on the sample's first noisy sample: t*, the RMS error of the denoised
     image against the clean one and of the noisy input ([0, 1] pixel units), and the errors with the other
-    schedules (`alternatives`: "SCHEDULE/STEPS" -> error; only for an improved-/guided-diffusion UNet)."""
+    schedules (`alternatives`: "SCHEDULE/STEPS" -> error; only for an improved-/guided-diffusion UNet); `per_image`:
+    each image's RMS error with the schedule given and with each alternative (the paired test's data)."""
 
     t_star: Optional[int]
     schedule: Optional[str]
     error: float
     noise: float
     alternatives: Dict[str, float]
+    per_image: Dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _rms(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).pow(2).mean().sqrt())
+
+
+def _rms_each(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.double() - b.double()).pow(2).flatten(1).mean(1).sqrt().cpu()
 
 
 @torch.inference_mode()
@@ -200,6 +256,9 @@ def schedule_name(schedule: DiffusionSchedule) -> str:
     return f"{schedule.name}/{schedule.num_steps}"
 
 
+GIVEN = "given"                             # DenoiserError.per_image's key of the schedule given
+
+
 def denoiser_error(denoiser: DiffusionDenoiser, sample: Sample, sigma: float, how: Sampling) -> DenoiserError:
     """The one-shot denoiser on each image's first noise sample (certify's), with its schedule and the others."""
     x, batch, dev = sample.x, how.batch, torch.device(how.device)
@@ -207,7 +266,8 @@ def denoiser_error(denoiser: DiffusionDenoiser, sample: Sample, sigma: float, ho
     images = torch.as_tensor(list(sample.indices), dtype=torch.int64, device=dev)
     clean = x.to(dev)
     noisy = clean + sigma * gaussian_rows(keys, images, torch.zeros_like(images), tuple(x.shape[1:]))
-    error = _rms(_denoised(denoiser.purifier(sigma).to(dev).eval(), noisy, batch), clean)
+    denoised = _denoised(denoiser.purifier(sigma).to(dev).eval(), noisy, batch)
+    per_image = {GIVEN: _rms_each(denoised, clean)}
     schedule = getattr(denoiser, "schedule", None)
     alternatives: Dict[str, float] = {}
     plain = type(denoiser) is DiffusionDenoiser and isinstance(schedule, DiffusionSchedule)
@@ -220,9 +280,12 @@ def denoiser_error(denoiser: DiffusionDenoiser, sample: Sample, sigma: float, ho
                 purifier = DiffusionDenoiser(denoiser.unet, other, denoiser.channels).purifier(sigma)
             except UserError:               # sigma beyond that schedule
                 continue
-            alternatives[schedule_name(other)] = _rms(_denoised(purifier.to(dev).eval(), noisy, batch), clean)
+            theirs = _denoised(purifier.to(dev).eval(), noisy, batch)
+            alternatives[schedule_name(other)] = _rms(theirs, clean)
+            per_image[schedule_name(other)] = _rms_each(theirs, clean)
     try:
         t_star = int(denoiser.timestep(sigma))
     except (UserError, AttributeError, TypeError):
         t_star = None
-    return DenoiserError(t_star, schedule_name(schedule) if plain else None, error, _rms(noisy, clean), alternatives)
+    return DenoiserError(t_star, schedule_name(schedule) if plain else None, _rms(denoised, clean), _rms(noisy, clean),
+                         alternatives, per_image)
