@@ -1,5 +1,5 @@
 """ONNX export (opset 17, dynamic batch, no Einsum, fp32 + mixed fp16, JSON manifest each) of the
-method's purify stage (Method.purifier_graph: the one-shot purifier at one sigma, or DensePure's reverse step),
+method's purify stage (its purifier's `graph`: the one-shot purifier at one sigma, or DensePure's reverse step),
 the plain UNet and the classifier head (score_module)."""
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def export_denoiser(config: MethodConfig, denoiser: DiffusionDenoiser, image_sha
                     precisions: Sequence[str] = ("fp32",), source: Optional[dict] = None,
                     preset: Optional[str] = None,
                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> List[ExportedGraph]:
-    """The method's purify stage as its graph (Method.purifier_graph): for the one-shot methods x_rs [B,C,H,W] in
+    """The method's purify stage as its graph (its purifier's `graph`): for the one-shot methods x_rs [B,C,H,W] in
     [0,1] -> purified x_hat [B,C,H,W] in [0,1] at one sigma."""
     graph = config.kind.purifier.graph(config, denoiser, image_shape)
     names = list(graph.input_names)

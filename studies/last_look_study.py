@@ -15,7 +15,7 @@ The union bound keeps it <= alpha for every share; the table shows it.
 
 `paths`: every share on the SAME paired vote paths per seed (the looks do not depend on the share,
 so the paths are the same draws), each seed's vote rates drawn from the rows' posteriors (the
-mixture model, engine/runs/rate_model.py, as studies/race_study.py by default):
+mixture model, studies/rate_model.py, as studies/race_study.py by default):
   `all` per sigma: engine/runs/simulation.py `simulate` (every radius of the table, one sigma at a
       time): samples and certified accuracy per radius against fixed-n on those paths;
   the table's plans: engine/table/race_sim.simulate_plans (fixed-n, `all`, the race), whose cells are

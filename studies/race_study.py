@@ -18,16 +18,16 @@ from typing import Dict, List, Optional, Sequence
 import click
 import numpy as np
 
-from diffsmooth.engine.runs.rate_model import draw_prior_rates, draw_rates, fit_rate_prior, fit_unanimous_weight
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.simulation import image_from_row
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, TOLERANCE_POINTS
 from diffsmooth.engine.table.planning import PlanKnobs
 from diffsmooth.engine.table.race_sim import STOP_REASONS, RaceRule, simulate_plans
 from diffsmooth.engine.table.spec import LineSpec
+from studies.rate_model import draw_prior_rates, draw_rates, fit_rate_prior, fit_unanimous_weight
 
 PLANS = ("fixed", "all", "auto", "race")
-RATE_MODELS = ("mixture", "jeffreys", "beta-mixture", "beta")  # engine/runs/rate_model.py; rate_calibration.py checks them
+RATE_MODELS = ("mixture", "jeffreys", "beta-mixture", "beta")  # studies/rate_model.py; rate_calibration.py checks them
 RATE_TEXT = {"mixture": "each seed draws every image's rate from its posterior (point mass at 1 fitted to the rows, "
                         "else Jeffreys)", "jeffreys": "Jeffreys' estimate of each row",
              "beta-mixture": "each seed draws every image's rate from its posterior under a point mass at 1 plus a "
@@ -95,7 +95,7 @@ def seed_rates(data: dict, model: str, rng) -> Dict[float, np.ndarray]:
 
 
 def _prior_draws(data: dict, model: str, rng) -> Dict[float, np.ndarray]:
-    """One seed's rates from each sigma's prior `model` fitted once to its rows (engine/runs/rate_model.py)."""
+    """One seed's rates from each sigma's prior `model` fitted once to its rows (studies/rate_model.py)."""
     priors = data.setdefault("_priors", {})
     out = {}
     for sigma, p in data["rates"].items():
@@ -265,7 +265,7 @@ def simulation_options(command):
         click.option("--overhead", type=click.FloatRange(0), default=1.12, show_default=True),
         click.option("--builds", type=click.IntRange(0), default=1, show_default=True),
         click.option("--rates", type=click.Choice(RATE_MODELS), default="mixture", show_default=True,
-                     help="How a seed gets each image's vote rate from its row (engine/runs/rate_model.py)."),
+                     help="How a seed gets each image's vote rate from its row (studies/rate_model.py)."),
         click.option("--images", type=click.IntRange(1), default=None,
                      help="Repeat the rows' images in order up to this many (each copy on its own paths)."),
         click.option("--out", type=click.Path(dir_okay=False), default=None,

@@ -8,12 +8,12 @@ extension row's first samples are the earlier row's. For every image whose earli
 vote, each model predicts the chance that the rerun keeps every vote up to the samples at which a
 unanimous image stops in that file; the sum is compared with the count observed. Models: Jeffreys'
 estimate (the simulator's rate until now), Jeffreys' posterior, and the mixture with a point mass at
-1 whose weight is fitted to the first runs' rows only (engine/runs/rate_model.py).
+1 whose weight is fitted to the first runs' rows only (studies/rate_model.py).
 
     python -m studies.rate_calibration --rerun RACE_FOLDER [--later FOLDER]... \
         [--probe PROBE.json]... [--rows FOLDER]... [--models A,B] [--json FILE] [--out FILE]
 
-compares the multi-parameter priors of engine/runs/rate_model.py (RATE_PRIORS) on what came after a row:
+compares the multi-parameter priors of studies/rate_model.py (RATE_PRIORS) on what came after a row:
 
 - a rerun check (`--rerun`): each image's row in the race folder's first run (LINE_sSIGMA.tsv) against its
   longest row in the race folder and the `--later` folders of the same line (every table run draws the same
@@ -42,7 +42,8 @@ import click
 import numpy as np
 from scipy.special import betaln
 
-from diffsmooth.engine.runs.rate_model import (
+from diffsmooth.engine.runs.results import read_rows
+from studies.rate_model import (
     JEFFREYS,
     RATE_PRIORS,
     RatePrior,
@@ -50,7 +51,6 @@ from diffsmooth.engine.runs.rate_model import (
     fit_unanimous_weight,
     unanimous_posterior,
 )
-from diffsmooth.engine.runs.results import read_rows
 
 MODELS = ("Jeffreys' estimate", "Jeffreys' posterior", "mixture (fitted w)")
 

@@ -59,7 +59,13 @@ def outside_paths(path: Path) -> list:
 
 
 def _studies() -> list:
-    return sorted(p.stem for p in (ROOT / "studies").glob("*.py") if p.stem != "__init__")
+    """The studies: modules of studies/ with a command (a module without one is a helper the studies share)."""
+    return sorted(p.stem for p in (ROOT / "studies").glob("*.py")
+                  if p.stem != "__init__" and '__name__ == "__main__"' in p.read_text())
+
+
+def _study_helpers() -> list:
+    return sorted(p.stem for p in (ROOT / "studies").glob("*.py") if p.stem not in {"__init__", *_studies()})
 
 
 def test_nothing_installed_imports_a_study():
@@ -139,6 +145,8 @@ def test_the_index_names_every_study():
     index = (ROOT / "studies" / "README.md").read_text()
     rows = set(re.findall(r"^\| `(\w+)` \|", index, flags=re.M))
     assert rows == set(_studies())
+    for helper in _study_helpers():         # a shared module is named in the index, and no study is one
+        assert f"`{helper}.py`" in index, helper
     for name in rows:
         row = next(line for line in index.splitlines() if line.startswith(f"| `{name}` |"))
         assert f"python -m studies.{name}" in row, name

@@ -159,7 +159,7 @@ def check_classes(classifiers: Dict[str, nn.Module], image_shape, device) -> Non
 
 @dataclass(frozen=True)
 class _Kernels:
-    """The UNet kernels a sweep's purify stage runs (what Method.purify_stage reads of a fast path)."""
+    """The UNet kernels a sweep's purify stage runs (what the purifier's `stage` reads of a fast path)."""
 
     fused_attention: bool = False
     lean_unet: bool = False
@@ -176,7 +176,7 @@ def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
 def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], denoiser, backend,
                                image_shape, num_classes: Optional[int] = None,
                                fused_attention: bool = False, lean_unet: bool = False) -> BaseClassifierStages:
-    """The sweep's stages on a TorchBackend: the denoiser once (the method's purify stage, Method.purify_stage, of
+    """The sweep's stages on a TorchBackend: the denoiser once (the method's purify stage, its purifier's `stage`, of
     purifier_config), every configuration in one score stage (`lean_unet`: the denoiser on its UNet's eps-only
     copy, DiffusionDenoiser.purifier)."""
     inputs = inputs_of(configs)

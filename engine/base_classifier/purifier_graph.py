@@ -1,4 +1,4 @@
-"""What `diffsmooth export` traces for a method's purify stage (`Method.purifier_graph`): the module, example
+"""What `diffsmooth export` traces for a method's purify stage (its purifier's `graph`): the module, example
 inputs and names, which inputs carry the batch, the file name's stem and the manifest fields that pick the graph
 again. The default is the one-shot purifier at one sigma, its UNet timestep a constant the exporter folds away."""
 
@@ -31,7 +31,7 @@ class ConstantTimestepUNet(nn.Module):
 class PurifierGraph:
     """A purify stage to export: `module(*inputs)` -> its output [B, C, H, W] (the image's shape); `batch_inputs`
     name the inputs whose first dimension is the batch (the others keep their example's shape); `fields`: what
-    its manifest records, of which the method's `purifier_lookup` picks it for a run."""
+    its manifest records, of which the purifier's `lookup` picks it for a run."""
 
     module: nn.Module
     inputs: Tuple[torch.Tensor, ...]

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from torch import nn
 
 from diffsmooth.cli import main
-from diffsmooth.engine.base_classifier.methods import Method, MethodConfig, method_names, register, unregister
+from diffsmooth.engine.base_classifier.methods import Method, MethodConfig, method_named, method_names, register, unregister
 from diffsmooth.engine.base_classifier.methods.logits_head import Logits
 from diffsmooth.engine.base_classifier.methods.no_purifier import NoPurifier
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian
@@ -118,3 +118,17 @@ def test_an_unknown_method_is_refused_in_one_line_on_every_path(tiny_models, tin
     assert result.exit_code == 2 and f"method must be one of {', '.join(method_names())}, got 'clamped-rs'" in \
         result.output, result.output
     assert len([line for line in result.output.splitlines() if line.strip()]) == 1, result.output
+
+
+def test_a_method_without_flip_rates_is_refused_when_registered_in_one_line():
+    """An fp16 / bf16 run checks its votes against eager fp32 at the method's flip rate: without one, registering fails
+    at once (not as a KeyError on the first fp16 run)."""
+    class NoRates(ClampedSmoothing):
+        name = "no-rates"
+        flip_rates = {"fp16": 1e-3}
+
+    with pytest.raises(UserError, match=r"^method 'no-rates' needs `flip_rates` for bf16 \(") as refused:
+        register(NoRates)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(UserError):
+        method_named("no-rates")

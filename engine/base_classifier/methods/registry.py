@@ -8,6 +8,7 @@ from typing import Dict, Tuple
 from diffsmooth.engine.errors import UserError
 
 _METHODS: Dict[str, object] = {}           # name -> the Method subclass's one instance (methods/base.py)
+FLIP_PRECISIONS = ("fp16", "bf16")          # the reduced precisions whose vote flips the run-time check expects
 
 
 def register(cls: type) -> type:
@@ -16,6 +17,11 @@ def register(cls: type) -> type:
         raise ValueError(f"{cls.__name__} needs a `name`")
     if cls.name in _METHODS and type(_METHODS[cls.name]) is not cls:
         raise ValueError(f"method {cls.name!r} is registered already ({type(_METHODS[cls.name]).__name__})")
+    rates = getattr(cls, "flip_rates", None) or {}
+    missing = [bits for bits in FLIP_PRECISIONS if not isinstance(rates.get(bits), float) or not 0 < rates[bits] < 1]
+    if missing:     # an fp16 / bf16 run checks its votes against eager fp32 at this rate (engine/runs/vote_agreement.py)
+        raise UserError(f"method {cls.name!r} needs `flip_rates` for {' and '.join(missing)} (per-sample vote flips "
+                        f"of a correct reduced-precision path against eager fp32, in (0, 1); docs/extending.md)")
     _METHODS[cls.name] = cls()
     return cls
 

@@ -73,8 +73,9 @@ def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int
     fit the local-noise mode, probes them once, and checks the number of classes against the data."""
     local_shape = config.kind.head.fresh_noise_shape(config, image_shape)
     if len(score.input_names) != (2 if local_shape else 1):
-        raise UserError(f"{file_name} takes inputs {score.input_names}, which does not fit "
-                        f"local noise mode {config.local_noise!r}")
+        wanted = "the purified samples and the fresh local noises" if local_shape else "the purified samples alone"
+        raise UserError(f"{file_name} takes inputs {score.input_names}, but {config.method}'s head at these settings "
+                        f"feeds it {wanted}: export the classifier again with these settings")
     stages = method_stages(config, purify, score, tuple(image_shape), num_classes)
     stages.num_classes = probe(stages, tuple(image_shape))
     if num_classes is not None and stages.num_classes < num_classes:

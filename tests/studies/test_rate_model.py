@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy.special import betaln
 
-from diffsmooth.engine.runs.rate_model import draw_rates, fit_unanimous_weight, unanimous_posterior
+from studies.rate_model import draw_rates, fit_unanimous_weight, unanimous_posterior
 
 
 def _rows(rng, weight, images=3000):
@@ -39,7 +39,7 @@ def test_without_images_with_every_vote_the_mixture_is_jeffreys_posterior():
 
 # ---- the multi-parameter priors (fit_rate_prior, RatePrior, draw_prior_rates) ----
 
-from diffsmooth.engine.runs.rate_model import RATE_PRIORS, RatePrior, draw_prior_rates, fit_rate_prior  # noqa: E402
+from studies.rate_model import RATE_PRIORS, RatePrior, draw_prior_rates, fit_rate_prior  # noqa: E402
 
 
 def _prior_rows(rng, weight, a, b, images=2000, low=100, high=8000):
