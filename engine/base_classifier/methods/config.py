@@ -7,6 +7,7 @@ import itertools
 import math
 import numbers
 from dataclasses import InitVar, dataclass
+from functools import cached_property
 from typing import Any, List, Optional, Tuple
 
 from diffsmooth.engine.base_classifier.methods.registry import method_named
@@ -130,6 +131,20 @@ class MethodConfig:
     def kind(self):
         """The registered Method that runs this config (engine/base_classifier/methods/)."""
         return method_named(self.method)
+
+    @cached_property
+    def purifier(self):
+        """Its method's purifier, configured with its settings (a Part)."""
+        return self.kind.purifier(**self._own(self.kind.purifier))
+
+    @cached_property
+    def head(self):
+        """Its method's head, configured with its settings (a Part)."""
+        return self.kind.head(**self._own(self.kind.head))
+
+    def _own(self, part) -> dict:
+        names = {o.name for o in part.options}
+        return {name: value for name, value in self.options if name in names}
 
     @property
     def uses_denoiser(self) -> bool:

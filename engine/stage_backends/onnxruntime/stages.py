@@ -21,7 +21,7 @@ from diffsmooth.engine.stage_backends.torch.stages import method_stages
 def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[dict, dict]:
     """Manifest fields the denoiser and the classifier graph must have for `config`."""
     shape = [int(s) for s in image_shape]
-    denoiser = {**config.kind.purifier.lookup(config), "image_shape": shape, "precision": precision}
+    denoiser = {**config.purifier.lookup(config.sigma, config.method), "image_shape": shape, "precision": precision}
     classifier = {"method": config.method, "sigma": float(config.sigma), "image_shape": shape,
                   "precision": precision}
     classifier.update({k: v for k, v in config.kind.graph_fields(config).items() if v is not None})
@@ -58,7 +58,7 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
     if config.uses_denoiser:
         path, manifest = find_graph(found, "denoiser", want_denoiser, onnx_dir)
         graph = OrtStage(path, f"denoiser[{path.name}]", dev, precision, session.provider, session.threads)
-        purify = config.kind.purifier.exported_stage(config, graph, manifest)
+        purify = config.purifier.exported_stage(config.sigma, graph, manifest)
     path, manifest = find_graph(found, "classifier", want_classifier, onnx_dir)
     if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{path.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
@@ -71,7 +71,7 @@ def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int
                     file_name: str, kind: str) -> BaseClassifierStages:
     """Stages from exported stages (ONNX graphs or TensorRT plans): checks that the classifier's inputs
     fit the local-noise mode, probes them once, and checks the number of classes against the data."""
-    local_shape = config.kind.head.fresh_noise_shape(config, image_shape)
+    local_shape = config.head.fresh_noise_shape(image_shape)
     if len(score.input_names) != (2 if local_shape else 1):
         wanted = "the purified samples and the fresh local noises" if local_shape else "the purified samples alone"
         raise UserError(f"{file_name} takes inputs {score.input_names}, but {config.method}'s head at these settings "

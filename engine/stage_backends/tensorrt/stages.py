@@ -59,7 +59,7 @@ def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: O
     if config.uses_denoiser:
         plan, _, manifest = plan_for(onnx_dir, "denoiser", want_denoiser, precision, key)
         graph = TrtStage(plan, f"denoiser[{plan.name}]", dev, precision, trt)
-        purify = config.kind.purifier.exported_stage(config, graph, manifest)
+        purify = config.purifier.exported_stage(config.sigma, graph, manifest)
     plan, _, manifest = plan_for(onnx_dir, "classifier", want_classifier, precision, key, classifier)
     if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
         raise UserError(f"{plan.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")

@@ -151,7 +151,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
         classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch,
                                            bool(wants("triton_blocks")))
     kind = config.kind
-    purify = kind.purifier.stage(config, denoiser, backend, fast) if config.uses_denoiser else None
+    purify = config.purifier.stage(config.sigma, denoiser, backend, fast) if config.uses_denoiser else None
     head = score_module(config, classifier, image_shape)
     score = backend.for_classifier().stage(head, kind.head.label)
     stages = method_stages(config, purify, score, image_shape, num_classes)
@@ -168,7 +168,7 @@ def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, .
     says its purifier takes and returns and how far its fast path's scores may move."""
     kind = config.kind
     return BaseClassifierStages(config.method, purify, score, num_classes or 0,
-                                kind.head.fresh_noise_shape(config, image_shape),
+                                config.head.fresh_noise_shape(image_shape),
                                 purify_noise=kind.purifier.draws_noise and config.uses_denoiser,
-                                purified_shape=kind.purifier.purified_shape(config, image_shape),
+                                purified_shape=config.purifier.purified_shape(image_shape),
                                 score_tolerance=kind.score_tolerance(config))
