@@ -105,7 +105,7 @@ def load_models(config: MethodConfig, sources: ModelSources):
 
 def load_sweep_models(configs: Sequence[Configuration], classifier_paths: Dict[str, str], sources: ModelSources):
     """(denoiser or None, {name: classifier}) of a sweep, each classifier loaded once."""
-    needs_denoiser = any(c.method.uses_denoiser for c in configs)
+    needs_denoiser = any(c.config.uses_denoiser for c in configs)
     if needs_denoiser and not sources.denoiser:
         raise UserError("the sweep's dds / diffsmooth configurations need `denoiser` CHECKPOINT")
     denoiser = load_denoiser_from(sources) if needs_denoiser else None
