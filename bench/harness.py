@@ -203,7 +203,7 @@ def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = Non
     # elementwise steps are left out: under 0.1% of a UNet call)
     den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma, lean=settings.lean_unet), shape,
                                 batch=batch if settings.lean_unet else 2)
-                    if config.uses_denoiser else (0, {}))
+                    if config.purifier.denoises else (0, {}))
     unet_calls = config.purifier.unet_calls()
     den *= max(1, unet_calls)
     head = score_module(config, model_set.classifier, shape)

@@ -326,7 +326,7 @@ def export_models(config: MethodConfig, image_shape, out_dir, *, denoiser: Optio
     precisions = ("fp32", "fp16") if fp16 else ("fp32",)
     written: List[ExportedGraph] = []
     if denoiser is not None:
-        if config.uses_denoiser:
+        if config.purifier.denoises:
             written += export_denoiser(config, denoiser, image_shape, out_dir, precisions=precisions,
                                        source=denoiser_source, preset=preset,
                                        external_data_threshold=external_data_threshold)

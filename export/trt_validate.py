@@ -72,7 +72,7 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
         config = config_from_manifest(r.graph_manifest)
         shape = r.graph_manifest["image_shape"]
         den = None
-        if config.uses_denoiser:
+        if config.purifier.denoises:
             den = next((d for d in results if d.role == "denoiser" and d.precision == r.precision
                         and d.graph_manifest["image_shape"] == shape
                         and matches(d.graph_manifest, config.purifier.lookup(config.sigma, config.method))), None)

@@ -368,7 +368,7 @@ def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dat
         shape = c.manifest["image_shape"]
         group = [c]
         denoiser = None
-        if config.uses_denoiser:
+        if config.purifier.denoises:
             wanted = config.purifier.lookup(config.sigma, config.method)
             match = [g for g in graphs if g.role == "denoiser" and g.precision == c.precision
                      and g.manifest["image_shape"] == shape and matches(g.manifest, wanted)]

@@ -167,7 +167,7 @@ class _Kernels:
 
 def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
     """The configuration whose purify stage serves the whole sweep (its method's choice), or None: none denoises."""
-    denoising = [c.config for c in configs if c.config.uses_denoiser]
+    denoising = [c.config for c in configs if c.config.purifier.denoises]
     if not denoising:
         return None
     same = [m for m in denoising if m.kind is denoising[0].kind]

@@ -259,7 +259,7 @@ def plan_run(request: RunRequest) -> ResolvedRun:
     kind, dataset, indices, sources = open_run_inputs(request)
     paths, classifiers_for = classifier_names(request, sources)
     configs = configurations(request.method, request.sigma, request.options_for, classifiers_for)
-    if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.config.uses_denoiser for c in configs):
+    if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.config.purifier.denoises for c in configs):
         check_sigma(sources.denoiser, sources.scheduler, request.sigma)     # before any file is touched
     shards = plan_from(request.shard, request.device)
     device = rank_device(shards, request.device)

@@ -146,11 +146,6 @@ class MethodConfig:
         names = {o.name for o in part.options}
         return {name: value for name, value in self.options if name in names}
 
-    @property
-    def uses_denoiser(self) -> bool:
-        """Whether its purifier runs the UNet."""
-        return self.kind.purifier.denoises
-
     def option(self, name: str):
         """The value of one of its settings (its purifier's and head's MethodOptions)."""
         return dict(self.options)[name]

@@ -55,7 +55,7 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
     found = exported_from(scan_manifests(onnx_dir), classifier)
     want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
     purify = None
-    if config.uses_denoiser:
+    if config.purifier.denoises:
         path, manifest = find_graph(found, "denoiser", want_denoiser, onnx_dir)
         graph = OrtStage(path, f"denoiser[{path.name}]", dev, precision, session.provider, session.threads)
         purify = config.purifier.exported_stage(config.sigma, graph, manifest)

@@ -56,7 +56,7 @@ def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: O
     key = PlanKey(str(trt.__version__), gpu_name, cc, int(batch))
     want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
     purify = None
-    if config.uses_denoiser:
+    if config.purifier.denoises:
         plan, _, manifest = plan_for(onnx_dir, "denoiser", want_denoiser, precision, key)
         graph = TrtStage(plan, f"denoiser[{plan.name}]", dev, precision, trt)
         purify = config.purifier.exported_stage(config.sigma, graph, manifest)

@@ -140,7 +140,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
         return getattr(fast, name, None) if fast is not None else None
     log = getattr(backend, "log", None)
     fused_conv, triton_conv, pack_images = bool(wants("fused_conv")), bool(wants("triton_conv")), wants("pack_images")
-    if config.uses_denoiser and denoiser is None:
+    if config.purifier.denoises and denoiser is None:
         raise UserError(f"method {config.method} needs a denoiser checkpoint (`denoiser`)")
     check_classifier_rewrites(fused_conv, triton_conv, pack_images)
     if pack_images:
@@ -151,7 +151,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
         classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch,
                                            bool(wants("triton_blocks")))
     kind = config.kind
-    purify = config.purifier.stage(config.sigma, denoiser, backend, fast) if config.uses_denoiser else None
+    purify = config.purifier.stage(config.sigma, denoiser, backend, fast) if config.purifier.denoises else None
     head = score_module(config, classifier, image_shape)
     score = backend.for_classifier().stage(head, kind.head.label)
     stages = method_stages(config, purify, score, image_shape, num_classes)
@@ -169,6 +169,6 @@ def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, .
     kind = config.kind
     return BaseClassifierStages(config.method, purify, score, num_classes or 0,
                                 config.head.fresh_noise_shape(image_shape),
-                                purify_noise=kind.purifier.draws_noise and config.uses_denoiser,
+                                purify_noise=kind.purifier.draws_noise and config.purifier.denoises,
                                 purified_shape=config.purifier.purified_shape(image_shape),
                                 score_tolerance=kind.score_tolerance(config))
