@@ -21,7 +21,7 @@ from torch import nn
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES, option_variants
-from diffsmooth.engine.base_classifier.probe import probe
+from diffsmooth.engine.base_classifier.probe import probed
 from diffsmooth.engine.errors import UserError, first_line
 
 
@@ -224,8 +224,4 @@ def checked_stages(configs, purify, score, local_shape, inputs, image_shape, num
     if shared is not None and purify is not None:
         stages.purify_noise = shared.purifier.draws_noise
         stages.purified_shape = shared.purifier.purified_shape(tuple(image_shape))
-    stages.num_classes = probe(stages, tuple(image_shape))
-    if num_classes is not None and num_classes > stages.num_classes:
-        raise UserError(f"the data has labels up to {num_classes - 1} but the classifiers score only "
-                        f"{stages.num_classes} classes")
-    return stages
+    return probed(stages, tuple(image_shape), num_classes, "the classifiers")

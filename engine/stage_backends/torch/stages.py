@@ -10,7 +10,7 @@ from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.probe import probe
+from diffsmooth.engine.base_classifier.probe import probed
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, fp32_scores, fusion_verdict, probe_cudnn_fusion
 from diffsmooth.engine.models.packed_resnet import pack_classifier
@@ -154,12 +154,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     purify = config.purifier.stage(config.sigma, denoiser, backend, fast) if config.purifier.denoises else None
     head = score_module(config, classifier, image_shape)
     score = backend.for_classifier().stage(head, kind.head.label)
-    stages = method_stages(config, purify, score, image_shape, num_classes)
-    stages.num_classes = probe(stages, image_shape)
-    if num_classes is not None and num_classes > stages.num_classes:
-        raise UserError(f"the data has labels up to {num_classes - 1} but the classifier scores only "
-                        f"{stages.num_classes} classes")
-    return stages
+    return probed(method_stages(config, purify, score, image_shape, num_classes), image_shape, num_classes)
 
 
 def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, ...],
