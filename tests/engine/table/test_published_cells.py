@@ -343,7 +343,7 @@ def test_the_check_puts_the_papers_r0_cell_beside_the_measured_bound_and_strict_
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "preflight: RS, sigma 0.5: clean" in result.output and "warning:" not in result.output
-    assert "published: RS: the paper's r = 0 cell 50.0% beside at most about" in result.output
+    assert "published: RS: the paper's r = 0 cell 50.0% beside at most 100.0% here" in result.output   # 1 sample: no bound
     spec.write_text(CHECKED.format(layer='\nnormalization = "none"', r0=90.0))      # a wrong layer: a gap
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 3, result.output            # the set-up is wrong (2: a bad invocation)
