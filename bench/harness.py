@@ -203,12 +203,12 @@ def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = Non
     # elementwise steps are left out: under 0.1% of a UNet call)
     den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma, lean=settings.lean_unet), shape,
                                 batch=batch if settings.lean_unet else 2)
-                    if config.uses_denoiser else (0, {}))
-    unet_calls = config.kind.purifier.unet_calls(config)
+                    if config.purifier.denoises else (0, {}))
+    unet_calls = config.purifier.unet_calls()
     den *= max(1, unet_calls)
     head = score_module(config, model_set.classifier, shape)
-    extra = [config.kind.head.fresh_noise_shape(config, shape)] if getattr(head, "takes_noise", False) else []
-    cls, cls_ops = stage_flops(head, config.kind.purifier.purified_shape(config, shape) or shape, extra)
+    extra = [config.head.fresh_noise_shape(shape)] if getattr(head, "takes_noise", False) else []
+    cls, cls_ops = stage_flops(head, config.purifier.purified_shape(shape) or shape, extra)
     calls = config.kind.classifier_calls(config)
     return {
         "convention": CONVENTION,

@@ -73,7 +73,7 @@ def expected_calls(method: str, images: int, samples: int, m: int, dataset: str 
     per_sample = kind.classifier_calls(config)
     clean = clean_images(dataset, images) * (NORMALIZATIONS + (CHANNELS[dataset] == 3))
     classifier = clean + images * (samples * per_sample + variants * min(samples, VARIANT_SAMPLES)) + per_sample
-    unet = images * (samples * kind.purifier.unet_calls(config) + len(SCHEDULE_CHOICES)) + 1 if kind.purifier.denoises else 0
+    unet = images * (samples * config.purifier.unet_calls() + len(SCHEDULE_CHOICES)) + 1 if kind.purifier.denoises else 0
     return Calls(unet, classifier)
 
 

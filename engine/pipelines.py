@@ -24,16 +24,15 @@ from torch import nn
 
 from diffsmooth.engine.backends.weights import OwnedModule
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
-from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
+from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named, method_names
 from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES
+from diffsmooth.engine.base_classifier.methods.head import Head
+from diffsmooth.engine.base_classifier.methods.purifier import Purifier
 from diffsmooth.engine.certify.cohen import Certificate, check_certify_parameters
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.smooth import Smooth, require_image_index
 from diffsmooth.engine.choices import (
     DEFAULT_ALPHA,
-    DEFAULT_LOCAL_NOISE,
-    DEFAULT_LOCAL_SIGMA,
-    DEFAULT_M,
     DEFAULT_N,
     DEFAULT_N0,
     DEFAULT_SEED,
@@ -70,6 +69,10 @@ class SmoothedClassifier:
     than the copy (trained further, loaded, cast), every call refuses with one line: build a new object
     to certify them. Moving them to another device changes nothing and is allowed.
 
+    The method's settings are keywords (`DiffSmooth(..., m=5, local_sigma=0.25)`), or its parts come configured:
+    `SmoothedClassifier(purifier=OneShotDenoising(), head=LocalSmoothing(m=5, local_sigma=0.25), classifier=...,
+    denoiser=..., sigma=0.5)` is the registered method that pairs them (here DiffSmooth), with their settings.
+
     Under torchrun (WORLD_SIZE > 1), `ranks` says how the ranks share the work; `device="cuda"` is each rank's
     own GPU either way.
     - "shared" (the default): every rank computes its share of each image's samples and every call returns the
@@ -89,11 +92,14 @@ class SmoothedClassifier:
                  batch: Optional[int] = None, **settings):
         if not isinstance(classifier, nn.Module):
             raise UserError("`classifier` must be a torch module (see diffsmooth.load_classifier)")
-        denoises = method_named(self.method).purifier.denoises           # an unknown method: one line
+        ranks = settings.pop("ranks", "shared")         # an execution keyword beside the method's own settings
+        parts = {name: settings.pop(name) for name in PART_KEYWORDS if name in settings}
+        self.config = composed_config(self.method, sigma, parts, settings) if parts else \
+            method_config(self.method, sigma, settings)                 # an unknown method: one line
+        self.method = self.config.method
+        denoises = self.config.purifier.denoises
         if denoises and not isinstance(denoiser, DiffusionDenoiser):
             raise UserError(f"{type(self).__name__} needs `denoiser` (see diffsmooth.load_denoiser)")
-        ranks = settings.pop("ranks", "shared")         # an execution keyword beside the method's own settings
-        self.config = method_config(self.method, sigma, settings)
         given = {"classifier": classifier, "denoiser": denoiser if denoises else None}
         self._given = {name: OwnedModule(name, module) for name, module in given.items() if module is not None}
         self.classifier = self._given["classifier"].copy
@@ -217,6 +223,31 @@ class SmoothedClassifier:
                                 published=published)
 
 
+PART_KEYWORDS = ("purifier", "head")       # configured parts handed to the API instead of a method's settings
+PART_TYPES = {"purifier": Purifier, "head": Head}
+
+
+def composed_config(method: str, sigma: float, parts: dict, settings: dict) -> MethodConfig:
+    """The MethodConfig of configured parts (`purifier=OneShotDenoising(), head=LocalSmoothing(m=5)`): the registered
+    method that pairs their classes (the object's own, where it has one; a part not given: that method's, at its
+    defaults) and their settings; a part no registered method pairs is refused in one line."""
+    if settings:
+        raise UserError(f"give the settings in the parts, not beside them: {', '.join(sorted(settings))}")
+    for name, part in parts.items():
+        if not isinstance(part, PART_TYPES[name]):
+            raise UserError(f"`{name}` must be a configured {PART_TYPES[name].__name__} (e.g. "
+                            f"{'OneShotDenoising()' if name == 'purifier' else 'LocalSmoothing(m=5)'}), got {part!r}")
+    names = [method] if method else [n for n in method_names() if len(parts) == len(PART_KEYWORDS)]
+    found = [n for n in names if all(type(part) is getattr(method_named(n), k) for k, part in parts.items())]
+    if not found:
+        given = " and ".join(f"{k} {type(p).__name__}" for k, p in parts.items())
+        where = f"{method} pairs {' and '.join(getattr(method_named(method), k).__name__ for k in parts)}" if method \
+            else "no registered method pairs them (register a Method naming both: docs/extending.md)"
+        raise UserError(f"{given}: {where}")
+    options = {key: value for part in parts.values() for key, value in part.settings.items()}
+    return MethodConfig(found[0], float(sigma), options=tuple(options.items()))
+
+
 def method_config(method: str, sigma: float, settings: dict) -> MethodConfig:
     """The MethodConfig of an API object: `settings` are the method's own (its purifier's and head's options), and
     the aliases of OPTION_ALIASES (local_sigma, m, local_noise: any method takes them, as the command line does, and
@@ -254,15 +285,14 @@ class DenoisedSmoothing(SmoothedClassifier):
 
 class DiffSmooth(SmoothedClassifier):
     """DiffSmooth (Zhang et al., USENIX Security 2023): one-shot denoising, then the mean softmax of a
-    smoothed classifier over m local noises of std sigma' votes."""
+    smoothed classifier over m local noises of std sigma' votes. Its settings are its head's (LocalSmoothing: `m`,
+    `local_sigma`, `local_noise`, `local_noise_seed`, declared there with their defaults), as keywords or as
+    `head=LocalSmoothing(...)`."""
 
     method = "diffsmooth"
 
-    def __init__(self, *, denoiser: DiffusionDenoiser, classifier: nn.Module, sigma: float,
-                 local_sigma: float = DEFAULT_LOCAL_SIGMA, m: int = DEFAULT_M, local_noise: str = DEFAULT_LOCAL_NOISE,
-                 **execution):
-        super().__init__(classifier=classifier, sigma=sigma, denoiser=denoiser, local_sigma=local_sigma, m=m,
-                         local_noise=local_noise, **execution)
+    def __init__(self, *, denoiser: DiffusionDenoiser, classifier: nn.Module, sigma: float, **settings):
+        super().__init__(classifier=classifier, sigma=sigma, denoiser=denoiser, **settings)
 
 
 def load_demo_denoiser() -> DiffusionDenoiser:

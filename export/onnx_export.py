@@ -218,7 +218,7 @@ def export_denoiser(config: MethodConfig, denoiser: DiffusionDenoiser, image_sha
                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> List[ExportedGraph]:
     """The method's purify stage as its graph (its purifier's `graph`): for the one-shot methods x_rs [B,C,H,W] in
     [0,1] -> purified x_hat [B,C,H,W] in [0,1] at one sigma."""
-    graph = config.kind.purifier.graph(config, denoiser, image_shape)
+    graph = config.purifier.graph(config.sigma, denoiser, image_shape, config.method)
     names = list(graph.input_names)
     batched = list(graph.batch_inputs or names)
     model = trace_to_onnx(graph.module, graph.inputs, names, [graph.output_name], batch_inputs=batched)
@@ -284,13 +284,13 @@ def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, 
     (mean softmax for DiffSmooth, logits for rs/dds)."""
     head = score_module(config, classifier.eval(), tuple(image_shape)).eval()
     shape = [int(s) for s in image_shape]
-    scored = list(config.kind.purifier.purified_shape(config, tuple(shape)) or shape)    # what its classifier reads
+    scored = list(config.purifier.purified_shape(tuple(shape)) or shape)    # what its classifier reads
     x = example_batch(scored)
     args: Tuple[torch.Tensor, ...] = (x,)
     names = ["x"]
     inputs = {"x": ["batch", *scored]}
     if getattr(head, "takes_noise", False):
-        fresh = [int(d) for d in config.kind.head.fresh_noise_shape(config, tuple(shape))]
+        fresh = [int(d) for d in config.head.fresh_noise_shape(tuple(shape))]
         args = (x, torch.randn((x.shape[0], *fresh), generator=torch.Generator().manual_seed(1)))
         names.append("noise")
         inputs["noise"] = ["batch", *fresh]
@@ -326,7 +326,7 @@ def export_models(config: MethodConfig, image_shape, out_dir, *, denoiser: Optio
     precisions = ("fp32", "fp16") if fp16 else ("fp32",)
     written: List[ExportedGraph] = []
     if denoiser is not None:
-        if config.uses_denoiser:
+        if config.purifier.denoises:
             written += export_denoiser(config, denoiser, image_shape, out_dir, precisions=precisions,
                                        source=denoiser_source, preset=preset,
                                        external_data_threshold=external_data_threshold)

@@ -72,10 +72,10 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
         config = config_from_manifest(r.graph_manifest)
         shape = r.graph_manifest["image_shape"]
         den = None
-        if config.uses_denoiser:
+        if config.purifier.denoises:
             den = next((d for d in results if d.role == "denoiser" and d.precision == r.precision
                         and d.graph_manifest["image_shape"] == shape
-                        and matches(d.graph_manifest, config.kind.purifier.lookup(config))), None)
+                        and matches(d.graph_manifest, config.purifier.lookup(config.sigma, config.method))), None)
             if den is not None:
                 used.add(den.plan_path)
         groups.append((config, shape, den, r))
@@ -90,17 +90,17 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
         batch = 100
         if den is not None:
             ref_path, ref_manifest = find_graph(found, "denoiser", want_den, onnx_dir)
-            reference["purify"] = config.kind.purifier.exported_stage(
-                config, reference_fn(ref_path, "denoiser (ONNX Runtime fp32)"), ref_manifest)
-            candidate["purify"] = config.kind.purifier.exported_stage(
-                config, stage_fn(den.plan_path, "denoiser (TensorRT)", den.precision), den.graph_manifest)
+            reference["purify"] = config.purifier.exported_stage(
+                config.sigma, reference_fn(ref_path, "denoiser (ONNX Runtime fp32)"), ref_manifest)
+            candidate["purify"] = config.purifier.exported_stage(
+                config.sigma, stage_fn(den.plan_path, "denoiser (TensorRT)", den.precision), den.graph_manifest)
             batch = min(batch, _max_batch(den))
         if cls is not None:
             ref_path, _ = find_graph(found, "classifier", want_cls, onnx_dir)
             reference["score"] = reference_fn(ref_path, "classifier (ONNX Runtime fp32)")
             candidate["score"] = stage_fn(cls.plan_path, "classifier (TensorRT)", cls.precision)
             batch = min(batch, _max_batch(cls))
-            local_shape = config.kind.head.fresh_noise_shape(config, shape)
+            local_shape = config.head.fresh_noise_shape(shape)
         if den is not None and reference["purify"] is None:
             raise UserError(f"no fp32 denoiser graph in {onnx_dir} to validate {den.plan_path.name} against")
         precision = (cls or den).precision

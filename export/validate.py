@@ -240,9 +240,9 @@ def validate_graphs(graphs: Sequence, config: MethodConfig, image_shape, *, deno
             if den is not None:
                 if denoiser is None:
                     raise UserError(f"validating {Path(den.path).name} needs the torch denoiser")
-                reference["purify"] = config.kind.purifier.stage(config, denoiser, TorchBackend())
-                candidate["purify"] = config.kind.purifier.exported_stage(
-                    config, _ort_stage(den.path, "denoiser", precision, threads), den.manifest)
+                reference["purify"] = config.purifier.stage(config.sigma, denoiser, TorchBackend())
+                candidate["purify"] = config.purifier.exported_stage(
+                    config.sigma, _ort_stage(den.path, "denoiser", precision, threads), den.manifest)
             if cls is not None:
                 if classifier is None:
                     raise UserError(f"validating {Path(cls.path).name} needs the torch classifier")
@@ -250,7 +250,7 @@ def validate_graphs(graphs: Sequence, config: MethodConfig, image_shape, *, deno
                 reference["score"] = _torch_stage(head, "classifier")
                 candidate["score"] = _ort_stage(cls.path, "classifier", precision, threads)
                 if getattr(head, "takes_noise", False):
-                    local_shape = config.kind.head.fresh_noise_shape(config, tuple(image_shape))
+                    local_shape = config.head.fresh_noise_shape(tuple(image_shape))
             res = compare_stages(precision=precision, sigma=config.sigma, image_shape=image_shape,
                                  reference=reference, candidate=candidate, local_noise_shape=local_shape,
                                  samples=samples, seed=seed, images=images, image_indices=indices,
@@ -339,7 +339,7 @@ def purifier_config(manifest: dict) -> MethodConfig:
     sigma = float(manifest.get("sigma") or 0.5)
     for name in method_names():
         config = MethodConfig(name, sigma)
-        wanted = config.kind.purifier.lookup(config)
+        wanted = config.purifier.lookup(config.sigma, config.method)
         if wanted and all(manifest.get(k) == v for k, v in wanted.items()):
             return config
     raise UserError(f"{manifest.get('onnx_file', 'the denoiser graph')}: no registered method's purifier reads it")
@@ -368,9 +368,10 @@ def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dat
         shape = c.manifest["image_shape"]
         group = [c]
         denoiser = None
-        if config.uses_denoiser:
+        if config.purifier.denoises:
+            wanted = config.purifier.lookup(config.sigma, config.method)
             match = [g for g in graphs if g.role == "denoiser" and g.precision == c.precision
-                     and g.manifest["image_shape"] == shape and matches(g.manifest, config.kind.purifier.lookup(config))]
+                     and g.manifest["image_shape"] == shape and matches(g.manifest, wanted)]
             if match:
                 group.append(match[0])
                 used.add(match[0].path)

@@ -56,7 +56,7 @@ def measure(n: int = 200, n0: int = 20, images: int = 2, batch: int = 100, sigma
     backend = TorchBackend("cpu")
     entries = configurations(["dds", "diffsmooth"], sigma, lambda method: {"local_sigma": list(LOCAL_SIGMAS), "m": list(MS)},
                              lambda config: list(clfs))
-    entries = [e for e in entries if not (e.method.method == "dds" and e.classifier != list(clfs)[0])]   # one DDS row
+    entries = [e for e in entries if not (e.config.method == "dds" and e.classifier != list(clfs)[0])]   # one DDS row
     purify = backend.stage(den.purifier(sigma), "denoiser")
     sweep = MonteCarloPipeline(torch_configuration_stages(entries, clfs, den, backend, shape, 10), sigma)
     x = torch.rand(shape)
@@ -81,10 +81,10 @@ def measure(n: int = 200, n0: int = 20, images: int = 2, batch: int = 100, sigma
 
 def cost_model(entries, unet_s: float, clf_s: float) -> tuple:
     """(one-by-one, sweep) seconds per Monte Carlo sample from per-sample model costs."""
-    local = lambda e: e.method.method == "diffsmooth"                                     # noqa: E731
+    local = lambda e: e.config.method == "diffsmooth"                                     # noqa: E731
     single = sum(unet_s + (e.method.option("m") if local(e) else 1) * clf_s for e in entries)
     groups = {(e.classifier, e.method.option("local_sigma")) for e in entries if local(e)}
-    sweep = unet_s + len(groups) * max(MS) * clf_s + sum(clf_s for e in entries if e.method.method == "dds")
+    sweep = unet_s + len(groups) * max(MS) * clf_s + sum(clf_s for e in entries if e.config.method == "dds")
     return single, sweep
 
 

@@ -66,7 +66,7 @@ def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, 
     shape = parse_image_shape(image_shape, sources.preset, sources.stats) if image_shape or not \
         is_diffusers_folder(denoiser) else read_diffusers_folder(denoiser, scheduler).image_shape
     den_model = cls_model = den_src = cls_src = None
-    if sources.denoiser and (config.uses_denoiser or also_unet):
+    if sources.denoiser and (config.purifier.denoises or also_unet):
         den_model = load_denoiser_from(sources)
         den_src = checkpoint_source(sources.denoiser, preset=sources.preset, unet_overrides=sources.unet_config,
                                     **({"scheduler": sources.scheduler} if sources.scheduler else {}))

@@ -21,21 +21,21 @@ from torch import nn
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES, option_variants
-from diffsmooth.engine.base_classifier.probe import probe
+from diffsmooth.engine.base_classifier.probe import probed
 from diffsmooth.engine.errors import UserError, first_line
 
 
 @dataclass(frozen=True)
 class Configuration:
-    """One configuration of a sweep: the method and the classifier (by name) that votes for it."""
+    """One configuration of a sweep: the method's config and the classifier (by name) that votes for it."""
 
-    method: MethodConfig
+    config: MethodConfig
     classifier: str
 
     @property
     def name(self) -> str:
         """The configuration's result-file stem, e.g. diffsmooth__resnet110__ls0.25__m5."""
-        return f"{self.method.method}__{self.classifier}{self.method.kind.config_tag(self.method)}"
+        return f"{self.config.method}__{self.classifier}{self.config.kind.config_tag(self.config)}"
 
 
 def configurations(methods: Sequence[str], sigma: float, options_for, classifiers_for) -> List[Configuration]:
@@ -55,7 +55,7 @@ def configurations(methods: Sequence[str], sigma: float, options_for, classifier
             found += [Configuration(config, clf) for clf in classifiers_for(group[0]) for config in group]
     keys = {}
     for c in found:
-        keys.setdefault(c.method.kind.purifier.key(c.method), c)
+        keys.setdefault(c.config.purifier.key(c.config.sigma), c)
     keys.pop(None, None)
     if len(keys) > 1:
         a, b = list(keys.values())[:2]
@@ -69,7 +69,7 @@ def configurations(methods: Sequence[str], sigma: float, options_for, classifier
 def inputs_of(configs: Sequence[Configuration]) -> Tuple[str, ...]:
     """Which samples the configurations read: the noisy ones (rs), the denoised ones (dds, diffsmooth); in that
     order."""
-    read = {c.method.kind.purifier.reads for c in configs}
+    read = {c.config.purifier.reads for c in configs}
     return tuple(name for name in ("noisy", "denoised") if name in read)
 
 
@@ -92,14 +92,14 @@ class ConfigurationHeads(nn.Module):
         self.image_shape = tuple(int(d) for d in image_shape)
         groups: Dict[type, List[int]] = {}
         for position, c in enumerate(configs):
-            groups.setdefault(type(c.method.kind.head), []).append(position)
+            groups.setdefault(type(c.config.head), []).append(position)
         self.scorers = nn.ModuleList()
         for positions in groups.values():
             members = [configs[p] for p in positions]
-            head = members[0].method.kind.head
+            head = members[0].config.head
             self.scorers.append(head.sweep_scorer(
-                members, [self.classifiers[names.index(c.classifier)] for c in members], self.image_shape,
-                [c.method.kind.purifier.runs(c.method) for c in members]))
+                [c.config.head for c in members], [self.classifiers[names.index(c.classifier)] for c in members],
+                self.image_shape, [c.config.purifier.copies for c in members], [c.config.purifier.reads for c in members]))
         self.positions = tuple(tuple(p) for p in groups.values())
         shapes = [s.noise_shape for s in self.scorers if s.noise_shape is not None]
         if len(shapes) > 1:
@@ -137,7 +137,7 @@ class StackedScores:
         noise = inputs[len(self.inputs)] if len(inputs) > len(self.inputs) else None
         scores = []
         for stage, position, m, config in self.heads:
-            samples = config.kind.purifier.sweep_samples(config, inputs[position])     # its share of the shared purify's
+            samples = config.purifier.share(inputs[position])     # its share of the shared purify's
             args = [samples] + ([noise[:, :m].contiguous()] if m is not None else [])
             scores.append(stage(*args))
         return torch.stack(scores, dim=1)
@@ -167,10 +167,11 @@ class _Kernels:
 
 def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
     """The configuration whose purify stage serves the whole sweep (its method's choice), or None: none denoises."""
-    denoising = [c.method for c in configs if c.method.uses_denoiser]
+    denoising = [c.config for c in configs if c.config.purifier.denoises]
     if not denoising:
         return None
-    return denoising[0].kind.purifier.sweep_config([m for m in denoising if m.kind is denoising[0].kind])
+    same = [m for m in denoising if m.kind is denoising[0].kind]
+    return same[same[0].purifier.serving([m.purifier for m in same])]
 
 
 def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], denoiser, backend,
@@ -184,7 +185,7 @@ def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Di
         raise UserError("the sweep's denoising configurations need `denoiser` CHECKPOINT")
     check_classes({c.classifier: classifiers[c.classifier] for c in configs}, image_shape, torch.device("cpu"))
     shared = purifier_config(configs) if "denoised" in inputs else None
-    purify = (shared.kind.purifier.stage(shared, denoiser, backend, _Kernels(fused_attention, lean_unet))
+    purify = (shared.purifier.stage(shared.sigma, denoiser, backend, _Kernels(fused_attention, lean_unet))
               if shared is not None else None)
     heads = ConfigurationHeads(configs, classifiers, image_shape)
     score = backend.stage(heads, f"{len(configs)} configurations")
@@ -198,10 +199,10 @@ def stacked_configuration_stages(configs: Sequence[Configuration], stages_of) ->
     inputs = inputs_of(configs)
     singles = [stages_of(c) for c in configs]
     serving = purifier_config(configs)
-    shared = next((s for c, s in zip(configs, singles) if c.method == serving), None)
+    shared = next((s for c, s in zip(configs, singles) if c.config == serving), None)
     fresh_ms = [s.local_noise_shape[0] for s in singles if s.local_noise_shape is not None]
-    heads = [(s.score, inputs.index(c.method.kind.purifier.reads),
-              s.local_noise_shape[0] if s.local_noise_shape is not None else None, c.method)
+    heads = [(s.score, inputs.index(c.config.purifier.reads),
+              s.local_noise_shape[0] if s.local_noise_shape is not None else None, c.config)
              for c, s in zip(configs, singles)]
     local_shape = None
     if fresh_ms:
@@ -221,10 +222,6 @@ def checked_stages(configs, purify, score, local_shape, inputs, image_shape, num
                                   tuple(c.name for c in configs), inputs)
     shared = purifier_config(configs)
     if shared is not None and purify is not None:
-        stages.purify_noise = shared.kind.purifier.draws_noise
-        stages.purified_shape = shared.kind.purifier.purified_shape(shared, tuple(image_shape))
-    stages.num_classes = probe(stages, tuple(image_shape))
-    if num_classes is not None and num_classes > stages.num_classes:
-        raise UserError(f"the data has labels up to {num_classes - 1} but the classifiers score only "
-                        f"{stages.num_classes} classes")
-    return stages
+        stages.purify_noise = shared.purifier.draws_noise
+        stages.purified_shape = shared.purifier.purified_shape(tuple(image_shape))
+    return probed(stages, tuple(image_shape), num_classes, "the classifiers")

@@ -4,7 +4,7 @@ here)."""
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -38,3 +38,18 @@ def probe(stages: BaseClassifierStages, image_shape: Tuple[int, ...]) -> int:
         want = "[B, classes]" if not stages.configs else "[B, configurations, classes]"
         raise UserError(f"the classifier stage returned shape {tuple(out.shape)}, expected {want}")
     return int(out.shape[-1])
+
+
+def refuse_too_few_classes(what: str, scored: Optional[int], num_classes: Optional[int]) -> None:
+    """One line when `what` scores fewer classes than the data's labels need (nothing where either is unknown): the
+    one class-count check of every backend, a sweep and an exported graph's manifest."""
+    if num_classes is not None and scored is not None and int(scored) < int(num_classes):
+        raise UserError(f"the data has labels up to {int(num_classes) - 1} but {what} scores only {int(scored)} classes")
+
+
+def probed(stages: BaseClassifierStages, image_shape: Tuple[int, ...], num_classes: Optional[int],
+           what: str = "the classifier") -> BaseClassifierStages:
+    """The stages, probed once (probe) with the classes they score recorded and checked against the data's."""
+    stages.num_classes = probe(stages, tuple(image_shape))
+    refuse_too_few_classes(what, stages.num_classes, num_classes)
+    return stages

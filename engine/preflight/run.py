@@ -145,7 +145,7 @@ def preflight_models(config: MethodConfig, classifier: nn.Module, denoiser, samp
     judge.report_normalization(report, clean, clean_labels, noise, labels, given, judged=data.pixel_range() == "[0, 1]")
     _report_labels(report, clean_labels, clean.get(given) if given else clean["given"], noise.classes, how.seed)
     judge.report_training_noise(report, config, noise, given, labels)
-    if config.uses_denoiser:
+    if config.purifier.denoises:
         judge.report_denoiser(report, denoiser_error(denoiser, sample, config.sigma, how), config.sigma)
     if published is not None:
         half = None

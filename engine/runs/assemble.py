@@ -97,15 +97,15 @@ def load_classifier_from(config: MethodConfig, sources: ModelSources):
 
 def load_models(config: MethodConfig, sources: ModelSources):
     """(denoiser or None, classifier) as torch modules on the CPU, in eval mode."""
-    if config.uses_denoiser and not sources.denoiser:
+    if config.purifier.denoises and not sources.denoiser:
         raise UserError(f"method {config.method} needs `denoiser` CHECKPOINT")
-    denoiser = load_denoiser_from(sources) if config.uses_denoiser else None
+    denoiser = load_denoiser_from(sources) if config.purifier.denoises else None
     return denoiser, load_classifier_from(config, sources)
 
 
 def load_sweep_models(configs: Sequence[Configuration], classifier_paths: Dict[str, str], sources: ModelSources):
     """(denoiser or None, {name: classifier}) of a sweep, each classifier loaded once."""
-    needs_denoiser = any(c.method.uses_denoiser for c in configs)
+    needs_denoiser = any(c.config.purifier.denoises for c in configs)
     if needs_denoiser and not sources.denoiser:
         raise UserError("the sweep's dds / diffsmooth configurations need `denoiser` CHECKPOINT")
     denoiser = load_denoiser_from(sources) if needs_denoiser else None

@@ -40,19 +40,19 @@ def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optiona
         if run.is_sweep:
             return build_sweep_stages(run.configurations, run.classifier_paths, run.sources, run.image_shape,
                                       run.dataset.num_classes, **common)
-        return build_stages(run.configurations[0].method, run.sources, run.image_shape, run.dataset.num_classes,
+        return build_stages(run.configurations[0].config, run.sources, run.image_shape, run.dataset.num_classes,
                             **common)
 
     check = (stage_backend(r.backend).runs_modules and (run.fast.changes_arithmetic or r.precision != "fp32")
              and r.validate_samples > 0)
     models = loaded_models(run) if check else None
-    configs = [c.method for c in run.configurations]
+    configs = [c.config for c in run.configurations]
     voter = build_pipeline(stages(run.fast, r.precision, models, model_set), r.sigma, r.seed, run.fast, log, configs,
                            r.backend)
     voter.seal_weights()        # a row is written only from the weights built (and checked) here
     if check:
         reference = build_pipeline(stages(FastPath(), "fp32", models), r.sigma, r.seed, FastPath(), log)
-        rate = r.expected_flip_rate or design_flip_rate(r.precision, [c.method.method for c in run.configurations])
+        rate = r.expected_flip_rate or design_flip_rate(r.precision, [c.config.method for c in run.configurations])
         check_against_eager(voter, reference, check_images, run.batch, r.validate_samples, rate, log)
     return voter
 
@@ -61,7 +61,7 @@ def loaded_models(run: ResolvedRun):
     """The torch models of the run, loaded once for the run and its eager reference."""
     if run.is_sweep:
         return load_sweep_models(run.configurations, run.classifier_paths, run.sources)
-    return load_models(run.configurations[0].method, run.sources)
+    return load_models(run.configurations[0].config, run.sources)
 
 
 def execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None], jobs: Optional[Jobs] = None) -> RunSummary:

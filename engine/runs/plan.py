@@ -167,8 +167,8 @@ class ResolvedRun:
     def sweep_index(self) -> dict:
         """The sweep folder's index.json: the recorded settings and each configuration's file."""
         return {"settings": self.recorded(), "entries": [
-            {"method": c.method.method, "classifier": c.classifier,
-             "local_sigma": dict(c.method.options).get("local_sigma"), "m": dict(c.method.options).get("m"),
+            {"method": c.config.method, "classifier": c.classifier,
+             "local_sigma": dict(c.config.options).get("local_sigma"), "m": dict(c.config.options).get("m"),
              "file": f"{c.name}.tsv"}
             for c in self.configurations]}
 
@@ -259,7 +259,7 @@ def plan_run(request: RunRequest) -> ResolvedRun:
     kind, dataset, indices, sources = open_run_inputs(request)
     paths, classifiers_for = classifier_names(request, sources)
     configs = configurations(request.method, request.sigma, request.options_for, classifiers_for)
-    if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.method.uses_denoiser for c in configs):
+    if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.config.purifier.denoises for c in configs):
         check_sigma(sources.denoiser, sources.scheduler, request.sigma)     # before any file is touched
     shards = plan_from(request.shard, request.device)
     device = rank_device(shards, request.device)

@@ -41,5 +41,5 @@ class ExportedStages:
                      image_shape: Tuple[int, ...], num_classes: Optional[int], build) -> BaseClassifierStages:
         def stages_of(c: Configuration) -> BaseClassifierStages:
             one = dataclasses.replace(sources, classifier=classifier_paths[c.classifier])
-            return self.stages(c.method, one, image_shape, num_classes, build)
+            return self.stages(c.config, one, image_shape, num_classes, build)
         return stacked_configuration_stages(configs, stages_of)

@@ -24,14 +24,21 @@ FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet"]
 
 
 # ---- the fifth method: one file's worth, parts that exist -------------------------------------------------------
+class Denoisings(OneShotDenoising):
+    """One-shot denoising with a setting K: its one sample handed over K times."""
+
+    options = (MethodOption("denoisings", int, 3, 1, 64, "one-shot denoisings K that vote"),)
+    copies_option = "denoisings"
+
+
 class MajorityOfDenoisings(Method):
     """DDS with a majority of K one-shot denoisings: a one-shot denoising is deterministic, so its K labels agree
     and every vote is DDS's (what the test below checks)."""
 
     name = "dds-majority"
     line_name = "DDS (majority of K denoisings)"
-    purifier = OneShotDenoising(runs=MethodOption("denoisings", int, 3, 1, 64, "one-shot denoisings K that vote"))
-    head = MajorityVote()
+    purifier = Denoisings
+    head = MajorityVote
     flip_rates = BUILT_IN[1].flip_rates                 # DDS's: the same classifier behind the same denoiser
 # -----------------------------------------------------------------------------------------------------------------
 
@@ -47,27 +54,27 @@ class ClipPurifier(NoPurifier):
 
     denoises = True
 
-    def stage(self, config, denoiser, backend, fast=None):
+    def stage(self, sigma, denoiser, backend, fast=None):
         return backend.stage(Clip(), "clip")
 
-    def key(self, config):
-        return ("clip", float(config.sigma))
+    def key(self, sigma):
+        return ("clip", float(sigma))
 
-    def noise_left(self, config):
+    def noise_left(self, sigma):
         return 0.0          # the demo classifiers aside: the tests give their classifier
 
 
 def _heads():
-    """One instance of every head class the built-in methods use."""
-    return list({type(cls.head): cls.head for cls in BUILT_IN}.values())
+    """Every head class the built-in methods use."""
+    return list(dict.fromkeys(cls.head for cls in BUILT_IN))
 
 
 @pytest.fixture
 def methods():
     made = [MajorityOfDenoisings]
     for head in _heads():
-        made.append(type(f"Clip{type(head).__name__}", (Method,), {
-            "name": f"clip-{type(head).__name__.lower()}", "purifier": ClipPurifier(), "head": head,
+        made.append(type(f"Clip{head.__name__}", (Method,), {
+            "name": f"clip-{head.__name__.lower()}", "purifier": ClipPurifier, "head": head,
             "flip_rates": {"fp16": 1e-3, "bf16": 1e-2}}))
     for cls in made:
         register(cls)
@@ -97,7 +104,7 @@ def test_the_fifth_method_certifies_through_the_cli_and_the_api_as_dds(methods, 
 def test_a_toy_purifier_composes_with_every_head(methods, tiny_models, tiny_cli_args, tmp_path):
     """The clip purifier behind each head: logits, a majority of its one sample, and local smoothing with one
     noise of sigma' 0 all vote the clipped sample's argmax, so their rows are equal (and not RS's: the clip ran)."""
-    assert len(_heads()) == 3 and all(isinstance(head, Head) for head in _heads())
+    assert len(_heads()) == 3 and all(issubclass(head, Head) for head in _heads())
     rows = {}
     for name in methods[1:]:
         out = tmp_path / f"{name}.tsv"

@@ -41,14 +41,14 @@ class Gain(Logits):
 
     options = (MethodOption("gain", float, 1.0, 0.0, 4.0, "contrast of the noisy sample"),)
 
-    def module(self, config, classifier, image_shape, runs):
-        return GainHead(classifier, config.option("gain"))
+    def module(self, classifier, image_shape, copies):
+        return GainHead(classifier, self.gain)
 
 
 class GainSmoothing(Method):
     name = "gain-rs"
-    purifier = NoPurifier()
-    head = Gain()
+    purifier = NoPurifier
+    head = Gain
     flip_rates = {"fp16": 1e-3, "bf16": 1e-2}
 
 
@@ -142,7 +142,7 @@ def test_a_methods_score_tolerance_reaches_the_agreement_check(gain, tiny_models
     classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
     config = MethodConfig(gain, 0.25)
     assert build_torch_stages(config, classifier, None, TorchBackend("cpu"), (3, 8, 8)).score_tolerance is None
-    Gain.score_tolerance = lambda self, config, runs: 0.5
+    Gain.score_tolerance = lambda self, copies: 0.5
     try:
         assert build_torch_stages(config, classifier, None, TorchBackend("cpu"), (3, 8, 8)).score_tolerance == 0.5
     finally:

@@ -75,8 +75,8 @@ def _house_imports(path: Path) -> set:
 
 def test_each_method_is_a_pairing_of_parts_in_their_own_files():
     """A method's file imports base.py and its parts; a part's file its interface (and the config); the interfaces,
-    base.py, the config and the registry import no method and no part."""
-    house = {"base", "config", "registry"} | PARTS
+    their configured base (part.py), base.py, the config and the registry import no method and no part."""
+    house = {"base", "config", "registry", "part"} | PARTS
     files = {p.stem: p for p in HOUSE.glob("*.py") if p.stem != "__init__"}
     methods = {cls.__module__.rsplit(".", 1)[1] for cls in BUILT_IN}
     parts = set(files) - house - methods
@@ -90,9 +90,9 @@ def test_each_method_is_a_pairing_of_parts_in_their_own_files():
         else:
             assert not imported & (methods | parts), (stem, imported)
     for cls in BUILT_IN:
-        assert isinstance(cls.purifier, Purifier) and isinstance(cls.head, Head)
-        assert Path(sys.modules[type(cls.purifier).__module__].__file__).stem in parts
-        assert Path(sys.modules[type(cls.head).__module__].__file__).stem in parts
+        assert issubclass(cls.purifier, Purifier) and issubclass(cls.head, Head)
+        assert Path(sys.modules[cls.purifier.__module__].__file__).stem in parts
+        assert Path(sys.modules[cls.head.__module__].__file__).stem in parts
 
 
 def _flags(cls: type) -> list:
@@ -111,7 +111,7 @@ def test_no_method_carries_a_flag_like_switch():
     part beyond the reviewed capabilities, and the interfaces' defaults belong to no method (they are abstract)."""
     for cls in BUILT_IN:
         assert not _flags(cls), (cls.name, _flags(cls))
-        for part in (type(cls.purifier), type(cls.head)):
+        for part in (cls.purifier, cls.head):
             assert set(_flags(part)) <= CAPABILITIES, (part.__name__, set(_flags(part)) - CAPABILITIES)
     assert inspect.isabstract(Purifier) and inspect.isabstract(Head)
     assert not [name for name in vars(Method) if not name.startswith("_")
@@ -123,7 +123,7 @@ def test_no_method_carries_a_flag_like_switch():
 def test_the_flag_check_sees_a_planted_switch():
     """Planted: DiffSmooth with its old flag back, and a head with a new one; the check names both."""
     planted = type("Planted", (BUILT_IN[2],), {"name": "planted", "local_smoothing": True})
-    head = type("FlaggedHead", (type(BUILT_IN[2].head),), {"averages_softmax": True})
+    head = type("FlaggedHead", (BUILT_IN[2].head,), {"averages_softmax": True})
     assert _flags(planted) == ["local_smoothing"]
     assert "averages_softmax" in set(_flags(head)) - CAPABILITIES
 

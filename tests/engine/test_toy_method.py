@@ -36,7 +36,7 @@ class ClampedHead(nn.Module):
 class ClampedLogits(Logits):
     """A head: the classifier's logits on its samples clipped to [0, 1]."""
 
-    def module(self, config, classifier, image_shape, runs):
+    def module(self, classifier, image_shape, copies):
         return ClampedHead(classifier)
 
 
@@ -45,8 +45,8 @@ class ClampedSmoothing(Method):
 
     name = "clamped-rs"
     line_name = "RS, clipped"
-    purifier = NoPurifier()
-    head = ClampedLogits()
+    purifier = NoPurifier
+    head = ClampedLogits
     flip_rates = {"fp16": 1e-3, "bf16": 1e-2}
 
 

@@ -377,7 +377,7 @@ def test_onnxruntime_certify_matches_torch(export_dir, models, name):
     denoiser, classifier = models
     out, _ = export_dir
     config = CONFIGS[name]
-    torch_stages = build_torch_stages(config, classifier, denoiser if config.uses_denoiser else None,
+    torch_stages = build_torch_stages(config, classifier, denoiser if config.purifier.denoises else None,
                                       TorchBackend(), SHAPE, 10)
     ort_stages = build_onnx_stages(out, config, SHAPE, 10)
     a, b = Smooth(MonteCarloPipeline(torch_stages, SIGMA, 3)), Smooth(MonteCarloPipeline(ort_stages, SIGMA, 3))

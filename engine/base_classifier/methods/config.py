@@ -7,6 +7,7 @@ import itertools
 import math
 import numbers
 from dataclasses import InitVar, dataclass
+from functools import cached_property
 from typing import Any, List, Optional, Tuple
 
 from diffsmooth.engine.base_classifier.methods.registry import method_named
@@ -131,10 +132,19 @@ class MethodConfig:
         """The registered Method that runs this config (engine/base_classifier/methods/)."""
         return method_named(self.method)
 
-    @property
-    def uses_denoiser(self) -> bool:
-        """Whether its purifier runs the UNet."""
-        return self.kind.purifier.denoises
+    @cached_property
+    def purifier(self):
+        """Its method's purifier, configured with its settings (a Part)."""
+        return self.kind.purifier(**self._own(self.kind.purifier))
+
+    @cached_property
+    def head(self):
+        """Its method's head, configured with its settings (a Part)."""
+        return self.kind.head(**self._own(self.kind.head))
+
+    def _own(self, part) -> dict:
+        names = {o.name for o in part.options}
+        return {name: value for name, value in self.options if name in names}
 
     def option(self, name: str):
         """The value of one of its settings (its purifier's and head's MethodOptions)."""

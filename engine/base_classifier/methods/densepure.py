@@ -12,8 +12,8 @@ from diffsmooth.engine.base_classifier.methods.reverse_chains_purifier import Re
 class DensePureMethod(Method):
     name = "densepure"
     line_name = "DensePure"
-    purifier = ReverseChains()
-    head = MajorityVote()
+    purifier = ReverseChains
+    head = MajorityVote
     # Estimated, not measured: DDS's measured rates (a clean-trained classifier behind the same UNet) doubled for the
     # chain's extra UNet calls; a majority of K runs flips less often than one run. To measure: bench.agreement.
     flip_rates = {"fp16": 2.2e-3, "bf16": 3.4e-2}

@@ -12,8 +12,8 @@ from diffsmooth.engine.base_classifier.methods.one_shot_purifier import OneShotD
 class DiffSmoothMethod(Method):
     name = "diffsmooth"
     line_name = "DiffSmooth"
-    purifier = OneShotDenoising()
-    head = LocalSmoothing()
+    purifier = OneShotDenoising
+    head = LocalSmoothing
     # Measured on an H200 on the demo models (bench.agreement; bench/results/h200-2026-11-26/, h200-2026-11-27/).
     flip_rates = {"fp16": 1.3e-4,         # m = 5, compiled fp16: 5 + 6 of 40,000
                   "bf16": 1.7e-3}         # m = 5, eager bf16

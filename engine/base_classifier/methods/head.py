@@ -1,90 +1,90 @@
 """What a head is to the engine: how the classifier's outputs over one sample's purified samples become its scores
 [B, classes], whose argmax is the vote (logits, local smoothing's mean softmax, a majority vote), with its own
-settings, exported classifier graph and sweep sharing. One class per file beside this one; a method pairs one with
-a purifier (base.py)."""
+settings (its constructor's, part.py), exported classifier graph and sweep sharing. One class per file beside this
+one; a method pairs one with a purifier (base.py)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Optional, Tuple
+from typing import ClassVar, Optional, Sequence, Tuple
 
 from torch import nn
 
-from diffsmooth.engine.base_classifier.methods.config import MethodConfig, MethodOption
+from diffsmooth.engine.base_classifier.methods.part import Part
 
 
-class Head(ABC):
-    """The classifier half of the base classifier. `label`: the score stage's name in logs; `scores`: what its
-    scores are; `output_name`: the exported classifier graph's output. `runs` (the methods below) is the number of
-    purified samples per noisy sample the purifier hands it (Purifier.runs)."""
+class Head(Part, ABC):
+    """The classifier half of the base classifier, configured by its constructor (part.py). `label`: the score
+    stage's name in logs; `scores`: what its scores are; `output_name`: the exported classifier graph's output.
+    `copies` (the methods below) is the number of purified samples per noisy sample the purifier hands it."""
 
-    options: ClassVar[Tuple[MethodOption, ...]] = ()
-    noise_option: ClassVar[Optional[str]] = None    # its option that sets the noise its classifier sees, if any
+    noise_option: ClassVar[Optional[str]] = None    # its setting that sets the noise its classifier sees, if any
     label: ClassVar[str]
     scores: ClassVar[str]
     output_name: ClassVar[str]
 
     @abstractmethod
-    def module(self, config: MethodConfig, classifier: nn.Module, image_shape: Tuple[int, ...], runs: int) -> nn.Module:
-        """The head as one module: purified samples [B,C,H,W] or [B,runs,C,H,W] (+ fresh noise) -> scores [B,K]."""
+    def module(self, classifier: nn.Module, image_shape: Tuple[int, ...], copies: int) -> nn.Module:
+        """The head as one module: purified samples [B,C,H,W] or [B,copies,C,H,W] (+ fresh noise) -> scores [B,K]."""
 
     @abstractmethod
-    def classifier_calls(self, config: MethodConfig, runs: int) -> int:
+    def classifier_calls(self, copies: int) -> int:
         """Classifier images per Monte Carlo sample."""
 
     @abstractmethod
-    def fresh_noise_shape(self, config: MethodConfig, image_shape) -> Optional[Tuple[int, ...]]:
+    def fresh_noise_shape(self, image_shape) -> Optional[Tuple[int, ...]]:
         """The per-sample noise its module takes besides the samples ([B, *shape]), or None."""
 
     @abstractmethod
-    def score_tolerance(self, config: MethodConfig, runs: int) -> Optional[float]:
+    def score_tolerance(self, copies: int) -> Optional[float]:
         """How far a fast path's scores may lie from eager fp32's (relative; None: the check's default, made for
         logits and probabilities)."""
 
     @abstractmethod
-    def noise_seen(self, config: MethodConfig, noise_left: float) -> float:
+    def noise_seen(self, noise_left: float) -> float:
         """The Gaussian noise std its classifier sees, given what the purifier left (the demo classifier it takes)."""
 
     @abstractmethod
-    def tag(self, config: MethodConfig) -> str:
+    def tag(self) -> str:
         """What a sweep configuration's file name gets from its settings."""
 
     @abstractmethod
-    def graph_tag(self, config: MethodConfig) -> str:
+    def graph_tag(self) -> str:
         """What an exported classifier graph's file name gets from its settings."""
 
     @abstractmethod
-    def graph_fields(self, config: MethodConfig) -> dict:
+    def graph_fields(self) -> dict:
         """Its settings in an exported classifier graph's manifest (None: does not apply)."""
 
     @abstractmethod
-    def sweep_scorer(self, configs, classifiers, image_shape, runs: int) -> "SweepScorer":
-        """One module scoring all of a sweep's configurations with this head (shared work computed once)."""
+    def sweep_scorer(self, heads: Sequence["Head"], classifiers, image_shape, copies: Sequence[int],
+                     reads: Sequence[str]) -> "SweepScorer":
+        """One module scoring all of a sweep's configurations of this head (`heads`, configured; each with its
+        classifier, the purifier's copies and the samples it reads), shared work computed once."""
 
 
 class PlainHead(Head):
     """A head with no settings of its own (logits, a majority vote): no fresh noise, nothing in its file names or
     manifests, its classifier sees the noise the purifier left; its configurations share nothing in a sweep."""
 
-    def fresh_noise_shape(self, config, image_shape):
+    def fresh_noise_shape(self, image_shape):
         return None
 
-    def noise_seen(self, config, noise_left):
+    def noise_seen(self, noise_left):
         return noise_left
 
-    def tag(self, config):
+    def tag(self):
         return ""
 
-    def graph_tag(self, config):
+    def graph_tag(self):
         return ""
 
-    def graph_fields(self, config):
+    def graph_fields(self):
         return {}
 
-    def sweep_scorer(self, configs, classifiers, image_shape, runs):
-        return EachOwnScorer([self.module(c.method, classifier, image_shape, k)
-                              for c, classifier, k in zip(configs, classifiers, runs)],
-                             [c.method.kind.purifier.reads for c in configs])
+    def sweep_scorer(self, heads, classifiers, image_shape, copies, reads):
+        return EachOwnScorer([head.module(classifier, image_shape, k)
+                              for head, classifier, k in zip(heads, classifiers, copies)], reads)
 
 
 class SweepScorer(nn.Module):

@@ -37,46 +37,36 @@ class LocalSmoothing(Head):
     scores = "mean_softmax"
     output_name = "probs"
 
-    def module(self, config, classifier, image_shape, runs):
-        m, local_sigma, noise, seed = _settings(config)
-        fixed = fixed_local_noise(m, image_shape, seed) if noise == "fixed" else None
-        return LocalSmoothingHead(classifier, m, local_sigma, noise, fixed)
+    def module(self, classifier, image_shape, copies):
+        fixed = fixed_local_noise(self.m, image_shape, self.local_noise_seed) if self.local_noise == "fixed" else None
+        return LocalSmoothingHead(classifier, self.m, self.local_sigma, self.local_noise, fixed)
 
-    def classifier_calls(self, config, runs):
-        return _settings(config)[0] * int(runs)
+    def classifier_calls(self, copies):
+        return self.m * int(copies)
 
-    def fresh_noise_shape(self, config, image_shape):
-        m, _, noise, _ = _settings(config)
-        return (m, *map(int, image_shape)) if noise == "fresh" else None
+    def fresh_noise_shape(self, image_shape):
+        return (self.m, *map(int, image_shape)) if self.local_noise == "fresh" else None
 
-    def score_tolerance(self, config, runs):
+    def score_tolerance(self, copies):
         return None
 
-    def noise_seen(self, config, noise_left):
-        return (noise_left ** 2 + _settings(config)[1] ** 2) ** 0.5
+    def noise_seen(self, noise_left):
+        return (noise_left ** 2 + self.local_sigma ** 2) ** 0.5
 
-    def tag(self, config):
-        m, local_sigma, _, _ = _settings(config)
-        return f"__ls{local_sigma:g}__m{m}"
+    def tag(self):
+        return f"__ls{self.local_sigma:g}__m{self.m}"
 
-    def graph_tag(self, config):
-        m, local_sigma, noise, seed = _settings(config)
-        tag = f"_m{m}_ls{local_sigma:g}_{noise}"
-        return tag + (f"_seed{seed}" if noise == "fixed" and seed != FIXED_LOCAL_NOISE_SEED else "")
+    def graph_tag(self):
+        tag = f"_m{self.m}_ls{self.local_sigma:g}_{self.local_noise}"
+        fixed = self.local_noise == "fixed" and self.local_noise_seed != FIXED_LOCAL_NOISE_SEED
+        return tag + (f"_seed{self.local_noise_seed}" if fixed else "")
 
-    def graph_fields(self, config):
-        m, local_sigma, noise, seed = _settings(config)
-        return {"m": m, "local_sigma": local_sigma, "local_noise": noise,
-                "local_noise_seed": seed if noise == "fixed" else None}
+    def graph_fields(self):
+        return {"m": self.m, "local_sigma": self.local_sigma, "local_noise": self.local_noise,
+                "local_noise_seed": self.local_noise_seed if self.local_noise == "fixed" else None}
 
-    def sweep_scorer(self, configs, classifiers, image_shape, runs):
-        return LocalSmoothingScorer(configs, classifiers, image_shape)
-
-
-def _settings(config) -> Tuple[int, float, str, int]:
-    """(m, sigma', local noise mode, fixed noises' seed) of a config whose head is LocalSmoothing."""
-    return (int(config.option("m")), float(config.option("local_sigma")), config.option("local_noise"),
-            int(config.option("local_noise_seed")))
+    def sweep_scorer(self, heads, classifiers, image_shape, copies, reads):
+        return LocalSmoothingScorer(heads, classifiers, image_shape, reads)
 
 
 class LocalSmoothingScorer(SweepScorer):
@@ -86,9 +76,9 @@ class LocalSmoothingScorer(SweepScorer):
     fresh: Philox prefixes of the largest m's draw. sigma' and the noises are buffers, never plain attributes: the
     scorer of another sigma' has the same architecture (engine/runs/model_set.py copies it in)."""
 
-    def __init__(self, configs, classifiers, image_shape):
+    def __init__(self, heads, classifiers, image_shape, reads):
         super().__init__()
-        settings = [_settings(c.method) for c in configs]
+        settings = [(int(h.m), float(h.local_sigma), h.local_noise, int(h.local_noise_seed)) for h in heads]
         self.local_noise = settings[0][2]
         self.image_shape = tuple(int(d) for d in image_shape)
         ms = sorted({m for m, _, _, _ in settings})
@@ -102,12 +92,12 @@ class LocalSmoothingScorer(SweepScorer):
         plan = []
         for index, (m, local_sigma, _, _) in enumerate(settings):
             k = next(k for k, (_, members) in enumerate(self.groups) if m in members)
-            call = (_first(classifiers, classifiers[index]), float(local_sigma), k, configs[index].method.kind.purifier.reads)
+            call = (_first(classifiers, classifiers[index]), float(local_sigma), k, reads[index])
             if call not in calls:
                 self.register_buffer(f"local_sigma_{len(calls)}", torch.tensor(call[1], dtype=torch.float32),
                                      persistent=False)
                 calls.append(call)
-            plan.append((call[0], calls.index(call), k, m, configs[index].method.kind.purifier.reads))
+            plan.append((call[0], calls.index(call), k, m, reads[index]))
         self.plan = tuple(plan)
         self.noise_shape = (self.largest_m, *self.image_shape) if self.local_noise == "fresh" else None
 

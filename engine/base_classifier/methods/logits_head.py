@@ -11,11 +11,11 @@ class Logits(PlainHead):
     scores = "logits"
     output_name = "logits"
 
-    def module(self, config, classifier, image_shape, runs):
+    def module(self, classifier, image_shape, copies):
         return LogitsHead(classifier)
 
-    def classifier_calls(self, config, runs):
+    def classifier_calls(self, copies):
         return 1
 
-    def score_tolerance(self, config, runs):
+    def score_tolerance(self, copies):
         return None

@@ -30,19 +30,19 @@ class MajorityVoteHead(nn.Module):
 
 
 class MajorityVote(PlainHead):
-    """The K labels' majority; K is what the purifier hands over (Purifier.runs; one sample: its own label)."""
+    """The K labels' majority; K is what the purifier hands over (Purifier.copies; one sample: its own label)."""
 
     label = "majority-vote classifier"
     scores = "votes"
     output_name = "votes"
 
-    def module(self, config, classifier, image_shape, runs):
-        return MajorityVoteHead(classifier, runs)
+    def module(self, classifier, image_shape, copies):
+        return MajorityVoteHead(classifier, copies)
 
-    def classifier_calls(self, config, runs):
-        return int(runs)
+    def classifier_calls(self, copies):
+        return int(copies)
 
-    def score_tolerance(self, config, runs):
+    def score_tolerance(self, copies):
         """Its scores are vote counts: a run whose label flips moves a sample's score by up to K + 2 against a scale
         of K (K + 1); three such runs in one sample are allowed (the flip budgets judge the votes themselves)."""
-        return 3.0 * (runs + 2) / (1.0 + runs * (runs + 1))
+        return 3.0 * (copies + 2) / (1.0 + copies * (copies + 1))

@@ -8,35 +8,32 @@ from diffsmooth.engine.base_classifier.methods.purifier import Purifier
 class NoPurifier(Purifier):
     denoises = False
 
-    def stage(self, config, denoiser, backend, fast=None):
+    def stage(self, sigma, denoiser, backend, fast=None):
         return None
 
-    def graph(self, config, denoiser, image_shape):
+    def graph(self, sigma, denoiser, image_shape, method):
         return None
 
-    def lookup(self, config):
+    def lookup(self, sigma, method):
         return {}
 
-    def exported_stage(self, config, graph, manifest):
+    def exported_stage(self, sigma, graph, manifest):
         return None
 
-    def key(self, config):
+    def key(self, sigma):
         return None
 
-    def sweep_config(self, configs):
-        return configs[0]
-
-    def sweep_samples(self, config, samples):
-        return samples
-
-    def runs(self, config):
-        return 1
-
-    def unet_calls(self, config):
+    def serving(self, purifiers):
         return 0
 
-    def noise_left(self, config):
-        return float(config.sigma)
+    def share(self, samples):
+        return samples
 
-    def tag(self, config):
+    def unet_calls(self):
+        return 0
+
+    def noise_left(self, sigma):
+        return float(sigma)
+
+    def tag(self):
         return ""

@@ -217,33 +217,29 @@ class ReverseChains(Purifier):
     options = (MethodOption("reverse_runs", int, 10, 1, 256, "reverse runs K whose labels' majority votes",
                             sweepable=True),
                MethodOption("steps", int, 2, 1, MAX_STEPS, "reverse steps S of each run, from t* to 0"))
-    runs_option = options[0]
+    copies_option = "reverse_runs"
     denoises = True
     draws_noise = True
 
-    def runs_and_steps(self, config) -> Tuple[int, int]:
-        return int(config.option("reverse_runs")), int(config.option("steps"))
-
-    def stage(self, config, denoiser, backend, fast=None):
-        runs, steps = self.runs_and_steps(config)
+    def stage(self, sigma, denoiser, backend, fast=None):
         if hasattr(denoiser, "new_scheduler"):          # a diffusers folder: its own scheduler steps each chain
             unet = backend.stage(denoiser.unet, "reverse step UNet")
-            return SchedulerChains(unet, denoiser.new_scheduler(), config.sigma, steps, runs, int(denoiser.channels))
-        plan = ReversePlan.of(getattr(denoiser, "schedule", None), config.sigma, steps)
+            return SchedulerChains(unet, denoiser.new_scheduler(), sigma, self.steps, self.copies,
+                                   int(denoiser.channels))
+        plan = ReversePlan.of(getattr(denoiser, "schedule", None), sigma, self.steps)
         unet, learned = denoiser.unet, _learns_variance(denoiser)
         if getattr(fast, "fused_attention", False) and hasattr(unet, "with_fused_attention"):
             unet = unet.with_fused_attention()
         step = backend.stage(ReverseStep(unet, int(denoiser.channels), learned), "reverse step")
-        return ReverseChainsStage(step, plan, runs, fixed_large=not learned)
+        return ReverseChainsStage(step, plan, self.copies, fixed_large=not learned)
 
-    def graph(self, config, denoiser, image_shape):
+    def graph(self, sigma, denoiser, image_shape, method):
         """The reverse step alone (x_t, t, c, noise) -> x_{t-1}: every step of every chain at every sigma runs this
         one graph, its timestep and coefficients inputs (the chain around it is exported_stage's)."""
-        runs, steps = self.runs_and_steps(config)
         if hasattr(denoiser, "new_scheduler"):
             raise UserError("densepure exports the reverse step of an improved-/guided-diffusion checkpoint; a "
                             "diffusers folder steps through its own scheduler on the torch backend")
-        plan = ReversePlan.of(getattr(denoiser, "schedule", None), config.sigma, steps)
+        plan = ReversePlan.of(getattr(denoiser, "schedule", None), sigma, self.steps)
         learned = _learns_variance(denoiser)
         x = example_batch(image_shape) * 2 - 1
         noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
@@ -252,13 +248,13 @@ class ReverseChains(Purifier):
         module = ReverseStep(denoiser.unet, int(denoiser.channels), learned).eval()
         return PurifierGraph(module, inputs, ("x_t", "t", "c", "noise"), "x_prev", "reverse_step",
                              batch_inputs=("x_t", "noise"),
-                             fields={"method": config.method, "purifier": "reverse-step", "sigma": float(config.sigma),
+                             fields={"method": method, "purifier": "reverse-step", "sigma": float(sigma),
                                      "learned_variance": learned})
 
-    def lookup(self, config):
-        return {"method": config.method, "purifier": "reverse-step"}
+    def lookup(self, sigma, method):
+        return {"method": method, "purifier": "reverse-step"}
 
-    def exported_stage(self, config, graph, manifest):
+    def exported_stage(self, sigma, graph, manifest):
         """The K chains of S steps around the exported step graph, the chain's plan from the schedule its
         manifest records."""
         recorded = manifest.get("schedule") or {}
@@ -266,33 +262,27 @@ class ReverseChains(Purifier):
             raise UserError(f"{manifest.get('onnx_file', 'the reverse-step graph')} records no improved-/guided-"
                             f"diffusion schedule (cosine or linear): re-export it")
         schedule = DiffusionSchedule.from_record(recorded)
-        runs, steps = self.runs_and_steps(config)
-        plan = ReversePlan.of(schedule, config.sigma, steps)
-        return ReverseChainsStage(graph, plan, runs, fixed_large=not bool(manifest.get("learned_variance")))
+        plan = ReversePlan.of(schedule, sigma, self.steps)
+        return ReverseChainsStage(graph, plan, self.copies, fixed_large=not bool(manifest.get("learned_variance")))
 
-    def key(self, config):
+    def key(self, sigma):
         """Its chains at one sigma and S: run k's noises do not depend on K, so K runs are the first K of more."""
-        return (config.method, float(config.sigma), self.runs_and_steps(config)[1])
+        return ("reverse-chains", float(sigma), self.steps)
 
-    def sweep_config(self, configs):
-        return max(configs, key=lambda config: self.runs_and_steps(config)[0])
+    def serving(self, purifiers):
+        return max(range(len(purifiers)), key=lambda i: purifiers[i].copies)
 
-    def sweep_samples(self, config, samples):
-        return samples[:, : self.runs_and_steps(config)[0]]
+    def share(self, samples):
+        return samples[:, : self.copies]
 
-    def runs(self, config):
-        return self.runs_and_steps(config)[0]
+    def unet_calls(self):
+        return self.copies * self.steps
 
-    def unet_calls(self, config):
-        runs, steps = self.runs_and_steps(config)
-        return runs * steps
-
-    def noise_left(self, config):
+    def noise_left(self, sigma):
         return 0.0
 
-    def tag(self, config):
-        runs, steps = self.runs_and_steps(config)
-        return f"__K{runs}__S{steps}"
+    def tag(self):
+        return f"__K{self.copies}__S{self.steps}"
 
 
 def _learns_variance(denoiser) -> bool:

@@ -10,8 +10,8 @@ from diffsmooth.engine.base_classifier.methods.no_purifier import NoPurifier
 class RandomizedSmoothingMethod(Method):
     name = "rs"
     line_name = "RS (Cohen et al.)"
-    purifier = NoPurifier()
-    head = Logits()
+    purifier = NoPurifier
+    head = Logits
     # Not measured on its own (bench.agreement measured DiffSmooth and DDS): the noise-trained classifiers'
     # rates, as DiffSmooth's, since RS's classifier is noise-trained too.
     flip_rates = {"fp16": 1.3e-4, "bf16": 1.7e-3}

@@ -11,7 +11,7 @@ import torch
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.probe import probe
+from diffsmooth.engine.base_classifier.probe import probed, refuse_too_few_classes
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.stage_backends.onnxruntime.runner import ORT_PRECISIONS, OrtSession, OrtStage
@@ -21,7 +21,7 @@ from diffsmooth.engine.stage_backends.torch.stages import method_stages
 def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[dict, dict]:
     """Manifest fields the denoiser and the classifier graph must have for `config`."""
     shape = [int(s) for s in image_shape]
-    denoiser = {**config.kind.purifier.lookup(config), "image_shape": shape, "precision": precision}
+    denoiser = {**config.purifier.lookup(config.sigma, config.method), "image_shape": shape, "precision": precision}
     classifier = {"method": config.method, "sigma": float(config.sigma), "image_shape": shape,
                   "precision": precision}
     classifier.update({k: v for k, v in config.kind.graph_fields(config).items() if v is not None})
@@ -53,31 +53,36 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device {device!r} requested but CUDA is not available on this machine")
     found = exported_from(scan_manifests(onnx_dir), classifier)
+    return graph_stages(config, image_shape, num_classes, precision,
+                        lambda role, want: find_graph(found, role, want, onnx_dir),
+                        lambda path, label: OrtStage(path, label, dev, precision, session.provider, session.threads))
+
+
+def graph_stages(config: MethodConfig, image_shape, num_classes: Optional[int], precision: str, pick,
+                 load) -> BaseClassifierStages:
+    """Stages for `config` from exported files, on either exported backend (the one composition ONNX Runtime and
+    TensorRT share): `pick(role, want)` gives (the file, its graph's manifest) of the graph of `role` whose manifest
+    has the fields `want` (ONNX Runtime: the graph; TensorRT: the plan built from it); `load(file, label)` the stage
+    that runs it."""
     want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
     purify = None
-    if config.uses_denoiser:
-        path, manifest = find_graph(found, "denoiser", want_denoiser, onnx_dir)
-        graph = OrtStage(path, f"denoiser[{path.name}]", dev, precision, session.provider, session.threads)
-        purify = config.kind.purifier.exported_stage(config, graph, manifest)
-    path, manifest = find_graph(found, "classifier", want_classifier, onnx_dir)
-    if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
-        raise UserError(f"{path.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
-    score = OrtStage(path, f"{config.kind.head.label}[{path.name}]", dev, precision, session.provider,
-                     session.threads)
-    return exported_stages(config, image_shape, num_classes, purify, score, path.name, "graph")
+    if config.purifier.denoises:
+        path, manifest = pick("denoiser", want_denoiser)
+        purify = config.purifier.exported_stage(config.sigma, load(path, f"denoiser[{path.name}]"), manifest)
+    path, manifest = pick("classifier", want_classifier)
+    refuse_too_few_classes(path.name, manifest.get("num_classes"), num_classes)
+    score = load(path, f"{config.kind.head.label}[{path.name}]")
+    return exported_stages(config, image_shape, num_classes, purify, score, path.name)
 
 
 def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int], purify, score,
-                    file_name: str, kind: str) -> BaseClassifierStages:
+                    file_name: str) -> BaseClassifierStages:
     """Stages from exported stages (ONNX graphs or TensorRT plans): checks that the classifier's inputs
     fit the local-noise mode, probes them once, and checks the number of classes against the data."""
-    local_shape = config.kind.head.fresh_noise_shape(config, image_shape)
+    local_shape = config.head.fresh_noise_shape(image_shape)
     if len(score.input_names) != (2 if local_shape else 1):
         wanted = "the purified samples and the fresh local noises" if local_shape else "the purified samples alone"
         raise UserError(f"{file_name} takes inputs {score.input_names}, but {config.method}'s head at these settings "
                         f"feeds it {wanted}: export the classifier again with these settings")
-    stages = method_stages(config, purify, score, tuple(image_shape), num_classes)
-    stages.num_classes = probe(stages, tuple(image_shape))
-    if num_classes is not None and stages.num_classes < num_classes:
-        raise UserError(f"the classifier {kind} outputs {stages.num_classes} classes but the data has {num_classes}")
-    return stages
+    return probed(method_stages(config, purify, score, tuple(image_shape), num_classes), tuple(image_shape),
+                  num_classes, file_name)

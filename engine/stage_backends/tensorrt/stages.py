@@ -1,6 +1,6 @@
 """Which TensorRT plans serve a method config: the ONNX graphs are picked exactly as for ONNX
 Runtime (same manifest lookup), then the plan built from each graph for this GPU, TensorRT version
-and batch. Kept parallel to build_onnx_stages so both compositions can move together."""
+and batch; the stages are composed as ONNX Runtime's (onnxruntime/stages.py's graph_stages)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.stage_backends.onnxruntime.stages import exported_from, exported_stages, wanted_fields
+from diffsmooth.engine.stage_backends.onnxruntime.stages import exported_from, graph_stages
 from diffsmooth.engine.stage_backends.tensorrt.plans import choose_plan, scan_plans
 from diffsmooth.engine.stage_backends.tensorrt.runner import TrtStage, cuda_device, gpu_identity, import_tensorrt
 
@@ -54,14 +54,6 @@ def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: O
     dev = cuda_device(device)
     gpu_name, cc = gpu_identity(dev)
     key = PlanKey(str(trt.__version__), gpu_name, cc, int(batch))
-    want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
-    purify = None
-    if config.uses_denoiser:
-        plan, _, manifest = plan_for(onnx_dir, "denoiser", want_denoiser, precision, key)
-        graph = TrtStage(plan, f"denoiser[{plan.name}]", dev, precision, trt)
-        purify = config.kind.purifier.exported_stage(config, graph, manifest)
-    plan, _, manifest = plan_for(onnx_dir, "classifier", want_classifier, precision, key, classifier)
-    if num_classes is not None and manifest.get("num_classes") is not None and manifest["num_classes"] < num_classes:
-        raise UserError(f"{plan.name} scores {manifest.get('num_classes')} classes but the data has {num_classes}")
-    score = TrtStage(plan, f"{config.kind.head.label}[{plan.name}]", dev, precision, trt)
-    return exported_stages(config, image_shape, num_classes, purify, score, plan.name, "plan")
+    pick = lambda role, want: plan_for(onnx_dir, role, want, precision, key, classifier if role == "classifier" else None)[::2]
+    return graph_stages(config, image_shape, num_classes, precision, pick,
+                        lambda plan, label: TrtStage(plan, label, dev, precision, trt))

@@ -10,7 +10,7 @@ from torch import nn
 
 from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.probe import probe
+from diffsmooth.engine.base_classifier.probe import probed
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, fp32_scores, fusion_verdict, probe_cudnn_fusion
 from diffsmooth.engine.models.packed_resnet import pack_classifier
@@ -140,7 +140,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
         return getattr(fast, name, None) if fast is not None else None
     log = getattr(backend, "log", None)
     fused_conv, triton_conv, pack_images = bool(wants("fused_conv")), bool(wants("triton_conv")), wants("pack_images")
-    if config.uses_denoiser and denoiser is None:
+    if config.purifier.denoises and denoiser is None:
         raise UserError(f"method {config.method} needs a denoiser checkpoint (`denoiser`)")
     check_classifier_rewrites(fused_conv, triton_conv, pack_images)
     if pack_images:
@@ -151,15 +151,10 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
         classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch,
                                            bool(wants("triton_blocks")))
     kind = config.kind
-    purify = kind.purifier.stage(config, denoiser, backend, fast) if config.uses_denoiser else None
+    purify = config.purifier.stage(config.sigma, denoiser, backend, fast) if config.purifier.denoises else None
     head = score_module(config, classifier, image_shape)
     score = backend.for_classifier().stage(head, kind.head.label)
-    stages = method_stages(config, purify, score, image_shape, num_classes)
-    stages.num_classes = probe(stages, image_shape)
-    if num_classes is not None and num_classes > stages.num_classes:
-        raise UserError(f"the data has labels up to {num_classes - 1} but the classifier scores only "
-                        f"{stages.num_classes} classes")
-    return stages
+    return probed(method_stages(config, purify, score, image_shape, num_classes), image_shape, num_classes)
 
 
 def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, ...],
@@ -168,7 +163,7 @@ def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, .
     says its purifier takes and returns and how far its fast path's scores may move."""
     kind = config.kind
     return BaseClassifierStages(config.method, purify, score, num_classes or 0,
-                                kind.head.fresh_noise_shape(config, image_shape),
-                                purify_noise=kind.purifier.draws_noise and config.uses_denoiser,
-                                purified_shape=kind.purifier.purified_shape(config, image_shape),
+                                config.head.fresh_noise_shape(image_shape),
+                                purify_noise=kind.purifier.draws_noise and config.purifier.denoises,
+                                purified_shape=config.purifier.purified_shape(image_shape),
                                 score_tolerance=kind.score_tolerance(config))

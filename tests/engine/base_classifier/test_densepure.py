@@ -159,8 +159,8 @@ def test_a_table_spec_line_takes_its_settings(tmp_path):
 def test_its_costs_and_file_tags():
     config = MethodConfig("densepure", 0.5, options=(("reverse_runs", 4), ("steps", 5)))
     kind = method_named("densepure")
-    assert (kind.purifier.unet_calls(config), kind.classifier_calls(config)) == (20, 4)
-    assert kind.purifier.purified_shape(config, (3, 32, 32)) == (4, 3, 32, 32)
+    assert (config.purifier.unet_calls(), kind.classifier_calls(config)) == (20, 4)
+    assert config.purifier.purified_shape((3, 32, 32)) == (4, 3, 32, 32)
     assert kind.config_tag(config) == "__K4__S5"
     assert MethodConfig("densepure", 0.5).options == (("reverse_runs", 10), ("steps", 2))     # DensePure's defaults
 
@@ -179,8 +179,8 @@ def test_one_compiled_graph_serves_every_step_and_votes_as_eager(tiny_models):
     noise = RowNoise(NoiseKeys(0, STREAM_PURIFY, "cpu"), torch.tensor([0, 0, 1, 2]), torch.tensor([0, 1, 0, 5]))
     kind = config.kind
     before = compiled_graphs()
-    compiled = kind.purifier.stage(config, api.denoiser, TorchBackend("cpu", compile=True))
-    eager = kind.purifier.stage(config, api.denoiser, TorchBackend("cpu"))
+    compiled = config.purifier.stage(config.sigma, api.denoiser, TorchBackend("cpu", compile=True))
+    eager = config.purifier.stage(config.sigma, api.denoiser, TorchBackend("cpu"))
     fast_x, slow_x = compiled(x, noise), eager(x, noise)
     assert compiled_graphs() - before == 1                      # three steps, one graph
     assert (fast_x - slow_x).abs().max() <= 1e-4

@@ -145,7 +145,7 @@ def _engine_chain(unet, schedule, sigma, runs, steps):
     from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 
     config = MethodConfig("densepure", sigma, options=(("reverse_runs", runs), ("steps", steps)))
-    return config.kind.purifier.stage(config, DiffusionDenoiser(unet, schedule), TorchBackend("cpu"))
+    return config.purifier.stage(config.sigma, DiffusionDenoiser(unet, schedule), TorchBackend("cpu"))
 
 
 @pytest.mark.parametrize("case", list(_cases()))
