@@ -23,10 +23,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
 import torch
 
 from diffsmooth.engine.base_classifier.purifier_buffers import BufferedPurifier
+from diffsmooth.engine.base_classifier.schedule import first_timestep
 from diffsmooth.engine.errors import UserError
 
 __all__ = ["OneStepCoefficients", "DiscreteSchedule", "ConsistencySchedule", "OneStepPurifier",
@@ -72,16 +72,8 @@ class DiscreteSchedule:
                             f"{', '.join(PREDICTION_TYPES)}")
 
     def timestep(self, sigma: float) -> int:
-        """t* = the first t with sqrt((1 - abar_t) / abar_t) >= 2 sigma (not the nearest t)."""
-        _check_sigma(sigma)
-        abar = np.asarray(self.alphas_cumprod, dtype=np.float64)
-        with np.errstate(divide="ignore"):
-            ratio = np.sqrt((1.0 - abar) / abar)
-        hits = np.nonzero(ratio >= 2.0 * sigma)[0]
-        if len(hits) == 0:
-            raise UserError(f"sigma={sigma} is beyond this {self.scheduler}'s {len(abar)} steps (largest sigma it "
-                            f"reaches: {ratio[-1] / 2:.3f})")
-        return int(hits[0])
+        """t* (schedule.first_timestep, the one search)."""
+        return first_timestep(self.alphas_cumprod, sigma, f"this {self.scheduler}'s {len(self.alphas_cumprod)} steps")
 
     def coefficients(self, sigma: float) -> OneStepCoefficients:
         t = self.timestep(sigma)

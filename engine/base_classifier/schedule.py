@@ -31,6 +31,22 @@ def betas_for(schedule: str, num_steps: int) -> np.ndarray:
     raise UserError(f"unknown noise schedule {schedule!r}: use 'linear' or 'cosine'")
 
 
+def first_timestep(alphas_cumprod, sigma: float, what: str) -> int:
+    """The paper's t*: the first t whose noise level sqrt((1 - abar_t) / abar_t) reaches 2 sigma (sigma in [0, 1]
+    pixel units, twice that on the [-1, 1] scale the model sees), not the nearest t; the one t* search of every
+    discrete schedule (improved-/guided-diffusion's and a diffusers DDPM scheduler's). `what` names the schedule in
+    the line that refuses a sigma beyond it."""
+    if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
+        raise UserError(f"sigma must be > 0, got {sigma}")
+    abar = np.asarray(alphas_cumprod, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        ratio = np.sqrt((1.0 - abar) / abar)
+    hits = np.nonzero(ratio >= 2.0 * sigma)[0]
+    if len(hits) == 0:
+        raise UserError(f"sigma={sigma} is beyond {what} (largest sigma it reaches: {ratio[-1] / 2:.3f})")
+    return int(hits[0])
+
+
 @dataclass(frozen=True)
 class OneShotCoefficients:
     """Everything the one-shot denoiser needs at one sigma (docs/compatibility.md)."""
@@ -62,16 +78,7 @@ class DiffusionSchedule:
 
     def timestep(self, sigma: float) -> int:
         """t* = the first t with sqrt((1 - abar_t) / abar_t) >= 2*sigma (not the nearest t)."""
-        if not sigma > 0:
-            raise UserError(f"sigma must be > 0, got {sigma}")
-        abar = self.alphas_cumprod
-        ratio = np.sqrt((1.0 - abar) / abar)
-        hits = np.nonzero(ratio >= 2.0 * sigma)[0]
-        if len(hits) == 0:
-            raise UserError(
-                f"sigma={sigma} is beyond this {self.name} schedule with {self.num_steps} steps "
-                f"(largest sigma it reaches: {ratio[-1] / 2:.3f})")
-        return int(hits[0])
+        return first_timestep(self.alphas_cumprod, sigma, f"this {self.name} schedule with {self.num_steps} steps")
 
     def coefficients(self, sigma: float) -> OneShotCoefficients:
         """t*, the UNet's timestep input and the x_t / x0 scale factors at this sigma."""
