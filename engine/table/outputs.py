@@ -9,10 +9,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Dict, Sequence
 
+from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.table import by_config as layout
 from diffsmooth.engine.table import published as paper
 from diffsmooth.engine.table.plans import Outcome, Plan
 from diffsmooth.engine.table.report import LineRows, caption, latex, line_acr, line_cells, markdown, plot, write_summary
+from diffsmooth.engine.table.rerun_cells import TableRuns
 from diffsmooth.engine.table.runner import PhaseRunner
 from diffsmooth.engine.table.spec import TableSpec
 
@@ -36,10 +38,11 @@ def write_outputs(out: Path, spec: TableSpec, plan: Plan, images: int, outcome: 
     gaps = None if outcome.bounds is None else {name: [100.0 * b.undecided_gap / images for b in line_bounds]
                                                 for name, line_bounds in outcome.bounds.items()}
     text = caption(spec.title, images, spec.sigmas, spec.alpha, plan.how(spec.n_max))
-    compared = paper.compare(spec.published, table, spec.radii)
+    compared, shifts = paper.against_noise(spec.published, table, table_runs(spec, outcome), images, seed=spec.seed)
     (out / "table.md").write_text(markdown(table, acr, spec.radii, text, gaps)
-                                  + paper.markdown(spec.published, compared, acr, spec.radii, not plan.reports_acr))
-    (out / "table.tex").write_text(latex(table, acr, spec.radii, text) + paper.latex(spec.published, compared, spec.radii))
+                                  + paper.markdown(spec.published, compared, acr, spec.radii, not plan.reports_acr, shifts))
+    (out / "table.tex").write_text(latex(table, acr, spec.radii, text)
+                                   + paper.latex(spec.published, compared, spec.radii, shifts))
     plot(out / "curves.png", spec.title, rows_by_line, table, spec.radii, images, settles)
     by_config = _write_by_config(out, spec, plan, images, rows_by_line, settles)
     runs = len(spec.lines) * len(spec.sigmas)
@@ -57,11 +60,19 @@ def write_outputs(out: Path, spec: TableSpec, plan: Plan, images: int, outcome: 
              "images": images, "version": _version(), "command": command, "seed": spec.seed,
              "device": spec.run.get("device", "cpu"), "host": socket.gethostname(), "spec": spec.as_dict()}
     if compared:
-        extra["published"] = paper.summary(spec.published, compared, acr)
+        extra["published"] = paper.summary(spec.published, compared, acr, shifts)
     write_summary(out / "summary.json", table, acr, dict(extra, by_config=by_config), gaps)
     log(f"table: wrote {out / 'table.md'}, table.tex, table_by_config.md, table_by_config.tex, curves.png, summary.json "
         f"({extra['samples']['total']:,} samples; fixed-n would draw {extra['samples']['fixed_n']:,})")
     return extra
+
+
+def table_runs(spec: TableSpec, outcome: Outcome) -> TableRuns:
+    """What the paper comparison reads of the finished table: its rows, radii, which runs settle which radius, n0,
+    n-max, alpha and each sigma's sequential rule (as the table's runs use it: engine/table/build.py)."""
+    radii = tuple(spec.radii)
+    return TableRuns(outcome.rows_by_line, radii, outcome.settles, spec.n0, spec.n_max, spec.alpha,
+                     lambda sigma: SequentialRule(radii, sigma, spec.alpha, spec.n_max, schedule_radii=radii))
 
 
 def ranks_facts(computed: Sequence[int], phases: Sequence[dict]) -> dict:

@@ -284,7 +284,7 @@ acr = 0.3
 [[published]]
 name = "RS, a planted disagreement"
 lines = ["RS"]
-cells = {{ "2" = 50.0 }}
+cells = {{ "0" = 0.0, "2" = 50.0 }}
 """
 
 
@@ -303,19 +303,26 @@ def test_a_finished_table_shows_the_papers_cells_beside_its_own_and_marks_a_disa
     assert again.exit_code == 0 and "preflight: " not in again.output    # resumed in its folder: asked at the start
     summary = json.loads((out / "summary.json").read_text())
     pub = summary["published"]
-    assert (pub["compared"], pub["outside"]) == (3, 1)
+    assert (pub["compared"], pub["outside"], pub["beyond_reach"], pub["agreeing"]) == (4, 1, 2, 1)
     agree, planted = pub["rows"]
+    # n-max 30 reaches 0.82 sigma: r = 2 is beyond every run, labelled and counted neither way
     assert agree["cells"][1] == {"radius": 2.0, "paper": 0.0, "measured": 0.0, "ci95": [0.0, pytest.approx(40.96, abs=0.01)],
-                                 "outside": False}
-    assert planted["cells"][0]["outside"] and planted["cells"][0]["paper"] == 50.0
+                                 "outside": False, "rerun95": [0.0, 0.0], "reach": False, "best_of_bias": 0.0}
+    assert planted["cells"][0]["outside"] and planted["cells"][0]["paper"] == 0.0 and planted["cells"][0]["reach"]
+    assert not planted["cells"][1]["outside"] and not planted["cells"][1]["reach"]
+    assert any("50.0% at r = 2" in line and "reach further" in line for line in pub["findings"])
     assert agree["acr"]["paper"] == 0.3 and agree["acr"]["measured"] == summary["rows"][0]["acr"]
     r0 = summary["rows"][0]["cells"][0]
     assert agree["cells"][0]["measured"] == pytest.approx(100 * r0["certified_accuracy"])
     assert agree["cells"][0]["ci95"] == pytest.approx([100 * v for v in r0["ci95"]])
+    low, high = agree["cells"][0]["rerun95"]
+    assert low <= agree["cells"][0]["measured"] <= high and agree["shift"]["cells"] == 1
     md = (out / "table.md").read_text()
-    assert "The paper's cells beside this table's" in md and "(1 of 3 cells)" in md
-    assert "**0.0 [0.0, 41.0] / 50.0 (out)**" in md and "| RS as the paper (RS) |" in md
-    assert "$^\\dagger$" in (out / "table.tex").read_text()
+    assert "The paper's cells beside this table's, on the same images" in md and "(1 of 2 reachable cells" in md
+    assert re.search(r"\*\*\d+\.\d / 0\.0 \[\d+\.\d, \d+\.\d\].* \(out\)\*\*", md), md
+    assert "0.0 / 50.0 (beyond reach)" in md and "| RS as the paper (RS) |" in md
+    tex = (out / "table.tex").read_text()
+    assert "$^\\dagger$" in tex and "(n/r)" in tex
     assert "published" not in json.loads((out / "table.json").read_text())["spec"]
 
 
