@@ -63,6 +63,7 @@ class TableBuilder:
         self.folder = TableFolder(out, log, writer=self.ranks.writer)
         # lines that denoise at a sigma draw the UNet once (engine/table/one_pass.py)
         self.runner = PhaseRunner(spec, self.folder, self.request, log, self.plan.keeps_states, one_pass, self.ranks)
+        self.outcome = None                     # the finished plan's Outcome (build)
 
     @property
     def out(self) -> Path:
@@ -115,6 +116,7 @@ class TableBuilder:
                 outcome = self.plan.execute(table, indices, dry_run)
             if outcome is None:
                 return None
+            self.outcome = outcome              # the rows the outputs are written from (a study reads them here)
             computed = ranks.gather(self.runner.samples_computed)      # each rank's share of the work
             facts = RunFacts(self.runner, self.command, computed)
             summary = ranks.agree(lambda: write_outputs(self.out, self.spec, self.plan, len(indices), outcome, facts,

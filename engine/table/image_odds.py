@@ -147,7 +147,8 @@ def _fixed_rates(rows: List[dict], n: int, alpha: float, sigma: float):
         elif int(row["predict"]) < 0:
             abstained.append(k)
     first = int(np.searchsorted(_radii_by_count(int(n), float(alpha), float(sigma)), 0.0, side="left"))
-    band = MIRROR_SDS * math.sqrt(n * (first / n) * (1 - first / n)) + 1
+    v = min(first / n, 1.0)                   # first > n: no count certifies (a smoke run's n = 1)
+    band = MIRROR_SDS * math.sqrt(n * v * (1 - v)) + 1
     above = np.sort(votes[~never & (votes < first + band)])
     for k, count in zip(abstained, above):
         votes[k], never[k] = max(2 * first - 1 - int(count), 0), False

@@ -213,6 +213,9 @@ def _shift_md(rows: Sequence[PublishedRow], shifts: Shifts) -> List[str]:
             "| paper's row | paper - measured (points, mean) | cells below the paper | p |", "|---|---|---|---|"]
     named = [(row.name, shifts.rows[row.name]) for row in rows if row.name in shifts.rows]
     for name, s in named + ([("the table", shifts.table)] if len(named) > 1 else []):
+        if not s.cells:
+            head.append(f"| {name} | - | 0 reachable cells | - |")
+            continue
         mark = f" **({SHIFT_MARK})**" if s.marked else ""
         head.append(f"| {name} | {s.points:+.2f}{mark} | {s.below} of {s.cells} | {s.p_value:.2g} |")
     return head + ([""] + [f"- {line}" for line in shifts.findings] if shifts.findings else [])
