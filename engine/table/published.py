@@ -159,9 +159,9 @@ def finding(name: str, s: Shift) -> str:
     where = "below" if s.points > 0 else "above"
     causes = CAUSES_BELOW if s.points > 0 else CAUSES_ABOVE
     return (f"{name}: {abs(s.points):.1f} points {where} the paper on average over {s.cells} reachable cells "
-            f"({s.below} below it; p = {s.p_value:.2g} against Monte Carlo noise on these images, marked below "
-            f"{SHIFT_LEVEL:g}), more than another draw of the noise moves it. Likely causes: {causes}; run `diffsmooth "
-            f"preflight` on its lines and read docs/paper-tables.md (Reading a difference).")
+            f"({s.below} of them measured below it; p = {s.p_value:.2g} against Monte Carlo noise on these images, "
+            f"marked below {SHIFT_LEVEL:g}), more than another draw of the noise moves it. Likely causes: {causes}; "
+            f"run `diffsmooth preflight` on its lines and read docs/paper-tables.md (Reading a difference).")
 
 
 def measured_acr(row: PublishedRow, acr: Dict[str, Optional[float]]) -> Optional[float]:
