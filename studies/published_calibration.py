@@ -7,7 +7,7 @@ fraction of reachable cells inside their interval (goal: >= 95%), how often a ro
 plan, so the comparison models it as another run of our plan (`reference="same"`; a table's own outputs model the
 paper as fixed-n CERTIFY at the spec's N).
 
-    python -m diffsmooth.bench.published_calibration --out DIR [--seeds 0,1,2,3,4] [--images 500] [--n-max 200]
+    python -m studies.published_calibration --out DIR [--seeds 0,1,2,3,4] [--images 500] [--n-max 200]
         [--plan fixed] [--plant one-up,alpha4,alpha10,scale] [--budget-minutes 240] [--json FILE]
 
 Every table is an ordinary `diffsmooth table` folder under DIR (resumable: a rerun skips finished rows and only
