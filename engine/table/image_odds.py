@@ -12,8 +12,8 @@ A row's posterior (Jeffreys, Beta(votes + 1/2, n - votes + 1/2)):
       threshold (the density of the label's votes taken as continuous across it: for each certified row within a few
       standard deviations above, one abstained row gets the count as far below) and the others never certify.
 A sequential run is modelled by its rule's chance of certifying each radius at a vote rate, simulated on its own looks
-(engine/table/rule_odds.py); a race or auto run as the rule settling every radius its sigma counts at (`--plan all`'s,
-which the race's cells are within the tolerance of)."""
+(engine/table/rule_odds.py); a race or auto run as `--plan all`'s rule, settling every radius of the table (the race's
+cells are within its tolerance of all's)."""
 
 from __future__ import annotations
 
