@@ -129,6 +129,8 @@ def report(result: dict) -> List[str]:
              f"{seeds['row_tests']} tests (1% level)"]
     for name, plant in result["plants"].items():
         points = plant["shift_points"]
+        if not points:
+            continue
         lines.append(f"plant {name}: paper - measured {sum(points) / len(points):+.2f} points on average "
                      f"(per seed: {', '.join(f'{p:+.2f}' for p in points)}); shift marked against "
                      f"{plant['marked']} of {len(points)} seeds (p: {', '.join(f'{p:.2g}' for p in plant['p_values'])}); "
