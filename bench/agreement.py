@@ -143,7 +143,7 @@ def run(device: str = "cuda", images: int = 20, samples: int = 2000, batch: int 
             notify(doc)
             continue
         built.append((name, precision, pipe))
-        rate = design_flip_rate(precision, [SETUPS[setup][1].method])      # as the run-time check judges
+        rate = design_flip_rate(precision, [SETUPS[setup][1].name])      # as the run-time check judges
         report = judge_each_configuration(counts, scores, reference_scores, indices, rate)
         doc["rows"].append({"variant": name, "spec": spec, "pipeline": pipe.describe(), "samples": report.compared,
                             "agree": report.agree, "agreement": report.fraction, "differ": report.flips,

@@ -19,6 +19,12 @@ _API = {
     "load_demo_classifier": "diffsmooth.engine.pipelines",
     # the configured parts a SmoothedClassifier may be composed of (engine/base_classifier/methods/)
     "NoPurifier": "diffsmooth.engine.base_classifier.methods.no_purifier",
+    "OneShotPurifier": "diffsmooth.engine.base_classifier.methods.one_shot_purifier",
+    "ReverseChainsPurifier": "diffsmooth.engine.base_classifier.methods.reverse_chains_purifier",
+    "LogitsHead": "diffsmooth.engine.base_classifier.methods.logits_head",
+    "LocalSmoothingHead": "diffsmooth.engine.base_classifier.methods.local_smoothing_head",
+    "MajorityVoteHead": "diffsmooth.engine.base_classifier.methods.majority_vote_head",
+    # their names before parts ended in Purifier / Head, kept so scripts written with them keep working
     "OneShotDenoising": "diffsmooth.engine.base_classifier.methods.one_shot_purifier",
     "ReverseChains": "diffsmooth.engine.base_classifier.methods.reverse_chains_purifier",
     "Logits": "diffsmooth.engine.base_classifier.methods.logits_head",

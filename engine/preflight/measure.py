@@ -12,6 +12,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import nn
 
+from diffsmooth.engine.backends.torch.backend import TorchBackend
 from diffsmooth.engine.base_classifier.diffusion_denoiser import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
@@ -23,7 +24,6 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.resnet import InputCenterLayer, NormalizedClassifier, NormalizeLayer, normalization_layer
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.stage_build import StageBuild
-from diffsmooth.engine.stage_backends.torch.backend import TorchStages
 
 HALF = "half"                               # the variant at half the noise the classifier sees
 HIGHER = "higher"                           # ... at twice it (a method that feeds it no noise: at the run's sigma)
@@ -155,32 +155,32 @@ class NoiseVotes:
 def fed_noise(config: MethodConfig) -> Tuple[Optional[str], float]:
     """(the setting, its value) of the noise the method feeds its classifier: ("sigma", sigma) for a method that
     classifies the noisy input, (sigma' or the head's option, its value), or (None, 0.0): denoised images."""
-    kind = config.kind
-    local = kind.head.noise_option
+    method = config.method
+    local = method.head.noise_option
     if local:
-        option = next((o for o in kind.options if o.name == local), None)
+        option = next((o for o in method.options if o.name == local), None)
         return (option.shown if option else local), float(config.option(local))
-    return (None, 0.0) if kind.purifier.denoises else ("sigma", float(config.sigma))
+    return (None, 0.0) if method.purifier.denoises else ("sigma", float(config.sigma))
 
 
 def _variant_heads(config: MethodConfig, variants: Dict[str, nn.Module], given: Optional[str],
                    shape: Tuple[int, ...], device, seed: int) -> Dict[str, Tuple[nn.Module, float]]:
     """{variant: (score head, the factor on the noise in its input)}: the input a head reads is x + factor * (h - x)
     for a method that classifies the noisy input, else h itself (factor 1)."""
-    kind = config.kind
+    method = config.method
     light = preview(config)
-    heads = {mode: (kind.score_head(light, clf, shape), 1.0) for mode, clf in variants.items()}
+    heads = {mode: (method.score_head(light, clf, shape), 1.0) for mode, clf in variants.items()}
     classifier = variants.get(given) if given else None
     local, value = fed_noise(config)
-    if classifier is not None and kind.head.noise_option and value > 0:
+    if classifier is not None and method.head.noise_option and value > 0:
         for name, factor in ((HALF, 0.5), (HIGHER, 2.0)):
-            heads[name] = (kind.score_head(light.replace(**{kind.head.noise_option: value * factor}), classifier,
+            heads[name] = (method.score_head(light.replace(**{method.head.noise_option: value * factor}), classifier,
                                            shape), 1.0)
-    elif classifier is not None and not kind.purifier.denoises:
-        heads[HALF], heads[HIGHER] = (kind.score_head(light, classifier, shape), 0.5), \
-            (kind.score_head(light, classifier, shape), 2.0)
+    elif classifier is not None and not method.purifier.denoises:
+        heads[HALF], heads[HIGHER] = (method.score_head(light, classifier, shape), 0.5), \
+            (method.score_head(light, classifier, shape), 2.0)
     elif classifier is not None:
-        heads[HIGHER] = (AddedNoise(kind.score_head(light, classifier, shape), config.sigma, seed), 1.0)
+        heads[HIGHER] = (AddedNoise(method.score_head(light, classifier, shape), config.sigma, seed), 1.0)
     return {name: (head.to(device).eval(), factor) for name, (head, factor) in heads.items()}
 
 
@@ -191,10 +191,10 @@ def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: S
     x, indices, samples, seed, device, batch = sample.x, sample.indices, how.samples, how.seed, how.device, how.batch
     shape = tuple(int(d) for d in x.shape[1:])
     build = StageBuild(device=str(device), precision="fp32", fast=FastPath(), batch=batch)
-    stages = TorchStages().from_models(config, classifier, denoiser, shape, None, build)
+    stages = TorchBackend().from_models(config, classifier, denoiser, shape, None, build)
     pipeline = MonteCarloPipeline(stages, config.sigma, seed)
     heads = _variant_heads(config, variants, input_mode(classifier), shape, pipeline.device, seed)
-    noisy_input = not config.kind.purifier.denoises
+    noisy_input = not config.method.purifier.denoises
     dev = pipeline.device
     n = x.shape[0]
     position = torch.arange(n).repeat_interleave(samples)
@@ -221,7 +221,7 @@ def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: S
 def preview(config: MethodConfig) -> MethodConfig:
     """The config the variants score: each setting at its cheaper preview value, where it has one (DiffSmooth: one
     local noise, fixed)."""
-    return config.replace(**{o.name: o.preview for o in config.kind.options if o.preview is not None})
+    return config.replace(**{o.name: o.preview for o in config.method.options if o.preview is not None})
 
 
 @dataclass

@@ -56,8 +56,8 @@ class SharedPass(ResolvedRun):
 
 def pass_key(request, phase) -> Optional[tuple]:
     """What phases must share to run as one pass (None: the phase runs alone); `request(phase)`: its run's request."""
-    kind = method_named(phase.line.method)
-    if kind.purifier.copies_option is not None or MethodConfig(kind.name, phase.sigma).purifier.key(phase.sigma) is None:
+    method = method_named(phase.line.method)
+    if method.purifier.copies_option is not None or MethodConfig(method.name, phase.sigma).purifier.key(phase.sigma) is None:
         return None                 # a pass shares one purified sample per noisy sample, the same for every line
     options = request(phase)
     fixed = tuple((k, repr(getattr(options, k))) for k in sorted(f.name for f in dataclasses.fields(options))

@@ -61,41 +61,41 @@ class MethodOption:
         return self.kind(given)
 
 
-def option_variants(kind, given) -> List[Tuple[Tuple[str, Any], ...]]:
+def option_variants(method, given) -> List[Tuple[Tuple[str, Any], ...]]:
     """The settings of each configuration `given` asks for: one, unless a sweepable option has several values
     (`1,3,5` or a list), whose every combination is one; several values of another option are refused in one line."""
     given = dict(given or ())
-    declared = {o.name: o for o in kind.options}
+    declared = {o.name: o for o in method.options}
     choices = []
     for name, value in given.items():
         values = value.split(",") if isinstance(value, str) else value
         values = list(values) if isinstance(values, (list, tuple)) else [values]
         if len(values) > 1 and not (name in declared and declared[name].sweepable):
-            raise UserError(f"{kind.name} setting {name} takes one value, got {value!r}")
+            raise UserError(f"{method.name} setting {name} takes one value, got {value!r}")
         if len(set(map(str, values))) != len(values):
-            raise UserError(f"{kind.name} setting {name} repeats a value: {value!r}")
+            raise UserError(f"{method.name} setting {name} repeats a value: {value!r}")
         choices.append([(name, v) for v in values])
     return [tuple(combination) for combination in itertools.product(*choices)]
 
 
-def checked_options(kind, given) -> Tuple[Tuple[str, Any], ...]:
+def checked_options(method, given) -> Tuple[Tuple[str, Any], ...]:
     """`given` with each value checked and of the method's type, a sweepable setting's several values as a tuple
     (a spec line's settings); a wrong one refused in one line."""
-    variants = [dict(resolve_options(kind, variant)) for variant in option_variants(kind, given)]
+    variants = [dict(resolve_options(method, variant)) for variant in option_variants(method, given)]
     return tuple((name, tuple(dict.fromkeys(v[name] for v in variants)) if isinstance(value, (list, tuple))
                   else variants[0][name]) for name, value in dict(given or ()).items())
 
 
-def resolve_options(kind, given) -> Tuple[Tuple[str, Any], ...]:
+def resolve_options(method, given) -> Tuple[Tuple[str, Any], ...]:
     """The method's options, as (name, value) pairs in its own order: those `given` (a dict or pairs) checked,
     the rest at their defaults; a name the method does not have is refused in one line."""
     given = dict(given or ())
-    declared = {o.name: o for o in kind.options}
+    declared = {o.name: o for o in method.options}
     unknown = sorted(set(given) - set(declared))
     if unknown:
         has = f"its settings are {', '.join(declared)}" if declared else "it has no settings of its own"
-        raise UserError(f"method {kind.name} has no setting {', '.join(map(repr, unknown))}: {has}")
-    return tuple((o.name, o.value(given[o.name], kind.name) if o.name in given else o.default) for o in kind.options)
+        raise UserError(f"method {method.name} has no setting {', '.join(map(repr, unknown))}: {has}")
+    return tuple((o.name, o.value(given[o.name], method.name) if o.name in given else o.default) for o in method.options)
 
 
 # The keywords DiffSmooth's settings had before they were its head's options (`MethodConfig(..., m=5)`, `--m`,
@@ -106,11 +106,11 @@ OPTION_ALIASES = ("local_sigma", "m", "local_noise", "local_noise_seed")
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """What the base classifier is: method (a registered name), smoothing sigma, and `options`: the settings its
+    """What the base classifier is: `name` (a registered method's), smoothing sigma, and `options`: the settings its
     purifier and head declare, as (name, value) pairs in their order, checked, defaults filled in. `m`,
     `local_sigma`, `local_noise`, `local_noise_seed` are aliases of the options of those names (OPTION_ALIASES)."""
 
-    method: str
+    name: str
     sigma: float
     m: InitVar[Optional[int]] = None
     local_sigma: InitVar[Optional[float]] = None
@@ -119,28 +119,28 @@ class MethodConfig:
     options: Tuple[Tuple[str, Any], ...] = ()
 
     def __post_init__(self, m, local_sigma, local_noise, local_noise_seed):
-        kind = method_named(self.method)            # an unknown method: one line
-        declared = {o.name for o in kind.options}
+        method = method_named(self.name)            # an unknown method: one line
+        declared = {o.name for o in method.options}
         given = dict(m=m, local_sigma=local_sigma, local_noise=local_noise, local_noise_seed=local_noise_seed)
         aliased = {name: given[name] for name in OPTION_ALIASES if given[name] is not None and name in declared}
-        object.__setattr__(self, "options", resolve_options(kind, {**dict(self.options or ()), **aliased}))
+        object.__setattr__(self, "options", resolve_options(method, {**dict(self.options or ()), **aliased}))
         if not (isinstance(self.sigma, numbers.Real) and math.isfinite(self.sigma) and self.sigma > 0):
             raise UserError(f"sigma must be > 0 and finite, got {self.sigma}")
 
     @property
-    def kind(self):
+    def method(self):
         """The registered Method that runs this config (engine/base_classifier/methods/)."""
-        return method_named(self.method)
+        return method_named(self.name)
 
     @cached_property
     def purifier(self):
         """Its method's purifier, configured with its settings (a Part)."""
-        return self.kind.purifier(**self._own(self.kind.purifier))
+        return self.method.purifier(**self._own(self.method.purifier))
 
     @cached_property
     def head(self):
         """Its method's head, configured with its settings (a Part)."""
-        return self.kind.head(**self._own(self.kind.head))
+        return self.method.head(**self._own(self.method.head))
 
     def _own(self, part) -> dict:
         names = {o.name for o in part.options}
@@ -153,8 +153,8 @@ class MethodConfig:
     def replace(self, **settings) -> "MethodConfig":
         """This config with some settings changed (sigma, or option values by name)."""
         sigma = settings.pop("sigma", self.sigma)
-        return MethodConfig(self.method, sigma, options={**dict(self.options), **settings})
+        return MethodConfig(self.name, sigma, options={**dict(self.options), **settings})
 
     def as_dict(self) -> dict:
         """The method, sigma and every setting (what result files record)."""
-        return {"method": self.method, "sigma": self.sigma, **dict(self.options)}
+        return {"method": self.name, "sigma": self.sigma, **dict(self.options)}

@@ -9,7 +9,7 @@ from diffsmooth.engine.base_classifier.methods.purifier import Purifier
 from diffsmooth.engine.base_classifier.purifier_graph import one_shot_graph
 
 
-class OneShotDenoising(Purifier):
+class OneShotPurifier(Purifier):
     """One denoised sample per noisy sample; or, in a subclass that declares a setting K (`copies_option`), that
     sample K times: a one-shot denoising is deterministic, so K of them are K copies of one UNet call (a head voting
     over K samples, a majority, sees K equal ones)."""
@@ -68,3 +68,6 @@ class Repeated:
     def __call__(self, x_rs: torch.Tensor) -> torch.Tensor:
         x = self.stage(x_rs)
         return x.unsqueeze(1).expand(x.shape[0], self.runs, *x.shape[1:])
+
+
+OneShotDenoising = OneShotPurifier      # its name before parts ended in Purifier / Head: scripts written with it keep working

@@ -33,7 +33,7 @@ class Purifier(Part, ABC):
 
     @abstractmethod
     def stage(self, sigma: float, denoiser, backend, fast=None):
-        """The purify stage at `sigma` on `backend` (a TorchBackend); `fast` (a FastPath or None) says which UNet
+        """The purify stage at `sigma` on `backend` (a TorchRunner); `fast` (a FastPath or None) says which UNet
         kernels."""
 
     @abstractmethod

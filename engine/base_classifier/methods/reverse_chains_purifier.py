@@ -210,7 +210,7 @@ class SchedulerChains:
                           lambda x, i, z: self._advance(x, self.timesteps[i], z))
 
 
-class ReverseChains(Purifier):
+class ReverseChainsPurifier(Purifier):
     """K runs of S reverse steps from t* (its settings: reverse_runs K, sweepable, and steps S)."""
 
     # Defaults: DensePure's merge script (results/merge_results.py: majority_vote_num 10, steps 2).
@@ -288,3 +288,6 @@ class ReverseChains(Purifier):
 def _learns_variance(denoiser) -> bool:
     """Whether the UNet predicts DensePure's learned variance range beside eps (improved-diffusion's learn_sigma)."""
     return bool(getattr(getattr(denoiser.unet, "config", None), "learn_sigma", False))
+
+
+ReverseChains = ReverseChainsPurifier      # its name before parts ended in Purifier / Head: scripts written with it keep working
