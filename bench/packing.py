@@ -28,8 +28,8 @@ import torch.multiprocessing as mp
 
 from diffsmooth.bench.models import build_model_set
 from diffsmooth.engine.backends.torch.runner import TorchRunner
-from diffsmooth.engine.base_classifier.local_smoothing import LogitsModule
 from diffsmooth.engine.base_classifier.methods import MethodConfig
+from diffsmooth.engine.base_classifier.methods.logits_head import LogitsModule
 from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.cohen import predict_job
 from diffsmooth.engine.certify.jobs import Request

@@ -152,7 +152,7 @@ def test_issuing_a_packed_batch_never_blocks_the_host():
     """Rows to the device (pinned, non-blocking), noise from keys made once, the stages and the vote
     scatter: no host sync while batches are issued. The only sync is reading completed counts."""
     from diffsmooth.engine.backends.torch.runner import TorchRunner
-    from diffsmooth.engine.base_classifier.local_smoothing import LogitsModule
+    from diffsmooth.engine.base_classifier.methods.logits_head import LogitsModule
     from diffsmooth.engine.certify.jobs import count_job
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     from diffsmooth.engine.certify.scheduler import Scheduler, Work

@@ -171,7 +171,7 @@ def test_a_run_keeps_the_rows_before_its_weights_changed_and_refuses_the_rest(tm
     """Weights written in place in the middle of a sealed run (in the third image's first batch): the run
     stops with WeightsChanged; the rows written before equal a clean run's, and none comes after."""
     from diffsmooth.engine.backends.torch.runner import TorchRunner
-    from diffsmooth.engine.base_classifier.local_smoothing import LogitsModule
+    from diffsmooth.engine.base_classifier.methods.logits_head import LogitsModule
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     from diffsmooth.engine.runs.dataset_run import Images as RunImages
     from diffsmooth.engine.runs.dataset_run import Jobs, run_dataset

@@ -2,8 +2,23 @@
 
 from __future__ import annotations
 
-from diffsmooth.engine.base_classifier.local_smoothing import LogitsModule
+import torch
+from torch import nn
+
 from diffsmooth.engine.base_classifier.methods.head import PlainHead
+
+
+class LogitsModule(nn.Module):
+    """The plain classifier (RS, DDS): images -> fp32 logits; the vote is their argmax."""
+
+    takes_noise = False
+
+    def __init__(self, classifier: nn.Module):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(x).float()
 
 
 class LogitsHead(PlainHead):

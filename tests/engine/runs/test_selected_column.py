@@ -4,7 +4,7 @@ stop writes a row that says so; a result file written before `selected` existed 
 import torch
 
 from diffsmooth.engine.backends.torch.runner import TorchRunner
-from diffsmooth.engine.base_classifier.local_smoothing import LogitsModule
+from diffsmooth.engine.base_classifier.methods.logits_head import LogitsModule
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, run_dataset
