@@ -18,6 +18,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from diffsmooth.engine.backends.registry import stage_backend
+from diffsmooth.engine.backends.tensorrt.backend import TensorRTBackend
+from diffsmooth.engine.backends.tensorrt.runner import tensorrt_available
+from diffsmooth.engine.backends.torch.backend import TorchBackend
+from diffsmooth.engine.backends.torch.runner import resolve_device
+from diffsmooth.engine.backends.torch.stages import score_module
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.certify.cohen import certify_from_counts
 from diffsmooth.engine.certify.jobs import Request
@@ -28,12 +34,6 @@ from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
 from diffsmooth.engine.runs.stage_build import StageBuild
-from diffsmooth.engine.stage_backends.registry import stage_backend
-from diffsmooth.engine.stage_backends.tensorrt.backend import TensorRTStages
-from diffsmooth.engine.stage_backends.tensorrt.runner import tensorrt_available
-from diffsmooth.engine.stage_backends.torch.backend import TorchStages
-from diffsmooth.engine.stage_backends.torch.runner import resolve_device
-from diffsmooth.engine.stage_backends.torch.stages import score_module
 
 from ..export.trt_build import build_plans, current_target
 from .compare import compare_rows
@@ -209,7 +209,7 @@ def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = Non
     head = score_module(config, model_set.classifier, shape)
     extra = [config.head.fresh_noise_shape(shape)] if getattr(head, "takes_noise", False) else []
     cls, cls_ops = stage_flops(head, config.purifier.purified_shape(shape) or shape, extra)
-    calls = config.kind.classifier_calls(config)
+    calls = config.method.classifier_calls(config)
     return {
         "convention": CONVENTION,
         "denoiser_per_sample": den,
@@ -233,10 +233,10 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
                        threads=settings.threads, log=lambda message: print(message, file=sys.stderr),
                        fast=settings.fast_path() if stage_backend(backend).runs_modules else FastPath())
     runner = stage_backend(backend)
-    if isinstance(runner, TorchStages):         # the model set's loaded modules
+    if isinstance(runner, TorchBackend):         # the model set's loaded modules
         return runner.from_models(config, model_set.classifier, model_set.denoiser, model_set.image_shape,
                                   model_set.num_classes, build)
-    if isinstance(runner, TensorRTStages):
+    if isinstance(runner, TensorRTBackend):
         ok, why = tensorrt_available()
         if not ok:
             raise _Skip(why)
@@ -249,7 +249,7 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
         raise _Skip(f"{backend} runs the exported fp32 or fp16 graphs, not {precision}")
     try:
         _export_graphs(config, precision, model_set, workdir)
-        if isinstance(runner, TensorRTStages):      # plans for settings.batch (not vote-validated: build-engine does)
+        if isinstance(runner, TensorRTBackend):      # plans for settings.batch (not vote-validated: build-engine does)
             build_plans(workdir, current_target(settings.device), batch=settings.batch, precisions=(precision,),
                         echo=lambda line: print(line, file=sys.stderr))
         return runner.stages(config, ModelSources(), model_set.image_shape, model_set.num_classes, build)

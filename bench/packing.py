@@ -27,8 +27,8 @@ import torch
 import torch.multiprocessing as mp
 
 from diffsmooth.bench.models import build_model_set
-from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.base_classifier.local_smoothing import LogitsModule
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.cohen import predict_job
@@ -43,7 +43,7 @@ from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.request import sequential_rule
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.runs.stage_build import build_smooth
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stages.base import BaseClassifierStages
 
 RADII = "0.25,0.5,0.75,1.0"
 
@@ -97,7 +97,7 @@ def rank_fixture(count: int):
         def forward(self, x):
             return -((x.flatten(1)[:, None, :] - templates.flatten(1)[None]) ** 2).sum(-1)
 
-    stage = TorchBackend().stage(LogitsHead(Templates().eval()), "templates")
+    stage = TorchRunner().stage(LogitsModule(Templates().eval()), "templates")
     pipe = MonteCarloPipeline(BaseClassifierStages("rs", None, stage, 4), 0.5, seed=0)
     weights = torch.rand(count, generator=torch.Generator().manual_seed(5)) * 0.45 + 0.55
     images = [(w * templates[k % 4] + (1 - w) * templates[(k + 1) % 4], k % 4) for k, w in enumerate(weights)]

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Dict, Sequence, Tuple
 
+from diffsmooth.engine.backends.torch.compile_options import INDUCTOR_KNOBS
+from diffsmooth.engine.backends.torch.stages import check_classifier_rewrites
 from diffsmooth.engine.choices import MAX_BATCH
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import packing
-from diffsmooth.engine.stage_backends.torch.compile_options import INDUCTOR_KNOBS
-from diffsmooth.engine.stage_backends.torch.stages import check_classifier_rewrites
 
 __all__ = ["DEFAULT", "TOKENS", "parse_variant", "parse_variants", "variant_flags"]
 

@@ -19,11 +19,11 @@ _API = {
     "load_demo_classifier": "diffsmooth.engine.pipelines",
     # the configured parts a SmoothedClassifier may be composed of (engine/base_classifier/methods/)
     "NoPurifier": "diffsmooth.engine.base_classifier.methods.no_purifier",
-    "OneShotDenoising": "diffsmooth.engine.base_classifier.methods.one_shot_purifier",
-    "ReverseChains": "diffsmooth.engine.base_classifier.methods.reverse_chains_purifier",
-    "Logits": "diffsmooth.engine.base_classifier.methods.logits_head",
-    "LocalSmoothing": "diffsmooth.engine.base_classifier.methods.local_smoothing_head",
-    "MajorityVote": "diffsmooth.engine.base_classifier.methods.majority_vote_head",
+    "OneShotPurifier": "diffsmooth.engine.base_classifier.methods.one_shot_purifier",
+    "ReverseChainsPurifier": "diffsmooth.engine.base_classifier.methods.reverse_chains_purifier",
+    "LogitsHead": "diffsmooth.engine.base_classifier.methods.logits_head",
+    "LocalSmoothingHead": "diffsmooth.engine.base_classifier.methods.local_smoothing_head",
+    "MajorityVoteHead": "diffsmooth.engine.base_classifier.methods.majority_vote_head",
     # the preflight: do the models and data behave as a table needs? (engine/preflight/)
     "PreflightReport": "diffsmooth.engine.preflight.findings",
     # loaders of the official checkpoints and datasets

@@ -18,8 +18,8 @@ import sys
 import tempfile
 import time
 
+from diffsmooth.engine.backends.torch.compile_cache import compile_cache_dir, compile_cache_source
 from diffsmooth.engine.machine import cpu_model, usable_cores
-from diffsmooth.engine.stage_backends.torch.compile_cache import compile_cache_dir, compile_cache_source
 
 NOT_INSTALLED = "not installed"
 

@@ -22,7 +22,6 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from diffsmooth.engine.backends.weights import OwnedModule
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named, method_names
 from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES
@@ -51,6 +50,7 @@ from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, che
 from diffsmooth.engine.runs.sharding import independent_plan, plan_from, rank_device, wait_for_all
 from diffsmooth.engine.runs.stage_build import build_stages
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
+from diffsmooth.engine.stages.weights import OwnedModule
 
 RANK_MODES = ("shared", "independent")      # under torchrun: each image's samples over all ranks, or each rank alone
 
@@ -70,7 +70,7 @@ class SmoothedClassifier:
     to certify them. Moving them to another device changes nothing and is allowed.
 
     The method's settings are keywords (`DiffSmooth(..., m=5, local_sigma=0.25)`), or its parts come configured:
-    `SmoothedClassifier(purifier=OneShotDenoising(), head=LocalSmoothing(m=5, local_sigma=0.25), classifier=...,
+    `SmoothedClassifier(purifier=OneShotPurifier(), head=LocalSmoothingHead(m=5, local_sigma=0.25), classifier=...,
     denoiser=..., sigma=0.5)` is the registered method that pairs them (here DiffSmooth), with their settings.
 
     Under torchrun (WORLD_SIZE > 1), `ranks` says how the ranks share the work; `device="cuda"` is each rank's
@@ -96,7 +96,7 @@ class SmoothedClassifier:
         parts = {name: settings.pop(name) for name in PART_KEYWORDS if name in settings}
         self.config = composed_config(self.method, sigma, parts, settings) if parts else \
             method_config(self.method, sigma, settings)                 # an unknown method: one line
-        self.method = self.config.method
+        self.method = self.config.name
         denoises = self.config.purifier.denoises
         if denoises and not isinstance(denoiser, DiffusionDenoiser):
             raise UserError(f"{type(self).__name__} needs `denoiser` (see diffsmooth.load_denoiser)")
@@ -137,7 +137,7 @@ class SmoothedClassifier:
             if shape not in self._reference:
                 self._reference[shape] = self._pipeline(shape, FastPath(), "fp32")
             check_against_eager(self._smooth[shape].pipeline, self._reference[shape], [first], self.batch_for(shape),
-                                expected_flip_rate=design_flip_rate(self.precision, [self.config.method]))
+                                expected_flip_rate=design_flip_rate(self.precision, [self.config.name]))
             checked.append(first[0])
             if len(checked) == VALIDATE_IMAGES:
                 del self._reference[shape]          # its memory back; the weights stay sealed
@@ -219,7 +219,7 @@ class SmoothedClassifier:
         return preflight_models(self.config, classifier, denoiser, sample,
                                 Sampling(samples, self.seed, self.device, self.batch or 0),
                                 stats=stats or guess_stats(classifier, tuple(sample.x.shape[1:])),
-                                title=f"{type(self).__name__}: {self.config.method} on {len(sample.indices)} images",
+                                title=f"{type(self).__name__}: {self.config.name} on {len(sample.indices)} images",
                                 published=published)
 
 
@@ -228,7 +228,7 @@ PART_TYPES = {"purifier": Purifier, "head": Head}
 
 
 def composed_config(method: str, sigma: float, parts: dict, settings: dict) -> MethodConfig:
-    """The MethodConfig of configured parts (`purifier=OneShotDenoising(), head=LocalSmoothing(m=5)`): the registered
+    """The MethodConfig of configured parts (`purifier=OneShotPurifier(), head=LocalSmoothingHead(m=5)`): the registered
     method that pairs their classes (the object's own, where it has one; a part not given: that method's, at its
     defaults) and their settings; a part no registered method pairs is refused in one line."""
     if settings:
@@ -236,7 +236,7 @@ def composed_config(method: str, sigma: float, parts: dict, settings: dict) -> M
     for name, part in parts.items():
         if not isinstance(part, PART_TYPES[name]):
             raise UserError(f"`{name}` must be a configured {PART_TYPES[name].__name__} (e.g. "
-                            f"{'OneShotDenoising()' if name == 'purifier' else 'LocalSmoothing(m=5)'}), got {part!r}")
+                            f"{'OneShotPurifier()' if name == 'purifier' else 'LocalSmoothingHead(m=5)'}), got {part!r}")
     names = [method] if method else [n for n in method_names() if len(parts) == len(PART_KEYWORDS)]
     found = [n for n in names if all(type(part) is getattr(method_named(n), k) for k, part in parts.items())]
     if not found:
@@ -285,9 +285,9 @@ class DenoisedSmoothing(SmoothedClassifier):
 
 class DiffSmooth(SmoothedClassifier):
     """DiffSmooth (Zhang et al., USENIX Security 2023): one-shot denoising, then the mean softmax of a
-    smoothed classifier over m local noises of std sigma' votes. Its settings are its head's (LocalSmoothing: `m`,
+    smoothed classifier over m local noises of std sigma' votes. Its settings are its head's (LocalSmoothingHead: `m`,
     `local_sigma`, `local_noise`, `local_noise_seed`, declared there with their defaults), as keywords or as
-    `head=LocalSmoothing(...)`."""
+    `head=LocalSmoothingHead(...)`."""
 
     method = "diffsmooth"
 

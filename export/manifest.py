@@ -9,9 +9,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Dict, Iterable, Optional
 
-from diffsmooth.engine.backends.manifests import MANIFEST_FORMAT
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.stages.manifests import MANIFEST_FORMAT
 
 MANIFEST_VERSION = 1
 ROLES = ("denoiser", "unet", "classifier")

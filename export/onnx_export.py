@@ -19,6 +19,7 @@ import torch
 from onnx.external_data_helper import load_external_data_for_model
 from torch import nn
 
+from diffsmooth.engine.backends.torch.stages import score_module
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.purifier_graph import example_batch
@@ -26,7 +27,6 @@ from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.diffusers_folder import denoiser_identity, is_diffusers_folder
-from diffsmooth.engine.stage_backends.torch.stages import score_module
 
 from .fp16 import convert_mixed_fp16
 from .graph_passes import check_structure, fuse_affine_chains, initializer_bytes, op_counts, optimize
@@ -218,7 +218,7 @@ def export_denoiser(config: MethodConfig, denoiser: DiffusionDenoiser, image_sha
                     external_data_threshold: int = EXTERNAL_DATA_THRESHOLD) -> List[ExportedGraph]:
     """The method's purify stage as its graph (its purifier's `graph`): for the one-shot methods x_rs [B,C,H,W] in
     [0,1] -> purified x_hat [B,C,H,W] in [0,1] at one sigma."""
-    graph = config.purifier.graph(config.sigma, denoiser, image_shape, config.method)
+    graph = config.purifier.graph(config.sigma, denoiser, image_shape, config.name)
     names = list(graph.input_names)
     batched = list(graph.batch_inputs or names)
     model = trace_to_onnx(graph.module, graph.inputs, names, [graph.output_name], batch_inputs=batched)
@@ -273,7 +273,7 @@ def export_unet(denoiser: DiffusionDenoiser, image_shape, out_dir, *, precisions
 
 
 def classifier_file_name(config: MethodConfig, image_shape, precision: str) -> str:
-    name = f"classifier_{config.method}_s{config.sigma:g}{config.kind.graph_tag(config)}"
+    name = f"classifier_{config.name}_s{config.sigma:g}{config.method.graph_tag(config)}"
     return f"{name}_{shape_tag(image_shape)}_{precision}.onnx"
 
 
@@ -296,7 +296,7 @@ def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, 
         inputs["noise"] = ["batch", *fresh]
     with torch.no_grad():
         num_classes = int(head(*args).shape[1])
-    output = config.kind.head.output_name
+    output = config.method.head.output_name
     model = trace_to_onnx(head, args, names, [output])
     written = []
     for precision, variant in _variants(model, precisions):
@@ -304,9 +304,9 @@ def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, 
         facts = save_graph(variant, path, external_data_threshold)
         fields = _base_fields("classifier", precision, shape, inputs, (output, ["batch", num_classes]), source)
         method = config.as_dict()
-        fields.update(method=config.method, sigma=float(config.sigma), num_classes=num_classes,
-                      scores=config.kind.head.scores)
-        fields.update(config.kind.graph_fields(config))
+        fields.update(method=config.name, sigma=float(config.sigma), num_classes=num_classes,
+                      scores=config.method.head.scores)
+        fields.update(config.method.graph_fields(config))
         fields["method_config"] = method
         fields.update(facts)
         write_manifest(path, _with_defaults(fields))

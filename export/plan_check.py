@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from diffsmooth.engine.backends.tensorrt.plans import DEFAULT_WORKSPACE_BYTES
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.stage_backends.tensorrt.plans import DEFAULT_WORKSPACE_BYTES
 from diffsmooth.export.trt_build import build_plans, current_target
 from diffsmooth.export.trt_validate import MIN_SAMPLES, validate_plans
 from diffsmooth.export.validate import ValidationFailed

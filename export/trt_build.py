@@ -18,10 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from diffsmooth.engine.backends.manifests import scan_manifests, verify_hashes
-from diffsmooth.engine.errors import UserError, first_line
-from diffsmooth.engine.hashing import sha256_file
-from diffsmooth.engine.stage_backends.tensorrt.plans import (
+from diffsmooth.engine.backends.tensorrt.plans import (
     DEFAULT_WORKSPACE_BYTES,
     cache_key,
     gpu_slug,
@@ -31,7 +28,10 @@ from diffsmooth.engine.stage_backends.tensorrt.plans import (
     reuse_decision,
     write_plan_manifest,
 )
-from diffsmooth.engine.stage_backends.tensorrt.runner import cuda_device, gpu_identity, import_tensorrt
+from diffsmooth.engine.backends.tensorrt.runner import cuda_device, gpu_identity, import_tensorrt
+from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.stages.manifests import scan_manifests, verify_hashes
 
 from .trt_inspect import format_report, summarize
 

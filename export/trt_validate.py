@@ -9,12 +9,12 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from diffsmooth.engine.backends.manifests import find_graph, matches, scan_manifests
+from diffsmooth.engine.backends.onnxruntime.runner import OrtStage
+from diffsmooth.engine.backends.onnxruntime.stages import wanted_fields
+from diffsmooth.engine.backends.tensorrt.plans import read_plan_manifest, write_plan_manifest
+from diffsmooth.engine.backends.tensorrt.runner import TrtStage, cuda_device
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtStage
-from diffsmooth.engine.stage_backends.onnxruntime.stages import wanted_fields
-from diffsmooth.engine.stage_backends.tensorrt.plans import read_plan_manifest, write_plan_manifest
-from diffsmooth.engine.stage_backends.tensorrt.runner import TrtStage, cuda_device
+from diffsmooth.engine.stages.manifests import find_graph, matches, scan_manifests
 
 from .validate import (
     DEFAULT_IMAGES,
@@ -75,7 +75,7 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
         if config.purifier.denoises:
             den = next((d for d in results if d.role == "denoiser" and d.precision == r.precision
                         and d.graph_manifest["image_shape"] == shape
-                        and matches(d.graph_manifest, config.purifier.lookup(config.sigma, config.method))), None)
+                        and matches(d.graph_manifest, config.purifier.lookup(config.sigma, config.name))), None)
             if den is not None:
                 used.add(den.plan_path)
         groups.append((config, shape, den, r))
@@ -108,7 +108,7 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
         res = compare_stages(precision=precision, sigma=config.sigma, image_shape=shape, reference=reference,
                              candidate=candidate, local_noise_shape=local_shape, samples=samples, seed=seed,
                              batch=batch, images=images, image_indices=indices, images_desc=desc,
-                             purify_noise=den is not None and config.kind.purifier.draws_noise)
+                             purify_noise=den is not None and config.method.purifier.draws_noise)
         res["reference"] = "onnxruntime fp32 (cpu)"
         for r in (den, cls):
             if r is not None:

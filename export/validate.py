@@ -11,7 +11,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from diffsmooth.engine.backends.manifests import matches, scan_manifests, verify_hashes
+from diffsmooth.engine.backends.onnxruntime.runner import OrtStage
+from diffsmooth.engine.backends.torch.runner import TorchRunner, TorchStage
+from diffsmooth.engine.backends.torch.stages import score_module
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser, load_denoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named, method_names
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
@@ -21,9 +23,7 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.models.checkpoints import load_classifier, load_unet
 from diffsmooth.engine.models.diffusers_folder import denoiser_identity
-from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtStage
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend, TorchStage
-from diffsmooth.engine.stage_backends.torch.stages import score_module
+from diffsmooth.engine.stages.manifests import matches, scan_manifests, verify_hashes
 
 from .manifest import update_manifest
 
@@ -240,7 +240,7 @@ def validate_graphs(graphs: Sequence, config: MethodConfig, image_shape, *, deno
             if den is not None:
                 if denoiser is None:
                     raise UserError(f"validating {Path(den.path).name} needs the torch denoiser")
-                reference["purify"] = config.purifier.stage(config.sigma, denoiser, TorchBackend())
+                reference["purify"] = config.purifier.stage(config.sigma, denoiser, TorchRunner())
                 candidate["purify"] = config.purifier.exported_stage(
                     config.sigma, _ort_stage(den.path, "denoiser", precision, threads), den.manifest)
             if cls is not None:
@@ -254,7 +254,7 @@ def validate_graphs(graphs: Sequence, config: MethodConfig, image_shape, *, deno
             res = compare_stages(precision=precision, sigma=config.sigma, image_shape=image_shape,
                                  reference=reference, candidate=candidate, local_noise_shape=local_shape,
                                  samples=samples, seed=seed, images=images, image_indices=indices,
-                                 images_desc=desc, purify_noise=den is not None and config.kind.purifier.draws_noise)
+                                 images_desc=desc, purify_noise=den is not None and config.method.purifier.draws_noise)
             for g in (den, cls):
                 if g is not None:
                     update_manifest(g.path, validation=res)
@@ -339,7 +339,7 @@ def purifier_config(manifest: dict) -> MethodConfig:
     sigma = float(manifest.get("sigma") or 0.5)
     for name in method_names():
         config = MethodConfig(name, sigma)
-        wanted = config.purifier.lookup(config.sigma, config.method)
+        wanted = config.purifier.lookup(config.sigma, config.name)
         if wanted and all(manifest.get(k) == v for k, v in wanted.items()):
             return config
     raise UserError(f"{manifest.get('onnx_file', 'the denoiser graph')}: no registered method's purifier reads it")
@@ -369,7 +369,7 @@ def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dat
         group = [c]
         denoiser = None
         if config.purifier.denoises:
-            wanted = config.purifier.lookup(config.sigma, config.method)
+            wanted = config.purifier.lookup(config.sigma, config.name)
             match = [g for g in graphs if g.role == "denoiser" and g.precision == c.precision
                      and g.manifest["image_shape"] == shape and matches(g.manifest, wanted)]
             if match:

@@ -113,11 +113,11 @@ def model_set_memory(models: str, batches: Sequence[int], precision: str = "fp16
     UNet's GroupNorm in fp32 as it runs), and the reference-equivalent baseline (fp32, legacy attention,
     m classifier calls of `reference_batch`)."""
     from diffsmooth.bench.models import SET_SPECS
+    from diffsmooth.engine.backends.torch.stages import score_module
     from diffsmooth.engine.base_classifier.diffusion_denoiser import DiffusionDenoiser, schedule_for
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
     from diffsmooth.engine.models.unet import UNetModel, unet_config
-    from diffsmooth.engine.stage_backends.torch.stages import score_module
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     spec = SET_SPECS[models]
     shape = tuple(spec["shape"])

@@ -20,13 +20,13 @@ import click
 import torch
 
 from diffsmooth.bench.models import build_model_set
-from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.onnxruntime.runner import OrtSession, physical_cores
+from diffsmooth.engine.backends.onnxruntime.stages import build_onnx_stages
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtSession, physical_cores
-from diffsmooth.engine.stage_backends.onnxruntime.stages import build_onnx_stages
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
+from diffsmooth.engine.stages.base import BaseClassifierStages
 from diffsmooth.export.manifest import package_versions
 from diffsmooth.export.onnx_export import export_models
 
@@ -72,7 +72,7 @@ def bench_set(name: str, *, batch: int, iters: int, threads: int, method: str, s
     models, out, export_s = cache[name]
     shape = tuple(models.image_shape)
     echo(f"# {name}, {threads} thread(s)")
-    t_stages = build_torch_stages(config, models.classifier, models.denoiser, TorchBackend(), shape,
+    t_stages = build_torch_stages(config, models.classifier, models.denoiser, TorchRunner(), shape,
                                   models.num_classes)
     o_stages = build_onnx_stages(out, config, shape, models.num_classes, session=OrtSession(threads=threads))
 

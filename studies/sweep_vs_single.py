@@ -16,6 +16,8 @@ import time
 import click
 import torch
 
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages
 from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser, load_denoiser
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
@@ -23,8 +25,6 @@ from diffsmooth.engine.models import shipped as demo_assets
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.models.unet import PRESETS, UNetModel
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 LOCAL_SIGMAS = (0.12, 0.25, 0.5, 1.0)
 MS = (1, 3, 5, 11, 21)
@@ -53,10 +53,10 @@ def _time(fn) -> float:
 def measure(n: int = 200, n0: int = 20, images: int = 2, batch: int = 100, sigma: float = 0.5) -> dict:
     torch.set_num_threads(torch.get_num_threads())
     den, clfs, shape, weights = _demo_models()
-    backend = TorchBackend("cpu")
+    backend = TorchRunner("cpu")
     entries = configurations(["dds", "diffsmooth"], sigma, lambda method: {"local_sigma": list(LOCAL_SIGMAS), "m": list(MS)},
                              lambda config: list(clfs))
-    entries = [e for e in entries if not (e.config.method == "dds" and e.classifier != list(clfs)[0])]   # one DDS row
+    entries = [e for e in entries if not (e.config.name == "dds" and e.classifier != list(clfs)[0])]   # one DDS row
     purify = backend.stage(den.purifier(sigma), "denoiser")
     sweep = MonteCarloPipeline(torch_configuration_stages(entries, clfs, den, backend, shape, 10), sigma)
     x = torch.rand(shape)
@@ -81,10 +81,10 @@ def measure(n: int = 200, n0: int = 20, images: int = 2, batch: int = 100, sigma
 
 def cost_model(entries, unet_s: float, clf_s: float) -> tuple:
     """(one-by-one, sweep) seconds per Monte Carlo sample from per-sample model costs."""
-    local = lambda e: e.config.method == "diffsmooth"                                     # noqa: E731
+    local = lambda e: e.config.name == "diffsmooth"                                     # noqa: E731
     single = sum(unet_s + (e.method.option("m") if local(e) else 1) * clf_s for e in entries)
     groups = {(e.classifier, e.method.option("local_sigma")) for e in entries if local(e)}
-    sweep = unet_s + len(groups) * max(MS) * clf_s + sum(clf_s for e in entries if e.config.method == "dds")
+    sweep = unet_s + len(groups) * max(MS) * clf_s + sum(clf_s for e in entries if e.config.name == "dds")
     return single, sweep
 
 

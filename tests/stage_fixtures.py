@@ -3,12 +3,12 @@ whose votes spread over several classes, and a ResNet with non-trivial BatchNorm
 
 import torch
 
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models.resnet import CifarResNet, NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.runs.fast_path import FastPath
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 SHAPE = (3, 8, 8)
 
@@ -37,7 +37,7 @@ def spread_classifier(seed):
 
 def make_pipeline(tiny_stages, backend=None, fused_attention=False, fused_conv=False, classifier=None, **kw):
     config, denoiser, default_classifier = tiny_stages
-    stages = build_torch_stages(config, classifier or default_classifier, denoiser, backend or TorchBackend(), SHAPE, 10,
+    stages = build_torch_stages(config, classifier or default_classifier, denoiser, backend or TorchRunner(), SHAPE, 10,
                                 FastPath(fused_attention=fused_attention, fused_conv=fused_conv))
     return MonteCarloPipeline(stages, config.sigma, seed=3, **kw)
 

@@ -49,7 +49,7 @@ def files_to_touch(extension: str, name: str) -> set:
 
 def test_the_page_rows_read_as_documented():
     """The reader of the rows: a folder's files, paths, root files; names of code (`STAGE_BACKENDS`) are not files."""
-    assert files_to_touch("a new backend", "toy") >= {"engine/stage_backends/toy/backend.py", "engine/choices.py",
+    assert files_to_touch("a new backend", "toy") >= {"engine/backends/toy/backend.py", "engine/choices.py",
                                                       "pyproject.toml", "docs/layout.md"}
     assert "diffsmooth/cli/toy.py" in files_to_touch("a new command", "toy")
 
@@ -63,7 +63,7 @@ TOY_BACKEND = {
         """The toy backend as a run sees it: the models loaded by the run, its stages plain eager modules."""
 
         from diffsmooth.engine.errors import UserError
-        from diffsmooth.engine.stage_backends.toy.stages import build_toy_stages
+        from diffsmooth.engine.backends.toy.stages import build_toy_stages
 
 
         class ToyStages:
@@ -84,16 +84,16 @@ TOY_BACKEND = {
     "stages.py": '''
         """A method config's stages on the toy backend: its purifier's stage and its head's module, probed once."""
 
-        from diffsmooth.engine.backends.base import BaseClassifierStages
+        from diffsmooth.engine.stages.base import BaseClassifierStages
         from diffsmooth.engine.base_classifier.probe import probed
-        from diffsmooth.engine.stage_backends.toy.runner import EagerRunner
+        from diffsmooth.engine.backends.toy.runner import EagerRunner
 
 
         def build_toy_stages(config, classifier, denoiser, image_shape, num_classes):
             runner = EagerRunner()
             purify = config.purifier.stage(config.sigma, denoiser, runner) if config.purifier.purifies else None
-            score = runner.stage(config.kind.score_head(config, classifier, image_shape), "classifier")
-            stages = BaseClassifierStages(config.method, purify, score, num_classes or 0,
+            score = runner.stage(config.method.score_head(config, classifier, image_shape), "classifier")
+            stages = BaseClassifierStages(config.name, purify, score, num_classes or 0,
                                           config.head.fresh_noise_shape(image_shape),
                                           purify_noise=config.purifier.draws_noise and purify is not None,
                                           purified_shape=config.purifier.purified_shape(image_shape))
@@ -135,23 +135,23 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 def _backend_touches(copy: Path) -> dict:
     """{path from the root: how the toy backend touches it in `copy`}: each file the page names, no other."""
-    folder = "engine/stage_backends/toy/"
+    folder = "engine/backends/toy/"
     touches = {folder + name: (lambda name=name, body=body: (copy / folder / name).write_text(
         textwrap.dedent(body).lstrip())) for name, body in TOY_BACKEND.items()}
-    touches["engine/stage_backends/registry.py"] = lambda: (
-        _edit(copy / "engine/stage_backends/registry.py", "from diffsmooth.engine.stage_backends.torch.backend import "
-              "TorchStages\n", "from diffsmooth.engine.stage_backends.torch.backend import TorchStages\n"
-              "from diffsmooth.engine.stage_backends.toy.backend import ToyStages\n"),
-        _edit(copy / "engine/stage_backends/registry.py", "TensorRTStages())}", "TensorRTStages(), ToyStages())}"))
+    touches["engine/backends/registry.py"] = lambda: (
+        _edit(copy / "engine/backends/registry.py", "from diffsmooth.engine.backends.torch.backend import "
+              "TorchBackend\n", "from diffsmooth.engine.backends.torch.backend import TorchBackend\n"
+              "from diffsmooth.engine.backends.toy.backend import ToyStages\n"),
+        _edit(copy / "engine/backends/registry.py", "TensorRTBackend())}", "TensorRTBackend(), ToyStages())}"))
     touches["engine/choices.py"] = lambda: _edit(copy / "engine/choices.py", '"tensorrt")\n', '"tensorrt", "toy")\n')
     touches["pyproject.toml"] = lambda: (
-        _edit(copy / "pyproject.toml", '    "diffsmooth.engine.stage_backends.tensorrt",\n',
-              '    "diffsmooth.engine.stage_backends.tensorrt",\n    "diffsmooth.engine.stage_backends.toy",\n'),
+        _edit(copy / "pyproject.toml", '    "diffsmooth.engine.backends.tensorrt",\n',
+              '    "diffsmooth.engine.backends.tensorrt",\n    "diffsmooth.engine.backends.toy",\n'),
         _edit(copy / "pyproject.toml", '    "torch | exported",\n', '    "torch | exported | toy",\n'))
     touches["docs/layout.md"] = lambda: _edit(
-        copy / "docs/layout.md", "\n| `engine/stage_backends/torch/` |",
-        "\n| `engine/stage_backends/toy/` | a toy backend: `backend.py`, `stages.py`, `runner.py` |"
-        "\n| `engine/stage_backends/torch/` |")
+        copy / "docs/layout.md", "\n| `engine/backends/torch/` |",
+        "\n| `engine/backends/toy/` | a toy backend: `backend.py`, `stages.py`, `runner.py` |"
+        "\n| `engine/backends/torch/` |")
     return touches
 
 
@@ -164,7 +164,7 @@ def _product_copy(copy: Path) -> None:
     (copy / "docs").mkdir()
     shutil.copy(ROOT / "docs" / "layout.md", copy / "docs" / "layout.md")
     shutil.copy(ROOT / "pyproject.toml", copy / "pyproject.toml")
-    (copy / "engine/stage_backends/toy").mkdir()
+    (copy / "engine/backends/toy").mkdir()
 
 
 RUN_BOTH = """
@@ -173,7 +173,7 @@ from click.testing import CliRunner
 import diffsmooth
 from diffsmooth.cli import main
 from diffsmooth.engine.choices import BACKENDS
-from diffsmooth.engine.stage_backends.registry import STAGE_BACKENDS, stage_backend
+from diffsmooth.engine.backends.registry import STAGE_BACKENDS, stage_backend
 assert diffsmooth.__file__.startswith(sys.argv[1]), diffsmooth.__file__
 assert tuple(STAGE_BACKENDS) == BACKENDS and type(stage_backend("toy")).__module__.endswith(".toy.backend")
 for backend, out in (("torch", sys.argv[2]), ("toy", sys.argv[3])):
@@ -204,7 +204,7 @@ def test_a_toy_backend_touching_the_pages_files_certifies_as_torch(tiny_models, 
     toy_modules = {m for m in modules if "/toy/" in m}
     assert len(toy_modules) == 3 and toy_modules & named_in_table((ROOT / "docs/layout.md").read_text()) == set()
     assert not modules - named_in_table((copy / "docs/layout.md").read_text())
-    assert _package_folders_missing(copy, (ROOT / "pyproject.toml").read_text()) == ["diffsmooth.engine.stage_backends.toy"]
+    assert _package_folders_missing(copy, (ROOT / "pyproject.toml").read_text()) == ["diffsmooth.engine.backends.toy"]
     assert _package_folders_missing(copy, (copy / "pyproject.toml").read_text()) == []
     contract = next(c for c in tomllib.loads((copy / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
                     if c["id"] == "backend-folders")

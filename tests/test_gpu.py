@@ -107,8 +107,8 @@ def test_two_streams_count_like_one():
 
 
 def test_cuda_graph_replay_matches_uncaptured_call():
-    from diffsmooth.engine.stage_backends.torch.cuda_graphs import CudaGraphStage
-    from diffsmooth.engine.stage_backends.torch.runner import TorchStage
+    from diffsmooth.engine.backends.torch.cuda_graphs import CudaGraphStage
+    from diffsmooth.engine.backends.torch.runner import TorchStage
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.GroupNorm(4, 16), torch.nn.SiLU(),
                               torch.nn.Flatten(), torch.nn.Linear(16 * 64, 10))
     stage = TorchStage(net, "tiny", torch.device("cuda"), "fp16")
@@ -151,15 +151,15 @@ def test_fused_conv_classifier_on_cuda():
 def test_issuing_a_packed_batch_never_blocks_the_host():
     """Rows to the device (pinned, non-blocking), noise from keys made once, the stages and the vote
     scatter: no host sync while batches are issued. The only sync is reading completed counts."""
-    from diffsmooth.engine.backends.base import BaseClassifierStages
-    from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
+    from diffsmooth.engine.backends.torch.runner import TorchRunner
+    from diffsmooth.engine.base_classifier.local_smoothing import LogitsModule
     from diffsmooth.engine.certify.jobs import count_job
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     from diffsmooth.engine.certify.scheduler import Scheduler, Work
-    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+    from diffsmooth.engine.stages.base import BaseClassifierStages
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
                               torch.nn.Linear(8 * 64, 10)).eval()
-    stage = TorchBackend("cuda").stage(LogitsHead(net), "classifier")
+    stage = TorchRunner("cuda").stage(LogitsModule(net), "classifier")
     pipe = MonteCarloPipeline(BaseClassifierStages("rs", None, stage, 10), 0.5, seed=1, static_batch=True)
     sched = Scheduler(pipe, 64, window=8)
     works = iter([Work(i, torch.rand(3, 8, 8), count_job(0, 40)) for i in range(8)])    # 2-3 images a batch

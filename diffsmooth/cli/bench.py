@@ -15,6 +15,7 @@ from diffsmooth.bench.report import render
 from diffsmooth.bench.variants import TOKENS, parse_variants
 from diffsmooth.cli.options import name_values
 from diffsmooth.cli.param_types import BATCH, LOCAL_NOISES, LOCAL_SIGMA, METHOD, SAMPLES, SEED, SIGMA, THREADS, Count, Number
+from diffsmooth.engine.backends.torch.compile_options import COMPILE_MODES, INDUCTOR_KNOBS, parse_inductor_knobs
 from diffsmooth.engine.choices import (
     BACKENDS,
     DEFAULT_LOCAL_NOISE,
@@ -26,7 +27,6 @@ from diffsmooth.engine.choices import (
     LOCAL_NOISE_MODES,
     RUN_PRECISIONS,
 )
-from diffsmooth.engine.stage_backends.torch.compile_options import COMPILE_MODES, INDUCTOR_KNOBS, parse_inductor_knobs
 
 
 def _csv(kind=str):

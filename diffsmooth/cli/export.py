@@ -75,7 +75,7 @@ def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, 
         cls_src = checkpoint_source(classifier_path_for(config, sources), arch=sources.arch,
                                     normalization=sources.normalization, stats=sources.stats)
     if den_model is None and cls_model is None:
-        raise UserError(f"nothing to export: method {config.method} uses no denoiser; give --classifier "
+        raise UserError(f"nothing to export: method {config.name} uses no denoiser; give --classifier "
                         "(or --also-unet to export the UNet alone)")
     target = plan_check.trt_target(device) if trt else None      # fail before exporting, not after
     graphs = export_models(config, shape, out, denoiser=den_model, classifier=cls_model, fp16=fp16,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import click
 
 from diffsmooth.cli.param_types import BATCH, Count, Number
+from diffsmooth.engine.backends.torch.compile_options import COMPILE_MODES, INDUCTOR_KNOBS
 from diffsmooth.engine.choices import MAX_SAMPLES
-from diffsmooth.engine.stage_backends.torch.compile_options import COMPILE_MODES, INDUCTOR_KNOBS
 
 __all__ = ["fast_path_options", "variant_options"]
 

@@ -1,6 +1,6 @@
 """Several configurations of the base classifier voting on the same samples (a sweep): each noisy
 sample is denoised once and scored by every configuration (method x classifier x sigma' x m at one
-sigma), as ONE score stage returning [B, E, K] (backends/base.py), so the one voter and scheduler
+sigma), as ONE score stage returning [B, E, K] (stages/base.py), so the one voter and scheduler
 run it on any backend.
 
 Why each configuration's votes equal its single run's: every configuration sees the same smoothing
@@ -18,11 +18,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES, option_variants
 from diffsmooth.engine.base_classifier.probe import probed
 from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.stages.base import BaseClassifierStages
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Configuration:
     @property
     def name(self) -> str:
         """The configuration's result-file stem, e.g. diffsmooth__resnet110__ls0.25__m5."""
-        return f"{self.config.method}__{self.classifier}{self.config.kind.config_tag(self.config)}"
+        return f"{self.config.name}__{self.classifier}{self.config.method.config_tag(self.config)}"
 
 
 def configurations(methods: Sequence[str], sigma: float, options_for, classifiers_for) -> List[Configuration]:
@@ -177,7 +177,7 @@ def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
 def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], denoiser, backend,
                                image_shape, num_classes: Optional[int] = None,
                                fused_attention: bool = False, lean_unet: bool = False) -> BaseClassifierStages:
-    """The sweep's stages on a TorchBackend: the denoiser once (the method's purify stage, its purifier's `stage`, of
+    """The sweep's stages on a TorchRunner: the denoiser once (the method's purify stage, its purifier's `stage`, of
     purifier_config), every configuration in one score stage (`lean_unet`: the denoiser on its UNet's eps-only
     copy, DiffusionDenoiser.purifier)."""
     inputs = inputs_of(configs)

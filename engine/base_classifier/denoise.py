@@ -12,14 +12,14 @@ from diffsmooth.engine.base_classifier.diffusion_denoiser import (
     COEFFICIENT_BUFFERS,
     PRESET_SCHEDULES,
     DiffusionDenoiser,
-    OneShotPurifier,
+    OneShotModule,
     schedule_for,
 )
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import load_unet
 from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder
 
-__all__ = ["COEFFICIENT_BUFFERS", "PRESET_SCHEDULES", "DiffusionDenoiser", "OneShotPurifier", "schedule_for",
+__all__ = ["COEFFICIENT_BUFFERS", "PRESET_SCHEDULES", "DiffusionDenoiser", "OneShotModule", "schedule_for",
            "load_denoiser"]
 
 

@@ -19,7 +19,7 @@ from diffsmooth.engine.base_classifier.one_step import (
     ConsistencySchedule,
     DiscreteSchedule,
     OneStepCoefficients,
-    OneStepPurifier,
+    OneStepModule,
 )
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.models.diffusers_folder import DiffusersFolder, read_diffusers_folder
@@ -52,11 +52,11 @@ class DiffusersDenoiser(DiffusionDenoiser):
         c = self.coefficients(sigma)
         return c.t if c.t is not None else c.model_timestep
 
-    def purifier(self, sigma: float, fused_attention: bool = False, lean: bool = False) -> OneStepPurifier:
+    def purifier(self, sigma: float, fused_attention: bool = False, lean: bool = False) -> OneStepModule:
         """denoise(., sigma) as a module sharing this UNet's weights (`fused_attention` changes nothing:
         diffusers' attention already runs through scaled_dot_product_attention; nor does `lean`, the
         engine UNet's eps-only copy: a diffusers UNet runs as it is)."""
-        return OneStepPurifier(self.unet, self.coefficients(sigma), self.channels)
+        return OneStepModule(self.unet, self.coefficients(sigma), self.channels)
 
 
 def _scheduler_instance(folder: DiffusersFolder):

@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from diffsmooth.engine.base_classifier.purifier_buffers import BufferedPurifier
+from diffsmooth.engine.base_classifier.purifier_buffers import BufferedModule
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.errors import UserError
 
@@ -24,11 +24,11 @@ PRESET_SCHEDULES = {
     "imagenet": DiffusionSchedule("linear", 1000, rescale_timesteps=False),  # guided-diffusion
     "demo": DiffusionSchedule("cosine", 4000, rescale_timesteps=True),       # the embedded model
 }
-# The sigma-dependent inputs of the one-shot denoiser, held as fp32 buffers (OneShotPurifier).
+# The sigma-dependent inputs of the one-shot denoiser, held as fp32 buffers (OneShotModule).
 COEFFICIENT_BUFFERS = ("sigma", "model_timestep", "sqrt_abar", "sqrt_recip_abar", "sqrt_recipm1_abar")
 
 
-class OneShotPurifier(BufferedPurifier):
+class OneShotModule(BufferedModule):
     """The denoiser at one sigma, x_rs -> x_hat (exports with its constants folded in). t* and the
     schedule's scale factors are buffers, not Python floats: a compiled graph or CUDA graph reads
     them at run time, so `set_coefficients` moves a built purifier to another sigma in place."""
@@ -57,7 +57,7 @@ class DiffusionDenoiser(nn.Module):
         """t*: the first timestep whose noise level reaches 2*sigma in [-1, 1] image units."""
         return self.schedule.timestep(sigma)
 
-    def purifier(self, sigma: float, fused_attention: bool = False, lean: bool = False) -> OneShotPurifier:
+    def purifier(self, sigma: float, fused_attention: bool = False, lean: bool = False) -> OneShotModule:
         """An nn.Module computing denoise(., sigma), sharing this UNet's weights; `fused_attention`
         runs the UNet's attention through scaled_dot_product_attention (GPU fast path). `lean` (the
         lean UNet): on its own copy of the UNet that computes only the noise estimate (UNetModel.eps_only),
@@ -71,7 +71,7 @@ class DiffusionDenoiser(nn.Module):
             if not hasattr(unet, "with_fused_attention"):
                 raise UserError(f"fused attention needs the engine's UNetModel, not {type(unet).__name__}")
             unet = unet.with_fused_attention()
-        purifier = OneShotPurifier(unet, self.schedule.coefficients(sigma), self.channels)
+        purifier = OneShotModule(unet, self.schedule.coefficients(sigma), self.channels)
         if lean:
             purifier.shared_timestep = True
         return purifier

@@ -17,7 +17,7 @@ from torch import nn
 from diffsmooth.engine.choices import LOCAL_NOISE_MODES
 
 
-class LocalSmoothingHead(nn.Module):
+class LocalSmoothingModule(nn.Module):
     """x_hat [B,C,H,W] (+ fresh noise [B,m,C,H,W]) -> mean softmax over the m local noises [B,K];
     sigma' is a buffer (a compiled head stays valid when another sigma' is copied in)."""
 
@@ -55,7 +55,7 @@ def local_probabilities(classifier: nn.Module, x_hat: torch.Tensor, delta: torch
     return torch.softmax(logits, dim=-1).view(b, m, -1)
 
 
-class LogitsHead(nn.Module):
+class LogitsModule(nn.Module):
     """The plain classifier (RS, DDS): images -> fp32 logits; the vote is their argmax."""
 
     takes_noise = False

@@ -25,11 +25,11 @@ from typing import Optional
 
 import torch
 
-from diffsmooth.engine.base_classifier.purifier_buffers import BufferedPurifier
+from diffsmooth.engine.base_classifier.purifier_buffers import BufferedModule
 from diffsmooth.engine.base_classifier.schedule import first_timestep
 from diffsmooth.engine.errors import UserError
 
-__all__ = ["OneStepCoefficients", "DiscreteSchedule", "ConsistencySchedule", "OneStepPurifier",
+__all__ = ["OneStepCoefficients", "DiscreteSchedule", "ConsistencySchedule", "OneStepModule",
            "ONE_STEP_BUFFERS", "PREDICTION_TYPES"]
 
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
@@ -114,7 +114,7 @@ class ConsistencySchedule:
             c_skip=sd * sd / ((s - s_min) ** 2 + sd * sd), c_out=(s - s_min) * sd / math.sqrt(s * s + sd * sd))
 
 
-class OneStepPurifier(BufferedPurifier):
+class OneStepModule(BufferedModule):
     """A diffusers denoiser at one sigma, x_rs -> x_hat in [0, 1]. The coefficients are buffers, not
     Python floats, so `set_coefficients` moves a built (or compiled) purifier to another sigma in place."""
 

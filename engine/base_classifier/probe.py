@@ -8,9 +8,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.certify.noise import STREAM_PURIFY, NoiseKeys, RowNoise
 from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.stages.base import BaseClassifierStages
 
 
 def probe(stages: BaseClassifierStages, image_shape: Tuple[int, ...]) -> int:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 
-class BufferedPurifier(nn.Module):
+class BufferedModule(nn.Module):
     """x_rs -> x_hat around `unet`; subclasses name their constants in BUFFERS and use them in forward."""
 
     BUFFERS: Tuple[str, ...] = ()

@@ -3,7 +3,7 @@
 MonteCarloPipeline is the base classifier as the scheduler's *voter*: it turns a packed batch of
 rows (image slot, image index, sample index) into noisy samples (lane 1: noise + denoiser) and
 votes (lane 2: classifier, argmax), for one configuration or for every configuration of a sweep
-scored on the same denoised batch (the stages say which; backends/base.py). Sample j of image i always gets the same
+scored on the same denoised batch (the stages say which; stages/base.py). Sample j of image i always gets the same
 noise (engine/certify/noise.py), so which samples are counted never depends on the batch size or
 on which other images share the batch. The scheduler (certify/scheduler.py) packs the batches and
 counts the votes on the device. On CUDA with two streams, the denoiser of batch k+1 runs while the
@@ -22,9 +22,6 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.backends.eager_fallback import eager_fallback
-from diffsmooth.engine.backends.weights import Marks, first_change
 from diffsmooth.engine.certify.agreement import digest64
 from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.jobs import count_job
@@ -32,6 +29,9 @@ from diffsmooth.engine.certify.lanes import lanes_for
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, STREAM_PURIFY, STREAM_SMOOTHING, NoiseKeys, RowNoise, gaussian_rows
 from diffsmooth.engine.certify.scheduler import BatchRows, NonFiniteScores, Scheduler, Work
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.stages.base import BaseClassifierStages
+from diffsmooth.engine.stages.eager_fallback import eager_fallback
+from diffsmooth.engine.stages.weights import Marks, first_change
 
 __all__ = ["MonteCarloPipeline", "NonFiniteScores", "WeightsChanged", "initial_score_chunks", "divisors"]
 
@@ -113,7 +113,7 @@ class MonteCarloPipeline:
         return self._sealed is not None
 
     def verify_weights(self) -> None:
-        """A UserError when a sealed pipeline's weights changed since the seal (backends/weights.py)."""
+        """A UserError when a sealed pipeline's weights changed since the seal (stages/weights.py)."""
         if self._sealed is None:
             return
         change = first_change(self._sealed, self.stages.weight_marks())

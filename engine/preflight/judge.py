@@ -32,7 +32,7 @@ def _pct(value: float) -> str:
 
 
 def noise_settings(config: MethodConfig) -> str:
-    shown = [(o.shown, config.option(o.name)) for o in config.kind.options if o.recorded]
+    shown = [(o.shown, config.option(o.name)) for o in config.method.options if o.recorded]
     return ", ".join([f"sigma {config.sigma:g}"] + [f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
                                                     for name, value in shown])
 
@@ -75,7 +75,7 @@ def report_noise(report: PreflightReport, config: MethodConfig, noise: NoiseVote
     per_sample = float(np.mean(label_votes) / samples)
     report.measured.update(noise_accuracy=won, r0_upper=upper, noise_per_sample=per_sample, samples=samples)
     report.add("noise", f"{_pct(won)} of the images won by their label (more than half of {samples} sample"
-                        f"{'s' if samples > 1 else ''}) under {config.method}'s noise ({noise_settings(config)}; "
+                        f"{'s' if samples > 1 else ''}) under {config.name}'s noise ({noise_settings(config)}; "
                         f"{_pct(per_sample)} of the samples): certified accuracy at r = 0 is at most {_pct(upper)} "
                         f"({100 * COVER:.0f}% upper confidence bound over the selection)")
 
@@ -138,7 +138,7 @@ def _scores(votes: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
 
 
 def _noise_fix(config: MethodConfig, name: str, value: float) -> str:
-    local = config.kind.head.noise_option
+    local = config.method.head.noise_option
     option = (f"--{local.replace('_', '-')}" if local in OPTION_ALIASES else f"--option {local}=") if local else "--sigma"
     return (f"{option} {value / 2:g}" + (" (and --sigma half of a [-1, 1] value too)" if local else "")
             + f", or a classifier trained at {name} {value:g}")

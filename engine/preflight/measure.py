@@ -12,6 +12,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import nn
 
+from diffsmooth.engine.backends.torch.backend import TorchBackend
 from diffsmooth.engine.base_classifier.diffusion_denoiser import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
@@ -23,7 +24,6 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.resnet import InputCenterLayer, NormalizedClassifier, NormalizeLayer, normalization_layer
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.stage_build import StageBuild
-from diffsmooth.engine.stage_backends.torch.backend import TorchStages
 
 HALF = "half"                               # the variant at half the noise the classifier sees
 HIGHER = "higher"                           # ... at twice it (a method that feeds it no noise: at the run's sigma)
@@ -155,7 +155,7 @@ class NoiseVotes:
 def fed_noise(config: MethodConfig) -> Tuple[Optional[str], float]:
     """(the setting, its value) of the noise the method feeds its classifier: ("sigma", sigma) for a method that
     classifies the noisy input, (sigma' or the head's option, its value), or (None, 0.0): purified images."""
-    kind = config.kind
+    kind = config.method
     local = kind.head.noise_option
     if local:
         option = next((o for o in kind.options if o.name == local), None)
@@ -167,7 +167,7 @@ def _variant_heads(config: MethodConfig, variants: Dict[str, nn.Module], given: 
                    shape: Tuple[int, ...], device, seed: int) -> Dict[str, Tuple[nn.Module, float]]:
     """{variant: (score head, the factor on the noise in its input)}: the input a head reads is x + factor * (h - x)
     for a method that classifies the noisy input, else h itself (factor 1)."""
-    kind = config.kind
+    kind = config.method
     light = preview(config)
     heads = {mode: (kind.score_head(light, clf, shape), 1.0) for mode, clf in variants.items()}
     classifier = variants.get(given) if given else None
@@ -191,10 +191,10 @@ def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: S
     x, indices, samples, seed, device, batch = sample.x, sample.indices, how.samples, how.seed, how.device, how.batch
     shape = tuple(int(d) for d in x.shape[1:])
     build = StageBuild(device=str(device), precision="fp32", fast=FastPath(), batch=batch)
-    stages = TorchStages().from_models(config, classifier, denoiser, shape, None, build)
+    stages = TorchBackend().from_models(config, classifier, denoiser, shape, None, build)
     pipeline = MonteCarloPipeline(stages, config.sigma, seed)
     heads = _variant_heads(config, variants, input_mode(classifier), shape, pipeline.device, seed)
-    noisy_input = not config.kind.purifier.purifies
+    noisy_input = not config.method.purifier.purifies
     dev = pipeline.device
     n = x.shape[0]
     position = torch.arange(n).repeat_interleave(samples)
@@ -221,7 +221,7 @@ def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: S
 def preview(config: MethodConfig) -> MethodConfig:
     """The config the variants score: each setting at its cheaper preview value, where it has one (DiffSmooth: one
     local noise, fixed)."""
-    return config.replace(**{o.name: o.preview for o in config.kind.options if o.preview is not None})
+    return config.replace(**{o.name: o.preview for o in config.method.options if o.preview is not None})
 
 
 @dataclass

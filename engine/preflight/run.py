@@ -123,7 +123,7 @@ def preflight_models(config: MethodConfig, classifier: nn.Module, denoiser, samp
     if images.dim() != 4 or len(sample.labels) != images.shape[0] or len(indices) != images.shape[0]:
         raise UserError(f"preflight needs images [N,C,H,W] with one label and index each, got {tuple(images.shape)}")
     labels = torch.as_tensor(sample.labels, dtype=torch.int64).cpu()
-    report = PreflightReport(title or f"{config.method} at {judge.noise_settings(config)}")
+    report = PreflightReport(title or f"{config.name} at {judge.noise_settings(config)}")
     data = DataStats.of(images, labels)
     data.report(report)
     if judge.report_units(report, config):
@@ -181,7 +181,7 @@ def preflight_request(request: RunRequest, images: int = IMAGES, samples: int = 
     indices = sample_indices(selected, images, request.seed, None if labels is None else labels[selected].tolist())
     x, y = load_arrays(dataset, indices)
     clean = clean_sample(dataset, images, request.seed)
-    title = (f"{config.method} at {judge.noise_settings(config)} on {kind} ({len(indices)} of {len(selected)} selected "
+    title = (f"{config.name} at {judge.noise_settings(config)} on {kind} ({len(indices)} of {len(selected)} selected "
              f"images, drawn with seed {request.seed}; {request.device})")
     how = Sampling(samples, request.seed, request.device, request.batch or 0)
     report = preflight_models(config, classifier, denoiser, Sample(x, y, indices, clean), how, stats=sources.stats,

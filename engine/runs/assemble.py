@@ -1,6 +1,6 @@
 """From model sources to loaded models, and from stages to a ready voter: what a run's models are
 (`ModelSources`, the loaders), the pipeline around built stages, and the once-per-run check of a fast path
-against eager fp32. Building the stages on a backend is engine/runs/stage_build.py's (engine/stage_backends/)."""
+against eager fp32. Building the stages on a backend is engine/runs/stage_build.py's (engine/backends/)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.configurations import (
     Configuration,
 )
@@ -24,6 +23,7 @@ from diffsmooth.engine.models import shipped as demo_assets
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.runs.fast_path import VALIDATE_SAMPLES, FastPath, validate_fast_path
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE
+from diffsmooth.engine.stages.base import BaseClassifierStages
 
 
 @dataclass
@@ -86,7 +86,7 @@ def classifier_path_for(config: MethodConfig, sources: ModelSources) -> str:
         return sources.classifier
     if sources.preset != demo_assets.DEMO_PRESET:
         raise UserError("give `classifier` CHECKPOINT")
-    return str(config.kind.demo_classifier(config))
+    return str(config.method.demo_classifier(config))
 
 
 def load_classifier_from(config: MethodConfig, sources: ModelSources):
@@ -98,7 +98,7 @@ def load_classifier_from(config: MethodConfig, sources: ModelSources):
 def load_models(config: MethodConfig, sources: ModelSources):
     """(denoiser or None, classifier) as torch modules on the CPU, in eval mode."""
     if config.purifier.denoises and not sources.denoiser:
-        raise UserError(f"method {config.method} needs `denoiser` CHECKPOINT")
+        raise UserError(f"method {config.name} needs `denoiser` CHECKPOINT")
     denoiser = load_denoiser_from(sources) if config.purifier.denoises else None
     return denoiser, load_classifier_from(config, sources)
 
@@ -130,7 +130,7 @@ def classifier_call_images(config: MethodConfig, batch: int, image_shape: Tuple[
     """Images per classifier call in a run at `batch`: the pipeline's first chunk of the batch (at most
     `classifier_batch` samples when given), times m for local smoothing (the shape the fused-convolution
     probe must see)."""
-    per_sample = config.kind.classifier_calls(config)
+    per_sample = config.method.classifier_calls(config)
     numel = 1
     for d in image_shape:
         numel *= int(d)

@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Callable, Optional
 
+from diffsmooth.engine.backends.registry import stage_backend
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager, load_models, load_sweep_models
 from diffsmooth.engine.runs.dataset_run import Jobs, RunSummary, run_dataset
@@ -21,7 +22,6 @@ from diffsmooth.engine.runs.results import merge_results, read_rows, shard_path
 from diffsmooth.engine.runs.sharding import finish, wait_for_all
 from diffsmooth.engine.runs.stage_build import build_stages, build_sweep_stages
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
-from diffsmooth.engine.stage_backends.registry import stage_backend
 
 
 def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optional[ModelSet] = None) -> MonteCarloPipeline:
@@ -52,7 +52,7 @@ def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optiona
     voter.seal_weights()        # a row is written only from the weights built (and checked) here
     if check:
         reference = build_pipeline(stages(FastPath(), "fp32", models), r.sigma, r.seed, FastPath(), log)
-        rate = r.expected_flip_rate or design_flip_rate(r.precision, [c.config.method for c in run.configurations])
+        rate = r.expected_flip_rate or design_flip_rate(r.precision, [c.config.name for c in run.configurations])
         check_against_eager(voter, reference, check_images, run.batch, r.validate_samples, rate, log)
     return voter
 

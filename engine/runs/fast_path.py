@@ -11,10 +11,10 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
+from diffsmooth.engine.backends.registry import stage_backend
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import packing
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE, AgreementReport, judge_agreement
-from diffsmooth.engine.stage_backends.registry import stage_backend
 
 # Batch defaults from the H200 measurements (bench/results/h200-2026-11-26/): the compiled
 # CIFAR-10 UNet peaks at batch 2000 (classifier B x m = 10,000); the ImageNet UNet was measured at 32.
@@ -47,7 +47,7 @@ class FastPath:
     # the time-per-sample variants, each off (None / empty) unless asked for until a GPU has measured it
     lean_unet: bool = False                     # eps-only output conv, t*'s embedding once per call
     compile_mode: Optional[str] = None          # torch.compile mode (None: torch's default)
-    inductor: Tuple[str, ...] = ()              # inductor knobs (engine/stage_backends/torch/compile_options.py)
+    inductor: Tuple[str, ...] = ()              # inductor knobs (engine/backends/torch/compile_options.py)
     classifier_batch: Optional[int] = None      # samples per classifier call (None: sized from free memory)
     triton_conv: bool = False                   # folded ResNet classifier on Triton convolutions
     triton_blocks: bool = False                 # with triton_conv: each stride-1 BasicBlock one Triton kernel
@@ -63,7 +63,7 @@ class FastPath:
     @classmethod
     def resolve(cls, device: str, compile: Optional[bool] = None, *, backend: str = "torch", **asked) -> "FastPath":
         """The fast path of a run on `backend`; `asked`: the settings of ASKED a user gave (None or absent: the
-        default). Each backend decides its own defaults (its class's `fast_path_defaults`, engine/stage_backends/),
+        default). Each backend decides its own defaults (its class's `fast_path_defaults`, engine/backends/),
         and the settings only the torch backend reads are refused on the others. Torch backend: on CUDA everything
         on unless switched off; on CPU eager unless compile=True. Compiled stages always get static batches (one
         graph per run); fused attention defaults to on with compiled CUDA stages; fused (BatchNorm-folded)

@@ -19,7 +19,7 @@ from typing import Dict, Optional
 import torch
 from torch import nn
 
-from diffsmooth.engine.stage_backends.torch.recompile_limit import compiled_graphs
+from diffsmooth.engine.backends.torch.recompile_limit import compiled_graphs
 
 __all__ = ["ModelSet", "architecture", "copy_weights"]
 
@@ -71,7 +71,7 @@ def copy_weights(source: nn.Module, target: nn.Module) -> None:
 
 
 class _Reusing:
-    """A TorchBackend whose `stage` hands back a held stage of the same architecture, weights copied in."""
+    """A TorchRunner whose `stage` hands back a held stage of the same architecture, weights copied in."""
 
     def __init__(self, runner, held: "ModelSet"):
         self._runner, self._held = runner, held
@@ -83,7 +83,7 @@ class _Reusing:
         return self._held.stage(self._runner, module, name)
 
     def for_classifier(self) -> "_Reusing":
-        """The runner's classifier backend (TorchBackend.for_classifier), its stages drawn from the same set."""
+        """The runner's classifier backend (TorchRunner.for_classifier), its stages drawn from the same set."""
         return _Reusing(self._runner.for_classifier(), self._held)
 
 
@@ -102,7 +102,7 @@ class ModelSet:
         return compiled_graphs() - self._graphs_at_start
 
     def backend(self, runner):
-        """`runner` (a TorchBackend) with its stages drawn from this set."""
+        """`runner` (a TorchRunner) with its stages drawn from this set."""
         return _Reusing(runner, self)
 
     def stage(self, runner, module: nn.Module, name: str):

@@ -157,7 +157,7 @@ class ResolvedRun:
             for k in ("local_sigma", "m", "local_noise"):
                 if k not in dict(config.options):
                     settings.pop(k)
-            settings.update((o.name, config.option(o.name)) for o in config.kind.options if o.recorded)
+            settings.update((o.name, config.option(o.name)) for o in config.method.options if o.recorded)
         if r.scheduler is not None:
             settings["scheduler"] = r.scheduler
         # a diffusers folder: its format and the sha256 of its weights and configs (checkpoint files: nothing added)
@@ -167,7 +167,7 @@ class ResolvedRun:
     def sweep_index(self) -> dict:
         """The sweep folder's index.json: the recorded settings and each configuration's file."""
         return {"settings": self.recorded(), "entries": [
-            {"method": c.config.method, "classifier": c.classifier,
+            {"method": c.config.name, "classifier": c.classifier,
              "local_sigma": dict(c.config.options).get("local_sigma"), "m": dict(c.config.options).get("m"),
              "file": f"{c.name}.tsv"}
             for c in self.configurations]}
@@ -231,7 +231,7 @@ def classifier_names(request: RunRequest, sources: ModelSources) -> Tuple[Dict[s
     def classifiers_for(config):
         if sources.preset != shipped.DEMO_PRESET:
             raise UserError("give `classifier` CHECKPOINT")
-        path = config.kind.demo_classifier(config)
+        path = config.method.demo_classifier(config)
         paths[path.stem] = str(path)
         return [path.stem]
     return paths, classifiers_for

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from diffsmooth.engine.backends.torch.compile_options import check_compile_mode, parse_inductor_knobs
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES, option_variants
 from diffsmooth.engine.certify.sequential import BOUNDS, DEFAULT_BOUND, DEFAULT_FUTILITY_RULE, FUTILITY_RULES, SequentialRule
@@ -35,7 +36,6 @@ from diffsmooth.engine.choices import (
 )
 from diffsmooth.engine.errors import UserError, check_alpha
 from diffsmooth.engine.models.packed_resnet import packing
-from diffsmooth.engine.stage_backends.torch.compile_options import check_compile_mode, parse_inductor_knobs
 
 MODES = ("certify", "predict")
 

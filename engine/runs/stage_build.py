@@ -1,4 +1,4 @@
-"""How a run builds its stages on a named backend (engine/stage_backends/, picked by name in its registry.py): the
+"""How a run builds its stages on a named backend (engine/backends/, picked by name in its registry.py): the
 build's settings (`StageBuild`: device, precision, fast path, batch, exported graphs, models loaded or to load) and
 the one-call builders a run, the Python API and `diffsmooth bench` use."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.registry import stage_backend
 from diffsmooth.engine.base_classifier.configurations import Configuration
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.smooth import Smooth
@@ -20,7 +20,7 @@ from diffsmooth.engine.runs.assemble import (
 )
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.model_set import ModelSet
-from diffsmooth.engine.stage_backends.registry import stage_backend
+from diffsmooth.engine.stages.base import BaseClassifierStages
 
 
 @dataclass(frozen=True)

@@ -156,8 +156,8 @@ def test_reference_equivalent_runs_with_the_official_cudnn_autotuning(arch, expe
 def test_reference_equivalent_does_the_engines_maths(tiny_set):
     """Same denoised images and the same local-smoothing probabilities as the engine's modules."""
     from diffsmooth.bench.reference_equivalent import ReferenceEquivalent
+    from diffsmooth.engine.backends.torch.stages import score_module
     from diffsmooth.engine.base_classifier.methods import MethodConfig
-    from diffsmooth.engine.stage_backends.torch.stages import score_module
     ref = ReferenceEquivalent("diffsmooth", tiny_set.classifier, 10, 0.5, tiny_set.denoiser, m=3, local_sigma=0.25)
     x = torch.rand(5, *tiny_set.image_shape)
     head = score_module(MethodConfig("diffsmooth", 0.5, 3, 0.25), tiny_set.classifier, tiny_set.image_shape)

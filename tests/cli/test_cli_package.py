@@ -69,12 +69,12 @@ def test_options_offer_the_engines_names():
 
 
 def test_the_engines_tables_cover_exactly_the_names():
+    from diffsmooth.engine.backends.torch.runner import AUTOCAST_DTYPES
     from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
     from diffsmooth.engine.models.resnet import DATASET_STATS, DEFAULT_NORMALIZATION
     from diffsmooth.engine.models.unet import PRESETS
     from diffsmooth.engine.runs.sources import DATASET_STATS as KIND_STATS
     from diffsmooth.engine.runs.sources import PRESET_STATS
-    from diffsmooth.engine.stage_backends.torch.runner import AUTOCAST_DTYPES
     assert set(PRESETS) == set(PRESET_SCHEDULES) == set(PRESET_STATS) == set(choices.PRESETS)
     assert set(DATASET_STATS) == set(DEFAULT_NORMALIZATION) == set(choices.STATS)
     assert set(AUTOCAST_DTYPES) == set(choices.RUN_PRECISIONS)

@@ -170,17 +170,17 @@ class Dataset:
 def test_a_run_keeps_the_rows_before_its_weights_changed_and_refuses_the_rest(tmp_path):
     """Weights written in place in the middle of a sealed run (in the third image's first batch): the run
     stops with WeightsChanged; the rows written before equal a clean run's, and none comes after."""
-    from diffsmooth.engine.backends.base import BaseClassifierStages
-    from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
+    from diffsmooth.engine.backends.torch.runner import TorchRunner
+    from diffsmooth.engine.base_classifier.local_smoothing import LogitsModule
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
     from diffsmooth.engine.runs.dataset_run import Images as RunImages
     from diffsmooth.engine.runs.dataset_run import Jobs, run_dataset
     from diffsmooth.engine.runs.results import read_rows
-    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+    from diffsmooth.engine.stages.base import BaseClassifierStages
 
     def run(out, change_after=None):
         classifier = spread_classifier(2)
-        stage = TorchBackend().stage(LogitsHead(classifier), "classifier")
+        stage = TorchRunner().stage(LogitsModule(classifier), "classifier")
         pipe = MonteCarloPipeline(BaseClassifierStages("rs", None, stage, 10), 0.12, seed=3)
         pipe.seal_weights()
         batches = []

@@ -1,5 +1,5 @@
-"""A backend is one folder (engine/stage_backends/NAME/: its class, a method's stages on it, its runner), registered in
-one place (engine/stage_backends/registry.py), and the product code never compares a backend's name with a string:
+"""A backend is one folder (engine/backends/NAME/: its class, a method's stages on it, its runner), registered in
+one place (engine/backends/registry.py), and the product code never compares a backend's name with a string:
 it asks the backend object (`runs_modules`, `accepts_torch_options`, `fast_path_defaults`) instead
 (docs/extending.md, "A new backend")."""
 
@@ -7,11 +7,11 @@ import ast
 from pathlib import Path
 
 from diffsmooth.engine import choices
-from diffsmooth.engine.stage_backends.registry import STAGE_BACKENDS
+from diffsmooth.engine.backends.registry import STAGE_BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = [ROOT / "engine", ROOT / "export", ROOT / "bench", ROOT / "diffsmooth" / "cli", ROOT / "diffsmooth" / "__init__.py"]
-ROOM = ROOT / "engine" / "stage_backends"
+ROOM = ROOT / "engine" / "backends"
 HOUSE = [ROOM / name for name in choices.BACKENDS] + [ROOM / "registry.py"]
 
 
@@ -65,7 +65,7 @@ def test_each_backend_is_one_folder_registered_once():
     assert tuple(STAGE_BACKENDS) == choices.BACKENDS
     for name, backend in STAGE_BACKENDS.items():
         assert backend.name == name
-        assert type(backend).__module__ == f"diffsmooth.engine.stage_backends.{name}.backend"
+        assert type(backend).__module__ == f"diffsmooth.engine.backends.{name}.backend"
         assert {"__init__.py", "backend.py", "stages.py", "runner.py"} <= {p.name for p in (ROOM / name).glob("*.py")}
 
 

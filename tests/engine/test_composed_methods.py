@@ -13,9 +13,9 @@ from diffsmooth.engine.base_classifier.denoise import load_denoiser
 from diffsmooth.engine.base_classifier.methods import BUILT_IN, Method, register, unregister
 from diffsmooth.engine.base_classifier.methods.config import MethodOption
 from diffsmooth.engine.base_classifier.methods.head import Head
-from diffsmooth.engine.base_classifier.methods.majority_vote_head import MajorityVote
+from diffsmooth.engine.base_classifier.methods.majority_vote_head import MajorityVoteHead
 from diffsmooth.engine.base_classifier.methods.no_purifier import NoPurifier
-from diffsmooth.engine.base_classifier.methods.one_shot_purifier import OneShotDenoising
+from diffsmooth.engine.base_classifier.methods.one_shot_purifier import OneShotPurifier
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.models.checkpoints import load_classifier
 from diffsmooth.engine.pipelines import smoothed_classifier
@@ -24,7 +24,7 @@ FAST = ["--n0", "8", "--n", "40", "--batch", "16", "--quiet"]
 
 
 # ---- the fifth method: one file's worth, parts that exist -------------------------------------------------------
-class Denoisings(OneShotDenoising):
+class Denoisings(OneShotPurifier):
     """One-shot denoising with a setting K: its one sample handed over K times."""
 
     options = (MethodOption("denoisings", int, 3, 1, 64, "one-shot denoisings K that vote"),)
@@ -38,7 +38,7 @@ class MajorityOfDenoisings(Method):
     name = "dds-majority"
     line_name = "DDS (majority of K denoisings)"
     purifier = Denoisings
-    head = MajorityVote
+    head = MajorityVoteHead
     flip_rates = BUILT_IN[1].flip_rates                 # DDS's: the same classifier behind the same denoiser
 # -----------------------------------------------------------------------------------------------------------------
 

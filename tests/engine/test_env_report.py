@@ -68,7 +68,7 @@ def test_text_output_one_key_per_line():
 
 
 def test_compile_cache_dir_rule(monkeypatch, tmp_path):
-    from diffsmooth.engine.stage_backends.torch.compile_cache import compile_cache_dir, use_compile_cache
+    from diffsmooth.engine.backends.torch.compile_cache import compile_cache_dir, use_compile_cache
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "unset-below")   # recorded, so use_compile_cache's write is undone
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -13,7 +13,7 @@ from torch import nn
 from diffsmooth.cli import main
 from diffsmooth.engine.base_classifier.methods import Method, MethodConfig, register, unregister
 from diffsmooth.engine.base_classifier.methods.config import MethodOption
-from diffsmooth.engine.base_classifier.methods.logits_head import Logits
+from diffsmooth.engine.base_classifier.methods.logits_head import LogitsHead
 from diffsmooth.engine.base_classifier.methods.no_purifier import NoPurifier
 from diffsmooth.engine.certify.noise import STREAM_PURIFY, NoiseKeys, RowNoise, gaussian, gaussian_rows
 from diffsmooth.engine.data import load_dataset
@@ -36,7 +36,7 @@ class GainHead(nn.Module):
         return self.classifier(0.5 + self.gain * (x - 0.5)).float()
 
 
-class Gain(Logits):
+class Gain(LogitsHead):
     """A head with a setting of its own: the classifier on its samples' contrast scaled by `gain`."""
 
     options = (MethodOption("gain", float, 1.0, 0.0, 4.0, "contrast of the noisy sample"),)
@@ -135,16 +135,16 @@ def test_a_methods_score_tolerance_reaches_the_agreement_check(gain, tiny_models
     score_tolerance); its stages carry it and the run-time check judges with it instead of the default."""
     import numpy as np
 
+    from diffsmooth.engine.backends.torch.runner import TorchRunner
+    from diffsmooth.engine.backends.torch.stages import build_torch_stages
     from diffsmooth.engine.runs.fast_path import judge_each_configuration
-    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-    from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
     classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
     config = MethodConfig(gain, 0.25)
-    assert build_torch_stages(config, classifier, None, TorchBackend("cpu"), (3, 8, 8)).score_tolerance is None
+    assert build_torch_stages(config, classifier, None, TorchRunner("cpu"), (3, 8, 8)).score_tolerance is None
     Gain.score_tolerance = lambda self, copies: 0.5
     try:
-        assert build_torch_stages(config, classifier, None, TorchBackend("cpu"), (3, 8, 8)).score_tolerance == 0.5
+        assert build_torch_stages(config, classifier, None, TorchRunner("cpu"), (3, 8, 8)).score_tolerance == 0.5
     finally:
         del Gain.score_tolerance
     reference = np.tile(np.array([[4.0, 1.0, 0.0]]), (20, 1))[:, None, :]       # [samples, E, K]

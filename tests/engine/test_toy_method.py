@@ -10,7 +10,7 @@ from torch import nn
 
 from diffsmooth.cli import main
 from diffsmooth.engine.base_classifier.methods import Method, MethodConfig, method_named, method_names, register, unregister
-from diffsmooth.engine.base_classifier.methods.logits_head import Logits
+from diffsmooth.engine.base_classifier.methods.logits_head import LogitsHead
 from diffsmooth.engine.base_classifier.methods.no_purifier import NoPurifier
 from diffsmooth.engine.certify.noise import STREAM_SMOOTHING, gaussian
 from diffsmooth.engine.data import load_dataset
@@ -33,7 +33,7 @@ class ClampedHead(nn.Module):
         return self.classifier(x.clamp(0.0, 1.0)).float()
 
 
-class ClampedLogits(Logits):
+class ClampedLogits(LogitsHead):
     """A head: the classifier's logits on its samples clipped to [0, 1]."""
 
     def module(self, classifier, image_shape, copies):

@@ -14,7 +14,10 @@ import torch
 
 ort = pytest.importorskip("onnxruntime")
 
-from diffsmooth.engine.backends.base import BaseClassifierStages  # noqa: E402
+from diffsmooth.engine.backends.onnxruntime.runner import OrtStage  # noqa: E402
+from diffsmooth.engine.backends.onnxruntime.stages import build_onnx_stages  # noqa: E402
+from diffsmooth.engine.backends.torch.runner import TorchRunner  # noqa: E402
+from diffsmooth.engine.backends.torch.stages import build_torch_stages  # noqa: E402
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser  # noqa: E402
 from diffsmooth.engine.base_classifier.methods import MethodConfig  # noqa: E402
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule  # noqa: E402
@@ -25,10 +28,7 @@ from diffsmooth.engine.hashing import sha256_file  # noqa: E402
 from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_unet_state  # noqa: E402
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer  # noqa: E402
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel  # noqa: E402
-from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtStage  # noqa: E402
-from diffsmooth.engine.stage_backends.onnxruntime.stages import build_onnx_stages  # noqa: E402
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend  # noqa: E402
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages  # noqa: E402
+from diffsmooth.engine.stages.base import BaseClassifierStages  # noqa: E402
 from diffsmooth.export.fp16 import precision_report  # noqa: E402
 from diffsmooth.export.graph_passes import infer_types  # noqa: E402
 from diffsmooth.export.manifest import read_manifest  # noqa: E402
@@ -151,7 +151,7 @@ def test_dynamic_batch_and_fp32_matches_torch(export_dir, models):
     den = _graph(graphs["dds"], "denoiser")
     cls = _graph(graphs["diffsmooth-fresh"], "classifier")
     purifier = denoiser.purifier(SIGMA)
-    from diffsmooth.engine.stage_backends.torch.stages import score_module
+    from diffsmooth.engine.backends.torch.stages import score_module
     head = score_module(CONFIGS["diffsmooth-fresh"], classifier, SHAPE)
     s_den = ort.InferenceSession(str(den.path), providers=["CPUExecutionProvider"])
     s_cls = ort.InferenceSession(str(cls.path), providers=["CPUExecutionProvider"])
@@ -378,7 +378,7 @@ def test_onnxruntime_certify_matches_torch(export_dir, models, name):
     out, _ = export_dir
     config = CONFIGS[name]
     torch_stages = build_torch_stages(config, classifier, denoiser if config.purifier.denoises else None,
-                                      TorchBackend(), SHAPE, 10)
+                                      TorchRunner(), SHAPE, 10)
     ort_stages = build_onnx_stages(out, config, SHAPE, 10)
     a, b = Smooth(MonteCarloPipeline(torch_stages, SIGMA, 3)), Smooth(MonteCarloPipeline(ort_stages, SIGMA, 3))
     for i, x in enumerate(real_images(3)):
@@ -456,7 +456,7 @@ def test_backend_refuses_external_data_outside_its_folder_and_corrupt_graphs(tmp
     import onnx
     from onnx import TensorProto, helper
 
-    from diffsmooth.engine.backends.manifests import check_external_data_paths
+    from diffsmooth.engine.stages.manifests import check_external_data_paths
     weight = helper.make_tensor("w", TensorProto.FLOAT, [1], [1.0])
     weight.data_location = TensorProto.EXTERNAL
     del weight.float_data[:]

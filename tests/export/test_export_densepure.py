@@ -81,11 +81,11 @@ def test_tensorrt_plan_validation_chains_the_step_plan_and_refuses_a_wrong_one(t
     (the profile keeps the timestep and coefficients static); a step plan that ignores its noise fails."""
     import torch
 
+    from diffsmooth.engine.backends.onnxruntime.runner import OrtStage
+    from diffsmooth.engine.backends.tensorrt.plans import profile_for, read_plan_manifest, write_plan_manifest
     from diffsmooth.engine.base_classifier.denoise import load_denoiser
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.models.checkpoints import load_classifier
-    from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtStage
-    from diffsmooth.engine.stage_backends.tensorrt.plans import profile_for, read_plan_manifest, write_plan_manifest
     from diffsmooth.export.onnx_export import export_models
     from diffsmooth.export.trt_build import PlanResult
     from diffsmooth.export.trt_validate import validate_plans

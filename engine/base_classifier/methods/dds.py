@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from diffsmooth.engine.base_classifier.methods.base import Method
-from diffsmooth.engine.base_classifier.methods.logits_head import Logits
-from diffsmooth.engine.base_classifier.methods.one_shot_purifier import OneShotDenoising
+from diffsmooth.engine.base_classifier.methods.logits_head import LogitsHead
+from diffsmooth.engine.base_classifier.methods.one_shot_purifier import OneShotPurifier
 
 
 class DenoisedSmoothingMethod(Method):
     name = "dds"
     line_name = "DDS (denoise, m=1)"
-    purifier = OneShotDenoising
-    head = Logits
+    purifier = OneShotPurifier
+    head = LogitsHead
     # Measured on an H200 on the demo models (bench.agreement; bench/results/h200-2026-11-26/, h200-2026-11-27/):
     # DDS puts a classifier trained on clean images behind the one-shot denoiser, and more of its inputs lie near
     # a decision boundary than a noise-trained classifier's do (the same on the engine's UNet and a diffusers DDPM).

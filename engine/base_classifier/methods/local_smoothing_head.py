@@ -8,7 +8,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from diffsmooth.engine.base_classifier.local_smoothing import LocalSmoothingHead, local_probabilities
+from diffsmooth.engine.base_classifier.local_smoothing import LocalSmoothingModule, local_probabilities
 from diffsmooth.engine.base_classifier.methods.config import MethodOption
 from diffsmooth.engine.base_classifier.methods.head import Head, SweepScorer
 from diffsmooth.engine.certify.noise import fixed_local_noise
@@ -23,7 +23,7 @@ from diffsmooth.engine.choices import (
 )
 
 
-class LocalSmoothing(Head):
+class LocalSmoothingHead(Head):
     options = (MethodOption("local_sigma", float, DEFAULT_LOCAL_SIGMA, 0.0, None, "sigma' of the local noises",
                             sweepable=True, label="sigma'"),
                MethodOption("m", int, DEFAULT_M, 1, MAX_LOCAL_NOISES, "local noises per sample", sweepable=True,
@@ -39,7 +39,7 @@ class LocalSmoothing(Head):
 
     def module(self, classifier, image_shape, copies):
         fixed = fixed_local_noise(self.m, image_shape, self.local_noise_seed) if self.local_noise == "fixed" else None
-        return LocalSmoothingHead(classifier, self.m, self.local_sigma, self.local_noise, fixed)
+        return LocalSmoothingModule(classifier, self.m, self.local_sigma, self.local_noise, fixed)
 
     def classifier_calls(self, copies):
         return self.m * int(copies)

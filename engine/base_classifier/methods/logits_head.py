@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
+from diffsmooth.engine.base_classifier.local_smoothing import LogitsModule
 from diffsmooth.engine.base_classifier.methods.head import PlainHead
 
 
-class Logits(PlainHead):
+class LogitsHead(PlainHead):
     label = "classifier"
     scores = "logits"
     output_name = "logits"
 
     def module(self, classifier, image_shape, copies):
-        return LogitsHead(classifier)
+        return LogitsModule(classifier)
 
     def classifier_calls(self, copies):
         return 1

@@ -9,7 +9,7 @@ from torch import nn
 from diffsmooth.engine.base_classifier.methods.head import PlainHead
 
 
-class MajorityVoteHead(nn.Module):
+class MajorityVoteModule(nn.Module):
     """K purified samples [B,K,C,H,W] (or the first K of more) -> scores [B,classes] whose argmax is the label most
     of the K runs gave, ties to the label that came first (DensePure's `max(labels, key=labels.count)`):
     count * (K + 1) - the first run that gave it; -1 for a label no run gave."""
@@ -29,7 +29,7 @@ class MajorityVoteHead(nn.Module):
         return torch.where(counts > 0, counts * (self.runs + 1) - first, torch.full_like(counts, -1.0))
 
 
-class MajorityVote(PlainHead):
+class MajorityVoteHead(PlainHead):
     """The K labels' majority; K is what the purifier hands over (Purifier.copies; one sample: its own label)."""
 
     label = "majority-vote classifier"
@@ -37,7 +37,7 @@ class MajorityVote(PlainHead):
     output_name = "votes"
 
     def module(self, classifier, image_shape, copies):
-        return MajorityVoteHead(classifier, copies)
+        return MajorityVoteModule(classifier, copies)
 
     def classifier_calls(self, copies):
         return int(copies)

@@ -9,7 +9,7 @@ from diffsmooth.engine.base_classifier.methods.purifier import Purifier
 from diffsmooth.engine.base_classifier.purifier_graph import one_shot_graph
 
 
-class OneShotDenoising(Purifier):
+class OneShotPurifier(Purifier):
     """One denoised sample per noisy sample; or, in a subclass that declares a setting K (`copies_option`), that
     sample K times: a one-shot denoising is deterministic, so K of them are K copies of one UNet call (a head voting
     over K samples, a majority, sees K equal ones)."""

@@ -1,5 +1,5 @@
-"""What a purifier and a head share: each is configured by its constructor (`LocalSmoothing(m=5, local_sigma=0.25)`,
-`ReverseChains(reverse_runs=10, steps=2)`, `OneShotDenoising()`), its settings the keywords its class declares once
+"""What a purifier and a head share: each is configured by its constructor (`LocalSmoothingHead(m=5, local_sigma=0.25)`,
+`ReverseChainsPurifier(reverse_runs=10, steps=2)`, `OneShotPurifier()`), its settings the keywords its class declares once
 as `options` (MethodOption: type, range, default, help), checked here and read back as attributes (`head.m`). A
 MethodConfig configures its method's two parts from its options; the Python API may hand configured parts itself."""
 

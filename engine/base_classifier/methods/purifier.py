@@ -35,7 +35,7 @@ class Purifier(Part, ABC):
 
     @abstractmethod
     def stage(self, sigma: float, denoiser, backend, fast=None):
-        """The purify stage at `sigma` on `backend` (a TorchBackend); `denoiser` is None for a purifier that does not
+        """The purify stage at `sigma` on `backend` (a TorchRunner); `denoiser` is None for a purifier that does not
         read it (`denoises` False); `fast` (a FastPath or None) says which UNet kernels."""
 
     @abstractmethod

@@ -210,7 +210,7 @@ class SchedulerChains:
                           lambda x, i, z: self._advance(x, self.timesteps[i], z))
 
 
-class ReverseChains(Purifier):
+class ReverseChainsPurifier(Purifier):
     """K runs of S reverse steps from t* (its settings: reverse_runs K, sweepable, and steps S)."""
 
     # Defaults: DensePure's merge script (results/merge_results.py: majority_vote_num 10, steps 2).

@@ -22,10 +22,8 @@ from fake_tensorrt import FAKE, fake_plan
 from onnx import TensorProto, helper
 
 from diffsmooth.cli import main
-from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.hashing import sha256_file
-from diffsmooth.engine.stage_backends.tensorrt import runner as trt_backend
-from diffsmooth.engine.stage_backends.tensorrt.plans import (
+from diffsmooth.engine.backends.tensorrt import runner as trt_backend
+from diffsmooth.engine.backends.tensorrt.plans import (
     cache_key,
     choose_plan,
     plan_manifest_path,
@@ -37,7 +35,9 @@ from diffsmooth.engine.stage_backends.tensorrt.plans import (
     scan_plans,
     write_plan_manifest,
 )
-from diffsmooth.engine.stage_backends.tensorrt.runner import TrtStage, tensorrt_available
+from diffsmooth.engine.backends.tensorrt.runner import TrtStage, tensorrt_available
+from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.export.manifest import write_manifest
 from diffsmooth.export.trt_build import Target, build_plans, ensure_plan
 from diffsmooth.export.trt_inspect import datatype_of, layer_roles, summarize
@@ -419,8 +419,8 @@ def test_tensorrt_available_and_missing_tensorrt(monkeypatch):
 
 
 def test_select_refuses_precision_missing_gpu_and_failed_validation(tmp_path, monkeypatch):
+    from diffsmooth.engine.backends.tensorrt.stages import PlanKey, build_trt_stages, plan_for
     from diffsmooth.engine.base_classifier.methods import MethodConfig
-    from diffsmooth.engine.stage_backends.tensorrt.stages import PlanKey, build_trt_stages, plan_for
     config = MethodConfig("dds", 0.5)
     with pytest.raises(UserError, match="not bf16"):
         build_trt_stages(tmp_path, config, (1, 8, 8), precision="bf16")
@@ -558,7 +558,7 @@ def test_fake_stage_on_gpu_enqueues_on_the_callers_stream_without_sync(tmp_path,
 @pytest.mark.skipif(not tensorrt_available()[0], reason=f"needs TensorRT and a GPU: {tensorrt_available()[1]}")
 def test_real_plan_matches_onnxruntime(tmp_path):
     """Builds a real plan of a tiny graph and runs it through the stage on torch's stream."""
-    from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtStage
+    from diffsmooth.engine.backends.onnxruntime.runner import OrtStage
     from diffsmooth.export.trt_build import current_target
     path, manifest = _graph(tmp_path, "denoiser_s0.5_1x8x8_fp32.onnx", precision="fp32", scale=1.5)
     result = build_plans(tmp_path, current_target("cuda"), batch=16, echo=print)[0]
@@ -583,8 +583,8 @@ def test_plan_validation_records_votes_and_fails_on_disagreement(tmp_path):
         sys.path.insert(0, export_tests)
     from test_export import SHAPE, tiny_classifier
 
+    from diffsmooth.engine.backends.onnxruntime.runner import OrtStage
     from diffsmooth.engine.base_classifier.methods import MethodConfig
-    from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtStage
     from diffsmooth.export.onnx_export import export_models
     from diffsmooth.export.trt_build import PlanResult
     from diffsmooth.export.trt_validate import validate_plans
@@ -667,6 +667,6 @@ def test_polygraphy_build_passes_the_intended_settings(tmp_path, monkeypatch):
 def test_shell_probe_exits_1_with_the_reason_without_tensorrt():
     import subprocess
     probe = "import sys; sys.modules['tensorrt'] = None; import runpy; " \
-            "runpy.run_module('diffsmooth.engine.stage_backends.tensorrt.runner', run_name='__main__')"
+            "runpy.run_module('diffsmooth.engine.backends.tensorrt.runner', run_name='__main__')"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "tensorrt is not installed" in r.stdout

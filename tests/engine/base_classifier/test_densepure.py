@@ -14,7 +14,7 @@ from torch import nn
 
 from diffsmooth.cli import main
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
-from diffsmooth.engine.base_classifier.methods.majority_vote_head import MajorityVoteHead
+from diffsmooth.engine.base_classifier.methods.majority_vote_head import MajorityVoteModule
 from diffsmooth.engine.base_classifier.methods.reverse_chains_purifier import MAX_STEPS
 from diffsmooth.engine.certify.noise import STREAM_PURIFY, NoiseKeys, RowNoise, gaussian_rows
 from diffsmooth.engine.data import load_dataset
@@ -37,7 +37,7 @@ class LabelReader(nn.Module):
 
 def test_the_majority_vote_is_densepures_with_its_tie_break():
     rng = random.Random(0)
-    head = MajorityVoteHead(LabelReader(), 4)
+    head = MajorityVoteModule(LabelReader(), 4)
     lists = [[rng.randrange(7) for _ in range(4)] for _ in range(400)] + [[3, 1, 1, 3], [2, 5, 5, 2], [6, 0, 4, 1]]
     images = torch.tensor(lists, dtype=torch.float32).view(-1, 4, 1, 1, 1).expand(-1, 4, 1, 2, 2)
     votes = head(images).argmax(dim=1).tolist()
@@ -170,17 +170,17 @@ def test_one_compiled_graph_serves_every_step_and_votes_as_eager(tiny_models):
     """The fast path's compiled step: the timestep and coefficients are inputs, so S steps compile one graph, and
     the compiled chain's samples, and the votes on them, are eager fp32's (CPU; the classifier is not compiled here,
     its compiled forms have tests of their own)."""
-    from diffsmooth.engine.stage_backends.torch.recompile_limit import compiled_graphs
-    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+    from diffsmooth.engine.backends.torch.recompile_limit import compiled_graphs
+    from diffsmooth.engine.backends.torch.runner import TorchRunner
 
     api = _api(tiny_models)
     config = MethodConfig("densepure", api.sigma, options=(("reverse_runs", 2), ("steps", 3)))
     x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(0))
     noise = RowNoise(NoiseKeys(0, STREAM_PURIFY, "cpu"), torch.tensor([0, 0, 1, 2]), torch.tensor([0, 1, 0, 5]))
-    kind = config.kind
+    kind = config.method
     before = compiled_graphs()
-    compiled = config.purifier.stage(config.sigma, api.denoiser, TorchBackend("cpu", compile=True))
-    eager = config.purifier.stage(config.sigma, api.denoiser, TorchBackend("cpu"))
+    compiled = config.purifier.stage(config.sigma, api.denoiser, TorchRunner("cpu", compile=True))
+    eager = config.purifier.stage(config.sigma, api.denoiser, TorchRunner("cpu"))
     fast_x, slow_x = compiled(x, noise), eager(x, noise)
     assert compiled_graphs() - before == 1                      # three steps, one graph
     assert (fast_x - slow_x).abs().max() <= 1e-4
@@ -194,7 +194,7 @@ def test_the_agreement_check_allows_a_few_flipped_runs_not_another_noise():
     sample scored on other noise (other labels throughout) does not."""
     from diffsmooth.engine.runs.fast_path import judge_each_configuration
 
-    head = MajorityVoteHead(LabelReader(), 10)
+    head = MajorityVoteModule(LabelReader(), 10)
     rng = random.Random(1)
     labels = [[rng.choice([1, 1, 1, 2]) for _ in range(10)] for _ in range(50)]
     flipped = [list(row) for row in labels]
@@ -307,10 +307,10 @@ def test_two_gloo_ranks_under_torchrun_write_one_process_rows(tiny_cli_args, tmp
 def test_a_sweep_over_k_shares_the_chains_and_writes_each_ks_single_rows(tiny_models, tiny_cli_args, tmp_path):
     """`--option reverse_runs=1,3`: one purify stage of 3 chains (run k's noise does not depend on K), each K's
     majority on its first K runs; every configuration's rows equal its own single run's, and spread."""
+    from diffsmooth.engine.backends.torch.runner import TorchRunner
     from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
     from diffsmooth.engine.base_classifier.denoise import load_denoiser
     from diffsmooth.engine.runs.results import read_rows
-    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
 
     sweep = tmp_path / "sweep"
     quick = [*FAST[:-3], "--batch", "30", "--quiet"]             # one batch per image's estimate
@@ -327,7 +327,7 @@ def test_a_sweep_over_k_shares_the_chains_and_writes_each_ks_single_rows(tiny_mo
                              lambda config: ["clf"])
     denoiser = load_denoiser(tiny_models["unet"], "cifar10", **__import__("json").loads(tiny_models["unet_config"]))
     classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
-    stages = torch_configuration_stages(configs, {"clf": classifier}, denoiser, TorchBackend(), (3, 8, 8))
+    stages = torch_configuration_stages(configs, {"clf": classifier}, denoiser, TorchRunner(), (3, 8, 8))
     assert stages.purify.runs == 4 and stages.purified_shape == (4, 3, 8, 8) and stages.purify_noise
 
 

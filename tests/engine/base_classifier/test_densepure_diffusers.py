@@ -15,12 +15,12 @@ from diffusers import DDIMScheduler, DDPMScheduler  # noqa: E402
 from diffusers_fixtures import save_pipeline, tiny_unet  # noqa: E402
 from tiny_fixtures import SIGMA, centroid_classifier, tiny_images  # noqa: E402
 
+from diffsmooth.engine.backends.torch.runner import TorchRunner  # noqa: E402
 from diffsmooth.engine.base_classifier.denoise import load_denoiser  # noqa: E402
 from diffsmooth.engine.base_classifier.methods import MethodConfig  # noqa: E402
 from diffsmooth.engine.base_classifier.methods.reverse_chains_purifier import MAX_STEPS  # noqa: E402
 from diffsmooth.engine.errors import UserError  # noqa: E402
 from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint  # noqa: E402
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend  # noqa: E402
 
 
 class GeneratorDraws:
@@ -60,7 +60,7 @@ def test_chains_equal_the_schedulers_own_steps(tmp_path, variance_type, out_chan
     denoiser = load_denoiser(folder, None)
     runs, sigma = 2, 0.5
     config = MethodConfig("densepure", sigma, options=(("reverse_runs", runs), ("steps", steps)))
-    chains = config.purifier.stage(config.sigma, denoiser, TorchBackend())
+    chains = config.purifier.stage(config.sigma, denoiser, TorchRunner())
     x_rs = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(4))
     t_star = chains.timesteps[0]
     abar = np.asarray(DDPMScheduler().alphas_cumprod, dtype=np.float64)
@@ -82,9 +82,9 @@ def test_other_schedulers_and_export_are_refused_in_one_line(tmp_path):
     denoiser = load_denoiser(folder, None)
     config = MethodConfig("densepure", 0.5)
     with pytest.raises(UserError, match="steps a diffusers folder through its DDPMScheduler, not a DDIMScheduler"):
-        config.purifier.stage(config.sigma, denoiser, TorchBackend())
+        config.purifier.stage(config.sigma, denoiser, TorchRunner())
     with pytest.raises(UserError, match="a diffusers folder steps through its own scheduler on the torch backend"):
-        config.purifier.graph(config.sigma, denoiser, (3, 8, 8), config.method)
+        config.purifier.graph(config.sigma, denoiser, (3, 8, 8), config.name)
 
 
 @pytest.mark.slow

@@ -14,11 +14,11 @@ import pytest
 import torch
 from tiny_fixtures import TINY_UNET, random_unet
 
+from diffsmooth.engine.backends.torch.runner import TorchRunner
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.methods.reverse_chains_purifier import MAX_STEPS, ReversePlan
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, betas_for
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
 
 SIGMA = 0.5
 RUNS = 2
@@ -145,7 +145,7 @@ def _engine_chain(unet, schedule, sigma, runs, steps):
     from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 
     config = MethodConfig("densepure", sigma, options=(("reverse_runs", runs), ("steps", steps)))
-    return config.purifier.stage(config.sigma, DiffusionDenoiser(unet, schedule), TorchBackend("cpu"))
+    return config.purifier.stage(config.sigma, DiffusionDenoiser(unet, schedule), TorchRunner("cpu"))
 
 
 @pytest.mark.parametrize("case", list(_cases()))

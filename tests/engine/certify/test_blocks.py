@@ -11,18 +11,18 @@ import pytest
 import torch
 from test_scheduler import INDICES, SHAPE, TemplateClassifier, TwoLanes, images, jobs, packed_results, pipeline
 
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.agreement import RankFailed
 from diffsmooth.engine.certify.blocks import SampleBlocks
 from diffsmooth.engine.certify.jobs import count_job
 from diffsmooth.engine.certify.scheduler import MiscountedSamples, Scheduler, Work
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 
 @pytest.fixture(scope="module")
 def rs_stages():
-    return build_torch_stages(MethodConfig("rs", 0.5), TemplateClassifier().eval(), None, TorchBackend(), SHAPE, 10)
+    return build_torch_stages(MethodConfig("rs", 0.5), TemplateClassifier().eval(), None, TorchRunner(), SHAPE, 10)
 
 
 class ThreadRanks:

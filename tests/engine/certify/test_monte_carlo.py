@@ -6,14 +6,14 @@ import pytest
 import torch
 from torch import nn
 
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages
 from diffsmooth.engine.base_classifier.denoise import DiffusionDenoiser
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, NonFiniteScores
 from diffsmooth.engine.certify.smooth import Smooth
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 SHAPE = (1, 8, 8)
 
@@ -40,7 +40,7 @@ def toy_classifier(classes=4):
 def make_smooth(method, sigma=0.5, m=3, local_noise="fixed", seed=0, classes=4):
     denoiser = DiffusionDenoiser(ToyEps(), DiffusionSchedule("cosine", 4000, True), channels=1)
     config = MethodConfig(method, sigma, m=m, local_sigma=0.25, local_noise=local_noise)
-    stages = build_torch_stages(config, toy_classifier(classes), denoiser, TorchBackend(), SHAPE, classes)
+    stages = build_torch_stages(config, toy_classifier(classes), denoiser, TorchRunner(), SHAPE, classes)
     return Smooth(MonteCarloPipeline(stages, sigma, seed))
 
 
@@ -120,7 +120,7 @@ def test_diffsmooth_m_local_noises_in_one_classifier_call():
     classifier.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape[0]))
     denoiser = DiffusionDenoiser(ToyEps(), DiffusionSchedule("cosine", 4000, True), channels=1)
     config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
-    stages = build_torch_stages(config, classifier, denoiser, TorchBackend(), SHAPE, 4)
+    stages = build_torch_stages(config, classifier, denoiser, TorchRunner(), SHAPE, 4)
     calls.clear()
     MonteCarloPipeline(stages, 0.5).count(image(), 0, 0, 30, batch=10)
     assert calls == [50, 50, 50]       # B x m images per call, no Python loop over m
@@ -163,7 +163,7 @@ def test_constant_classifier_gets_maximal_radius():
             out[:, 2] = 1.0
             return out
     config = MethodConfig("rs", 0.25)
-    stages = build_torch_stages(config, Constant(), None, TorchBackend(), SHAPE, 3)
+    stages = build_torch_stages(config, Constant(), None, TorchRunner(), SHAPE, 3)
     pred, radius = Smooth(MonteCarloPipeline(stages, 0.25)).certify(image(), 10, 1000, 0.001, 256, image_index=0)
     from diffsmooth.engine.certify.cohen import max_certifiable_radius
     assert pred == 2 and radius == pytest.approx(max_certifiable_radius(1000, 0.001, 0.25))
@@ -173,16 +173,16 @@ def test_nan_scores_stop_the_image():
     class NaNClassifier(nn.Module):
         def forward(self, x):
             return torch.full((x.shape[0], 3), float("nan"))
-    stages = build_torch_stages(MethodConfig("rs", 0.5), NaNClassifier(), None, TorchBackend(), SHAPE, None)
+    stages = build_torch_stages(MethodConfig("rs", 0.5), NaNClassifier(), None, TorchRunner(), SHAPE, None)
     with pytest.raises(NonFiniteScores, match="NaN/Inf"):
         MonteCarloPipeline(stages, 0.5).count(image(), 0, 0, 10, 5)
 
 
 def test_bad_shapes_and_parameters_are_user_errors():
     with pytest.raises(UserError, match="cannot take images of shape"):
-        build_torch_stages(MethodConfig("rs", 0.5), toy_classifier(), None, TorchBackend(), (3, 8, 8), 4)
+        build_torch_stages(MethodConfig("rs", 0.5), toy_classifier(), None, TorchRunner(), (3, 8, 8), 4)
     with pytest.raises(UserError, match="labels up to 9 but the classifier scores only 4"):
-        build_torch_stages(MethodConfig("rs", 0.5), toy_classifier(), None, TorchBackend(), SHAPE, 10)
+        build_torch_stages(MethodConfig("rs", 0.5), toy_classifier(), None, TorchRunner(), SHAPE, 10)
     for kwargs, msg in (({"sigma": 0}, "sigma must be > 0"), ({"m": 0}, "setting m must be 1..1024"),
                         ({"local_sigma": -0.1}, "setting local_sigma must be >= 0"),
                         ({"local_noise": "x"}, "setting local_noise must be one of")):

@@ -11,6 +11,8 @@ import torch
 from test_blocks import on_threads
 from test_scheduler import TemplateClassifier, images, pipeline
 
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.agreement import RankFailed, RanksDisagree
 from diffsmooth.engine.certify.blocks import TERMINATE
@@ -18,8 +20,6 @@ from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.scheduler import Scheduler, Work
 from diffsmooth.engine.errors import Terminated
 from diffsmooth.engine.runs.dataset_run import Jobs
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 JOBS = Jobs("certify", 10, 60, 0.001, 0.5)
 SHAPE = (3, 8, 8)
@@ -27,7 +27,7 @@ SHAPE = (3, 8, 8)
 
 @pytest.fixture(scope="module")
 def rs_stages():
-    return build_torch_stages(MethodConfig("rs", 0.5), TemplateClassifier().eval(), None, TorchBackend(), SHAPE, 10)
+    return build_torch_stages(MethodConfig("rs", 0.5), TemplateClassifier().eval(), None, TorchRunner(), SHAPE, 10)
 
 
 def works(jobs=JOBS, swap=None, other_image=None):
@@ -74,7 +74,7 @@ class ShiftedClassifier(TemplateClassifier):
 
 def shifted_stages(shift: float):
     """rs stages of a ShiftedClassifier (shift 0.01 on one rank: a stale checkpoint on one node)."""
-    return build_torch_stages(MethodConfig("rs", 0.5), ShiftedClassifier(shift).eval(), None, TorchBackend(), SHAPE, 10)
+    return build_torch_stages(MethodConfig("rs", 0.5), ShiftedClassifier(shift).eval(), None, TorchRunner(), SHAPE, 10)
 
 
 def with_settings(pipe, settings: str):

@@ -11,6 +11,8 @@ from stage_fixtures import make_pipeline
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.cohen import certify_job, predict_job
 from diffsmooth.engine.certify.jobs import drive
@@ -18,8 +20,6 @@ from diffsmooth.engine.certify.lanes import SerialLanes
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.scheduler import NonFiniteScores, Scheduler, Work, default_window
 from diffsmooth.engine.certify.sequential import SequentialRule, sequential_job
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 SHAPE = (3, 8, 8)
 INDICES = [0, 3, 5, 8, 13, 21, 34, 55]        # dataset indices key the noise: not 0..k-1
@@ -40,7 +40,7 @@ class TemplateClassifier(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def rs_stages():
-    return build_torch_stages(MethodConfig("rs", 0.5), TemplateClassifier().eval(), None, TorchBackend(), SHAPE, 10)
+    return build_torch_stages(MethodConfig("rs", 0.5), TemplateClassifier().eval(), None, TorchRunner(), SHAPE, 10)
 
 
 def pipeline(stages, **kw):

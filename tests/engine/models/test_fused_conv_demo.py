@@ -102,12 +102,12 @@ def test_the_gpu_fused_conv_test_image_spreads_its_votes_on_the_cpu(monkeypatch)
     batches (samples 0-249: the noise is indexed by sample, so they are the GPU run's first 250) on the CPU,
     --fused-conv with the CUDA kernel's fused calls emulated, and the unfolded classifier: both spread, the
     same counts. Votes that spread over the first 250 samples spread over all 1000."""
+    from diffsmooth.engine.backends.torch import stages as torch_stages
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.data import load_dataset
     from diffsmooth.engine.runs.assemble import ModelSources, load_models
     from diffsmooth.engine.runs.fast_path import FastPath
     from diffsmooth.engine.runs.stage_build import build_smooth
-    from diffsmooth.engine.stage_backends.torch import stages as torch_stages
     config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
     sources = ModelSources.demo()
     models = load_models(config, sources)

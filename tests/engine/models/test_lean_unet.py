@@ -104,11 +104,11 @@ def test_lean_needs_the_engine_unet():
 
 def test_lean_pipeline_counts_equal_the_default(tiny):
     """Votes of the whole base classifier (denoise, local smoothing, classify) on the same samples."""
+    from diffsmooth.engine.backends.torch.runner import TorchRunner
+    from diffsmooth.engine.backends.torch.stages import build_torch_stages
     from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-    from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-    from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
     config, denoiser, classifier = tiny
-    stages = build_torch_stages(config, classifier, denoiser, TorchBackend(), SHAPE, 10, FastPath(lean_unet=True))
+    stages = build_torch_stages(config, classifier, denoiser, TorchRunner(), SHAPE, 10, FastPath(lean_unet=True))
     lean = MonteCarloPipeline(stages, config.sigma, seed=3)
     default = make_pipeline(tiny)
     for k in range(3):

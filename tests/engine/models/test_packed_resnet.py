@@ -15,13 +15,13 @@ from stage_fixtures import RESNET8, SHAPE, build_tiny_stages, image, make_pipeli
 from test_triton_conv import prototype_classifier, prototype_images
 
 from diffsmooth.bench.variants import parse_variant
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import PackedCifarResNet, pack_classifier
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.request import RunRequest
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 CL = torch.channels_last
 
@@ -80,7 +80,7 @@ def test_the_packed_stages_count_like_the_default():
     x = image(11)
     default = make_pipeline(tiny, classifier=resnet).count(x, 0, 0, 60, 20)
     assert (default > 0).sum() >= 2, default
-    stages = build_torch_stages(config, resnet, denoiser, TorchBackend(), SHAPE, 10, FastPath(pack_images=2))
+    stages = build_torch_stages(config, resnet, denoiser, TorchRunner(), SHAPE, 10, FastPath(pack_images=2))
     assert isinstance(stages.score.module.classifier.net, PackedCifarResNet)
     np.testing.assert_array_equal(MonteCarloPipeline(stages, config.sigma, seed=3).count(x, 0, 0, 60, 20), default)
 
@@ -91,7 +91,7 @@ def test_a_held_packed_stage_takes_another_classifiers_weights_like_a_fresh_buil
     from diffsmooth.engine.runs.model_set import ModelSet
     first, second = randomized_bn_resnet("cifar_resnet20", seed=1), randomized_bn_resnet("cifar_resnet20", seed=2)
     models = ModelSet()
-    backend = models.backend(TorchBackend())
+    backend = models.backend(TorchRunner())
     held = backend.stage(pack_classifier(first, 2), "classifier")
     again = backend.stage(pack_classifier(second, 2), "classifier")
     assert again is held and models.reuses == 1
@@ -152,7 +152,7 @@ def test_a_compiled_channels_last_packed_stage_votes_like_eager():
     x = _images(9, seed=6)
     with torch.no_grad():
         expected = clf(x)
-    stage = TorchBackend(compile=True, channels_last=True).stage(pack_classifier(clf, 2), "packed")
+    stage = TorchRunner(compile=True, channels_last=True).stage(pack_classifier(clf, 2), "packed")
     got = stage(x)
     assert got.shape == (9, 10) and len(set(expected.argmax(1).tolist())) >= 3
     assert torch.equal(got.argmax(1), expected.argmax(1))
@@ -169,7 +169,7 @@ def test_the_packed_resnet110_in_fp16_on_the_cuda_fast_path_votes_like_fp32():
     x = prototype_images(10_000, 32, 0.25, seed=7)
     with torch.no_grad():
         expected = torch.cat([clf(chunk) for chunk in x.split(1000)])
-    backend = TorchBackend(device="cuda", precision="fp16", compile=True, cuda_graphs=True)
+    backend = TorchRunner(device="cuda", precision="fp16", compile=True, cuda_graphs=True)
     stage = backend.stage(pack_classifier(clf, 2), "packed classifier")
     for _ in range(3):                                   # warm-up, then capture and replay
         got = stage(x.cuda()).float().cpu()

@@ -7,13 +7,13 @@ import pytest
 import torch
 from stage_fixtures import SHAPE, image, make_pipeline, spread_classifier  # noqa: F401
 
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages
 from diffsmooth.engine.certify.lanes import SerialLanes
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.noise import STREAM_LOCAL, gaussian
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch, validate_fast_path
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
 
 
 def test_fixture_votes_spread(tiny_stages):
@@ -174,7 +174,7 @@ def test_validation_refuses_a_path_that_disagrees(tiny_stages):
     assert report.agree == 64 and report.max_abs_diff == 0.0 and "ok" in messages[0]
     config, denoiser, classifier = tiny_stages
     other = spread_classifier(0)
-    wrong = MonteCarloPipeline(build_torch_stages(config, other, denoiser, TorchBackend(), SHAPE, 10), 0.5, seed=3)
+    wrong = MonteCarloPipeline(build_torch_stages(config, other, denoiser, TorchRunner(), SHAPE, 10), 0.5, seed=3)
     with pytest.raises(UserError, match="disagrees with eager fp32"):
         validate_fast_path(wrong, good, [(0, image(6))], 64, 32, log=messages.append)
 
@@ -217,7 +217,7 @@ def test_compiled_stages_match_eager_on_cpu(tiny_stages):
     """torch.compile (inductor C++) of both stages at one static shape, with fused attention as on
     CUDA: the same counts as eager with the reference attention. (test_model_set.py's compiled tests build
     these very graphs: batches of 32, fused attention; inductor's FX graph cache compiles them once a run.)"""
-    fast = make_pipeline(tiny_stages, backend=TorchBackend(compile=True), fused_attention=True, static_batch=True)
+    fast = make_pipeline(tiny_stages, backend=TorchRunner(compile=True), fused_attention=True, static_batch=True)
     eager = make_pipeline(tiny_stages)
     x = image(8)
     report = validate_fast_path(fast, eager, [(0, x)], 64, 32, log=lambda m: None)

@@ -99,11 +99,11 @@ def test_fusion_is_probed_at_the_runs_classifier_call(monkeypatch):
     on CPU, where the classifier runs in one call)."""
     from stage_fixtures import randomized_bn_resnet
 
+    from diffsmooth.engine.backends.torch import stages as torch_stages
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.runs.assemble import ModelSources
     from diffsmooth.engine.runs.fast_path import FastPath
     from diffsmooth.engine.runs.stage_build import build_smooth
-    from diffsmooth.engine.stage_backends.torch import stages as torch_stages
     seen = []
     real = torch_stages.folded_classifier
 
@@ -340,14 +340,14 @@ class _LocalHead(torch.nn.Module):
 
 
 def _compiled_stages(monkeypatch, count):
-    """`count` compiled TorchStages (dynamo with its eager backend: the recompile limit is dynamo's,
+    """`count` compiled TorchBackend (dynamo with its eager backend: the recompile limit is dynamo's,
     the backend does not matter, and this keeps the test fast); their messages and outputs."""
     import functools
 
     import torch._dynamo
     import torch._dynamo.config as config
 
-    from diffsmooth.engine.stage_backends.torch.runner import TorchStage
+    from diffsmooth.engine.backends.torch.runner import TorchStage
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     saved = config.save_config()                  # the stages raise dynamo's limits: restore them after
     torch._dynamo.reset()
@@ -377,7 +377,7 @@ def test_eleven_compiled_stages_stay_compiled(monkeypatch):
 
 
 def test_a_stage_past_the_limit_says_it_runs_eager(monkeypatch):
-    from diffsmooth.engine.stage_backends.torch import recompile_limit
+    from diffsmooth.engine.backends.torch import recompile_limit
     monkeypatch.setattr(recompile_limit, "ENTRIES_PER_STAGE", 0)        # the limit no longer grows
     monkeypatch.setattr(recompile_limit, "BASE_LIMIT", 3)
     import torch._dynamo.config as config
@@ -445,7 +445,7 @@ class _Doubling:
 
 
 def test_failed_capture_discards_the_graph_checks_the_stream_and_runs_uncaptured(monkeypatch):
-    from diffsmooth.engine.stage_backends.torch.cuda_graphs import CudaGraphStage
+    from diffsmooth.engine.backends.torch.cuda_graphs import CudaGraphStage
     cuda = _FakeCuda(monkeypatch)
     messages = []
     graphed = CudaGraphStage(_Doubling(), log=messages.append)
@@ -459,15 +459,15 @@ def test_failed_capture_discards_the_graph_checks_the_stream_and_runs_uncaptured
 
 
 def test_failed_capture_that_breaks_the_stream_is_one_user_error(monkeypatch):
+    from diffsmooth.engine.backends.torch.cuda_graphs import CudaGraphStage
     from diffsmooth.engine.errors import UserError
-    from diffsmooth.engine.stage_backends.torch.cuda_graphs import CudaGraphStage
     _FakeCuda(monkeypatch, broken_stream=True)
     with pytest.raises(UserError, match="`cuda_graphs` off"):
         CudaGraphStage(_Doubling())(torch.rand(5, 3))
 
 
 def test_release_drops_captured_graphs(monkeypatch):
-    from diffsmooth.engine.stage_backends.torch.cuda_graphs import CudaGraphStage
+    from diffsmooth.engine.backends.torch.cuda_graphs import CudaGraphStage
     cuda = _FakeCuda(monkeypatch, fail_capture=False)
     graphed = CudaGraphStage(_Doubling(), log=lambda m: None)
     graphed(torch.rand(5, 3))

@@ -8,15 +8,15 @@ import pytest
 import torch
 from stage_fixtures import SHAPE, build_tiny_stages, spread_classifier
 
+from diffsmooth.engine.backends.torch.recompile_limit import compiled_graphs
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages, score_module
 from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.model_set import ModelSet, architecture
-from diffsmooth.engine.stage_backends.torch.recompile_limit import compiled_graphs
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages, score_module
 
 
 def other_weights(module: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -57,7 +57,7 @@ def test_a_purifier_moved_to_another_sigma_in_place_denoises_as_one_built_there(
 def test_a_stage_of_a_held_architecture_is_handed_back_with_the_new_weights_in_place():
     config, _, classifier = build_tiny_stages()
     models = ModelSet()
-    backend = models.backend(TorchBackend())
+    backend = models.backend(TorchRunner())
     first = backend.stage(score_module(config, classifier, SHAPE), "classifier")
     pointers = [p.data_ptr() for p in first.module.parameters()]
     other = other_weights(classifier, 3)
@@ -99,7 +99,7 @@ def test_compiled_stages_reused_at_another_sigma_vote_as_a_fresh_build_without_r
     models = ModelSet()
 
     def stages(cfg, den, clf, model_set):
-        runner = TorchBackend(compile=True)
+        runner = TorchRunner(compile=True)
         runner = model_set.backend(runner) if model_set is not None else runner
         return build_torch_stages(cfg, clf, den, runner, SHAPE, fast=FastPath(fused_attention=True))
 
@@ -127,7 +127,7 @@ def test_a_classifier_stage_shared_by_rs_and_dds_compiles_one_graph():
     models, x = ModelSet(), torch.rand(*SHAPE)
     for method in ("rs", "dds"):
         stages = build_torch_stages(MethodConfig(method, 0.5), classifier, denoiser,
-                                    models.backend(TorchBackend(compile=True)), SHAPE,
+                                    models.backend(TorchRunner(compile=True)), SHAPE,
                                     fast=FastPath(fused_attention=True))
         _votes(stages, 0.5, x)
     assert (models.builds, models.compiles) == (2, 2)
@@ -145,7 +145,7 @@ def test_a_sweeps_stages_serve_every_sigma_and_sigma_prime_and_vote_as_a_fresh_b
     def sweep(sigma, local_sigmas, clf, model_set):
         configs = configurations(["dds", "diffsmooth"], sigma,
                                  lambda method: {"local_sigma": list(local_sigmas), "m": [1, 3]}, lambda config: ["c"])
-        runner = model_set.backend(TorchBackend()) if model_set is not None else TorchBackend()
+        runner = model_set.backend(TorchRunner()) if model_set is not None else TorchRunner()
         return torch_configuration_stages(configs, {"c": copy.deepcopy(clf)}, other_weights(denoiser, 1), runner, SHAPE)
 
     x = torch.rand(*SHAPE)
@@ -160,7 +160,7 @@ def test_a_sweeps_stages_serve_every_sigma_and_sigma_prime_and_vote_as_a_fresh_b
     assert not np.array_equal(votes_first, votes_fresh)
     # another set of configurations (other m) is another plan: built anew
     one = configurations(["diffsmooth"], 0.5, lambda method: {"local_sigma": 0.25, "m": 1}, lambda config: ["c"])
-    other = torch_configuration_stages(one, {"c": classifier}, other_weights(denoiser, 1), models.backend(TorchBackend()), SHAPE)
+    other = torch_configuration_stages(one, {"c": classifier}, other_weights(denoiser, 1), models.backend(TorchRunner()), SHAPE)
     assert other.score is not first.score and models.builds == 3
 
 
@@ -179,7 +179,7 @@ def test_a_diffusers_purifier_is_built_once_and_moved_to_the_next_sigma(tmp_path
     from diffsmooth.engine.base_classifier.denoise import load_denoiser
     folder = save_pipeline(tmp_path / "ddpm", tiny_unet(0), DDPMScheduler())
     models = ModelSet()
-    backend = models.backend(TorchBackend())
+    backend = models.backend(TorchRunner())
     first = backend.stage(load_denoiser(folder).purifier(0.25), "denoiser")
     again = backend.stage(load_denoiser(folder).purifier(1.0), "denoiser")
     assert again is first and (models.builds, models.reuses) == (1, 1)

@@ -3,14 +3,14 @@ stop writes a row that says so; a result file written before `selected` existed 
 
 import torch
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.base_classifier.local_smoothing import LogitsHead
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.base_classifier.local_smoothing import LogitsModule
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.runs.dataset_run import Images, Jobs, run_dataset
 from diffsmooth.engine.runs.results import CERTIFY_COLUMNS, SEQUENTIAL_EXTRA_BEFORE_SELECTED, read_result
 from diffsmooth.engine.runs.row_states import read_states, states_path
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
+from diffsmooth.engine.stages.base import BaseClassifierStages
 from tests.stage_fixtures import spread_classifier
 
 N0 = 20
@@ -30,7 +30,7 @@ class Dataset:
 
 
 def run(out, stop_wrong_class, indices=range(10)):
-    stage = TorchBackend().stage(LogitsHead(spread_classifier(2)), "classifier")
+    stage = TorchRunner().stage(LogitsModule(spread_classifier(2)), "classifier")
     pipe = MonteCarloPipeline(BaseClassifierStages("rs", None, stage, 10), 0.12, seed=3)
     jobs = Jobs("certify", N0, 0, 0.01, 0.12, RULE, keep_states=True, stop_wrong_class=stop_wrong_class)
     return run_dataset(pipe, Images(Dataset(), list(indices), batch=100, window=2, progress=False), [out], jobs)

@@ -1,23 +1,23 @@
-"""A backend is a class in its own folder (engine/stage_backends/, picked by name in registry.py): the command
+"""A backend is a class in its own folder (engine/backends/, picked by name in registry.py): the command
 line's names are the registered ones, an unknown name is refused in one line, only the torch backend's fast path is
 checked against eager fp32 per run, and each backend decides its own fast path's defaults."""
 
 import pytest
 
+from diffsmooth.engine.backends.exported import ExportedBackend
+from diffsmooth.engine.backends.registry import STAGE_BACKENDS, stage_backend
+from diffsmooth.engine.backends.torch.backend import TorchBackend
 from diffsmooth.engine.choices import BACKENDS
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.stage_build import StageBuild
-from diffsmooth.engine.stage_backends.exported import ExportedStages
-from diffsmooth.engine.stage_backends.registry import STAGE_BACKENDS, stage_backend
-from diffsmooth.engine.stage_backends.torch.backend import TorchStages
 
 
 def test_the_backends_are_the_command_lines_in_its_order():
     assert tuple(STAGE_BACKENDS) == BACKENDS
-    assert [type(stage_backend(name)).__name__ for name in BACKENDS] == ["TorchStages", "OnnxRuntimeStages",
-                                                                         "TensorRTStages"]
-    assert isinstance(stage_backend("torch"), TorchStages) and stage_backend("torch").runs_modules
-    assert all(isinstance(stage_backend(n), ExportedStages) and not stage_backend(n).runs_modules
+    assert [type(stage_backend(name)).__name__ for name in BACKENDS] == ["TorchBackend", "OnnxRuntimeBackend",
+                                                                         "TensorRTBackend"]
+    assert isinstance(stage_backend("torch"), TorchBackend) and stage_backend("torch").runs_modules
+    assert all(isinstance(stage_backend(n), ExportedBackend) and not stage_backend(n).runs_modules
                for n in ("onnxruntime", "tensorrt"))
 
 

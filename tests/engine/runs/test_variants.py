@@ -13,15 +13,15 @@ import torch
 from cli_helpers import invoke_ok, rows_without_time
 from stage_fixtures import SHAPE, build_tiny_stages, image, make_pipeline
 
+from diffsmooth.engine.backends.torch.compile_options import Compilation, compile_options, parse_inductor_knobs
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages, score_module
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, initial_score_chunks
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.fast_path import OPTIONAL_KEYS, FastPath
 from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.request import RunRequest
-from diffsmooth.engine.stage_backends.torch.compile_options import Compilation, compile_options, parse_inductor_knobs
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages, score_module
 
 
 def test_each_variant_is_off_and_unrecorded_by_default_and_recorded_when_on():
@@ -65,10 +65,10 @@ def test_compile_options_are_torch_default_unless_asked():
     assert options["max_autotune"] is True and options["freezing"] is True and options["triton.cudagraphs"] is False
     assert compile_options(None, ("no-epilogue-fusion",)) == {"epilogue_fusion": False}
     assert parse_inductor_knobs("freezing, coordinate-descent") == ("coordinate-descent", "freezing")
-    stage = TorchBackend(compile=True, compilation=Compilation(inductor=("coordinate-descent",))).stage(
+    stage = TorchRunner(compile=True, compilation=Compilation(inductor=("coordinate-descent",))).stage(
         torch.nn.Identity(), "x")
     assert stage.options == {"coordinate_descent_tuning": True}
-    assert TorchBackend(compile=True).stage(torch.nn.Identity(), "x").options is None
+    assert TorchRunner(compile=True).stage(torch.nn.Identity(), "x").options is None
 
 
 def test_run_request_parses_and_checks_the_variant_options():
@@ -122,12 +122,12 @@ def test_a_frozen_compile_never_reuses_a_held_stage():
     """Frozen graphs hold the weights they were compiled with: weights copied in would never reach them."""
     config, _, classifier = build_tiny_stages()
     models = ModelSet()
-    backend = models.backend(TorchBackend(compile=True, compilation=Compilation(inductor=("freezing",))))
+    backend = models.backend(TorchRunner(compile=True, compilation=Compilation(inductor=("freezing",))))
     first = backend.stage(score_module(config, classifier, SHAPE), "classifier")
     again = backend.stage(score_module(config, classifier, SHAPE), "classifier")
     assert again is not first and (models.builds, models.reuses) == (2, 0)
     plain = ModelSet()
-    reusing = plain.backend(TorchBackend(compile=True))
+    reusing = plain.backend(TorchRunner(compile=True))
     assert reusing.stage(score_module(config, classifier, SHAPE), "c") is \
         reusing.stage(score_module(config, classifier, SHAPE), "c")
 
@@ -136,7 +136,7 @@ def test_a_held_lean_purifier_takes_another_unets_weights_like_a_fresh_one():
     from test_model_set import other_weights
     _, denoiser, _ = build_tiny_stages()
     models = ModelSet()
-    backend = models.backend(TorchBackend())
+    backend = models.backend(TorchRunner())
     held = backend.stage(denoiser.purifier(0.25, lean=True), "denoiser")
     other = other_weights(denoiser, 4)
     again = backend.stage(other.purifier(0.5, lean=True), "denoiser")
@@ -208,8 +208,8 @@ def test_a_compiled_classifier_stage_under_each_setting_votes_like_eager(bn_resn
     scores 8 images as eager does; the images' votes spread."""
     config = MethodConfig("diffsmooth", 0.5, m=5, local_sigma=0.25)
     denoised = torch.stack([image(i) for i in range(8)])           # the classifier stage's inputs: 8 images
-    eager = TorchBackend().stage(score_module(config, bn_resnet, SHAPE), "eager")(denoised)
-    stage = TorchBackend(compile=True, compilation=Compilation(mode, knobs)).stage(
+    eager = TorchRunner().stage(score_module(config, bn_resnet, SHAPE), "eager")(denoised)
+    stage = TorchRunner(compile=True, compilation=Compilation(mode, knobs)).stage(
         score_module(config, bn_resnet, SHAPE), "compiled")
     compiled = stage(denoised)
     assert stage.compiled and stage.options == compile_options(mode, knobs)
@@ -235,7 +235,7 @@ def test_a_compiled_lean_purifier_follows_set_coefficients():
     unet = random_unet(**LEANEST_UNET)
     denoiser = DiffusionDenoiser(unet, PRESET_SCHEDULES["cifar10"])
     assert unet.config.learn_sigma
-    stage = TorchBackend(compile=True).stage(denoiser.purifier(0.25, lean=True), "denoiser")
+    stage = TorchRunner(compile=True).stage(denoiser.purifier(0.25, lean=True), "denoiser")
     assert stage.compiled
     x = torch.rand(8, *SHAPE, generator=torch.Generator().manual_seed(1))
     at_quarter = stage(x)
@@ -249,7 +249,7 @@ def test_a_compiled_lean_purifier_follows_set_coefficients():
 
 def test_stages_built_with_every_cpu_variant_vote_like_the_default(tiny_stages):
     config, denoiser, classifier = tiny_stages
-    stages = build_torch_stages(config, classifier, denoiser, TorchBackend(), SHAPE, 10, FastPath(lean_unet=True))
+    stages = build_torch_stages(config, classifier, denoiser, TorchRunner(), SHAPE, 10, FastPath(lean_unet=True))
     variant = MonteCarloPipeline(stages, config.sigma, seed=3, classifier_batch=5)
     x = image(7)
     np.testing.assert_array_equal(variant.count(x, 1, 0, 120, 40), make_pipeline(tiny_stages).count(x, 1, 0, 120, 40))
@@ -264,7 +264,7 @@ def test_triton_conv_is_refused_in_one_line_where_the_kernel_cannot_run(tmp_path
     from stage_fixtures import randomized_bn_resnet
     config, denoiser, _ = tiny_stages
     with pytest.raises(UserError, match="`triton_conv` cannot run here: ") as info:
-        build_torch_stages(config, randomized_bn_resnet("cifar_resnet20"), denoiser, TorchBackend(), SHAPE, 10,
+        build_torch_stages(config, randomized_bn_resnet("cifar_resnet20"), denoiser, TorchRunner(), SHAPE, 10,
                            FastPath(triton_conv=True))
     assert "\n" not in str(info.value)
     from click.testing import CliRunner
@@ -280,8 +280,8 @@ TRITON_SCRIPT = """
 import json
 import torch
 from stage_fixtures import RESNET8, SHAPE, build_tiny_stages, image, make_pipeline, randomized_bn_resnet
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models import triton_conv
 from diffsmooth.engine.models.folded_resnet import FoldedConv, fold_classifier
@@ -316,7 +316,7 @@ out = {"interpreted": triton_conv._INTERPRETED, "reference": reference.count(x, 
        "stem_channels": convs[0].weight.shape[1],
        "identity_blocks": sum(isinstance(b, BasicBlock) and b.downsample is None for b in resnet.modules())}
 for blocks in (False, True):
-    stages = build_torch_stages(config, resnet, denoiser, TorchBackend(), SHAPE, 10,
+    stages = build_torch_stages(config, resnet, denoiser, TorchRunner(), SHAPE, 10,
                                 FastPath(triton_conv=True, triton_blocks=blocks))
     before, blocks_before = triton_conv.TRITON_CALLS["count"], triton_conv.TRITON_BLOCK_CALLS["count"]
     pipeline, scores = recorded(MonteCarloPipeline(stages, config.sigma, seed=3))
@@ -371,10 +371,10 @@ def test_the_triton_check_keeps_the_kernels_only_when_they_agree_with_torch_conv
     disagrees or is not finite gives way to the folded one, which then stays off cuDNN's fused kernels."""
     from stage_fixtures import randomized_bn_resnet
 
+    from diffsmooth.engine.backends.torch.stages import checked_triton
     from diffsmooth.engine.models import folded_resnet
     from diffsmooth.engine.models.folded_resnet import fold_classifier
     from diffsmooth.engine.models.triton_conv import tritonize
-    from diffsmooth.engine.stage_backends.torch.stages import checked_triton
     monkeypatch.setitem(folded_resnet.CUDNN_FUSION, "enabled", True)
     folded = fold_classifier(randomized_bn_resnet("cifar_resnet20"))
     seen = []
@@ -409,8 +409,8 @@ def test_a_kernels_check_allows_what_the_runs_precision_itself_is_off_by():
     the absolute term (what refused the Triton kernel and cuDNN's fusion on a random-weight ResNet-110); one far
     worse than fp16's own drift, a non-finite one or one of another shape does not; checked_triton judges
     against `exact` when given, and against the fp16 reference alone without it."""
+    from diffsmooth.engine.backends.torch.stages import checked_triton
     from diffsmooth.engine.models.folded_resnet import fusion_verdict
-    from diffsmooth.engine.stage_backends.torch.stages import checked_triton
     g = torch.Generator().manual_seed(0)
     truth = torch.randn(8, 10, generator=g)
     fp16_drift = 0.15 * torch.randn(8, 10, generator=g).clamp(-1, 1)
@@ -446,13 +446,13 @@ def test_the_classifier_compiles_in_its_own_mode_and_the_denoiser_in_the_runs():
     """`classifier_compile_mode`: the score stage's options autotune, the purifier's stay torch's default; the
     inductor knobs reach both; a table's model set keys and reuses the classifier stage by those options."""
     config, denoiser, classifier = build_tiny_stages()
-    backend = TorchBackend(compile=True, compilation=Compilation(inductor=("coordinate-descent",),
+    backend = TorchRunner(compile=True, compilation=Compilation(inductor=("coordinate-descent",),
                                                                  classifier_mode="max-autotune-no-cudagraphs"))
     stages = build_torch_stages(config, classifier, denoiser, backend, SHAPE, 10)
     assert stages.purify.options == {"coordinate_descent_tuning": True}
     assert stages.score.options["max_autotune"] is True and stages.score.options["triton.cudagraphs"] is False
     assert stages.score.options["coordinate_descent_tuning"] is True
-    plain = TorchBackend(compile=True)
+    plain = TorchRunner(compile=True)
     assert plain.for_classifier() is plain
     assert build_torch_stages(config, classifier, denoiser, plain, SHAPE, 10).score.options is None
     models = ModelSet()
@@ -462,9 +462,9 @@ def test_the_classifier_compiles_in_its_own_mode_and_the_denoiser_in_the_runs():
     assert again.score is first.score and again.purify is first.purify and models.reuses == 2
     assert first.score.options["max_autotune"] is True
     with pytest.raises(UserError, match="need `compile`"):
-        TorchBackend(compilation=Compilation(classifier_mode="max-autotune-no-cudagraphs"))
+        TorchRunner(compilation=Compilation(classifier_mode="max-autotune-no-cudagraphs"))
     with pytest.raises(UserError, match="compile_mode"):
-        TorchBackend(compile=True, compilation=Compilation(classifier_mode="reduce-overhead"))
+        TorchRunner(compile=True, compilation=Compilation(classifier_mode="reduce-overhead"))
 
 
 def test_the_classifier_compile_mode_is_recorded_when_set_and_parses_as_a_variant():

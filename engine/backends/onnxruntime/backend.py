@@ -1,13 +1,13 @@
-"""The onnxruntime backend as a run sees it (engine/backends/base.py's StageBackend)."""
+"""The onnxruntime backend as a run sees it (engine/stages/base.py's StageBackend)."""
 
 from __future__ import annotations
 
-from diffsmooth.engine.stage_backends.exported import ExportedStages
-from diffsmooth.engine.stage_backends.onnxruntime.runner import OrtSession
-from diffsmooth.engine.stage_backends.onnxruntime.stages import build_onnx_stages
+from diffsmooth.engine.backends.exported import ExportedBackend
+from diffsmooth.engine.backends.onnxruntime.runner import OrtSession
+from diffsmooth.engine.backends.onnxruntime.stages import build_onnx_stages
 
 
-class OnnxRuntimeStages(ExportedStages):
+class OnnxRuntimeBackend(ExportedBackend):
     """The graphs of `diffsmooth export`, run by ONNX Runtime; its fast path: none of it (the graphs run as
     exported)."""
 

@@ -1,20 +1,20 @@
-"""The torch backend as a run sees it (engine/backends/base.py's StageBackend): the models as torch modules, eager
+"""The torch backend as a run sees it (engine/stages/base.py's StageBackend): the models as torch modules, eager
 or compiled, and the defaults of its fast path (every speed feature a run may ask for is this backend's)."""
 
 from __future__ import annotations
 
 from typing import Dict, Optional, Sequence, Tuple
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.torch.compile_options import Compilation, check_compile_mode, parse_inductor_knobs
+from diffsmooth.engine.backends.torch.runner import TorchRunner
+from diffsmooth.engine.backends.torch.stages import build_torch_stages, check_classifier_rewrites
 from diffsmooth.engine.base_classifier.configurations import Configuration, torch_configuration_stages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.stage_backends.torch.compile_options import Compilation, check_compile_mode, parse_inductor_knobs
-from diffsmooth.engine.stage_backends.torch.runner import TorchBackend
-from diffsmooth.engine.stage_backends.torch.stages import build_torch_stages, check_classifier_rewrites
+from diffsmooth.engine.stages.base import BaseClassifierStages
 
 
-class TorchStages:
+class TorchBackend:
     """The models as torch modules, eager or compiled (the fast path), on the torch backend. `build`: how the run
     builds (engine/runs/stage_build.py's StageBuild: its modules, loaded or given, and its fast path)."""
 
@@ -22,11 +22,11 @@ class TorchStages:
     runs_modules = True         # its fast path (compiled, fp16/bf16) is checked against the same modules in eager fp32
     accepts_torch_options = True    # compile, its modes and knobs, the kernels and rewrites of the fast path
 
-    def runner(self, build) -> TorchBackend:
+    def runner(self, build) -> TorchRunner:
         """The torch backend for the fast path; its stages come from the model set when one is given."""
         fast = build.fast
         compilation = Compilation(fast.compile_mode, fast.inductor, fast.classifier_compile_mode)
-        runner = TorchBackend(device=build.device, precision=build.precision, compile=fast.compile,
+        runner = TorchRunner(device=build.device, precision=build.precision, compile=fast.compile,
                               cuda_graphs=fast.cuda_graphs, log=build.log, compilation=compilation)
         return build.model_set.backend(runner) if build.model_set is not None else runner
 

@@ -8,23 +8,23 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
+from diffsmooth.engine.backends.onnxruntime.runner import ORT_PRECISIONS, OrtSession, OrtStage
+from diffsmooth.engine.backends.torch.stages import method_stages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.probe import probed, refuse_too_few_classes
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
-from diffsmooth.engine.stage_backends.onnxruntime.runner import ORT_PRECISIONS, OrtSession, OrtStage
-from diffsmooth.engine.stage_backends.torch.stages import method_stages
+from diffsmooth.engine.stages.base import BaseClassifierStages
+from diffsmooth.engine.stages.manifests import find_graph, scan_manifests
 
 
 def wanted_fields(config: MethodConfig, image_shape, precision: str) -> Tuple[dict, dict]:
     """Manifest fields the denoiser and the classifier graph must have for `config`."""
     shape = [int(s) for s in image_shape]
-    denoiser = {**config.purifier.lookup(config.sigma, config.method), "image_shape": shape, "precision": precision}
-    classifier = {"method": config.method, "sigma": float(config.sigma), "image_shape": shape,
+    denoiser = {**config.purifier.lookup(config.sigma, config.name), "image_shape": shape, "precision": precision}
+    classifier = {"method": config.name, "sigma": float(config.sigma), "image_shape": shape,
                   "precision": precision}
-    classifier.update({k: v for k, v in config.kind.graph_fields(config).items() if v is not None})
+    classifier.update({k: v for k, v in config.method.graph_fields(config).items() if v is not None})
     return denoiser, classifier
 
 
@@ -71,7 +71,7 @@ def graph_stages(config: MethodConfig, image_shape, num_classes: Optional[int], 
         purify = config.purifier.exported_stage(config.sigma, load(path, f"denoiser[{path.name}]"), manifest)
     path, manifest = pick("classifier", want_classifier)
     refuse_too_few_classes(path.name, manifest.get("num_classes"), num_classes)
-    score = load(path, f"{config.kind.head.label}[{path.name}]")
+    score = load(path, f"{config.method.head.label}[{path.name}]")
     return exported_stages(config, image_shape, num_classes, purify, score, path.name)
 
 
@@ -82,7 +82,7 @@ def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int
     local_shape = config.head.fresh_noise_shape(image_shape)
     if len(score.input_names) != (2 if local_shape else 1):
         wanted = "the purified samples and the fresh local noises" if local_shape else "the purified samples alone"
-        raise UserError(f"{file_name} takes inputs {score.input_names}, but {config.method}'s head at these settings "
+        raise UserError(f"{file_name} takes inputs {score.input_names}, but {config.name}'s head at these settings "
                         f"feeds it {wanted}: export the classifier again with these settings")
     return probed(method_stages(config, purify, score, tuple(image_shape), num_classes), tuple(image_shape),
                   num_classes, file_name)

@@ -7,14 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
-from diffsmooth.engine.backends.manifests import find_graph, scan_manifests
+from diffsmooth.engine.backends.onnxruntime.stages import exported_from, graph_stages
+from diffsmooth.engine.backends.tensorrt.plans import choose_plan, scan_plans
+from diffsmooth.engine.backends.tensorrt.runner import TrtStage, cuda_device, gpu_identity, import_tensorrt
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.stage_backends.onnxruntime.stages import exported_from, graph_stages
-from diffsmooth.engine.stage_backends.tensorrt.plans import choose_plan, scan_plans
-from diffsmooth.engine.stage_backends.tensorrt.runner import TrtStage, cuda_device, gpu_identity, import_tensorrt
+from diffsmooth.engine.stages.base import BaseClassifierStages
+from diffsmooth.engine.stages.manifests import find_graph, scan_manifests
 
 TRT_PRECISIONS = GRAPH_PRECISIONS
 

@@ -3,7 +3,7 @@ dict handed to `torch.compile(options=...)`, which inductor applies to that comp
 config change, so two stages or two runs in one process can compile differently).
 
 Modes that capture CUDA graphs themselves (`reduce-overhead`, `max-autotune`) are refused: the engine
-captures its own graphs (engine/stage_backends/torch/cuda_graphs.py). `freezing` makes inductor treat parameters and
+captures its own graphs (engine/backends/torch/cuda_graphs.py). `freezing` makes inductor treat parameters and
 buffers as constants (BatchNorm folds into the convolutions); a frozen graph no longer reads them, so it
 cannot follow weights copied in later (a table's model set) or another sigma's purifier constants.
 """

@@ -2,8 +2,8 @@
 autocast fp16/bf16 (GroupNorm statistics and softmax stay fp32 inside the models).
 
 The fast path (default on CUDA): channels_last, `torch.compile` at one static batch shape,
-cudnn.benchmark, and each stage replayed from a CUDA graph (engine/stage_backends/torch/cuda_graphs.py). The compile's
-mode and inductor knobs, when asked for, are that compile's own options (engine/stage_backends/torch/compile_options.py).
+cudnn.benchmark, and each stage replayed from a CUDA graph (engine/backends/torch/cuda_graphs.py). The compile's
+mode and inductor knobs, when asked for, are that compile's own options (engine/backends/torch/compile_options.py).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Optional
 import torch
 from torch import nn
 
+from diffsmooth.engine.backends.torch.compile_cache import use_compile_cache
+from diffsmooth.engine.backends.torch.compile_options import Compilation, check_compile_mode, compile_options, freezes
+from diffsmooth.engine.backends.torch.cuda_graphs import CudaGraphStage
+from diffsmooth.engine.backends.torch.recompile_limit import is_recompile_limit_hit, reserve_compiled_stage
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.stage_backends.torch.compile_cache import use_compile_cache
-from diffsmooth.engine.stage_backends.torch.compile_options import Compilation, check_compile_mode, compile_options, freezes
-from diffsmooth.engine.stage_backends.torch.cuda_graphs import CudaGraphStage
-from diffsmooth.engine.stage_backends.torch.recompile_limit import is_recompile_limit_hit, reserve_compiled_stage
 
 # a run's precision (choices.RUN_PRECISIONS) -> the dtype torch.autocast runs the stages at (fp32: no autocast)
 AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -54,7 +54,7 @@ class _ChannelsLast(nn.Module):
 
 class TorchStage:
     """A module as a Stage: fp32 tensors in, fp32 tensor out. The stage takes the module over: it moves
-    it to the device (and to channels_last) in place; `weights` is that module, for engine/backends/weights.py."""
+    it to the device (and to channels_last) in place; `weights` is that module, for engine/stages/weights.py."""
 
     def __init__(self, module: nn.Module, name: str, device: torch.device, precision: str = "fp32",
                  channels_last: bool = False, compile: bool = False, log=None, options: Optional[dict] = None):
@@ -113,8 +113,8 @@ def _recompile_limit_hit(exc: BaseException) -> bool:
     return is_recompile_limit_hit(exc)
 
 
-class TorchBackend:
-    """Builds TorchStages on one device and precision, eager or compiled (+ CUDA graphs); `compilation`: how
+class TorchRunner:
+    """Builds TorchBackend on one device and precision, eager or compiled (+ CUDA graphs); `compilation`: how
     compiled stages compile (their mode and inductor knobs, the classifier stage's own mode)."""
 
     name = "torch"
@@ -148,7 +148,7 @@ class TorchBackend:
         if self.device.type == "cuda" and (compile or channels_last):
             torch.backends.cudnn.benchmark = True      # one static shape: autotune its convolutions once
 
-    def for_classifier(self) -> "TorchBackend":
+    def for_classifier(self) -> "TorchRunner":
         """The backend the classifier stage is built with: this one, or, with `classifier_compile_mode`, a copy whose
         stages compile in that mode (the inductor knobs kept), so autotuning spends its time on the classifier only."""
         if self.classifier_compile_mode is None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Dict, Optional, Sequence, Tuple
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
 from diffsmooth.engine.base_classifier.configurations import Configuration, stacked_configuration_stages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.stages.base import BaseClassifierStages
 
 
-class ExportedStages:
+class ExportedBackend:
     """Stages from exported graphs in `onnx_dir`, picked by their manifests; a sweep stacks each configuration's.
     `build`: how the run builds (engine/runs/stage_build.py's StageBuild)."""
 

@@ -8,19 +8,19 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from diffsmooth.engine.backends.base import BaseClassifierStages
+from diffsmooth.engine.backends.torch.runner import AUTOCAST_DTYPES
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.probe import probed
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.folded_resnet import CUDNN_FUSION, fold_classifier, fp32_scores, fusion_verdict, probe_cudnn_fusion
 from diffsmooth.engine.models.packed_resnet import pack_classifier
-from diffsmooth.engine.stage_backends.torch.runner import AUTOCAST_DTYPES
+from diffsmooth.engine.stages.base import BaseClassifierStages
 
 
 def score_module(config: MethodConfig, classifier: nn.Module, image_shape: Tuple[int, ...]) -> nn.Module:
     """The classifier half of the base classifier as one module, the method's score head (what the ONNX export
     also uses)."""
-    return config.kind.score_head(config, classifier, image_shape)
+    return config.method.score_head(config, classifier, image_shape)
 
 
 def folded_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ...], log=None,
@@ -129,7 +129,7 @@ def check_classifier_rewrites(fused_conv: bool, triton_conv: bool, pack_images: 
 def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, backend,
                        image_shape: Tuple[int, ...], num_classes: Optional[int] = None, fast=None,
                        classifier_batch: int = 8) -> BaseClassifierStages:
-    """Stages for `config` on a TorchBackend (messages to its log); checks once that the models take `image_shape`.
+    """Stages for `config` on a TorchRunner (messages to its log); checks once that the models take `image_shape`.
     `fast`: the run's fast path (a FastPath, engine/runs/fast_path.py; None: eager), of which this reads the
     kernels: for the UNet fused attention and the lean UNet (its eps-only copy, t*'s embedding once per call:
     DiffusionDenoiser.purifier); for a ResNet classifier fused convolutions (folded_classifier), the Triton
@@ -141,7 +141,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     log = getattr(backend, "log", None)
     fused_conv, triton_conv, pack_images = bool(wants("fused_conv")), bool(wants("triton_conv")), wants("pack_images")
     if config.purifier.denoises and denoiser is None:
-        raise UserError(f"method {config.method} needs a denoiser checkpoint (`denoiser`)")
+        raise UserError(f"method {config.name} needs a denoiser checkpoint (`denoiser`)")
     check_classifier_rewrites(fused_conv, triton_conv, pack_images)
     if pack_images:
         classifier = pack_classifier(classifier, pack_images, log)
@@ -150,7 +150,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
     elif triton_conv:
         classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch,
                                            bool(wants("triton_blocks")))
-    kind = config.kind
+    kind = config.method
     purify = config.purifier.stage(config.sigma, denoiser, backend, fast) if config.purifier.purifies else None
     head = score_module(config, classifier, image_shape)
     score = backend.for_classifier().stage(head, kind.head.label)
@@ -161,8 +161,8 @@ def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, .
                   num_classes: Optional[int]) -> BaseClassifierStages:
     """The stages of `config`'s method from its built purify and score stages, on any backend: what the method
     says its purifier takes and returns and how far its fast path's scores may move."""
-    kind = config.kind
-    return BaseClassifierStages(config.method, purify, score, num_classes or 0,
+    kind = config.method
+    return BaseClassifierStages(config.name, purify, score, num_classes or 0,
                                 config.head.fresh_noise_shape(image_shape),
                                 purify_noise=kind.purifier.draws_noise and config.purifier.purifies,
                                 purified_shape=config.purifier.purified_shape(image_shape),

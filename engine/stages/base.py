@@ -10,8 +10,8 @@ from typing import Optional, Protocol, Tuple
 
 import torch
 
-from diffsmooth.engine.backends.weights import Marks, mark_module, value_fingerprint
 from diffsmooth.engine.hashing import sha256_file
+from diffsmooth.engine.stages.weights import Marks, mark_module, value_fingerprint
 
 
 class Stage(Protocol):
@@ -66,7 +66,7 @@ class BaseClassifierStages:
         return self.score.device
 
     def weight_marks(self) -> Marks:
-        """The marks (backends/weights.py) of every torch stage's weights; exported graphs and plans hold
+        """The marks (stages/weights.py) of every torch stage's weights; exported graphs and plans hold
         theirs inside the engine and show none."""
         marks: Marks = {}
         for stage in (self.purify, self.score):
@@ -98,7 +98,7 @@ class BaseClassifierStages:
 class StageBackend(Protocol):
     """A backend as a run sees it: builds the stages of one method config, or of a sweep's configurations on the
     same samples, from the run's model sources and how it builds, and decides its fast path's defaults
-    (engine/stage_backends/ has the three, torch, onnxruntime and tensorrt, one folder each, and in registry.py the
+    (engine/backends/ has the three, torch, onnxruntime and tensorrt, one folder each, and in registry.py the
     one place that picks one by name)."""
 
     name: str

@@ -1,12 +1,12 @@
-"""The tensorrt backend as a run sees it (engine/backends/base.py's StageBackend)."""
+"""The tensorrt backend as a run sees it (engine/stages/base.py's StageBackend)."""
 
 from __future__ import annotations
 
-from diffsmooth.engine.stage_backends.exported import ExportedStages
-from diffsmooth.engine.stage_backends.tensorrt.stages import build_trt_stages
+from diffsmooth.engine.backends.exported import ExportedBackend
+from diffsmooth.engine.backends.tensorrt.stages import build_trt_stages
 
 
-class TensorRTStages(ExportedStages):
+class TensorRTBackend(ExportedBackend):
     """The plans `diffsmooth build-engine` built from the exported graphs, for the run's batch."""
 
     name = "tensorrt"

@@ -167,7 +167,7 @@ class TrtStage:
         return out
 
 
-if __name__ == "__main__":     # `python -m diffsmooth.engine.stage_backends.tensorrt.runner`: exit 0 iff usable
+if __name__ == "__main__":     # `python -m diffsmooth.engine.backends.tensorrt.runner`: exit 0 iff usable
     usable, reason = tensorrt_available()
     print(reason)
     raise SystemExit(0 if usable else 1)
