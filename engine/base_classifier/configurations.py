@@ -166,11 +166,11 @@ class _Kernels:
 
 
 def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
-    """The configuration whose purify stage serves the whole sweep (its method's choice), or None: none denoises."""
-    denoising = [c.config for c in configs if c.config.purifier.denoises]
-    if not denoising:
+    """The configuration whose purify stage serves the whole sweep (its method's choice), or None: none purifies."""
+    purifying = [c.config for c in configs if c.config.purifier.purifies]
+    if not purifying:
         return None
-    same = [m for m in denoising if m.method is denoising[0].method]
+    same = [m for m in purifying if m.method is purifying[0].method]
     return same[same[0].purifier.serving([m.purifier for m in same])]
 
 
@@ -181,7 +181,7 @@ def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Di
     purifier_config), every configuration in one score stage (`lean_unet`: the denoiser on its UNet's eps-only
     copy, DiffusionDenoiser.purifier)."""
     inputs = inputs_of(configs)
-    if "denoised" in inputs and denoiser is None:
+    if denoiser is None and any(c.config.purifier.denoises for c in configs):
         raise UserError("the sweep's denoising configurations need `denoiser` CHECKPOINT")
     check_classes({c.classifier: classifiers[c.classifier] for c in configs}, image_shape, torch.device("cpu"))
     shared = purifier_config(configs) if "denoised" in inputs else None

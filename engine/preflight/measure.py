@@ -154,13 +154,13 @@ class NoiseVotes:
 
 def fed_noise(config: MethodConfig) -> Tuple[Optional[str], float]:
     """(the setting, its value) of the noise the method feeds its classifier: ("sigma", sigma) for a method that
-    classifies the noisy input, (sigma' or the head's option, its value), or (None, 0.0): denoised images."""
+    classifies the noisy input, (sigma' or the head's option, its value), or (None, 0.0): purified images."""
     method = config.method
     local = method.head.noise_option
     if local:
         option = next((o for o in method.options if o.name == local), None)
         return (option.shown if option else local), float(config.option(local))
-    return (None, 0.0) if method.purifier.denoises else ("sigma", float(config.sigma))
+    return (None, 0.0) if method.purifier.purifies else ("sigma", float(config.sigma))
 
 
 def _variant_heads(config: MethodConfig, variants: Dict[str, nn.Module], given: Optional[str],
@@ -176,7 +176,7 @@ def _variant_heads(config: MethodConfig, variants: Dict[str, nn.Module], given: 
         for name, factor in ((HALF, 0.5), (HIGHER, 2.0)):
             heads[name] = (method.score_head(light.replace(**{method.head.noise_option: value * factor}), classifier,
                                            shape), 1.0)
-    elif classifier is not None and not method.purifier.denoises:
+    elif classifier is not None and not method.purifier.purifies:
         heads[HALF], heads[HIGHER] = (method.score_head(light, classifier, shape), 0.5), \
             (method.score_head(light, classifier, shape), 2.0)
     elif classifier is not None:
@@ -194,7 +194,7 @@ def noise_votes(config: MethodConfig, classifier: nn.Module, denoiser, sample: S
     stages = TorchBackend().from_models(config, classifier, denoiser, shape, None, build)
     pipeline = MonteCarloPipeline(stages, config.sigma, seed)
     heads = _variant_heads(config, variants, input_mode(classifier), shape, pipeline.device, seed)
-    noisy_input = not config.method.purifier.denoises
+    noisy_input = not config.method.purifier.purifies
     dev = pipeline.device
     n = x.shape[0]
     position = torch.arange(n).repeat_interleave(samples)

@@ -50,9 +50,10 @@ class Clip(nn.Module):
 
 
 class ClipPurifier(NoPurifier):
-    """A purify stage of its own: x_rs clipped to the image range (a purify stage: its run loads the denoiser)."""
+    """A purify stage of its own: x_rs clipped to the image range; it reads no UNet, so its run needs no denoiser."""
 
-    denoises = True
+    purifies = True
+    denoises = False
 
     def stage(self, sigma, denoiser, backend, fast=None):
         return backend.stage(Clip(), "clip")
@@ -103,16 +104,24 @@ def test_the_fifth_method_certifies_through_the_cli_and_the_api_as_dds(methods, 
 
 def test_a_toy_purifier_composes_with_every_head(methods, tiny_models, tiny_cli_args, tmp_path):
     """The clip purifier behind each head: logits, a majority of its one sample, and local smoothing with one
-    noise of sigma' 0 all vote the clipped sample's argmax, so their rows are equal (and not RS's: the clip ran)."""
+    noise of sigma' 0 all vote the clipped sample's argmax, so their rows are equal (and not RS's: the clip ran).
+    It reads no UNet (`denoises = False`): no `--denoiser` is given, through the CLI or the API."""
     assert len(_heads()) == 3 and all(issubclass(head, Head) for head in _heads())
+    at = tiny_cli_args.index("--denoiser")
+    no_denoiser = tiny_cli_args[:at] + tiny_cli_args[at + 2:]
     rows = {}
     for name in methods[1:]:
         out = tmp_path / f"{name}.tsv"
-        invoke_ok(["certify", *tiny_cli_args, "--method", name, "--m", "1", "--local-sigma", "0", *FAST,
+        invoke_ok(["certify", *no_denoiser, "--method", name, "--m", "1", "--local-sigma", "0", *FAST,
                    "--out", out])
         rows[name] = rows_without_time(out)
-    invoke_ok(["certify", *tiny_cli_args, "--method", "rs", *FAST, "--out", tmp_path / "rs.tsv"])
+    invoke_ok(["certify", *no_denoiser, "--method", "rs", *FAST, "--out", tmp_path / "rs.tsv"])
     first = next(iter(rows.values()))
     assert all(r == first for r in rows.values()), list(rows)
     assert_rows_spread(tmp_path / f"{methods[1]}.tsv", min_classes=3)
     assert first != rows_without_time(tmp_path / "rs.tsv")
+    api_rows = tmp_path / "api.tsv"
+    model = smoothed_classifier(methods[1], classifier=load_classifier(tiny_models["classifier"], dataset="cifar10"),
+                                sigma=float(tiny_models["sigma"]), batch=16)
+    model.certify_dataset(load_dataset("npz", str(tiny_models["data"])), api_rows, n0=8, n=40, alpha=0.001)
+    assert rows_without_time(api_rows) == rows_without_time(tmp_path / f"{methods[1]}.tsv")

@@ -102,8 +102,8 @@ def _flags(cls: type) -> list:
 
 
 # The capabilities a part declares and the engine may ask (reviewed; each is a fact of the part, not a method's
-# name in disguise): a purifier runs the UNet; a purifier draws keyed noises of its own.
-CAPABILITIES = {"denoises", "draws_noise"}
+# name in disguise): a purifier has a purify stage; its stage runs the UNet; it draws keyed noises of its own.
+CAPABILITIES = {"purifies", "denoises", "draws_noise"}
 
 
 def test_no_method_carries_a_flag_like_switch():

@@ -66,7 +66,7 @@ def graph_stages(config: MethodConfig, image_shape, num_classes: Optional[int], 
     that runs it."""
     want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
     purify = None
-    if config.purifier.denoises:
+    if config.purifier.purifies:
         path, manifest = pick("denoiser", want_denoiser)
         purify = config.purifier.exported_stage(config.sigma, load(path, f"denoiser[{path.name}]"), manifest)
     path, manifest = pick("classifier", want_classifier)

@@ -151,7 +151,7 @@ def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, ba
         classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch,
                                            bool(wants("triton_blocks")))
     method = config.method
-    purify = config.purifier.stage(config.sigma, denoiser, backend, fast) if config.purifier.denoises else None
+    purify = config.purifier.stage(config.sigma, denoiser, backend, fast) if config.purifier.purifies else None
     head = score_module(config, classifier, image_shape)
     score = backend.for_classifier().stage(head, method.head.label)
     return probed(method_stages(config, purify, score, image_shape, num_classes), image_shape, num_classes)
@@ -164,6 +164,6 @@ def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, .
     method = config.method
     return BaseClassifierStages(config.name, purify, score, num_classes or 0,
                                 config.head.fresh_noise_shape(image_shape),
-                                purify_noise=method.purifier.draws_noise and config.purifier.denoises,
+                                purify_noise=method.purifier.draws_noise and config.purifier.purifies,
                                 purified_shape=config.purifier.purified_shape(image_shape),
                                 score_tolerance=method.score_tolerance(config))

@@ -6,6 +6,7 @@ from diffsmooth.engine.base_classifier.methods.purifier import Purifier
 
 
 class NoPurifier(Purifier):
+    purifies = False
     denoises = False
 
     def stage(self, sigma, denoiser, backend, fast=None):

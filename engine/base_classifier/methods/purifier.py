@@ -12,19 +12,21 @@ from diffsmooth.engine.base_classifier.methods.part import Part
 
 
 class Purifier(Part, ABC):
-    """x_rs [B,C,H,W] -> the samples the head scores. `denoises`: it runs the UNet (the classifier scores its
-    output, the "denoised" samples; else the "noisy" ones); `draws_noise`: its stage takes the rows' own keyed
-    noise (certify/noise.py's RowNoise) as a second argument; `copies_option`: the name of its setting K of how
-    many samples per noisy sample it hands the head (None: one sample of the image's shape)."""
+    """x_rs [B,C,H,W] -> the samples the head scores. `purifies`: it has a purify stage (the classifier scores its
+    output, the "denoised" samples; else the "noisy" ones); `denoises`: its stage reads the diffusion denoiser (its
+    run loads the UNet; a purifier without one needs no denoiser file); `draws_noise`: its stage takes the rows' own
+    keyed noise (certify/noise.py's RowNoise) as a second argument; `copies_option`: the name of its setting K of
+    how many samples per noisy sample it hands the head (None: one sample of the image's shape)."""
 
     copies_option: ClassVar[Optional[str]] = None
+    purifies: ClassVar[bool] = True
     denoises: ClassVar[bool]
     draws_noise: ClassVar[bool] = False
 
     @property
     def reads(self) -> str:
         """Which samples the head scores: "denoised" (this purifier's output) or "noisy" (x + sigma * eps)."""
-        return "denoised" if self.denoises else "noisy"
+        return "denoised" if self.purifies else "noisy"
 
     @property
     def copies(self) -> int:
@@ -33,8 +35,8 @@ class Purifier(Part, ABC):
 
     @abstractmethod
     def stage(self, sigma: float, denoiser, backend, fast=None):
-        """The purify stage at `sigma` on `backend` (a TorchRunner); `fast` (a FastPath or None) says which UNet
-        kernels."""
+        """The purify stage at `sigma` on `backend` (a TorchRunner); `denoiser` is None for a purifier that does not
+        read it (`denoises` False); `fast` (a FastPath or None) says which UNet kernels."""
 
     @abstractmethod
     def graph(self, sigma: float, denoiser, image_shape: Tuple[int, ...], method: str):
