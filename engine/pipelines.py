@@ -47,7 +47,7 @@ from diffsmooth.engine.runs.dataset_run import Images, Jobs, RunSummary, run_dat
 from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath, default_batch
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.results import RADIUS_FORMAT, RADIUS_FORMAT_KEY, check_or_record_settings, shard_path
-from diffsmooth.engine.runs.sharding import independent_plan, plan_from, rank_device, wait_for_all
+from diffsmooth.engine.runs.sharding import independent_share, rank_device, share_from, wait_for_all
 from diffsmooth.engine.runs.stage_build import build_stages
 from diffsmooth.engine.runs.vote_agreement import design_flip_rate
 from diffsmooth.engine.stages.weights import OwnedModule
@@ -107,7 +107,7 @@ class SmoothedClassifier:
         if ranks not in RANK_MODES:
             raise UserError(f"`ranks` must be one of {', '.join(RANK_MODES)}, got {ranks!r}")
         self.ranks = ranks
-        self.shards = plan_from(None, device) if ranks == "shared" else independent_plan()
+        self.shards = share_from(None, device) if ranks == "shared" else independent_share()
         device = rank_device(self.shards, device)
         self.device, self.precision, self.seed = device, precision, int(seed)
         self.fast = FastPath.resolve(device, compile)

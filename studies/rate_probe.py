@@ -3,7 +3,7 @@
     python -m studies.rate_probe --rows rs --folder DIR --sigma S --unanimous U --near N \
         --more M [--compile] [--threads 1] --out FILE.json [--time]
 
-The run is built as a table builds it (demo_spec, spec.request_options, plan_run, build_voter; as
+The run is built as a table builds it (demo_spec, spec.request_options, resolve_run, build_voter; as
 studies/selected_classes.py does). The noise is counter-based: sample j of image i under the table's seed
 is the same in every run, so counting samples [row end, row end + M) continues each image's row exactly
 where it stopped. For the sigma, each image's longest row in the folder's runs (every file of that
@@ -35,8 +35,8 @@ import numpy as np
 from scipy.stats import norm
 
 from diffsmooth.engine.runs.execute import build_voter
-from diffsmooth.engine.runs.plan import plan_run
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.runs.resolve import resolve_run
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table.spec import DEMO_ROWS, demo_spec
 
@@ -95,7 +95,7 @@ def build(row: str, images: int, sigma: float, compile: bool, threads: Optional[
     spec = demo_spec(rows=(row,), images=images, threads=threads, compile=compile)
     line = spec.lines[0]
     request = RunRequest.parse("certify", out=str(Path(scratch) / f"s{sigma:g}.tsv"), **spec.request_options(line, sigma))
-    run = plan_run(request)
+    run = resolve_run(request)
     return spec, run, build_voter(run, lambda message: None)
 
 

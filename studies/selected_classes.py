@@ -20,8 +20,8 @@ import click
 
 from diffsmooth.engine.certify.cohen import top_class
 from diffsmooth.engine.runs.execute import build_voter
-from diffsmooth.engine.runs.plan import plan_run
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.runs.resolve import resolve_run
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table.spec import DEMO_ROWS, demo_spec
 
@@ -35,7 +35,7 @@ def selected_classes(row: str, images: int, compile: bool, threads: Optional[int
         for sigma in spec.sigmas:
             request = RunRequest.parse("certify", out=str(Path(scratch) / f"s{sigma:g}.tsv"),
                                        **spec.request_options(line, sigma))
-            run = plan_run(request)
+            run = resolve_run(request)
             voter = build_voter(run, lambda message: None)
             images_ = [(i, run.dataset[i][0]) for i in run.indices]
             counts = voter.count_many(images_, 0, spec.n0, run.batch)

@@ -11,8 +11,8 @@ from diffsmooth.cli.options import (
     sequential_options,
 )
 from diffsmooth.engine.runs.execute import build_voter, execute
-from diffsmooth.engine.runs.plan import plan_run
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.runs.resolve import resolve_run
 
 
 def _log(line: str) -> None:
@@ -20,7 +20,7 @@ def _log(line: str) -> None:
 
 
 def _run(request: RunRequest) -> None:
-    run = plan_run(request)                 # option, lock and resume errors before any model is loaded
+    run = resolve_run(request)                 # option, lock and resume errors before any model is loaded
     with run.hold_locks():                  # held from planning on: a second run on `out` stops at once
         _certify(run)
 

@@ -18,7 +18,7 @@ from diffsmooth.engine.choices import (
 from diffsmooth.engine.demo.run import DemoRun, run_demo
 from diffsmooth.engine.errors import UserError, check_alpha
 from diffsmooth.engine.runs.fast_path import FastPath
-from diffsmooth.engine.runs.plan import set_threads
+from diffsmooth.engine.runs.resolve import set_threads
 
 
 @click.command()

@@ -33,8 +33,8 @@ from diffsmooth.engine.preflight.measure import (
 )
 from diffsmooth.engine.runs.assemble import load_models
 from diffsmooth.engine.runs.fast_path import default_batch
-from diffsmooth.engine.runs.plan import open_run_inputs
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.runs.resolve import open_run_inputs
 
 IMAGES = 100                    # images in the noise sample
 SAMPLES = 5                     # noise samples per image

@@ -176,7 +176,7 @@ class Jobs:
 class Images:
     """The images of a run and how they are batched: dataset[i] for i in `indices`, `batch` noisy samples per
     batch, at most `window` images in flight (None: as many as fit), a progress bar or not. A ResolvedRun
-    (engine/runs/plan.py) answers the same questions."""
+    (engine/runs/resolve.py) answers the same questions."""
 
     dataset: object
     indices: Sequence[int]

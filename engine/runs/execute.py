@@ -1,4 +1,4 @@
-"""Run a resolved run (engine/runs/plan.py): build its voter, check a fast path against eager fp32,
+"""Run a resolved run (engine/runs/resolve.py): build its voter, check a fast path against eager fp32,
 and certify the run's images (a `--shard`'s share).
 
 Under torchrun every rank runs every image and computes its share of its samples (certify/blocks.py);
@@ -17,7 +17,7 @@ from diffsmooth.engine.runs.assemble import build_pipeline, check_against_eager,
 from diffsmooth.engine.runs.dataset_run import Jobs, RunSummary, run_dataset
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.model_set import ModelSet
-from diffsmooth.engine.runs.plan import ResolvedRun
+from diffsmooth.engine.runs.resolve import ResolvedRun
 from diffsmooth.engine.runs.results import merge_results, read_rows, shard_path
 from diffsmooth.engine.runs.sharding import finish, wait_for_all
 from diffsmooth.engine.runs.stage_build import build_stages, build_sweep_stages

@@ -1,6 +1,6 @@
 """What a certify / predict run was asked to do (from the command line or Python): one frozen record,
 parsed and validated once at the boundary, so nothing downstream re-checks or re-parses an option.
-engine/runs/plan.py resolves it into a run (device, batch, fast path, shards, output paths)."""
+engine/runs/resolve.py resolves it into a run (device, batch, fast path, shards, output paths)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ STORE_CONNECT_S = 600.0     # how long a rank tries to reach torchrun's store be
 
 
 @dataclass(frozen=True)
-class ShardPlan:
+class ProcessShare:
     """This process's share: every num_shards-th selected image starting at position `shard`."""
 
     shard: int = 0
@@ -47,7 +47,7 @@ class ShardPlan:
         return SampleBlocks(self.shard, self.num_shards, meeting_group=meeting_group())
 
 
-def parse_shard(text: str) -> ShardPlan:
+def parse_shard(text: str) -> ProcessShare:
     """'i/k' with 0 <= i < k."""
     try:
         i, k = (int(p) for p in text.split("/"))
@@ -55,10 +55,10 @@ def parse_shard(text: str) -> ShardPlan:
         raise UserError(f"`shard` must look like i/k (e.g. 0/4), got {text!r}") from None
     if not (k >= 1 and 0 <= i < k):
         raise UserError(f"`shard` i/k needs k >= 1 and 0 <= i < k, got {text!r}")
-    return ShardPlan(i, k)
+    return ProcessShare(i, k)
 
 
-def plan_from(shard_option: Optional[str], device: str) -> ShardPlan:
+def share_from(shard_option: Optional[str], device: str) -> ProcessShare:
     """--shard if given; else torchrun's WORLD_SIZE/RANK (initialising torch.distributed); else 1 shard."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if shard_option:
@@ -66,18 +66,18 @@ def plan_from(shard_option: Optional[str], device: str) -> ShardPlan:
             raise UserError("use either `shard` or torchrun, not both")
         return parse_shard(shard_option)
     if world <= 1:
-        return ShardPlan()
+        return ProcessShare()
     import torch
     import torch.distributed as dist
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.startswith("cuda"):
         # Each rank owns one GPU before NCCL starts, so collectives and allocations land on it.
-        torch.cuda.set_device(rank_device(ShardPlan(0, world, True, local_rank), device))
+        torch.cuda.set_device(rank_device(ProcessShare(0, world, True, local_rank), device))
     if not dist.is_initialized():
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or os.environ.get("RANK", "0") != "0":
             reach_store()       # torchrun's agent holds the store; without torchrun (srun, spawn) rank 0 starts it
         join_process_group("nccl" if device.startswith("cuda") else "gloo")
-    return ShardPlan(dist.get_rank(), dist.get_world_size(), True, local_rank)
+    return ProcessShare(dist.get_rank(), dist.get_world_size(), True, local_rank)
 
 
 class _Groups:
@@ -86,12 +86,12 @@ class _Groups:
     meeting = None
 
 
-def independent_plan() -> ShardPlan:
+def independent_share() -> ProcessShare:
     """This process's place among torchrun's ranks (RANK, WORLD_SIZE, LOCAL_RANK) without joining a process group:
     each rank works alone on its own share."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    return ShardPlan(rank, world, False, int(os.environ.get("LOCAL_RANK", "0"))) if world > 1 else ShardPlan()
+    return ProcessShare(rank, world, False, int(os.environ.get("LOCAL_RANK", "0"))) if world > 1 else ProcessShare()
 
 
 def meeting_group():
@@ -199,16 +199,16 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def rank_device(plan: ShardPlan, device: str) -> str:
+def rank_device(share: ProcessShare, device: str) -> str:
     """Under torchrun, `cuda` means this rank's own GPU (cuda:LOCAL_RANK); an explicit `cuda:N`
     is kept as given (one GPU per rank is then the user's choice)."""
-    own = plan.distributed or plan.local_rank > 0          # torchrun's ranks, shared or independent (independent_plan)
-    return f"cuda:{plan.local_rank}" if own and device == "cuda" else device
+    own = share.distributed or share.local_rank > 0          # torchrun's ranks, shared or independent (independent_share)
+    return f"cuda:{share.local_rank}" if own and device == "cuda" else device
 
 
-def wait_for_all(plan: ShardPlan) -> None:
+def wait_for_all(share: ProcessShare) -> None:
     """Every rank here before any goes on (a rank that never comes: RanksLost within the rank timeout)."""
-    if plan.distributed:
+    if share.distributed:
         import torch.distributed as dist
         with answered():
             dist.barrier()
@@ -233,7 +233,7 @@ def keep_launcher_from_restarting() -> None:
     os.kill(os.getppid(), signal.SIGTERM)
 
 
-def finish(plan: ShardPlan) -> None:
-    if plan.distributed:
+def finish(share: ProcessShare) -> None:
+    if share.distributed:
         import torch.distributed as dist
         dist.destroy_process_group()

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from diffsmooth.engine.runs.locks import hold_lock
-from diffsmooth.engine.runs.plan import plan_run
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.runs.resolve import resolve_run
 from diffsmooth.engine.table.defaults import MARGIN, PILOT_IMAGES, PLAN, RACE_REACH_SIGMAS, TOLERANCE_POINTS
 from diffsmooth.engine.table.folder import TableFolder
 from diffsmooth.engine.table.outputs import RunFacts, write_outputs
@@ -91,7 +91,7 @@ class TableBuilder:
     def probe_run(self):
         """The first line's first run as planned (its images, batch and device are every run's)."""
         line = self.spec.lines[0]
-        return plan_run(self.request(Phase(line, self.spec.sigmas[0], (), None, self.out / "runs" / "probe.tsv", "")))
+        return resolve_run(self.request(Phase(line, self.spec.sigmas[0], (), None, self.out / "runs" / "probe.tsv", "")))
 
     def claim_folder(self) -> None:
         """Record what this folder holds; refuse a folder holding another table."""

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
-from diffsmooth.engine.runs.plan import ResolvedRun
+from diffsmooth.engine.runs.resolve import ResolvedRun
 
 # request options that may differ between the lines of one pass (what scores the denoised samples)
 PER_LINE = ("method", "classifier", "local_sigma", "m", "out")

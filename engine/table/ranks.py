@@ -17,7 +17,7 @@ from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.locks import lock_file
 from diffsmooth.engine.runs.results import merge_results, settings_path, shard_path
 from diffsmooth.engine.runs.row_states import append_state, read_states, states_path
-from diffsmooth.engine.runs.sharding import ShardPlan, finish, plan_from, wait_for_all
+from diffsmooth.engine.runs.sharding import ProcessShare, finish, share_from, wait_for_all
 
 T = TypeVar("T")
 
@@ -26,12 +26,12 @@ T = TypeVar("T")
 class Ranks:
     """This process's place among a table's ranks (`plan`: torchrun's, or one process)."""
 
-    plan: ShardPlan = ShardPlan()
+    plan: ProcessShare = ProcessShare()
 
     @classmethod
     def join(cls, device: str) -> "Ranks":
         """torchrun's ranks (the process group started here), or one process."""
-        return cls(plan_from(None, device))
+        return cls(share_from(None, device))
 
     @property
     def distributed(self) -> bool:

@@ -16,8 +16,8 @@ from diffsmooth.engine.errors import Terminated
 from diffsmooth.engine.runs.dataset_run import Jobs, run_dataset
 from diffsmooth.engine.runs.execute import build_voter
 from diffsmooth.engine.runs.model_set import ModelSet
-from diffsmooth.engine.runs.plan import ResolvedRun, plan_run
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.runs.resolve import ResolvedRun, resolve_run
 from diffsmooth.engine.table.folder import TableFolder
 from diffsmooth.engine.table.one_pass import groups, shared_run
 from diffsmooth.engine.table.phases import Phase, PhaseResult, StopRequest, TableInterrupted, ordered_starts, probe_rate
@@ -55,7 +55,7 @@ class PhaseRunner:
         return self.run_group([phase], costs)[phase.key]
 
     def planned(self, phase: Phase) -> ResolvedRun:
-        return dataclasses.replace(plan_run(self.request(phase)), indices=tuple(phase.indices))
+        return dataclasses.replace(resolve_run(self.request(phase)), indices=tuple(phase.indices))
 
     def run_group(self, phases: Sequence[Phase], costs: Optional[dict]) -> Dict[tuple, PhaseResult]:
         """The phases as one pass of what their files still lack; each phase's PhaseResult."""

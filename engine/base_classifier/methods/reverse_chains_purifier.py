@@ -34,7 +34,7 @@ MAX_STEPS = 100         # the most reverse steps a run takes (its draws are numb
 
 
 @dataclass(frozen=True)
-class ReversePlan:
+class ReverseSchedule:
     """One reverse chain at one sigma: the input scale, each step's UNet timestep and coefficients (float64, as
     DensePure's numpy tables; the stage reads them as fp32 tensors, as its `_extract_into_tensor` does)."""
 
@@ -46,7 +46,7 @@ class ReversePlan:
     #                                     coef2, clipped posterior log-variance, log beta, fixed-large log-variance
 
     @classmethod
-    def of(cls, schedule, sigma: float, steps: int) -> "ReversePlan":
+    def of(cls, schedule, sigma: float, steps: int) -> "ReverseSchedule":
         """DensePure's chain for an improved-/guided-diffusion schedule (engine/base_classifier/schedule.py)."""
         if getattr(schedule, "name", None) not in ("cosine", "linear"):
             raise UserError("densepure runs improved-/guided-diffusion UNet checkpoints (a cosine or linear schedule), "
@@ -146,24 +146,24 @@ class ReverseChainsStage:
     chain steps the whole batch of B (`step`: the ReverseStep as a built stage): the UNet always sees the run's batch,
     the size a run is tuned for, and a step never holds K times the batch's activations."""
 
-    def __init__(self, step, plan: ReversePlan, runs: int, fixed_large: bool):
-        self.step, self.plan, self.runs = step, plan, int(runs)
-        self.name = f"reverse chains ({runs} x {len(plan.timesteps)} steps)"
+    def __init__(self, step, reverse_schedule: ReverseSchedule, runs: int, fixed_large: bool):
+        self.step, self.reverse_schedule, self.runs = step, reverse_schedule, int(runs)
+        self.name = f"reverse chains ({runs} x {len(reverse_schedule.timesteps)} steps)"
         self.device, self.precision = step.device, step.precision
         self.weights = getattr(step, "weights", None)
-        table = plan.coefficients.copy()
+        table = reverse_schedule.coefficients.copy()
         if fixed_large:
             table[:, 4] = table[:, 6]
         table[:, 6] = [1.0] * (len(table) - 1) + [0.0]              # no noise on the last step
         # one tensor per step, not views of one table: a compiled graph guards on its inputs' storage offsets
         self.coefficients = [torch.tensor(row, dtype=torch.float32, device=self.device) for row in table]
-        self.timesteps = [torch.tensor([t], dtype=torch.float32, device=self.device) for t in plan.model_timesteps]
+        self.timesteps = [torch.tensor([t], dtype=torch.float32, device=self.device) for t in reverse_schedule.model_timesteps]
         eager = getattr(step, "eager", step)
-        self.eager = self if eager is step else ReverseChainsStage(eager, plan, runs, fixed_large)
+        self.eager = self if eager is step else ReverseChainsStage(eager, reverse_schedule, runs, fixed_large)
 
     @torch.inference_mode()         # every step's input an inference tensor, as its outputs: one compiled graph
     def __call__(self, x_rs: torch.Tensor, noise) -> torch.Tensor:
-        return run_chains(x_rs, noise, self.plan.scale, len(self.plan.timesteps), self.runs,
+        return run_chains(x_rs, noise, self.reverse_schedule.scale, len(self.reverse_schedule.timesteps), self.runs,
                           lambda x, i, z: self.step(x, self.timesteps[i], self.coefficients[i], z))
 
 
@@ -226,12 +226,12 @@ class ReverseChainsPurifier(Purifier):
             unet = backend.stage(denoiser.unet, "reverse step UNet")
             return SchedulerChains(unet, denoiser.new_scheduler(), sigma, self.steps, self.copies,
                                    int(denoiser.channels))
-        plan = ReversePlan.of(getattr(denoiser, "schedule", None), sigma, self.steps)
+        reverse_schedule = ReverseSchedule.of(getattr(denoiser, "schedule", None), sigma, self.steps)
         unet, learned = denoiser.unet, _learns_variance(denoiser)
         if getattr(fast, "fused_attention", False) and hasattr(unet, "with_fused_attention"):
             unet = unet.with_fused_attention()
         step = backend.stage(ReverseStep(unet, int(denoiser.channels), learned), "reverse step")
-        return ReverseChainsStage(step, plan, self.copies, fixed_large=not learned)
+        return ReverseChainsStage(step, reverse_schedule, self.copies, fixed_large=not learned)
 
     def graph(self, sigma, denoiser, image_shape, method):
         """The reverse step alone (x_t, t, c, noise) -> x_{t-1}: every step of every chain at every sigma runs this
@@ -239,12 +239,12 @@ class ReverseChainsPurifier(Purifier):
         if hasattr(denoiser, "new_scheduler"):
             raise UserError("densepure exports the reverse step of an improved-/guided-diffusion checkpoint; a "
                             "diffusers folder steps through its own scheduler on the torch backend")
-        plan = ReversePlan.of(getattr(denoiser, "schedule", None), sigma, self.steps)
+        reverse_schedule = ReverseSchedule.of(getattr(denoiser, "schedule", None), sigma, self.steps)
         learned = _learns_variance(denoiser)
         x = example_batch(image_shape) * 2 - 1
         noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
-        inputs = (x, torch.tensor([plan.model_timesteps[0]], dtype=torch.float32),
-                  torch.tensor(plan.coefficients[0], dtype=torch.float32), noise)
+        inputs = (x, torch.tensor([reverse_schedule.model_timesteps[0]], dtype=torch.float32),
+                  torch.tensor(reverse_schedule.coefficients[0], dtype=torch.float32), noise)
         module = ReverseStep(denoiser.unet, int(denoiser.channels), learned).eval()
         return PurifierGraph(module, inputs, ("x_t", "t", "c", "noise"), "x_prev", "reverse_step",
                              batch_inputs=("x_t", "noise"),
@@ -255,15 +255,15 @@ class ReverseChainsPurifier(Purifier):
         return {"method": method, "purifier": "reverse-step"}
 
     def exported_stage(self, sigma, graph, manifest):
-        """The K chains of S steps around the exported step graph, the chain's plan from the schedule its
+        """The K chains of S steps around the exported step graph, the chain's reverse_schedule from the schedule its
         manifest records."""
         recorded = manifest.get("schedule") or {}
         if recorded.get("name") not in ("cosine", "linear"):
             raise UserError(f"{manifest.get('onnx_file', 'the reverse-step graph')} records no improved-/guided-"
                             f"diffusion schedule (cosine or linear): re-export it")
         schedule = DiffusionSchedule.from_record(recorded)
-        plan = ReversePlan.of(schedule, sigma, self.steps)
-        return ReverseChainsStage(graph, plan, self.copies, fixed_large=not bool(manifest.get("learned_variance")))
+        reverse_schedule = ReverseSchedule.of(schedule, sigma, self.steps)
+        return ReverseChainsStage(graph, reverse_schedule, self.copies, fixed_large=not bool(manifest.get("learned_variance")))
 
     def key(self, sigma):
         """Its chains at one sigma and S: run k's noises do not depend on K, so K runs are the first K of more."""

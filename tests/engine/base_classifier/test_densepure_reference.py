@@ -16,7 +16,7 @@ from tiny_fixtures import TINY_UNET, random_unet
 
 from diffsmooth.engine.backends.torch.runner import TorchRunner
 from diffsmooth.engine.base_classifier.methods import MethodConfig
-from diffsmooth.engine.base_classifier.methods.reverse_chains_purifier import MAX_STEPS, ReversePlan
+from diffsmooth.engine.base_classifier.methods.reverse_chains_purifier import MAX_STEPS, ReverseSchedule
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule, betas_for
 from diffsmooth.engine.errors import UserError
 
@@ -185,7 +185,7 @@ def test_one_step_is_one_clipped_x0_prediction_at_densepures_own_t_star(unets):
     three ways it differs from DDS's one-shot step (the first t whose abar reaches the noise level, the scale
     sqrt(abar_t), and abar_t = alpha_bar((t+1)/T) / alpha_bar(0))."""
     unet, schedule = unets["improved-diffusion cifar10"]
-    plan = ReversePlan.of(schedule, SIGMA, 1)
+    plan = ReverseSchedule.of(schedule, SIGMA, 1)
     assert plan.timesteps == (round(plan.t_star),)
     # t* can land on DDS's (1984 here), but the input scale and the step's abar are not DDS's
     dds = schedule.coefficients(SIGMA)
@@ -214,6 +214,6 @@ def _dds(unet, schedule):
 def test_a_chain_that_cannot_fit_below_t_star_is_refused_in_one_line():
     schedule = DiffusionSchedule("linear", 1000)
     with pytest.raises(UserError, match="steps do not fit below t"):
-        ReversePlan.of(schedule, 0.01, 50)
+        ReverseSchedule.of(schedule, 0.01, 50)
     with pytest.raises(UserError, match="cosine or linear"):
-        ReversePlan.of(object(), SIGMA, 2)
+        ReverseSchedule.of(object(), SIGMA, 2)

@@ -219,8 +219,8 @@ def test_imagenet_smoke_runs_crop_to_a_small_size_on_the_cpu_only_and_never_for_
     beit = load_spec(ROOT / "specs" / "paper" / "imagenet-table2-beit.toml", folders)
     assert "image_size" not in smoke_spec(beit, cuda=False)[0].data
     from diffsmooth.engine.errors import UserError
-    from diffsmooth.engine.runs.plan import open_dataset
     from diffsmooth.engine.runs.request import RunRequest
+    from diffsmooth.engine.runs.resolve import open_dataset
     with pytest.raises(UserError, match="`image_size` is for ImageNet-style folders"):
         open_dataset(RunRequest.parse("certify", out="x.tsv", image_size=16))
     with pytest.raises(UserError, match="image_size"):

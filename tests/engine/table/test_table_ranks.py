@@ -194,10 +194,10 @@ def test_a_table_on_two_gloo_ranks_with_a_rank_killed_mid_extension_finishes_und
 def _rank(rank: int, world: int, init: str, results):
     import torch.distributed as dist
 
-    from diffsmooth.engine.runs.sharding import ShardPlan
+    from diffsmooth.engine.runs.sharding import ProcessShare
     from diffsmooth.engine.table.ranks import Ranks
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    ranks = Ranks(ShardPlan(rank, world, True))
+    ranks = Ranks(ProcessShare(rank, world, True))
     got = []
     try:
         ranks.same("spec", "abc")               # alike: nothing to say

@@ -1,5 +1,5 @@
-"""One planning step from what was asked (RunRequest) to a resolved run: the dataset and selected
-images, the configurations and their classifier checkpoints, the shard plan, this process's device,
+"""One step from what was asked (RunRequest) to a resolved run: the dataset and selected
+images, the configurations and their classifier checkpoints, this process's share, this process's device,
 the batch, the fast path and the output paths. Every default is decided here (or in the one function
 it calls), and the settings a result file records are derived from the resolved run."""
 
@@ -34,7 +34,7 @@ from diffsmooth.engine.runs.results import (
     refuse_other_radius_format,
     shard_path,
 )
-from diffsmooth.engine.runs.sharding import ShardPlan, plan_from, rank_device
+from diffsmooth.engine.runs.sharding import ProcessShare, rank_device, share_from
 from diffsmooth.engine.runs.sources import ModelOptions, resolve_sources
 
 # What determines the rows of a result file, in the order settings files have always listed them.
@@ -54,7 +54,7 @@ class ResolvedRun:
     configurations: Tuple[Configuration, ...]
     classifier_paths: Dict[str, str]        # configuration classifier name -> checkpoint
     sources: ModelSources
-    shards: ShardPlan
+    shards: ProcessShare
     device: str
     batch: int
     fast: FastPath
@@ -252,7 +252,7 @@ def open_run_inputs(request: RunRequest) -> Tuple[str, object, List[int], ModelS
     return kind, dataset, indices, sources
 
 
-def plan_run(request: RunRequest) -> ResolvedRun:
+def resolve_run(request: RunRequest) -> ResolvedRun:
     """Resolve a request; refuses (before any model loads) a result file or sweep folder that another
     run is writing (its lock is held: checked, not taken; `ResolvedRun.hold_locks` takes it) or that
     was written with other settings."""
@@ -261,7 +261,7 @@ def plan_run(request: RunRequest) -> ResolvedRun:
     configs = configurations(request.method, request.sigma, request.options_for, classifiers_for)
     if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.config.purifier.denoises for c in configs):
         check_sigma(sources.denoiser, sources.scheduler, request.sigma)     # before any file is touched
-    shards = plan_from(request.shard, request.device)
+    shards = share_from(request.shard, request.device)
     device = rank_device(shards, request.device)
     fast = FastPath.asked_by(request, device, request.backend)
     batch = request.batch or default_batch(device, tuple(dataset.image_shape))
