@@ -32,6 +32,7 @@ from diffsmooth.engine.choices import GRAPH_PRECISIONS, MAX_SEED
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath
+from diffsmooth.engine.runs.fast_path_options import FAST_PATH_OPTIONS, AskedFastPath
 from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
 from diffsmooth.engine.runs.stage_build import StageBuild
 
@@ -93,19 +94,8 @@ class BenchSettings:
     scheduler: Optional[str] = None         # its scheduler folder, for a UNet folder
     measure_cpu_peak: bool = True
     progress: bool = True
-    compile: Optional[bool] = None          # torch backend fast path; None: on for CUDA (engine/runs/fast_path.py)
-    cuda_graphs: Optional[bool] = None
-    streams: Optional[int] = None
-    fused_attention: Optional[bool] = None
-    fused_conv: bool = False
-    lean_unet: bool = False                 # the time-per-sample variants (engine/runs/fast_path.py, bench/variants.py)
-    compile_mode: Optional[str] = None
-    inductor: Tuple[str, ...] = ()
-    classifier_batch: Optional[int] = None
-    triton_conv: bool = False
-    triton_blocks: bool = False
-    pack_images: Optional[int] = None
-    classifier_compile_mode: Optional[str] = None
+    # the torch backend's fast path (engine/runs/fast_path_options.py; None: its default, on for CUDA)
+    asked_fast_path: AskedFastPath = AskedFastPath()
     profile: Optional[str] = None           # folder for the kernel profile (bench/kernel_profile.py)
     variants: Tuple[str, ...] = ()          # measure each named variant in turn (bench/variants.py); () one run
     deadline_s: Optional[float] = None      # start no variant that would end past this many seconds
@@ -141,7 +131,7 @@ class BenchSettings:
         s = replace(s, variants=parse_variants(s.variants))
         s.fast_path()                            # refuses settings that cannot go together, in one line
         for spec in s.variants:
-            replace(s, **parse_variant(spec)).fast_path()
+            s.for_variant(spec, False).fast_path()
         return s
 
     def fast_path(self):
@@ -152,13 +142,15 @@ class BenchSettings:
         """These settings with a variant's changes on top (bench/variants.py); the reference-equivalent
         baseline and the kernel profile only with the first variant measured."""
         changes = parse_variant(spec)
+        batch = changes.pop("batch", self.batch)
         if "inductor" in changes:
-            changes["inductor"] = tuple(sorted({*self.inductor, *changes["inductor"]}))
-        return replace(self, **changes, variants=(), reference=self.reference and first,
-                       profile=self.profile if first else None)
+            changes["inductor"] = tuple(sorted({*(self.asked_fast_path.inductor or ()), *changes["inductor"]}))
+        return replace(self, batch=batch, asked_fast_path=self.asked_fast_path.replace(**changes), variants=(),
+                       reference=self.reference and first, profile=self.profile if first else None)
 
     def as_dict(self) -> dict:
         d = asdict(self)
+        d.update(d.pop("asked_fast_path"))         # recorded flat, as before the settings were one object
         d["backends"], d["precisions"] = list(self.backends), list(self.precisions)
         d["sweep_batches"], d["sweep_ms"] = list(self.sweep_batches), list(self.sweep_ms)
         for key in ("progress", "measure_cpu_peak"):
@@ -169,8 +161,7 @@ class BenchSettings:
         for key in ("arch", "denoiser", "scheduler"):
             if d[key] is None:
                 d.pop(key)
-        for key in ("lean_unet", "compile_mode", "inductor", "classifier_batch", "triton_conv", "triton_blocks",
-                    "pack_images", "classifier_compile_mode", "variants", "deadline_s"):
+        for key in (*(o.name for o in FAST_PATH_OPTIONS if o.variant), "variants", "deadline_s"):
             if not d[key]:
                 d.pop(key)
             elif isinstance(d[key], tuple):
@@ -201,8 +192,8 @@ def count_model_flops(model_set, settings: BenchSettings, m: Optional[int] = Non
     batch = max(2, int(settings.batch or 2))        # the lean UNet computes t*'s embedding once per batch
     # the one-shot purifier's FLOPs per UNet call, times the method's UNet calls per sample (a reverse chain's
     # elementwise steps are left out: under 0.1% of a UNet call)
-    den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma, lean=settings.lean_unet), shape,
-                                batch=batch if settings.lean_unet else 2)
+    lean = bool(settings.asked_fast_path.lean_unet)
+    den, den_ops = (stage_flops(model_set.denoiser.purifier(settings.sigma, lean=lean), shape, batch=batch if lean else 2)
                     if config.purifier.denoises else (0, {}))
     unet_calls = config.purifier.unet_calls()
     den *= max(1, unet_calls)

@@ -13,9 +13,9 @@ from diffsmooth.bench.harness import BenchSettings, run_bench, to_jsonable
 from diffsmooth.bench.models import MODEL_SETS
 from diffsmooth.bench.report import render
 from diffsmooth.bench.variants import TOKENS, parse_variants
-from diffsmooth.cli.options import name_values
+from diffsmooth.cli.fast_path_options import fast_path_flags
+from diffsmooth.cli.options import group, name_values
 from diffsmooth.cli.param_types import BATCH, LOCAL_NOISES, LOCAL_SIGMA, METHOD, SAMPLES, SEED, SIGMA, THREADS, Count, Number
-from diffsmooth.engine.backends.torch.compile_options import COMPILE_MODES, INDUCTOR_KNOBS, parse_inductor_knobs
 from diffsmooth.engine.choices import (
     BACKENDS,
     DEFAULT_LOCAL_NOISE,
@@ -27,6 +27,7 @@ from diffsmooth.engine.choices import (
     LOCAL_NOISE_MODES,
     RUN_PRECISIONS,
 )
+from diffsmooth.engine.runs.fast_path_options import ASKED, AskedFastPath
 
 
 def _csv(kind=str):
@@ -89,31 +90,7 @@ def _check_choices(values, allowed, name):
 @click.option("--precision", "precisions", default="fp32", show_default=True, callback=_csv(),
               help="Comma list of fp32, fp16, bf16 (non-fp32 only on CUDA).")
 @click.option("--device", default="cpu", show_default=True)
-@click.option("--compile/--no-compile", "compile", default=None,
-              help="Compiled static-shape torch stages [default: on for CUDA]; compile time is reported as warm-up.")
-@click.option("--cuda-graphs/--no-cuda-graphs", "cuda_graphs", default=None,
-              help="CUDA graph replay of the compiled stages [default: on with --compile on CUDA].")
-@click.option("--streams", type=click.IntRange(1, 2), default=None, help="Two CUDA streams [default: 2 on CUDA].")
-@click.option("--fused-attention/--no-fused-attention", "fused_attention", default=None,
-              help="The UNet's attention through scaled_dot_product_attention [default: on with --compile on CUDA].")
-@click.option("--fused-conv", is_flag=True,
-              help="ResNet classifiers with BatchNorm folded and cuDNN-fused conv + add + ReLU (torch backend).")
-@click.option("--lean-unet", is_flag=True,
-              help="The UNet computes only its noise estimate and t*'s time embedding once per batch (torch backend).")
-@click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default=None,
-              help="torch.compile mode of the stages [default: torch's default].")
-@click.option("--inductor", default=None, metavar="KNOB[,KNOB]",
-              help="Inductor knobs for the compiled stages: " + ", ".join(INDUCTOR_KNOBS) + ".")
-@click.option("--classifier-compile-mode", type=click.Choice(COMPILE_MODES), default=None,
-              help="The classifier stage's own torch.compile mode [default: --compile-mode's].")
-@click.option("--classifier-batch", type=BATCH, default=None,
-              help="Most samples per classifier call (x m images) [default: the whole batch when it fits].")
-@click.option("--triton-conv", is_flag=True,
-              help="ResNet classifiers with BatchNorm folded and each conv + add + ReLU one Triton kernel (CUDA).")
-@click.option("--triton-blocks", is_flag=True,
-              help="With --triton-conv: each stride-1 residual block one Triton kernel (CUDA).")
-@click.option("--pack-images", type=click.Choice(["1", "2", "4"]), default=None,
-              help="CIFAR ResNets' 16-channel first stage on K images per tensor, block-diagonal weights [default: 1].")
+@group(*fast_path_flags())
 @click.option("--variants", default=None, metavar="SPEC[,SPEC]",
               help="Measure these fast-path variants in turn on the same models, e.g. default,lean-unet,"
                    "freezing+classifier-batch=500 (tokens: " + ", ".join(TOKENS) + "; bench/variants.py).")
@@ -153,14 +130,8 @@ def bench(**kw):
         reference_batch=kw["reference_batch"], compare=kw["compare"], peak_tflops=kw["peak_tflops"],
         sweep=kw["sweep"], sweep_batches=kw["sweep_batches"], sweep_ms=kw["sweep_ms"], sweep_n=kw["sweep_n"],
         plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"],
-        compile=kw["compile"], cuda_graphs=kw["cuda_graphs"], streams=kw["streams"], arch=kw["arch"],
-        denoiser=kw["denoiser"], scheduler=kw["scheduler"],
-        fused_attention=kw["fused_attention"], fused_conv=kw["fused_conv"], profile=kw["profile"],
-        lean_unet=kw["lean_unet"], compile_mode=kw["compile_mode"], inductor=parse_inductor_knobs(kw["inductor"]),
-        classifier_batch=kw["classifier_batch"], triton_conv=kw["triton_conv"], triton_blocks=kw["triton_blocks"],
-        pack_images=None if kw["pack_images"] is None else int(kw["pack_images"]),
-        classifier_compile_mode=kw["classifier_compile_mode"],
-        variants=parse_variants(kw["variants"] or ""),
+        arch=kw["arch"], denoiser=kw["denoiser"], scheduler=kw["scheduler"], profile=kw["profile"],
+        asked_fast_path=AskedFastPath(**{name: kw[name] for name in ASKED}), variants=parse_variants(kw["variants"] or ""),
         deadline_s=kw["deadline_s"])
     appended = []
 

@@ -1,66 +1,41 @@
-"""The GPU fast path's options of certify / predict (engine/runs/fast_path.py): compiled stages, CUDA graphs,
-two streams, fused kernels, the time-per-sample variants, and the once-per-run check of the fast path's counts
+"""The GPU fast path's options of certify / predict / table and bench, made from its one table
+(engine/runs/fast_path_options.py's FAST_PATH_OPTIONS), and the once-per-run check of the fast path's counts
 against eager fp32."""
 
 from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.param_types import BATCH, Count, Number
-from diffsmooth.engine.backends.torch.compile_options import COMPILE_MODES, INDUCTOR_KNOBS
+from diffsmooth.cli.param_types import Count, Number
 from diffsmooth.engine.choices import MAX_SAMPLES
+from diffsmooth.engine.runs.fast_path_options import FAST_PATH_OPTIONS
 
-__all__ = ["fast_path_options", "variant_options"]
+__all__ = ["fast_path_flags", "fast_path_options"]
 
 
-def variant_options():
-    """The time-per-sample fast-path variants, each off until a GPU has measured it (docs/performance.md); `bench`
-    declares options of the same names."""
-    return (
-        click.option("--lean-unet/--no-lean-unet", "lean_unet", default=None,
-                     help="The UNet computes only its noise estimate (not the learned-sigma channels) and t*'s "
-                          "time embedding once per batch; the same maths [default: off; never run on a GPU]."),
-        click.option("--compile-mode", type=click.Choice(COMPILE_MODES), default=None,
-                     help="torch.compile mode of the stages; max-autotune-no-cudagraphs autotunes conv/matmul "
-                          "kernels (a much longer first compile) [default: torch's default]."),
-        click.option("--inductor", default=None, metavar="KNOB[,KNOB]",
-                     help="Inductor knobs for the compiled stages: " + ", ".join(INDUCTOR_KNOBS) +
-                          " [default: none]."),
-        click.option("--classifier-compile-mode", type=click.Choice(COMPILE_MODES), default=None,
-                     help="The classifier stage's own torch.compile mode, e.g. max-autotune-no-cudagraphs for the "
-                          "classifier alone [default: --compile-mode's]."),
-        click.option("--classifier-batch", type=BATCH, default=None,
-                     help="Most samples per classifier call (x m images with local smoothing), apart from the "
-                          "UNet's --batch [default: the whole batch when it fits half the free GPU memory]."),
-        click.option("--triton-conv/--no-triton-conv", "triton_conv", default=False,
-                     help="ResNet classifiers with BatchNorm folded and each conv + bias + add + ReLU one Triton "
-                          "kernel on CUDA [default: off; never run on a GPU]."),
-        click.option("--triton-blocks/--no-triton-blocks", "triton_blocks", default=False,
-                     help="With --triton-conv: each stride-1 residual block one Triton kernel, its intermediate "
-                          "kept on chip [default: off; never run on a GPU]."),
-        click.option("--pack-images", "pack_images", type=click.Choice(["1", "2", "4"]), default=None,
-                     callback=lambda ctx, param, value: None if value is None else int(value),
-                     help="CIFAR ResNets' 16-channel first stage on K images per tensor (block-diagonal weights, "
-                          "the same maths) [default: 1; never run on a GPU]."),
-    )
+def _option(o):
+    """The click option of one fast-path setting: a bool an on / off switch, an int a range or choice."""
+    dash = o.flag[2:]
+    if o.kind is bool:
+        return click.option(f"--{dash}/--no-{dash}", o.name, default=o.default, help=o.help)
+    if o.choices:
+        kind = click.Choice([str(c) for c in o.choices])
+        convert = (lambda ctx, param, value: None if value is None else int(value)) if o.kind is int else None
+        return click.option(o.flag, o.name, type=kind, default=o.default, callback=convert, help=o.help)
+    kind = Count(o.low, o.high) if o.kind is int else None
+    return click.option(o.flag, o.name, type=kind, default=o.default, metavar=o.metavar, help=o.help)
+
+
+def fast_path_flags():
+    """The fast path's settings as options, in the table's order (on by default with --device cuda; the
+    time-per-sample variants opt-in); `bench` takes the same."""
+    return tuple(_option(o) for o in FAST_PATH_OPTIONS if o.asked)
 
 
 def fast_path_options():
-    """The fast path's options in --help's order (on by default with --device cuda; the variants opt-in)."""
+    """The fast path's options of a run: its settings and the check of its counts against eager fp32."""
     return (
-        click.option("--compile/--no-compile", "compile", default=None,
-                     help="torch.compile the stages at one static batch shape [default: on for CUDA]."),
-        click.option("--cuda-graphs/--no-cuda-graphs", "cuda_graphs", default=None,
-                     help="Replay each compiled stage from a CUDA graph [default: on with --compile on CUDA]."),
-        click.option("--streams", type=click.IntRange(1, 2), default=None,
-                     help="2: denoise batch k+1 while classifying batch k on two CUDA streams [default: 2 on CUDA]."),
-        click.option("--fused-attention/--no-fused-attention", "fused_attention", default=None,
-                     help="Run the UNet's attention through scaled_dot_product_attention (flash kernels) "
-                          "[default: on with --compile on CUDA]."),
-        click.option("--fused-conv/--no-fused-conv", "fused_conv", default=False,
-                     help="ResNet classifiers with BatchNorm folded into the convolutions and conv + add + ReLU "
-                          "as one cuDNN call on CUDA [default: off; see docs/status.md]."),
-        *variant_options(),
+        *fast_path_flags(),
         click.option("--validate-samples", type=Count(0, MAX_SAMPLES), default=500, show_default=True,
                      help="Samples per image on which a compiled / fp16 / bf16 path's production counts are "
                           "checked against eager fp32 (TF32 off) once per run (0: skip)."),

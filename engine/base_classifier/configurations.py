@@ -157,14 +157,6 @@ def check_classes(classifiers: Dict[str, nn.Module], image_shape, device) -> Non
         raise UserError(f"the sweep's classifiers score different numbers of classes: {sorted(set(counts.values()))}")
 
 
-@dataclass(frozen=True)
-class _Kernels:
-    """The UNet kernels a sweep's purify stage runs (what the purifier's `stage` reads of a fast path)."""
-
-    fused_attention: bool = False
-    lean_unet: bool = False
-
-
 def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
     """The configuration whose purify stage serves the whole sweep (its method's choice), or None: none purifies."""
     purifying = [c.config for c in configs if c.config.purifier.purifies]
@@ -175,17 +167,15 @@ def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
 
 
 def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], denoiser, backend,
-                               image_shape, num_classes: Optional[int] = None,
-                               fused_attention: bool = False, lean_unet: bool = False) -> BaseClassifierStages:
+                               image_shape, num_classes: Optional[int] = None, fast=None) -> BaseClassifierStages:
     """The sweep's stages on a TorchRunner: the denoiser once (the method's purify stage, its purifier's `stage`, of
-    purifier_config), every configuration in one score stage (`lean_unet`: the denoiser on its UNet's eps-only
-    copy, DiffusionDenoiser.purifier)."""
+    purifier_config, with the UNet kernels of `fast`, the run's FastPath), every configuration in one score stage."""
     inputs = inputs_of(configs)
     if denoiser is None and any(c.config.purifier.denoises for c in configs):
         raise UserError("the sweep's denoising configurations need `denoiser` CHECKPOINT")
     check_classes({c.classifier: classifiers[c.classifier] for c in configs}, image_shape, torch.device("cpu"))
     shared = purifier_config(configs) if "denoised" in inputs else None
-    purify = (shared.purifier.stage(shared.sigma, denoiser, backend, _Kernels(fused_attention, lean_unet))
+    purify = (shared.purifier.stage(shared.sigma, denoiser, backend, fast)
               if shared is not None else None)
     heads = ConfigurationHeads(configs, classifiers, image_shape)
     score = backend.stage(heads, f"{len(configs)} configurations")

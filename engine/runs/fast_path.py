@@ -14,6 +14,7 @@ import torch
 from diffsmooth.engine.backends.registry import stage_backend
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.packed_resnet import packing
+from diffsmooth.engine.runs.fast_path_options import FAST_PATH_OPTIONS, OPTIONAL_KEYS, AskedFastPath, FastPathFields
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE, AgreementReport, judge_agreement
 
 # Batch defaults from the H200 measurements (bench/results/h200-2026-11-26/): the compiled
@@ -34,35 +35,19 @@ def default_batch(device: str, image_shape: Tuple[int, ...]) -> int:
 
 
 @dataclass(frozen=True)
-class FastPath:
-    """Which speed features a run uses; `resolve` fills the defaults for a device."""
-
-    compile: bool = False
-    cuda_graphs: bool = False
-    streams: int = 1
-    static_batch: bool = False
-    compiled_noise: bool = False
-    fused_attention: bool = False
-    fused_conv: bool = False
-    # the time-per-sample variants, each off (None / empty) unless asked for until a GPU has measured it
-    lean_unet: bool = False                     # eps-only output conv, t*'s embedding once per call
-    compile_mode: Optional[str] = None          # torch.compile mode (None: torch's default)
-    inductor: Tuple[str, ...] = ()              # inductor knobs (engine/backends/torch/compile_options.py)
-    classifier_batch: Optional[int] = None      # samples per classifier call (None: sized from free memory)
-    triton_conv: bool = False                   # folded ResNet classifier on Triton convolutions
-    triton_blocks: bool = False                 # with triton_conv: each stride-1 BasicBlock one Triton kernel
-    pack_images: Optional[int] = None           # CIFAR ResNet's first stage on K images per tensor (None: off)
-    classifier_compile_mode: Optional[str] = None   # the classifier stage's own torch.compile mode (None: compile_mode)
+class FastPath(FastPathFields):
+    """Which speed features a run uses (its fields: engine/runs/fast_path_options.py's table, each off by default);
+    `resolve` fills the defaults for a device."""
 
     @classmethod
     def asked_by(cls, settings, device: str, backend: str = "torch") -> "FastPath":
-        """The fast path a run's settings ask for (a RunRequest, bench's settings: each of ASKED an attribute),
+        """The fast path a run's settings ask for (a RunRequest, bench's settings: their `asked_fast_path`),
         resolved for `device` and `backend`."""
-        return cls.resolve(device, backend=backend, **{name: getattr(settings, name) for name in ASKED})
+        return cls.resolve(device, backend=backend, **settings.asked_fast_path.given())
 
     @classmethod
     def resolve(cls, device: str, compile: Optional[bool] = None, *, backend: str = "torch", **asked) -> "FastPath":
-        """The fast path of a run on `backend`; `asked`: the settings of ASKED a user gave (None or absent: the
+        """The fast path of a run on `backend`; `asked`: the settings of fast_path_options.ASKED a user gave (None or absent: the
         default). Each backend decides its own defaults (its class's `fast_path_defaults`, engine/backends/),
         and the settings only the torch backend reads are refused on the others. Torch backend: on CUDA everything
         on unless switched off; on CPU eager unless compile=True. Compiled stages always get static batches (one
@@ -72,17 +57,14 @@ class FastPath:
         are off until asked for: no GPU has measured them (docs/performance.md, "Time-per-sample variants").
         TensorRT: static batches (plans are built for the run's batch) and, on CUDA, two streams. ONNX Runtime:
         none of it."""
-        unknown = sorted(set(asked) - set(ASKED))
-        if unknown:
-            raise TypeError(f"FastPath.resolve() got unknown settings {unknown}")
+        asked = AskedFastPath(compile=compile, **asked).given()       # each value checked (unknown names refused)
+        compile = asked.pop("compile", None)
         try:
             cuda = torch.device(device).type == "cuda"
         except RuntimeError:
             raise UserError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
-        asked = {**asked, "pack_images": packing(asked.get("pack_images")), "inductor": asked.get("inductor") or ()}
-        given = [name for name in ("lean_unet", "compile_mode", "inductor", "classifier_batch", "triton_conv",
-                                   "triton_blocks", "pack_images", "classifier_compile_mode")
-                 if asked.get(name) not in (None, False, (), "")]
+        asked["pack_images"] = packing(asked.get("pack_images"))
+        given = [o.name for o in FAST_PATH_OPTIONS if o.variant and asked.get(o.name) not in (None, False, (), "")]
         on = stage_backend(backend)
         if given and not on.accepts_torch_options:
             raise UserError(f"`{given[0]}` is for the torch backend, not {backend}")
@@ -104,15 +86,6 @@ class FastPath:
         if "inductor" in d:
             d["inductor"] = list(d["inductor"])
         return d
-
-
-# What a user may ask of the fast path (command-line options, RunRequest and bench settings of these names).
-ASKED = ("compile", "cuda_graphs", "streams", "fused_attention", "fused_conv", "lean_unet", "compile_mode", "inductor",
-         "classifier_batch", "triton_conv", "triton_blocks", "pack_images", "classifier_compile_mode")
-
-# FastPath fields recorded only when on / set (result files written without them still resume).
-OPTIONAL_KEYS = ("fused_attention", "fused_conv", "lean_unet", "compile_mode", "inductor", "classifier_batch",
-                 "triton_conv", "triton_blocks", "pack_images", "classifier_compile_mode")
 
 
 @contextlib.contextmanager

@@ -9,7 +9,6 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from diffsmooth.engine.backends.torch.compile_options import check_compile_mode, parse_inductor_knobs
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES, option_variants
 from diffsmooth.engine.certify.sequential import BOUNDS, DEFAULT_BOUND, DEFAULT_FUTILITY_RULE, FUTILITY_RULES, SequentialRule
@@ -35,7 +34,7 @@ from diffsmooth.engine.choices import (
     RUN_PRECISIONS,
 )
 from diffsmooth.engine.errors import UserError, check_alpha
-from diffsmooth.engine.models.packed_resnet import packing
+from diffsmooth.engine.runs.fast_path_options import ASKED, FAST_PATH_OPTIONS, AskedFastPath
 
 MODES = ("certify", "predict")
 
@@ -130,13 +129,13 @@ def _distinct(name: str, values: tuple) -> None:
 _TEXT = ("out", "denoiser", "scheduler", "preset", "unet_config", "schedule", "arch", "normalization", "stats", "dataset",
          "data", "split", "onnx_dir", "device", "shard")
 MAX_IMAGE_SIZE = 4096
-_FLAGS = ("compile", "cuda_graphs", "fused_attention", "lean_unet")       # None: the device's default
 
 
 @dataclass(frozen=True)
 class RunRequest:
     """Every option of `certify` / `predict`, as asked; the repeatable ones (a sweep) are tuples and
-    `sequential` is the parsed rule (None: fixed-n). Build it with `RunRequest.parse`."""
+    `sequential` is the parsed rule (None: fixed-n); the fast path's settings are one AskedFastPath. Build it with
+    `RunRequest.parse`."""
 
     mode: str
     out: str
@@ -175,19 +174,7 @@ class RunRequest:
     onnx_dir: Optional[str] = None
     device: str = "cpu"
     precision: str = "fp32"
-    compile: Optional[bool] = None
-    cuda_graphs: Optional[bool] = None
-    streams: Optional[int] = None
-    fused_attention: Optional[bool] = None
-    fused_conv: bool = False
-    lean_unet: Optional[bool] = None                # the time-per-sample variants (docs/performance.md)
-    compile_mode: Optional[str] = None
-    inductor: Tuple[str, ...] = ()
-    classifier_batch: Optional[int] = None
-    triton_conv: bool = False
-    triton_blocks: bool = False
-    pack_images: Optional[int] = None
-    classifier_compile_mode: Optional[str] = None
+    asked_fast_path: AskedFastPath = AskedFastPath()    # compile, cuda_graphs, ... (fast_path_options.py's table)
     validate_samples: int = 500
     validate_images: int = 4
     expected_flip_rate: Optional[float] = None      # None: the measured rate of the run's methods and precision
@@ -202,7 +189,8 @@ class RunRequest:
               futility: Optional[str] = None, bound: Optional[str] = None, schedule_radii: Optional[str] = None,
               decide_largest: bool = False, **options) -> "RunRequest":
         """From option values (click's keyword arguments, or a Python caller's): lists become tuples,
-        the sequential options become a SequentialRule, and everything is checked once."""
+        the sequential options become a SequentialRule, the fast path's (`compile`, ...: fast_path_options.ASKED)
+        one AskedFastPath, and everything is checked once."""
         for key in ("classifier", "method", "local_sigma", "m"):
             value = options.get(key)
             if value is not None and not isinstance(value, (list, tuple)):
@@ -210,8 +198,7 @@ class RunRequest:
             options[key] = tuple(value) if value is not None else ()
         for key in ("method", "local_sigma", "m"):
             options[key] = options[key] or cls.__dataclass_fields__[key].default
-        if "inductor" in options:
-            options["inductor"] = parse_inductor_knobs(options["inductor"])
+        options["asked_fast_path"] = AskedFastPath(**{k: options.pop(k) for k in ASKED if k in options})
         rule = None
         if sequential:
             if mode != "certify":
@@ -241,7 +228,6 @@ class RunRequest:
         for name in ("n0", "n", "skip"):
             _positive(name, getattr(self, name))
         for name, high in (("batch", MAX_BATCH), ("window", MAX_WINDOW), ("threads", MAX_THREADS), ("max_index", None),
-                           ("classifier_batch", MAX_BATCH),
                            ("image_size", MAX_IMAGE_SIZE),
                            ("diffusion_steps", MAX_DIFFUSION_STEPS), ("validate_images", None)):
             _positive(name, getattr(self, name), allow_none=name != "validate_images", high=high)
@@ -254,20 +240,10 @@ class RunRequest:
         if samples > MAX_SAMPLES:
             raise UserError(f"{'`n`' if self.mode == 'predict' else '`n0` + `n`'} must be <= {MAX_SAMPLES:,} samples "
                             f"per image (Monte Carlo sample indices are 32-bit), got {samples:,}")
-        for name in _FLAGS:
-            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
-                raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
-        for name in ("fused_conv", "triton_conv", "triton_blocks", "quiet"):
-            if not isinstance(getattr(self, name), bool):
-                raise UserError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
-        check_compile_mode(self.compile_mode)
-        check_compile_mode(self.classifier_compile_mode)
-        packing(self.pack_images)
-        if not isinstance(self.inductor, tuple) or not all(isinstance(k, str) for k in self.inductor):
-            raise UserError(f"`inductor` must be a tuple of knob names, got {self.inductor!r}")
-        parse_inductor_knobs(self.inductor)         # each a known knob, once
-        if self.streams is not None and (type(self.streams) is not int or self.streams not in (1, 2)):
-            raise UserError(f"`streams` must be 1 or 2, got {self.streams!r}")
+        if not isinstance(self.quiet, bool):
+            raise UserError(f"`quiet` must be true or false, got {self.quiet!r}")
+        if not isinstance(self.asked_fast_path, AskedFastPath):
+            raise UserError(f"`asked_fast_path` must be an AskedFastPath, got {self.asked_fast_path!r}")
         if self.backend not in BACKENDS:
             raise UserError(f"unknown backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if self.precision not in RUN_PRECISIONS:
@@ -286,8 +262,8 @@ class RunRequest:
                                 "`local_sigma` / `m` once")
             if self.shard:
                 raise UserError("a sweep runs in one process (no `shard`)")
-            changed = next((name for name in ("fused_conv", "triton_conv", "pack_images", "classifier_compile_mode")
-                            if getattr(self, name)), None)
+            changed = next((o.name for o in FAST_PATH_OPTIONS if o.single and getattr(self.asked_fast_path, o.name)),
+                           None)
             if changed:
                 raise UserError(f"`{changed}` is for single configurations; sweeps run the classifiers as they are")
 

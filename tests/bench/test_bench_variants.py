@@ -80,7 +80,7 @@ def test_a_failing_variant_is_skipped_with_why_and_the_rest_still_run(monkeypatc
     real = harness.build_stages
 
     def build(backend, precision, model_set, settings, m=None, workdir=None):
-        if settings.lean_unet:
+        if settings.asked_fast_path.lean_unet:
             raise RuntimeError("simulated kernel failure\nwith a long trace")
         return real(backend, precision, model_set, settings, m, workdir)
 

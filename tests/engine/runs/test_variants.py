@@ -19,7 +19,8 @@ from diffsmooth.engine.backends.torch.stages import build_torch_stages, score_mo
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, initial_score_chunks
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.runs.fast_path import OPTIONAL_KEYS, FastPath
+from diffsmooth.engine.runs.fast_path import FastPath
+from diffsmooth.engine.runs.fast_path_options import OPTIONAL_KEYS
 from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.request import RunRequest
 
@@ -74,7 +75,7 @@ def test_compile_options_are_torch_default_unless_asked():
 def test_run_request_parses_and_checks_the_variant_options():
     request = RunRequest.parse("certify", out="x.tsv", inductor="freezing", compile_mode="max-autotune-no-cudagraphs",
                                lean_unet=True, classifier_batch=10)
-    assert request.inductor == ("freezing",) and request.lean_unet is True
+    assert request.asked_fast_path.inductor == ("freezing",) and request.asked_fast_path.lean_unet is True
     with pytest.raises(UserError, match="classifier_batch"):
         RunRequest.parse("certify", out="x.tsv", classifier_batch=0)
     with pytest.raises(UserError, match="lean_unet"):
