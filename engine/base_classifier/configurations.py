@@ -140,6 +140,9 @@ class StackedScores:
             samples = config.purifier.share(inputs[position])     # its share of the shared purify's
             args = [samples] + ([noise[:, :m].contiguous()] if m is not None else [])
             scores.append(stage(*args))
+        classes = {int(score.shape[-1]) for score in scores}
+        if len(classes) != 1:
+            raise UserError(f"the sweep's classifier graphs score different numbers of classes: {sorted(classes)}")
         return torch.stack(scores, dim=1)
 
 
@@ -183,9 +186,11 @@ def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Di
     return checked_stages(configs, purify, score, local_shape, inputs, image_shape, num_classes)
 
 
-def stacked_configuration_stages(configs: Sequence[Configuration], stages_of) -> BaseClassifierStages:
+def stacked_configuration_stages(configs: Sequence[Configuration], stages_of, image_shape,
+                                 num_classes: Optional[int] = None) -> BaseClassifierStages:
     """The sweep's stages from exported ones: `stages_of(configuration)` gives each configuration's
-    single stages (graphs or plans); the purify stage of purifier_config's serves all."""
+    single stages (graphs or plans, unprobed); the purify stage of purifier_config's serves all, probed once with
+    every score stage (checked_stages)."""
     inputs = inputs_of(configs)
     singles = [stages_of(c) for c in configs]
     serving = purifier_config(configs)
@@ -197,13 +202,8 @@ def stacked_configuration_stages(configs: Sequence[Configuration], stages_of) ->
     local_shape = None
     if fresh_ms:
         local_shape = (max(fresh_ms), *next(s.local_noise_shape[1:] for s in singles if s.local_noise_shape))
-    classes = {s.num_classes for s in singles}
-    if len(classes) != 1:
-        raise UserError(f"the sweep's classifier graphs score different numbers of classes: {sorted(classes)}")
-    return BaseClassifierStages("sweep", shared.purify if shared else None, StackedScores(heads, inputs), classes.pop(),
-                                local_shape, tuple(c.name for c in configs), inputs,
-                                purify_noise=bool(shared and shared.purify_noise),
-                                purified_shape=shared.purified_shape if shared else None)
+    return checked_stages(configs, shared.purify if shared else None, StackedScores(heads, inputs), local_shape,
+                          inputs, image_shape, num_classes)
 
 
 def checked_stages(configs, purify, score, local_shape, inputs, image_shape, num_classes) -> BaseClassifierStages:

@@ -9,18 +9,15 @@ from typing import Optional
 
 from diffsmooth.engine.base_classifier.diffusers_denoise import load_diffusers_denoiser
 from diffsmooth.engine.base_classifier.diffusion_denoiser import (
-    COEFFICIENT_BUFFERS,
     PRESET_SCHEDULES,
     DiffusionDenoiser,
-    OneShotModule,
     schedule_for,
 )
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import load_unet
 from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder
 
-__all__ = ["COEFFICIENT_BUFFERS", "PRESET_SCHEDULES", "DiffusionDenoiser", "OneShotModule", "schedule_for",
-           "load_denoiser"]
+__all__ = ["PRESET_SCHEDULES", "DiffusionDenoiser", "schedule_for", "load_denoiser"]
 
 
 class _DefaultPreset(str):

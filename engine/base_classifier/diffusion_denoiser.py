@@ -1,7 +1,8 @@
 """The one-shot diffusion denoiser of DiffSmooth / DDS: x_rs in [0,1] -> purified image in [0,1].
 
 x_t = sqrt(abar*) (2 x_rs - 1);  x0 = clamp(sqrt(1/abar*) x_t - sqrt(1/abar* - 1) eps(x_t, t*), -1, 1);
-returned as (x0 + 1) / 2. eps = the UNet's first C output channels (docs/compatibility.md).
+returned as (x0 + 1) / 2. eps = the UNet's first C output channels (docs/compatibility.md). The module is
+one_step.py's OneStepModule in its epsilon form.
 
 The denoiser class and the presets' schedules; loading one (a checkpoint file or a diffusers folder) is
 engine/base_classifier/denoise.py, which sits above this module and diffusers_denoise.py.
@@ -14,7 +15,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from diffsmooth.engine.base_classifier.purifier_buffers import BufferedModule
+from diffsmooth.engine.base_classifier.one_step import OneStepModule
 from diffsmooth.engine.base_classifier.schedule import DiffusionSchedule
 from diffsmooth.engine.errors import UserError
 
@@ -24,24 +25,6 @@ PRESET_SCHEDULES = {
     "imagenet": DiffusionSchedule("linear", 1000, rescale_timesteps=False),  # guided-diffusion
     "demo": DiffusionSchedule("cosine", 4000, rescale_timesteps=True),       # the embedded model
 }
-# The sigma-dependent inputs of the one-shot denoiser, held as fp32 buffers (OneShotModule).
-COEFFICIENT_BUFFERS = ("sigma", "model_timestep", "sqrt_abar", "sqrt_recip_abar", "sqrt_recipm1_abar")
-
-
-class OneShotModule(BufferedModule):
-    """The denoiser at one sigma, x_rs -> x_hat (exports with its constants folded in). t* and the
-    schedule's scale factors are buffers, not Python floats: a compiled graph or CUDA graph reads
-    them at run time, so `set_coefficients` moves a built purifier to another sigma in place."""
-
-    BUFFERS = COEFFICIENT_BUFFERS
-    shared_timestep = False     # True (lean UNet): t* as one timestep [1], its embedding computed once per call
-
-    def forward(self, x_rs: torch.Tensor) -> torch.Tensor:
-        x_t = self.sqrt_abar * (2.0 * x_rs - 1.0)
-        t = self.model_timestep.reshape(1) if self.shared_timestep else self.model_timestep.expand(x_rs.shape[0])
-        eps = self.unet(x_t, t)[:, : self.channels].to(x_t.dtype)
-        x0 = (self.sqrt_recip_abar * x_t - self.sqrt_recipm1_abar * eps).clamp(-1.0, 1.0)
-        return (x0 + 1.0) / 2.0
 
 
 class DiffusionDenoiser(nn.Module):
@@ -57,7 +40,7 @@ class DiffusionDenoiser(nn.Module):
         """t*: the first timestep whose noise level reaches 2*sigma in [-1, 1] image units."""
         return self.schedule.timestep(sigma)
 
-    def purifier(self, sigma: float, fused_attention: bool = False, lean: bool = False) -> OneShotModule:
+    def purifier(self, sigma: float, fused_attention: bool = False, lean: bool = False) -> OneStepModule:
         """An nn.Module computing denoise(., sigma), sharing this UNet's weights; `fused_attention`
         runs the UNet's attention through scaled_dot_product_attention (GPU fast path). `lean` (the
         lean UNet): on its own copy of the UNet that computes only the noise estimate (UNetModel.eps_only),
@@ -71,7 +54,7 @@ class DiffusionDenoiser(nn.Module):
             if not hasattr(unet, "with_fused_attention"):
                 raise UserError(f"fused attention needs the engine's UNetModel, not {type(unet).__name__}")
             unet = unet.with_fused_attention()
-        purifier = OneShotModule(unet, self.schedule.coefficients(sigma), self.channels)
+        purifier = OneStepModule(unet, self.schedule.coefficients(sigma), self.channels, epsilon_form=True)
         if lean:
             purifier.shared_timestep = True
         return purifier

@@ -1,6 +1,7 @@
-"""One-step purification with a diffusers denoiser: the coefficients at a smoothing sigma and the module.
+"""One-step purification: the module every one-shot denoiser runs (the engine UNet's DDPM one-shot and a
+diffusers folder's) and a diffusers denoiser's coefficients at a smoothing sigma.
 
-Both kinds the engine takes reduce to one network call F on an input scaled from x_rs in [0, 1]
+Every kind the engine takes reduces to one network call F on an input scaled from x_rs in [0, 1]
 (docs/compatibility.md, "diffusers denoisers"):
 
     x_t   = input_scale * (2 x_rs - 1)
@@ -15,6 +16,8 @@ Consistency models (CMStochasticIterativeScheduler): the model sees x = 2 x_rs -
 s = 2 sigma, input_scale = 1, c_in = 1/sqrt(s^2 + sd^2), c_skip = sd^2/((s - s_min)^2 + sd^2),
 c_out = (s - s_min) sd/sqrt(s^2 + sd^2), model_timestep = 250 log(s + 1e-44): the scheduler's
 scale_model_input, boundary-condition scalings and sigma_to_t at s.
+The engine UNet's DDPM one-shot (schedule.py's OneShotCoefficients) is the epsilon case above, computed as
+improved-diffusion writes it: x0 = sqrt(1/abar*) x_t - sqrt(1/abar* - 1) eps(x_t, t*).
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ from diffsmooth.engine.base_classifier.schedule import first_timestep
 from diffsmooth.engine.errors import UserError
 
 __all__ = ["OneStepCoefficients", "DiscreteSchedule", "ConsistencySchedule", "OneStepModule",
-           "ONE_STEP_BUFFERS", "PREDICTION_TYPES"]
+           "ONE_STEP_BUFFERS", "EPSILON_BUFFERS", "PREDICTION_TYPES"]
 
 PREDICTION_TYPES = ("epsilon", "sample", "v_prediction")
 # The sigma-dependent inputs of the purifier, held as fp32 buffers (a compiled graph reads them at run time).
 ONE_STEP_BUFFERS = ("sigma", "model_timestep", "input_scale", "c_in", "c_skip", "c_out")
+# The epsilon form's (the engine UNet's DDPM one-shot): c_in = 1 is not applied and c_out is subtracted as its
+# magnitude, the floats and exported graph (its ops, so its sha256) improved-diffusion's order gives.
+EPSILON_BUFFERS = ("sigma", "model_timestep", "input_scale", "c_skip", "minus_c_out")
 
 
 @dataclass(frozen=True)
@@ -115,14 +121,24 @@ class ConsistencySchedule:
 
 
 class OneStepModule(BufferedModule):
-    """A diffusers denoiser at one sigma, x_rs -> x_hat in [0, 1]. The coefficients are buffers, not
-    Python floats, so `set_coefficients` moves a built (or compiled) purifier to another sigma in place."""
+    """A one-step denoiser at one sigma, x_rs -> x_hat in [0, 1]: x0 = c_skip x_t + c_out F(c_in x_t, t). The
+    coefficients are buffers, so `set_coefficients` moves a built (or compiled) module to another sigma in place;
+    `epsilon_form` runs the engine UNet's DDPM one-shot (EPSILON_BUFFERS) in its own order of operations."""
 
     BUFFERS = ONE_STEP_BUFFERS
+    shared_timestep = False     # True (lean UNet): t* as one timestep [1], its embedding computed once per call
+
+    def __init__(self, unet, coefficients, channels: int, epsilon_form: bool = False):
+        super().__init__(unet, coefficients, channels, EPSILON_BUFFERS if epsilon_form else None)
+        self.epsilon_form = epsilon_form
 
     def forward(self, x_rs: torch.Tensor) -> torch.Tensor:
         x_t = self.input_scale * (2.0 * x_rs - 1.0)
-        t = self.model_timestep.expand(x_rs.shape[0])
-        out = self.unet(self.c_in * x_t, t)[:, : self.channels].to(x_t.dtype)
-        x0 = (self.c_skip * x_t + self.c_out * out).clamp(-1.0, 1.0)
-        return (x0 + 1.0) / 2.0
+        t = self.model_timestep.reshape(1) if self.shared_timestep else self.model_timestep.expand(x_rs.shape[0])
+        if self.epsilon_form:
+            eps = self.unet(x_t, t)[:, : self.channels].to(x_t.dtype)
+            x0 = self.c_skip * x_t - self.minus_c_out * eps
+        else:
+            out = self.unet(self.c_in * x_t, t)[:, : self.channels].to(x_t.dtype)
+            x0 = self.c_skip * x_t + self.c_out * out
+        return (x0.clamp(-1.0, 1.0) + 1.0) / 2.0

@@ -55,7 +55,7 @@ def example_batch(image_shape, batch: int = 2, seed: int = 0) -> torch.Tensor:
 
 
 def one_shot_graph(denoiser, sigma: float, image_shape) -> PurifierGraph:
-    """The one-shot purifier at `sigma` (OneShotModule, or a diffusers folder's OneStepModule), x_rs -> x_hat,
+    """The one-shot purifier at `sigma` (a OneStepModule, in its epsilon form for the engine UNet), x_rs -> x_hat,
     its UNet's timestep constant."""
     coefficients = denoiser.schedule.coefficients(sigma)
     purifier = denoiser.purifier(sigma)

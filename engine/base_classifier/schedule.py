@@ -58,6 +58,14 @@ class OneShotCoefficients:
     sqrt_recip_abar: float      # x0 = sqrt_recip_abar * x_t - sqrt_recipm1_abar * eps
     sqrt_recipm1_abar: float
 
+    # The one-step form's constants (one_step.py): x0 = c_skip x_t + c_out eps with c_in = 1; the epsilon form
+    # subtracts minus_c_out = sqrt(1/abar* - 1) as improved-diffusion does.
+    input_scale = property(lambda self: self.sqrt_abar)
+    c_in = property(lambda self: 1.0)
+    c_skip = property(lambda self: self.sqrt_recip_abar)
+    c_out = property(lambda self: -self.sqrt_recipm1_abar)
+    minus_c_out = property(lambda self: self.sqrt_recipm1_abar)
+
 
 @dataclass(frozen=True)
 class DiffusionSchedule:

@@ -370,6 +370,46 @@ def test_cuda_without_gpu_runtime_is_a_clear_error(export_dir):
         build_onnx_stages(out, CONFIGS["rs"], SHAPE, device="cuda")
 
 
+def test_an_exported_sweep_opens_hashes_and_probes_the_denoiser_once(export_dir, monkeypatch):
+    """A sweep's configurations share one session of the denoiser graph: it is opened, its sha256 checked and
+    probed once however many configurations read it (each classifier graph still opened once)."""
+    from diffsmooth.engine.base_classifier.configurations import Configuration
+    from diffsmooth.engine.runs.assemble import ModelSources
+    from diffsmooth.engine.runs.stage_build import build_sweep_stages
+    from diffsmooth.engine.stages import manifests
+    out, graphs = export_dir
+    denoiser = _graph(graphs["dds"], "denoiser").path.name
+    opened, hashed, runs = [], [], []
+
+    class Counting(ort.InferenceSession):
+        def __init__(self, path, *args, **kwargs):
+            self.counted_name = Path(path).name
+            opened.append(self.counted_name)
+            super().__init__(path, *args, **kwargs)
+
+        def run(self, *args, **kwargs):
+            runs.append(self.counted_name)
+            return super().run(*args, **kwargs)
+
+    def counting_sha256(path):
+        hashed.append(Path(path).name)
+        return sha256_file(path)
+
+    monkeypatch.setattr(ort, "InferenceSession", Counting)
+    monkeypatch.setattr(manifests, "sha256_file", counting_sha256)
+    names = ["dds", "diffsmooth-fixed", "diffsmooth-fresh", "rs"]
+    configs = [Configuration(CONFIGS[name], "clf") for name in names]
+    stages = build_sweep_stages(configs, {"clf": None}, ModelSources(), SHAPE, 10, backend="onnxruntime",
+                                onnx_dir=str(out))
+    assert stages.num_classes == 10 and stages.configs == tuple(c.name for c in configs)
+    assert opened.count(denoiser) == 1 and hashed.count(denoiser) == 1 and runs.count(denoiser) == 1
+    assert len(opened) == 1 + len(names) and len(set(opened)) == len(opened)    # the four classifier graphs once each
+    assert stages.inputs == ("noisy", "denoised")
+    x = torch.full((3, *SHAPE), 0.5)
+    scores = stages.score(x, stages.purify(x), torch.zeros((3, *stages.local_noise_shape)))
+    assert scores.shape == (3, len(names), 10) and runs.count(denoiser) == 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_onnxruntime_certify_matches_torch(export_dir, models, name):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from diffsmooth.engine.backends.exported import ExportedBackend
 from diffsmooth.engine.backends.onnxruntime.runner import OrtSession
-from diffsmooth.engine.backends.onnxruntime.stages import build_onnx_stages
+from diffsmooth.engine.backends.onnxruntime.stages import graph_stages, onnx_graphs
 
 
 class OnnxRuntimeBackend(ExportedBackend):
@@ -14,7 +14,7 @@ class OnnxRuntimeBackend(ExportedBackend):
     name = "onnxruntime"
     needs = "graphs from `diffsmooth export`"
 
-    def load(self, config, sources, image_shape, num_classes, build):
-        return build_onnx_stages(build.onnx_dir, config, image_shape, num_classes, device=build.device,
-                                 precision=build.precision, session=OrtSession(threads=build.threads),
-                                 classifier=sources.classifier)
+    def load(self, config, sources, image_shape, num_classes, build, sweep=None):
+        graphs = onnx_graphs(build.onnx_dir, build.device, build.precision, OrtSession(threads=build.threads),
+                             sources.classifier)
+        return graph_stages(config, image_shape, num_classes, build.precision, *graphs, sweep)

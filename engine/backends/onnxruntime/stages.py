@@ -8,6 +8,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from diffsmooth.engine.backends.exported import SweepGraphs
 from diffsmooth.engine.backends.onnxruntime.runner import ORT_PRECISIONS, OrtSession, OrtStage
 from diffsmooth.engine.backends.torch.stages import method_stages
 from diffsmooth.engine.base_classifier.methods import MethodConfig
@@ -38,12 +39,10 @@ def exported_from(found: List[Tuple[Path, dict]], checkpoint: Optional[str]) -> 
             if m.get("role") != "classifier" or (m.get("source") or {}).get("sha256") in (None, digest)]
 
 
-def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
-                      device: str = "cpu", precision: str = "fp32", session: OrtSession = OrtSession(),
-                      classifier: Optional[str] = None) -> BaseClassifierStages:
-    """Stages for `config` from the graphs in `onnx_dir` (picked and hash-checked via manifests), run by ONNX
-    Runtime as `session` says; `classifier`: the checkpoint the classifier graph must come from, when several are
-    exported."""
+def onnx_graphs(onnx_dir, device: str = "cpu", precision: str = "fp32", session: OrtSession = OrtSession(),
+                classifier: Optional[str] = None):
+    """(pick, load) for graph_stages: the graphs in `onnx_dir` picked and hash-checked via their manifests (the
+    classifier graph exported from `classifier`, when several are), run by ONNX Runtime as `session` says."""
     if precision not in ORT_PRECISIONS:
         raise UserError(f"`backend` onnxruntime runs the exported fp32 or fp16 graphs, not {precision}")
     try:
@@ -53,17 +52,27 @@ def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: 
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device {device!r} requested but CUDA is not available on this machine")
     found = exported_from(scan_manifests(onnx_dir), classifier)
+    return (lambda role, want: find_graph(found, role, want, onnx_dir),
+            lambda path, label: OrtStage(path, label, dev, precision, session.provider, session.threads))
+
+
+def build_onnx_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
+                      device: str = "cpu", precision: str = "fp32", session: OrtSession = OrtSession(),
+                      classifier: Optional[str] = None) -> BaseClassifierStages:
+    """Stages for `config` from the graphs in `onnx_dir` (onnx_graphs), probed once."""
     return graph_stages(config, image_shape, num_classes, precision,
-                        lambda role, want: find_graph(found, role, want, onnx_dir),
-                        lambda path, label: OrtStage(path, label, dev, precision, session.provider, session.threads))
+                        *onnx_graphs(onnx_dir, device, precision, session, classifier))
 
 
 def graph_stages(config: MethodConfig, image_shape, num_classes: Optional[int], precision: str, pick,
-                 load) -> BaseClassifierStages:
+                 load, sweep: Optional[SweepGraphs] = None) -> BaseClassifierStages:
     """Stages for `config` from exported files, on either exported backend (the one composition ONNX Runtime and
     TensorRT share): `pick(role, want)` gives (the file, its graph's manifest) of the graph of `role` whose manifest
     has the fields `want` (ONNX Runtime: the graph; TensorRT: the plan built from it); `load(file, label)` the stage
-    that runs it."""
+    that runs it. In a sweep (`sweep`), the graphs it shares are picked and opened once and the stages are left
+    for the sweep's one probe."""
+    if sweep is not None:
+        pick, load = sweep.pick(pick), sweep.load(load)
     want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
     purify = None
     if config.purifier.purifies:
@@ -72,17 +81,18 @@ def graph_stages(config: MethodConfig, image_shape, num_classes: Optional[int], 
     path, manifest = pick("classifier", want_classifier)
     refuse_too_few_classes(path.name, manifest.get("num_classes"), num_classes)
     score = load(path, f"{config.method.head.label}[{path.name}]")
-    return exported_stages(config, image_shape, num_classes, purify, score, path.name)
+    return exported_stages(config, image_shape, num_classes, purify, score, path.name, sweep is None)
 
 
 def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int], purify, score,
-                    file_name: str) -> BaseClassifierStages:
+                    file_name: str, probe: bool = True) -> BaseClassifierStages:
     """Stages from exported stages (ONNX graphs or TensorRT plans): checks that the classifier's inputs
-    fit the local-noise mode, probes them once, and checks the number of classes against the data."""
+    fit the local-noise mode, probes them once (unless `probe` is False: a sweep's, probed as the sweep's), and
+    checks the number of classes against the data."""
     local_shape = config.head.fresh_noise_shape(image_shape)
     if len(score.input_names) != (2 if local_shape else 1):
         wanted = "the purified samples and the fresh local noises" if local_shape else "the purified samples alone"
         raise UserError(f"{file_name} takes inputs {score.input_names}, but {config.name}'s head at these settings "
                         f"feeds it {wanted}: export the classifier again with these settings")
-    return probed(method_stages(config, purify, score, tuple(image_shape), num_classes), tuple(image_shape),
-                  num_classes, file_name)
+    stages = method_stages(config, purify, score, tuple(image_shape), num_classes)
+    return probed(stages, tuple(image_shape), num_classes, file_name) if probe else stages

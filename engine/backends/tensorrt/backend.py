@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from diffsmooth.engine.backends.exported import ExportedBackend
-from diffsmooth.engine.backends.tensorrt.stages import build_trt_stages
+from diffsmooth.engine.backends.onnxruntime.stages import graph_stages
+from diffsmooth.engine.backends.tensorrt.stages import trt_graphs
 
 
 class TensorRTBackend(ExportedBackend):
@@ -16,6 +17,6 @@ class TensorRTBackend(ExportedBackend):
         """Static batches (plans are built for the run's batch) and, on CUDA, two streams."""
         return {"static_batch": True, "streams": 2 if cuda else 1}
 
-    def load(self, config, sources, image_shape, num_classes, build):
-        return build_trt_stages(build.onnx_dir, config, image_shape, num_classes, device=build.device,
-                                precision=build.precision, batch=build.batch, classifier=sources.classifier)
+    def load(self, config, sources, image_shape, num_classes, build, sweep=None):
+        graphs = trt_graphs(build.onnx_dir, build.device, build.precision, build.batch, sources.classifier)
+        return graph_stages(config, image_shape, num_classes, build.precision, *graphs, sweep)

@@ -44,10 +44,10 @@ def plan_for(onnx_dir, role: str, want: dict, precision: str, key: PlanKey, clas
     return plan, plan_manifest, manifest
 
 
-def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
-                     device: str = "cuda", precision: str = "fp32", batch: int = 1000,
-                     classifier: Optional[str] = None) -> BaseClassifierStages:
-    """Stages for `config` from the plans built beside the graphs in `onnx_dir`."""
+def trt_graphs(onnx_dir, device: str = "cuda", precision: str = "fp32", batch: int = 1000,
+               classifier: Optional[str] = None):
+    """(pick, load) for graph_stages: the plans built beside the graphs in `onnx_dir` for this GPU, TensorRT and
+    batch (plan_for), run as TrtStages."""
     if precision not in TRT_PRECISIONS:
         raise UserError(f"`backend` tensorrt runs plans built from the fp32 or fp16 graphs, not {precision}")
     trt = import_tensorrt()
@@ -55,5 +55,12 @@ def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: O
     gpu_name, cc = gpu_identity(dev)
     key = PlanKey(str(trt.__version__), gpu_name, cc, int(batch))
     pick = lambda role, want: plan_for(onnx_dir, role, want, precision, key, classifier if role == "classifier" else None)[::2]
-    return graph_stages(config, image_shape, num_classes, precision, pick,
-                        lambda plan, label: TrtStage(plan, label, dev, precision, trt))
+    return pick, lambda plan, label: TrtStage(plan, label, dev, precision, trt)
+
+
+def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
+                     device: str = "cuda", precision: str = "fp32", batch: int = 1000,
+                     classifier: Optional[str] = None) -> BaseClassifierStages:
+    """Stages for `config` from the plans built beside the graphs in `onnx_dir` (trt_graphs), probed once."""
+    return graph_stages(config, image_shape, num_classes, precision,
+                        *trt_graphs(onnx_dir, device, precision, batch, classifier))
