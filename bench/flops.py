@@ -39,7 +39,3 @@ def stage_flops(module: nn.Module, image_shape, extra_shapes=(), batch: int = 2)
     inputs += [torch.zeros((batch, *s), device="meta") for s in extra_shapes]
     total, by_op = count_flops(module, *inputs)
     return total // batch, {k: v // batch for k, v in by_op.items()}
-
-
-def gflop(x: float) -> float:
-    return x / 1e9

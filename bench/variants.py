@@ -19,7 +19,7 @@ change from the default CUDA path, e.g. `lean-unet+freezing+batch=64`. `default`
 
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Tuple
 
 from diffsmooth.engine.backends.torch.compile_options import INDUCTOR_KNOBS
 from diffsmooth.engine.backends.torch.stages import check_classifier_rewrites
@@ -103,7 +103,3 @@ def parse_variants(text) -> Tuple[str, ...]:
 def variant_flags(spec: str) -> Dict[str, object]:
     """The FastPath.resolve keywords of a variant (its batch left out: that is the run's, not the path's)."""
     return {k: v for k, v in parse_variant(spec).items() if k != "batch"}
-
-
-def changes_of(specs: Sequence[str]) -> Dict[str, Dict[str, object]]:
-    return {spec: parse_variant(spec) for spec in specs}

@@ -4,13 +4,11 @@ onnxconverter-common's float16 converter: everything in half except the ops in F
 
 from __future__ import annotations
 
-from typing import Dict
-
 import numpy as np
 import onnx
 from onnx import TensorProto
 
-from .graph_passes import _skeleton, infer_types
+from .graph_passes import _skeleton
 
 # Ops kept in fp32: statistics (InstanceNorm/GroupNorm/LayerNorm, reductions), softmax, and the
 # numerically touchy elementwise ops. Sigmoid (SiLU) runs in half, as under torch autocast: blocking
@@ -79,16 +77,3 @@ def _fp32_outputs(model: onnx.ModelProto, names) -> None:
             model.graph.node.append(onnx.helper.make_node("Cast", [inner], [out.name], to=TensorProto.FLOAT,
                                                           name=f"{out.name}__to_fp32"))
         out.type.tensor_type.elem_type = TensorProto.FLOAT
-
-
-def precision_report(model: onnx.ModelProto) -> Dict[str, Dict[str, int]]:
-    """{op_type: {elem type name: count}} of the first input of each node, for checks and tests."""
-    types = infer_types(model)
-    out: Dict[str, Dict[str, int]] = {}
-    for node in model.graph.node:
-        if not node.input or not node.input[0]:
-            continue
-        t = TensorProto.DataType.Name(types.get(node.input[0], 0))
-        out.setdefault(node.op_type, {}).setdefault(t, 0)
-        out[node.op_type][t] += 1
-    return out

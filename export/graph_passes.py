@@ -189,18 +189,6 @@ def _skeleton(model: onnx.ModelProto, keep_bytes: int = 1 << 16) -> onnx.ModelPr
     return sk
 
 
-def infer_types(model: onnx.ModelProto) -> Dict[str, int]:
-    """Element type of every tensor (graph inputs, initializers, node outputs) by ONNX inference."""
-    inferred = onnx.shape_inference.infer_shapes(_skeleton(model))
-    types: Dict[str, int] = {}
-    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
-        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-            types[vi.name] = vi.type.tensor_type.elem_type
-    for t in model.graph.initializer:
-        types[t.name] = t.data_type
-    return types
-
-
 def op_counts(model: onnx.ModelProto) -> Counter:
     return Counter(n.op_type for n in model.graph.node)
 
@@ -214,8 +202,3 @@ def check_structure(model: onnx.ModelProto, opset: int) -> None:
     einsum = sum(1 for n in model.graph.node if n.op_type == "Einsum")
     if einsum:
         raise UserError(f"exported graph contains {einsum} Einsum node(s); export with batched matmuls instead")
-
-
-def io_types(model: onnx.ModelProto) -> Dict[str, int]:
-    """Element types of the graph's inputs and outputs."""
-    return {v.name: v.type.tensor_type.elem_type for v in list(model.graph.input) + list(model.graph.output)}

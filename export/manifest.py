@@ -7,14 +7,13 @@ import json
 import os
 from importlib import metadata
 from pathlib import Path
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Sequence
 
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.stages.manifests import MANIFEST_FORMAT
 
 MANIFEST_VERSION = 1
-ROLES = ("denoiser", "unet", "classifier")
 
 
 def manifest_path(onnx_path) -> Path:
@@ -23,10 +22,13 @@ def manifest_path(onnx_path) -> Path:
     return p.with_suffix(".json")
 
 
-def package_versions() -> Dict[str, Optional[str]]:
-    """Versions of the packages that shaped the graph (None for one that is not installed)."""
+GRAPH_PACKAGES = ("diffsmooth-engine", "torch", "onnx", "onnxruntime", "onnxruntime-gpu", "diffusers")
+
+
+def package_versions(names: Sequence[str] = GRAPH_PACKAGES) -> Dict[str, Optional[str]]:
+    """Versions of the packages that shaped a graph or plan (None for one that is not installed)."""
     out = {}
-    for name in ("diffsmooth-engine", "torch", "onnx", "onnxruntime", "onnxruntime-gpu", "diffusers"):
+    for name in names:
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

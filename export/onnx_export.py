@@ -12,7 +12,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import onnx
 import torch
@@ -192,6 +192,20 @@ def _with_defaults(fields: dict) -> dict:
     return fields
 
 
+def _write_graphs(model: onnx.ModelProto, precisions: Sequence[str], role: str, path_of: Callable[[str], Path],
+                  base: tuple, fields: dict, external_data_threshold: int) -> List[ExportedGraph]:
+    """Each precision's graph saved at path_of(precision) with its manifest: the base fields (shape, inputs, output,
+    source), the role's `fields`, the saved file's facts."""
+    written = []
+    for precision, variant in _variants(model, precisions):
+        path = path_of(precision)
+        facts = save_graph(variant, path, external_data_threshold)
+        manifest = {**_base_fields(role, precision, *base), **fields, **facts}
+        write_manifest(path, _with_defaults(manifest))
+        written.append(ExportedGraph(path, role, precision, manifest))
+    return written
+
+
 def _denoiser_facts(denoiser: DiffusionDenoiser) -> dict:
     config = getattr(denoiser.unet, "config", None)
     return {"unet_config": _jsonable(config) if config is not None else None,
@@ -223,18 +237,10 @@ def export_denoiser(config: MethodConfig, denoiser: DiffusionDenoiser, image_sha
     batched = list(graph.batch_inputs or names)
     model = trace_to_onnx(graph.module, graph.inputs, names, [graph.output_name], batch_inputs=batched)
     shape = [int(s) for s in image_shape]
-    written = []
-    for precision, variant in _variants(model, precisions):
-        path = Path(out_dir) / f"{graph.stem}_{shape_tag(shape)}_{precision}.onnx"
-        facts = save_graph(variant, path, external_data_threshold)
-        fields = _base_fields("denoiser", precision, shape, graph.input_shapes(),
-                              (graph.output_name, ["batch", *shape]), source)
-        fields.update({k: _jsonable(v) for k, v in graph.fields.items()})
-        fields.update(preset=preset, **_denoiser_facts(denoiser))
-        fields.update(facts)
-        write_manifest(path, _with_defaults(fields))
-        written.append(ExportedGraph(path, "denoiser", precision, fields))
-    return written
+    fields = {**{k: _jsonable(v) for k, v in graph.fields.items()}, "preset": preset, **_denoiser_facts(denoiser)}
+    return _write_graphs(model, precisions, "denoiser", lambda p: Path(out_dir) / f"{graph.stem}_{shape_tag(shape)}_{p}.onnx",
+                         (shape, graph.input_shapes(), (graph.output_name, ["batch", *shape]), source), fields,
+                         external_data_threshold)
 
 
 class _UNetIO(nn.Module):
@@ -259,17 +265,9 @@ def export_unet(denoiser: DiffusionDenoiser, image_shape, out_dir, *, precisions
         out_channels = int(unet(x, t).shape[1])
     model = trace_to_onnx(_UNetIO(unet), (x, t), ["x_t", "t"], ["out"])
     shape = [int(s) for s in image_shape]
-    written = []
-    for precision, variant in _variants(model, precisions):
-        path = Path(out_dir) / f"unet_{shape_tag(shape)}_{precision}.onnx"
-        facts = save_graph(variant, path, external_data_threshold)
-        fields = _base_fields("unet", precision, shape, {"x_t": ["batch", *shape], "t": ["batch"]},
-                              ("out", ["batch", out_channels, *shape[1:]]), source)
-        fields.update(preset=preset, **_denoiser_facts(denoiser))
-        fields.update(facts)
-        write_manifest(path, _with_defaults(fields))
-        written.append(ExportedGraph(path, "unet", precision, fields))
-    return written
+    return _write_graphs(model, precisions, "unet", lambda p: Path(out_dir) / f"unet_{shape_tag(shape)}_{p}.onnx",
+                         (shape, {"x_t": ["batch", *shape], "t": ["batch"]}, ("out", ["batch", out_channels, *shape[1:]]),
+                          source), {"preset": preset, **_denoiser_facts(denoiser)}, external_data_threshold)
 
 
 def classifier_file_name(config: MethodConfig, image_shape, precision: str) -> str:
@@ -298,20 +296,12 @@ def export_classifier(config: MethodConfig, classifier: nn.Module, image_shape, 
         num_classes = int(head(*args).shape[1])
     output = config.method.head.output_name
     model = trace_to_onnx(head, args, names, [output])
-    written = []
-    for precision, variant in _variants(model, precisions):
-        path = Path(out_dir) / classifier_file_name(config, shape, precision)
-        facts = save_graph(variant, path, external_data_threshold)
-        fields = _base_fields("classifier", precision, shape, inputs, (output, ["batch", num_classes]), source)
-        method = config.as_dict()
-        fields.update(method=config.name, sigma=float(config.sigma), num_classes=num_classes,
-                      scores=config.method.head.scores)
-        fields.update(config.method.graph_fields(config))
-        fields["method_config"] = method
-        fields.update(facts)
-        write_manifest(path, _with_defaults(fields))
-        written.append(ExportedGraph(path, "classifier", precision, fields))
-    return written
+    fields = {"method": config.name, "sigma": float(config.sigma), "num_classes": num_classes,
+              "scores": config.method.head.scores}
+    fields.update(config.method.graph_fields(config))
+    fields["method_config"] = config.as_dict()
+    return _write_graphs(model, precisions, "classifier", lambda p: Path(out_dir) / classifier_file_name(config, shape, p),
+                         (shape, inputs, (output, ["batch", num_classes]), source), fields, external_data_threshold)
 
 
 def export_models(config: MethodConfig, image_shape, out_dir, *, denoiser: Optional[DiffusionDenoiser] = None,

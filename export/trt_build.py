@@ -14,7 +14,6 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -33,6 +32,7 @@ from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.engine.stages.manifests import scan_manifests, verify_hashes
 
+from .manifest import package_versions
 from .trt_inspect import format_report, summarize
 
 BUILD_ROLES = ("denoiser", "classifier")       # the graphs the pipeline runs (the bare UNet is not one)
@@ -154,16 +154,6 @@ def _atomic_write_json(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def _versions() -> Dict[str, Optional[str]]:
-    out = {}
-    for name in ("diffsmooth-engine", "tensorrt", "polygraphy", "torch"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
 def ensure_plan(onnx_path, graph_manifest: dict, target: Target, *, batch: int, max_batch: Optional[int] = None,
                 workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, timing_cache: Optional[Path] = None,
                 rebuild: bool = False, echo: Callable[[str], None] = print,
@@ -217,7 +207,7 @@ def ensure_plan(onnx_path, graph_manifest: dict, target: Target, *, batch: int, 
         "build": {"strongly_typed": True, "workspace_bytes": int(workspace_bytes), "timing_cache": str(timing_cache),
                   "profiling_verbosity": "DETAILED", "tf32": False, "seconds": round(seconds, 3),
                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-        "versions": _versions(),
+        "versions": package_versions(("diffsmooth-engine", "tensorrt", "polygraphy", "torch")),
         "inspector_file": inspection_file.name,
         "inspection": {k: v for k, v in inspection.items() if k != "layers"},
         "validation": None,

@@ -16,9 +16,9 @@ The union bound keeps it <= alpha for every share; the table shows it.
 `paths`: every share on the SAME paired vote paths per seed (the looks do not depend on the share,
 so the paths are the same draws), each seed's vote rates drawn from the rows' posteriors (the
 mixture model, studies/rate_model.py, as studies/race_study.py by default):
-  `all` per sigma: engine/runs/simulation.py `simulate` (every radius of the table, one sigma at a
+  `all` per sigma: studies/replay.py `simulate` (every radius of the table, one sigma at a
       time): samples and certified accuracy per radius against fixed-n on those paths;
-  the table's plans: engine/table/race_sim.simulate_plans (fixed-n, `all`, the race), whose cells are
+  the table's plans: studies/replay.simulate_plans (fixed-n, `all`, the race), whose cells are
       the best over sigma, with the rule of each share (its SimulatedSigma builds its rules with
       `SequentialRule(..., last_look=share)`: simulate_plans passes the share on; nothing else changes).
 A model of a measurement, not a measurement (SIMULATED).
@@ -37,11 +37,10 @@ import numpy as np
 
 from diffsmooth.engine.certify.sequential import DEFAULT_LAST_LOOK, LAST_LOOK_OLD, SequentialRule
 from diffsmooth.engine.runs.request import parse_radii
-from diffsmooth.engine.runs.simulation import Image, SimulationSetup, simulate
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, TOLERANCE_POINTS
-from diffsmooth.engine.table.planning import PlanKnobs
-from diffsmooth.engine.table.race_sim import RaceRule, simulate_plans
+from diffsmooth.engine.table.race_sim import RaceRule
 from studies.race_study import rates_from, seed_rates
+from studies.replay import Image, PlanKnobs, SimulationSetup, simulate, simulate_plans
 from studies.sequential_coverage import exact_miscoverage_by_look, rates, scanned_rates, split_cp_lower
 
 SHARES = "0.5,0.3,0.2,0.1,0.05"
@@ -198,7 +197,7 @@ def paths_markdown(doc: dict, command: str) -> str:
         lines += ["Cells against today's split (0.5), paired, the worst radius (points): " + "; ".join(
             f"{plan} {x:g}: {min(np.subtract(doc['plans'][plan][f'{x:g}']['cells'], doc['plans'][plan][today]['cells'])):+.2f}"
             for plan in PLANS for x in shares if f"{x:g}" != today and today in doc["plans"][plan]), ""]
-    lines += ["### `all` per sigma (engine/runs/simulation.py `simulate`): change in certified accuracy against fixed-n "
+    lines += ["### `all` per sigma (studies/replay.py `simulate`): change in certified accuracy against fixed-n "
               "in points, mean over seeds", "", f"| sigma | last look's share | samples | fewer than fixed-n | {head} |",
               "|" + "---|" * (len(radii) + 4)]
     for s, by in doc["per_sigma"].items():

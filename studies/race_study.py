@@ -19,12 +19,11 @@ import click
 import numpy as np
 
 from diffsmooth.engine.runs.results import read_rows
-from diffsmooth.engine.runs.simulation import image_from_row
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, TOLERANCE_POINTS
-from diffsmooth.engine.table.planning import PlanKnobs
-from diffsmooth.engine.table.race_sim import STOP_REASONS, RaceRule, simulate_plans
+from diffsmooth.engine.table.race_sim import STOP_REASONS, RaceRule
 from diffsmooth.engine.table.spec import LineSpec
 from studies.rate_model import draw_prior_rates, draw_rates, fit_rate_prior, fit_unanimous_weight
+from studies.replay import PlanKnobs, image_from_row, simulate_plans
 
 PLANS = ("fixed", "all", "auto", "race")
 RATE_MODELS = ("mixture", "jeffreys", "beta-mixture", "beta")  # studies/rate_model.py; rate_calibration.py checks them

@@ -22,7 +22,7 @@ from scipy.stats import norm
 
 from diffsmooth.engine.certify.sequential import SequentialRule, confidence_bounds, run_rule
 from diffsmooth.engine.runs.request import parse_radii
-from diffsmooth.engine.runs.simulation import SimulationSetup, load_images, simulate
+from studies.replay import SimulationSetup, load_images, simulate
 
 PREVIOUS = dict(bound="split-cp", futility_rule="pace")
 

@@ -26,17 +26,15 @@ import numpy as np
 
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.runs.request import parse_radii
-from diffsmooth.engine.runs.simulation import (  # noqa: F401  (the core, re-exported for this CLI's users)
+from diffsmooth.engine.runs.simulation import chunk_votes, shared_paths, simulate_sequential  # noqa: F401  (re-exported)
+from studies.replay import (  # noqa: F401  (the core, re-exported for this CLI's users)
     Image,
     SimulationSetup,
     accuracy,
-    chunk_votes,
     load_images,
     oracle_samples,
     recover_votes,
-    shared_paths,
     simulate,
-    simulate_sequential,
 )
 
 

@@ -26,12 +26,13 @@ import numpy as np
 from diffsmooth.engine.certify.cohen import lower_confidence_bounds
 from diffsmooth.engine.certify.sequential import SequentialRule, radius_from_lower
 from diffsmooth.engine.runs.results import read_rows
-from diffsmooth.engine.runs.simulation import chunk_votes, image_from_row, shared_paths, simulate_sequential
+from diffsmooth.engine.runs.simulation import chunk_votes, shared_paths, simulate_sequential
 from diffsmooth.engine.table.build import phase_path
 from diffsmooth.engine.table.cost import Sampling, predict_run
 from diffsmooth.engine.table.defaults import MARGIN, RACE_REACH_SIGMAS
 from diffsmooth.engine.table.planning import assign_radii
 from diffsmooth.engine.table.spec import LineSpec
+from studies.replay import image_from_row
 
 
 def _summary(folder: Path) -> dict:

@@ -62,7 +62,6 @@ FINE_UNTIL = 1000                # ... then the total grows by GROWTH per look, 
 CAP_DIVISOR = 40                 # ... at most max(MIN_STEP_CAP, n_max // CAP_DIVISOR) samples between looks
 MIN_STEP_CAP = 1000
 GROWTH = 1.2                     # chosen by simulation (docs/sequential-rules.md): K = 24 looks at 10k, 60 at 100k
-GROWTH_OLD = 2.0                 # the first release's schedule (100, 200, 400, 800, ...)
 FUTILITY_RULES = ("pace", "projection", "pace-floor")   # how the futility stop judges an image (futility_rule)
 DEFAULT_FUTILITY_RULE = "pace-floor"
 PACE_RULES = {"pace": 0.0, "pace-floor": 2.0}   # the pace rules and the fewest votes behind at which they stop (pace_futile)

@@ -44,6 +44,7 @@ from diffsmooth.engine.demo.train_steps import (
 )
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file, sha256_path
+from diffsmooth.engine.machine import usable_cores
 from diffsmooth.engine.models.checkpoints import load_classifier, load_unet, save_cohen_checkpoint, save_unet_state
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.models.shipped import DEMO_TRAINING_SIGMAS, demo_classifier_name, demo_sigmas_text
@@ -62,13 +63,9 @@ EVAL_NOISE_SEED = 20230  # seed of every evaluation noise tensor (see seeded_noi
 
 def _set_threads(threads: Optional[int]) -> int:
     """Use `threads` intra-op threads (default: all cores this process may use)."""
-    threads = threads or _usable_cores()
+    threads = threads or usable_cores()
     torch.set_num_threads(int(threads))
     return int(threads)
-
-
-def _usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -417,7 +414,7 @@ def train_demo(out_dir, training: DemoTraining = DemoTraining(), *, command: Opt
     data_dir, seed, budget, only_missing = training.data_dir, training.seed, training.budget, training.only_missing
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cores = _usable_cores()
+    cores = usable_cores()
     workers = int(training.workers or max(1, min(2, cores)))
     threads = int(training.threads or max(1, cores // workers))
     t_all = time.perf_counter()

@@ -8,6 +8,7 @@ network's keys start with `1.` (`1.module.` for the DataParallel ImageNet ResNet
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -22,10 +23,6 @@ __all__ = [
     "CifarResNet",
     "GlobalAvgPool",
     "ResNet50",
-    "cifar_resnet20",
-    "cifar_resnet110",
-    "imagenet32_resnet110",
-    "resnet50",
     "ARCHITECTURES",
     "build_classifier_net",
     "NormalizeLayer",
@@ -179,32 +176,12 @@ class ResNet50(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def cifar_resnet20(num_classes: int = 10, in_channels: int = 3) -> CifarResNet:
-    """Cohen-style CIFAR ResNet-20."""
-    return CifarResNet(20, num_classes, in_channels)
-
-
-def cifar_resnet110(num_classes: int = 10, in_channels: int = 3) -> CifarResNet:
-    """Cohen-style CIFAR ResNet-110 (1.73M parameters at 10 classes)."""
-    return CifarResNet(110, num_classes, in_channels)
-
-
-def imagenet32_resnet110(num_classes: int = 1000, in_channels: int = 3) -> CifarResNet:
-    """The CIFAR ResNet-110 with 1000 classes, for downsampled ImageNet 32x32."""
-    return CifarResNet(110, num_classes, in_channels)
-
-
-def resnet50(num_classes: int = 1000, in_channels: int = 3) -> ResNet50:
-    """torchvision-layout ResNet-50."""
-    return ResNet50(num_classes, in_channels)
-
-
 # name -> (builder, default number of classes)
 ARCHITECTURES: dict[str, tuple[Callable[..., nn.Module], int]] = {
-    "cifar_resnet20": (cifar_resnet20, 10),
-    "cifar_resnet110": (cifar_resnet110, 10),
-    "imagenet32_resnet110": (imagenet32_resnet110, 1000),
-    "resnet50": (resnet50, 1000),
+    "cifar_resnet20": (partial(CifarResNet, 20), 10),               # Cohen-style CIFAR ResNet-20
+    "cifar_resnet110": (partial(CifarResNet, 110), 10),             # Cohen-style, 1.73M parameters at 10 classes
+    "imagenet32_resnet110": (partial(CifarResNet, 110), 1000),      # the same for downsampled ImageNet 32x32
+    "resnet50": (ResNet50, 1000),                                   # torchvision layout
 }
 
 

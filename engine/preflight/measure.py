@@ -27,7 +27,6 @@ from diffsmooth.engine.runs.stage_build import StageBuild
 
 HALF = "half"                               # the variant at half the noise the classifier sees
 HIGHER = "higher"                           # ... at twice it (a method that feeds it no noise: at the run's sigma)
-BGR = "bgr"                                 # the classifier on the images with their channels in reverse order
 VARIANT_SAMPLES = 2                         # samples per image the variants score (their gaps are tens of points)
 # The schedules tried beside the one given: the presets' (improved-diffusion's cosine/4000, guided-diffusion's
 # linear/1000), then the other pairings of SCHEDULES with their step counts.

@@ -27,16 +27,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.table.defaults import MARGIN, PILOT_IMAGES, RACE_REACH_SIGMAS
-
-
-@dataclass(frozen=True)
-class PlanKnobs:
-    """What a study varies in the simulated plans (race_sim.simulate_plans): the race's first radii, auto's pilot."""
-
-    reach: float = RACE_REACH_SIGMAS    # the first radii reach r <= reach x sigma (race.initial_radii)
-    first_smallest: bool = True         # ... and include the table's smallest radius
-    pilot: int = PILOT_IMAGES           # auto's pilot images
+from diffsmooth.engine.table.defaults import MARGIN, RACE_REACH_SIGMAS
 
 
 def pilot_indices(indices: Sequence[int], pilot: int) -> List[int]:

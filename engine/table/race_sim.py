@@ -11,11 +11,9 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-from diffsmooth.engine.certify.cohen import lower_confidence_bounds
 from diffsmooth.engine.certify.sequential import DEFAULT_LAST_LOOK, SequentialRule, radius_from_lower, run_rule_bounds
 from diffsmooth.engine.runs.simulation import chunk_votes, shared_paths
-from diffsmooth.engine.table.planning import PlanKnobs, assign_radii, pilot_indices
-from diffsmooth.engine.table.race import Rows, initial_radii, next_extension, prefix, settled_prefix, tolerance_images
+from diffsmooth.engine.table.race import Rows, next_extension, prefix, settled_prefix
 
 
 @dataclass(frozen=True)
@@ -187,56 +185,3 @@ def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, co
                       for r in sims[order[0]].radii])
     extended = {s: samples[s] - initial[s] for s in order}
     return RaceOutcome(samples, cells, extensions, first, extended, by_extension)
-
-
-def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarray], rule: RaceRule, n0: int,
-                   tolerance_points: float, rng, knobs: PlanKnobs = PlanKnobs()) -> dict:
-    """One seed of fixed-n, `all`, the pilot plan (`auto`, the previous default: `knobs.pilot` images settle every
-    radius, the rest what engine/table/planning.py assigns) and the race, all on the same paths: {plan: {'samples'
-    (n0 included), 'cells' (%), 'by_sigma': {sigma: {why: samples}}}}. `correct`: the selected class is the label;
-    `rule`: each SimulatedSigma's (fixed-n never stops)."""
-    radii, alpha, n_max = rule.radii, rule.alpha, rule.n_max
-    sigmas = sorted(rates)
-    images = len(rates[sigmas[0]])
-    sims = {s: SimulatedSigma(s, rates[s], correct[s], rule, rng, initial_radii(radii, s, knobs.reach, knobs.first_smallest))
-            for s in sigmas}
-    in_pilot = np.isin(np.arange(images), pilot_indices(list(range(images)), knobs.pilot))
-    out = {plan: {"samples": 0.0, "cells": np.zeros(len(radii)), "by_sigma": {}} for plan in ("fixed", "all", "auto")}
-
-    def add(plan, sigma, radius, by_reason, settles=None):
-        """Adds a sigma's samples and lifts the plan's cells where this sigma counts (`settles`: radii)."""
-        entry = out[plan]
-        entry["samples"] += sum(by_reason.values())
-        entry["by_sigma"][sigma] = by_reason
-        certified = sims[sigma].correct & (radius > 0)                  # radius 0: an abstention
-        counts = [100 * np.mean(certified & (radius >= r)) if settles is None or r in settles else 0.0
-                  for r in sims[sigma].radii]
-        entry["cells"] = np.maximum(entry["cells"], counts)
-
-    pilot_counts = {}
-    for s in sigmas:
-        sim = sims[s]
-        fixed = radius_from_lower(lower_confidence_bounds(sim.segments.sum(axis=1), n_max, alpha), s)
-        add("fixed", s, fixed, {"n-max": float(images * (n0 + n_max))})
-        full = sim.run(sim.radii)
-        add("all", s, full[0], samples_by_reason(sim.rule, sim.radii, full[0], full[1], n0))
-        pilot_counts[s] = {r: int(np.sum(sim.correct[in_pilot] & (full[0][in_pilot] > 0) & (full[0][in_pilot] >= r)))
-                           for r in sim.radii}
-    assigned = assign_radii(pilot_counts, int(in_pilot.sum()))
-    for s in sigmas:
-        sim, settled = sims[s], tuple(assigned[s])
-        full = sim.run(sim.radii)
-        by = samples_by_reason(sim.rule, sim.radii, full[0][in_pilot], full[1][in_pilot], n0)
-        radius = full[0]
-        if settled:
-            main = sim.run(settled)
-            radius = np.where(in_pilot, full[0], main[0])
-            more = samples_by_reason(sim.rule, settled, main[0][~in_pilot], main[1][~in_pilot], n0)
-            by = {k: by[k] + more[k] for k in by}
-        add("auto", s, radius, by, settles=settled)
-    race = simulate_race(sims, tolerance_images(tolerance_points, images), n0)
-    out["race"] = {"samples": sum(race.samples.values()) + len(sigmas) * images * n0,
-                   "cells": 100 * race.cells / images, "extensions": race.extensions,
-                   "by_extension": race.by_extension,
-                   "by_sigma": {s: dict(race.first[s], **{"extended": race.extended[s]}) for s in sigmas}}
-    return out

@@ -118,13 +118,9 @@ def draw_lines(contenders: Sequence[Contender], draws: int = DRAWS, seed: int = 
 
 
 @dataclass
-class RowDraws:
+class RowDraws(LineDraws):
     """A published row's cells in every draw: the best of its lines, ours and the reference's."""
 
-    own: np.ndarray
-    reference: np.ndarray
-    best_expected: np.ndarray
-    reach: np.ndarray
     images: int
 
     @classmethod

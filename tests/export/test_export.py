@@ -29,8 +29,7 @@ from diffsmooth.engine.models.checkpoints import save_cohen_checkpoint, save_une
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer  # noqa: E402
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel  # noqa: E402
 from diffsmooth.engine.stages.base import BaseClassifierStages  # noqa: E402
-from diffsmooth.export.fp16 import precision_report  # noqa: E402
-from diffsmooth.export.graph_passes import infer_types  # noqa: E402
+from diffsmooth.export.graph_passes import _skeleton  # noqa: E402
 from diffsmooth.export.manifest import read_manifest  # noqa: E402
 from diffsmooth.export.onnx_export import export_denoiser, export_models, export_unet  # noqa: E402
 from diffsmooth.export.validate import ValidationFailed, validate_graphs, validation_images  # noqa: E402
@@ -47,6 +46,27 @@ CONFIGS = {
     "diffsmooth-fixed": MethodConfig("diffsmooth", SIGMA, m=2, local_sigma=0.25, local_noise="fixed"),
     "diffsmooth-fresh": MethodConfig("diffsmooth", SIGMA, m=2, local_sigma=0.25, local_noise="fresh"),
 }
+
+
+def infer_types(model: onnx.ModelProto) -> dict:
+    """Element type of every tensor (graph inputs, initializers, node outputs) by ONNX inference."""
+    inferred = onnx.shape_inference.infer_shapes(_skeleton(model))
+    types = {vi.name: vi.type.tensor_type.elem_type
+             for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output)
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
+    return {**types, **{t.name: t.data_type for t in model.graph.initializer}}
+
+
+def precision_report(model: onnx.ModelProto) -> dict:
+    """{op_type: {elem type name: count}} of the first input of each node."""
+    types = infer_types(model)
+    out: dict = {}
+    for node in model.graph.node:
+        if node.input and node.input[0]:
+            t = onnx.TensorProto.DataType.Name(types.get(node.input[0], 0))
+            out.setdefault(node.op_type, {}).setdefault(t, 0)
+            out[node.op_type][t] += 1
+    return out
 
 
 def tiny_unet() -> UNetModel:

@@ -48,13 +48,15 @@ def test_sim_table_from_a_tsv(tmp_path):
 
 def test_sim_computes_no_bound_of_its_own():
     """One implementation: the simulator's core lives in the engine (the table command predicts with
-    it) and takes its bounds and its rule from engine/certify; the bench only prints tables."""
+    it) and takes its bounds and its rule from engine/certify; the studies replay rows through it and print tables."""
     import diffsmooth.engine.runs.simulation as sim
+    import studies.replay as replay
     import studies.sequential_sim as bench_sim
     from diffsmooth.engine.certify import cohen, sequential
-    assert sim.lower_confidence_bounds is cohen.lower_confidence_bounds and sim.run_rule is sequential.run_rule
-    assert not hasattr(sim, "beta") and not hasattr(sim, "confidence_bounds")
-    assert bench_sim.simulate is sim.simulate and not hasattr(bench_sim, "lower_confidence_bounds")
+    assert replay.lower_confidence_bounds is cohen.lower_confidence_bounds and sim.run_rule is sequential.run_rule
+    assert replay.simulate_sequential is sim.simulate_sequential and replay.shared_paths is sim.shared_paths
+    assert not hasattr(sim, "beta") and not hasattr(sim, "confidence_bounds") and not hasattr(replay, "beta")
+    assert bench_sim.simulate is replay.simulate and not hasattr(bench_sim, "lower_confidence_bounds")
 
 
 def test_rules_and_fixed_n_share_one_path_per_image():
@@ -79,7 +81,7 @@ def test_rules_and_fixed_n_share_one_path_per_image():
 def test_a_sequential_rows_rate_is_jeffreys_estimate_never_certain():
     """An image that stopped early with every vote for its class must not replay as p = 1 (certain at
     any n-max, which would overstate what a larger n-max saves); half its votes replay near 1/2."""
-    from diffsmooth.engine.runs.simulation import image_from_row
+    from studies.replay import image_from_row
 
     row = {"idx": 3, "label": 1, "predict": 1, "radius": "0.5", "correct": 1, "samples": 600, "top_votes": 500}
     image = image_from_row(row, n=10_000, n0=100, alpha=0.001, sigma=0.5, abstain_p=0.45)

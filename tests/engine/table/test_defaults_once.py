@@ -14,10 +14,11 @@ from diffsmooth.cli import table as cli_table
 from diffsmooth.cli.group import main
 from diffsmooth.engine import choices
 from diffsmooth.engine.runs.request import RunRequest
-from diffsmooth.engine.table import check, defaults, planning, race, race_sim
+from diffsmooth.engine.table import check, defaults, planning, race
 from diffsmooth.engine.table.build import TableBuilder, TablePlanning
 from diffsmooth.engine.table.check import CheckReport, describe_runs
 from diffsmooth.engine.table.spec import TableSpec, demo_spec, parse_spec
+from studies import replay
 
 ROOT = Path(__file__).resolve().parents[3]
 PLANNER = {"plan": defaults.PLAN, "pilot": defaults.PILOT_IMAGES, "margin": defaults.MARGIN,
@@ -50,8 +51,8 @@ def test_the_planners_functions_take_the_same_defaults():
     assign = _defaults(planning.assign_radii)
     assert (assign["margin"], assign["reach"]) == (defaults.MARGIN, defaults.RACE_REACH_SIGMAS)
     assert _defaults(race.initial_radii)["reach"] == defaults.RACE_REACH_SIGMAS
-    assert _defaults(race_sim.simulate_plans)["knobs"] == planning.PlanKnobs()
-    sim = _field_defaults(planning.PlanKnobs)
+    assert _defaults(replay.simulate_plans)["knobs"] == replay.PlanKnobs()
+    sim = _field_defaults(replay.PlanKnobs)
     assert (sim["reach"], sim["pilot"]) == (defaults.RACE_REACH_SIGMAS, defaults.PILOT_IMAGES)
 
 

@@ -22,7 +22,8 @@ from diffsmooth.engine.table.race import (
     settled_prefix,
     tolerance_images,
 )
-from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, simulate_plans
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma
+from studies.replay import simulate_plans
 
 needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)

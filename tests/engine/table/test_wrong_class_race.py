@@ -13,7 +13,8 @@ from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.demo import shipped as demo_assets
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table.race import Rows, cell_status
-from diffsmooth.engine.table.race_sim import RaceRule, simulate_plans
+from diffsmooth.engine.table.race_sim import RaceRule
+from studies.replay import simulate_plans
 
 needs_demo = pytest.mark.skipif(not demo_assets.DEMO_UNET.exists(), reason="embedded demo models not shipped")
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5)
