@@ -26,6 +26,7 @@ from diffsmooth.engine.table.defaults import (
     TOLERANCE_POINTS,
 )
 from diffsmooth.engine.table.plans import PLAN_NAMES
+from diffsmooth.engine.table.runner import TableInputs
 from diffsmooth.engine.table.spec import (
     DEMO_IMAGES,
     DEMO_N_MAX,
@@ -171,10 +172,11 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
         for line in notes:
             _log(f"table: {line}")
     planning = TablePlanning(plan=plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance)
+    inputs = TableInputs()                  # the data and sources the preflight and the runs read, opened once
     builder = TableBuilder(table_spec, out, planning=planning, log=_log, command=command_line(), progress=not quiet,
-                           one_pass=one_pass)
+                           one_pass=one_pass, inputs=inputs)
     if preflight and not (Path(out) / "table.json").exists():     # a table asks first: before its first sample
-        _ask_first(table_spec, Path(out), preflight_images, preflight_samples, strict)
+        _ask_first(table_spec, Path(out), preflight_images, preflight_samples, strict, inputs)
     try:
         builder.build(dry_run=dry_run)
         if ranks is not None:
@@ -187,26 +189,27 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
         raise SystemExit(130) from None
 
 
-def _ask_first(table_spec, out: Path, images: int, samples: int, strict: bool) -> None:
-    """A new table's preflight before its first sample (under torchrun rank 0 asks for all); under `strict` a
-    warning stops it with SETUP_EXIT, nothing written. A folder another table writes is refused first."""
+def _ask_first(table_spec, out: Path, images: int, samples: int, strict: bool, inputs) -> None:
+    """A new table's preflight before its first sample (under torchrun rank 0 asks for all), on what the table
+    opens (`inputs`: its TableInputs); under `strict` a warning stops it with SETUP_EXIT, nothing written. A folder
+    another table writes is refused first."""
     from diffsmooth.engine.runs.locks import check_unlocked
     from diffsmooth.engine.table.ranks import Ranks
     check_unlocked(out, "table folder", True)
     asking = Ranks.join(table_spec.run.get("device", "cpu"))
-    warnings = asking.agree(lambda: _preflight(table_spec, images, samples).warnings)
+    warnings = asking.agree(lambda: _preflight(table_spec, images, samples, inputs=inputs).warnings)
     if strict and warnings:
         _log(f"table: {len(warnings)} preflight warning(s) under --strict: stopped before any sample, nothing was "
              f"written (fix the set-up, or run without --strict)")
         raise SystemExit(SETUP_EXIT)
 
 
-def _preflight(table_spec, images: int, samples: int, quiet: bool = False):
+def _preflight(table_spec, images: int, samples: int, quiet: bool = False, inputs=None):
     """Every line's preflight (engine/table/preflight_lines.py), its lines and warnings printed (unless `quiet`);
-    returns the LinesPreflight."""
+    `inputs`: the table's opened data and sources (None: opened for the preflight). Returns the LinesPreflight."""
     from diffsmooth.engine.table.preflight_lines import preflight_lines
     held: list = []             # printed once every run's preflight is done: a refusal inside stays one line
-    result = preflight_lines(table_spec, images, samples, held.append)
+    result = preflight_lines(table_spec, images, samples, held.append, inputs)
     held += [f"published: {line}" for line in result.published] + [f"warning: {line}" for line in result.warnings]
     for line in held if not quiet else ():
         _log(line)

@@ -15,7 +15,7 @@ from diffsmooth.engine.base_classifier.diffusion_denoiser import (
 )
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models.checkpoints import load_unet
-from diffsmooth.engine.models.diffusers_folder import is_diffusers_folder
+from diffsmooth.engine.models.diffusers_folder import DiffusersFolder, is_diffusers_folder
 
 __all__ = ["PRESET_SCHEDULES", "DiffusionDenoiser", "schedule_for", "load_denoiser"]
 
@@ -36,15 +36,15 @@ def load_denoiser(path, preset: Optional[str] = _DEFAULT_PRESET, *, schedule: Op
 
     `preset` picks the architecture and schedule ('cifar10', 'imagenet', 'demo'); keyword
     arguments override UNet config fields, or give the whole config when preset is None. A diffusers
-    folder brings its own config and schedule: it takes none of them.
+    folder (or the DiffusersFolder read from it) brings its own config and schedule: it takes none of them.
     """
-    if is_diffusers_folder(path):
+    if isinstance(path, DiffusersFolder) or is_diffusers_folder(path):
         given = [name for name, value in (("preset", None if preset is _DEFAULT_PRESET else preset),
                                           ("schedule", schedule), ("diffusion_steps", diffusion_steps),
                                           ("rescale_timesteps", rescale_timesteps)) if value is not None]
         if given or config:
-            raise UserError(f"{path} is a diffusers folder, whose configs give the UNet and its schedule: leave out "
-                            f"{', '.join([*given, *sorted(config)])}")
+            raise UserError(f"{getattr(path, 'path', path)} is a diffusers folder, whose configs give the UNet and its "
+                            f"schedule: leave out {', '.join([*given, *sorted(config)])}")
         return load_diffusers_denoiser(path, scheduler)
     if scheduler is not None:
         raise UserError("`scheduler` is for a diffusers UNet folder; a checkpoint file takes `preset` / `schedule`")

@@ -95,15 +95,15 @@ def schedule_of(folder: DiffusersFolder):
                             tuple(float(a) for a in abar.tolist()))
 
 
-def check_sigma(path, scheduler, sigma: float) -> None:
-    """UserError when the folder's schedule cannot denoise at `sigma` (read from the configs, no weights)."""
-    schedule_of(read_diffusers_folder(path, scheduler)).coefficients(sigma)
+def check_sigma(folder: DiffusersFolder, sigma: float) -> None:
+    """UserError when the read folder's schedule cannot denoise at `sigma` (from its configs, no weights)."""
+    schedule_of(folder).coefficients(sigma)
 
 
 def load_diffusers_denoiser(path, scheduler=None) -> DiffusersDenoiser:
-    """A diffusers pipeline folder (or a UNet folder and its `scheduler` folder) as a one-step denoiser
-    (eval mode, fp32, CPU)."""
-    folder = read_diffusers_folder(path, scheduler)
+    """A diffusers pipeline folder (or a UNet folder and its `scheduler` folder; or the DiffusersFolder read
+    from them) as a one-step denoiser (eval mode, fp32, CPU)."""
+    folder = path if isinstance(path, DiffusersFolder) else read_diffusers_folder(path, scheduler)
     schedule = schedule_of(folder)              # config errors before the weights are read
     unet = load_diffusers_unet(folder)
     return DiffusersDenoiser(unet, schedule, folder.channels, folder)

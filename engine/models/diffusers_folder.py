@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 
-__all__ = ["DiffusersFolder", "read_diffusers_folder", "is_diffusers_folder", "denoiser_identity", "SUPPORTED"]
+__all__ = ["DiffusersFolder", "read_diffusers_folder", "is_diffusers_folder", "denoiser_identity", "folder_identity", "SUPPORTED"]
 
 UNET_CLASS = "UNet2DModel"
 DDPM_SCHEDULERS = ("DDPMScheduler", "DDIMScheduler")
@@ -238,9 +238,11 @@ def denoiser_identity(path, scheduler=None) -> dict:
     """What a run records of a diffusers denoiser, so a resume with another model is refused: the format
     and the sha256 of its weights and of its two configs. {} for checkpoint files (their runs recorded
     the path only, and keep resuming)."""
-    if not is_diffusers_folder(path):
-        return {}
-    folder = read_diffusers_folder(path, scheduler)
+    return folder_identity(read_diffusers_folder(path, scheduler)) if is_diffusers_folder(path) else {}
+
+
+def folder_identity(folder: DiffusersFolder) -> dict:
+    """denoiser_identity of a folder already read (a run's sources hold it: the folder is read once)."""
     files = tuple(str(f.resolve()) for f in folder.weights)
     stamps = tuple((os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in files)
     return {"denoiser_format": folder.format, "denoiser_sha256": _weights_sha256(files, stamps),

@@ -34,7 +34,7 @@ from diffsmooth.engine.preflight.measure import (
 from diffsmooth.engine.runs.assemble import load_models
 from diffsmooth.engine.runs.fast_path import default_batch
 from diffsmooth.engine.runs.request import RunRequest
-from diffsmooth.engine.runs.resolve import open_run_inputs
+from diffsmooth.engine.runs.resolve import RunInputs, open_run_inputs
 
 IMAGES = 100                    # images in the noise sample
 SAMPLES = 5                     # noise samples per image
@@ -168,13 +168,14 @@ def _report_labels(report: PreflightReport, labels: torch.Tensor, mine: torch.Te
 
 
 def preflight_request(request: RunRequest, images: int = IMAGES, samples: int = SAMPLES,
-                      published: Optional[float] = None) -> PreflightReport:
-    """The preflight of one certify run (its model, data and method options)."""
+                      published: Optional[float] = None, inputs: Optional[RunInputs] = None) -> PreflightReport:
+    """The preflight of one certify run (its model, data and method options); `inputs`: what it reads, opened
+    already (a table's; None: opened here)."""
     start = time.perf_counter()
     if request.is_sweep:
         raise UserError("preflight checks one configuration: give `method`, `classifier`, `local_sigma` and `m` "
                         "once each")
-    kind, dataset, selected, sources = open_run_inputs(request)
+    kind, dataset, selected, sources = inputs if inputs is not None else open_run_inputs(request)
     config = request.method_config()
     denoiser, classifier = load_models(config, sources)
     labels = dataset.labels()

@@ -21,6 +21,7 @@ from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline, initial_sc
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped as demo_assets
 from diffsmooth.engine.models.checkpoints import load_classifier
+from diffsmooth.engine.models.diffusers_folder import DiffusersFolder
 from diffsmooth.engine.runs.fast_path import VALIDATE_SAMPLES, FastPath, validate_fast_path
 from diffsmooth.engine.runs.vote_agreement import FP16_FLIP_RATE
 from diffsmooth.engine.stages.base import BaseClassifierStages
@@ -41,6 +42,7 @@ class ModelSources:
     arch: Optional[str] = None
     normalization: Optional[str] = None
     stats: str = "cifar10"
+    diffusers: Optional[DiffusersFolder] = field(default=None, compare=False, repr=False)   # the denoiser folder, read
 
     @classmethod
     def demo(cls, **overrides) -> "ModelSources":
@@ -74,7 +76,7 @@ def load_denoiser_from(sources: ModelSources):
     """The one-shot denoiser named by `sources` (eval mode, CPU)."""
     if not sources.denoiser:
         raise UserError("give `denoiser` CHECKPOINT")
-    return load_denoiser(sources.denoiser, sources.preset, schedule=sources.schedule,
+    return load_denoiser(sources.diffusers or sources.denoiser, sources.preset, schedule=sources.schedule,
                          diffusion_steps=sources.diffusion_steps,
                          rescale_timesteps=sources.rescale_timesteps, scheduler=sources.scheduler,
                          **sources.unet_config)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.base_classifier.methods.config import OPTION_ALIASES, option_variants
@@ -39,11 +39,17 @@ from diffsmooth.engine.runs.fast_path_options import ASKED, FAST_PATH_OPTIONS, A
 MODES = ("certify", "predict")
 
 
-def parse_radii(text: str) -> Tuple[float, ...]:
-    """'0.25,0.5,0.75,1.0' -> (0.25, 0.5, 0.75, 1.0): finite radii >= 0."""
+def parse_radii(text: Union[str, Sequence[float]]) -> Tuple[float, ...]:
+    """'0.25,0.5,0.75,1.0' (or the numbers themselves, as a table hands them) -> (0.25, 0.5, 0.75, 1.0):
+    finite radii >= 0."""
     try:
-        radii = tuple(float(r) for r in str(text).split(",") if r.strip())
-    except ValueError:
+        if isinstance(text, str):
+            radii = tuple(float(r) for r in text.split(",") if r.strip())
+        elif any(isinstance(r, (bool, str)) for r in text):
+            raise ValueError("not numbers")
+        else:
+            radii = tuple(float(r) for r in text)
+    except (TypeError, ValueError):
         raise UserError(f"`radii` must be comma-separated numbers, got {text!r}") from None
     if not radii:
         raise UserError("`radii` must name at least one radius")
@@ -87,10 +93,9 @@ def parse_bound(text: Optional[str]) -> str:
     return bound
 
 
-def sequential_rule(radii: Optional[str], sigma: float, alpha: float, n_max: int,
-                    futility: Optional[str] = None, bound: Optional[str] = None,
-                    schedule_radii: Optional[str] = None, decide_largest: bool = False) -> SequentialRule:
-    """The rule of a sequential run from its options (radii required). `schedule_radii` (reach-cp):
+def sequential_rule(radii, sigma: float, alpha: float, n_max: int, futility: Optional[str] = None,
+                    bound: Optional[str] = None, schedule_radii=None, decide_largest: bool = False) -> SequentialRule:
+    """The rule of a sequential run from its options (radii required; as text or numbers). `schedule_radii` (reach-cp):
     the radii its added looks are placed for, when a run settles only some of them (a table's runs);
     `decide_largest`: stop once the largest radius is decided (the race's extensions)."""
     if not radii:
@@ -185,8 +190,8 @@ class RunRequest:
     sequential: Optional[SequentialRule] = None
 
     @classmethod
-    def parse(cls, mode: str, *, sequential: bool = False, radii: Optional[str] = None, n_max: Optional[int] = None,
-              futility: Optional[str] = None, bound: Optional[str] = None, schedule_radii: Optional[str] = None,
+    def parse(cls, mode: str, *, sequential: bool = False, radii=None, n_max: Optional[int] = None,
+              futility: Optional[str] = None, bound: Optional[str] = None, schedule_radii=None,
               decide_largest: bool = False, **options) -> "RunRequest":
         """From option values (click's keyword arguments, or a Python caller's): lists become tuples,
         the sequential options become a SequentialRule, the fast path's (`compile`, ...: fast_path_options.ASKED)

@@ -10,7 +10,7 @@ import os
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -20,7 +20,7 @@ from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
-from diffsmooth.engine.models.diffusers_folder import denoiser_identity, is_diffusers_folder
+from diffsmooth.engine.models.diffusers_folder import folder_identity
 from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath, default_batch
 from diffsmooth.engine.runs.locks import check_unlocked, hold_lock
@@ -161,7 +161,7 @@ class ResolvedRun:
         if r.scheduler is not None:
             settings["scheduler"] = r.scheduler
         # a diffusers folder: its format and the sha256 of its weights and configs (checkpoint files: nothing added)
-        settings.update(denoiser_identity(r.denoiser, r.scheduler) if self.sources.denoiser else {})
+        settings.update(folder_identity(self.sources.diffusers) if self.sources.diffusers is not None else {})
         return settings
 
     def sweep_index(self) -> dict:
@@ -201,6 +201,10 @@ def set_threads(threads: Optional[int]) -> None:
         torch.set_num_threads(threads)
 
 
+# The request's options its dataset and selection are opened from (open_run_inputs also sets the threads).
+DATA_OPTIONS = ("dataset", "data", "split", "skip", "max_index", "image_size", "threads")
+
+
 def open_dataset(request: RunRequest) -> Tuple[str, object, List[int]]:
     """(dataset kind, dataset, selected indices): Cohen's --skip/--max convention."""
     kind = request.dataset or ("embedded" if not request.data else None)
@@ -237,30 +241,35 @@ def classifier_names(request: RunRequest, sources: ModelSources) -> Tuple[Dict[s
     return paths, classifiers_for
 
 
-def open_run_inputs(request: RunRequest) -> Tuple[str, object, List[int], ModelSources]:
-    """(dataset kind, dataset, selected indices, model sources) of a request, its threads set: what a run and a
-    preflight both start from; no images selected is refused."""
+class RunInputs(NamedTuple):
+    """What a run reads, opened: the dataset's kind, the dataset, the images it runs (checked when the dataset
+    was opened) and the model sources (a diffusers folder read). A table opens them once for all its runs."""
+
+    kind: str
+    dataset: object
+    indices: Sequence[int]
+    sources: ModelSources
+
+
+def open_run_inputs(request: RunRequest) -> RunInputs:
+    """A request's inputs (its selected images), its threads set: what a run and a preflight both start from;
+    no images selected is refused."""
     set_threads(request.threads)
     kind, dataset, indices = open_dataset(request)
     if not indices:
         raise UserError("no images selected (check `skip` / `max`)")
-    sources = resolve_sources(ModelOptions(denoiser=request.denoiser, scheduler=request.scheduler,
-                                           classifier=request.classifier_path, preset=request.preset,
-                                           unet_config=request.unet_config, schedule=request.schedule,
-                                           diffusion_steps=request.diffusion_steps, arch=request.arch,
-                                           normalization=request.normalization, stats=request.stats), kind)
-    return kind, dataset, indices, sources
+    return RunInputs(kind, dataset, indices, resolve_sources(ModelOptions.of(request), kind))
 
 
-def resolve_run(request: RunRequest) -> ResolvedRun:
-    """Resolve a request; refuses (before any model loads) a result file or sweep folder that another
-    run is writing (its lock is held: checked, not taken; `ResolvedRun.hold_locks` takes it) or that
-    was written with other settings."""
-    kind, dataset, indices, sources = open_run_inputs(request)
+def resolve_run(request: RunRequest, inputs: Optional[RunInputs] = None) -> ResolvedRun:
+    """Resolve a request on its `inputs` (None: opened here from the request); refuses (before any model loads) a
+    result file or sweep folder that another run is writing (its lock is held: checked, not taken;
+    `ResolvedRun.hold_locks` takes it) or that was written with other settings."""
+    kind, dataset, indices, sources = inputs if inputs is not None else open_run_inputs(request)
     paths, classifiers_for = classifier_names(request, sources)
     configs = configurations(request.method, request.sigma, request.options_for, classifiers_for)
-    if sources.denoiser and is_diffusers_folder(sources.denoiser) and any(c.config.purifier.denoises for c in configs):
-        check_sigma(sources.denoiser, sources.scheduler, request.sigma)     # before any file is touched
+    if sources.diffusers is not None and any(c.config.purifier.denoises for c in configs):
+        check_sigma(sources.diffusers, request.sigma)     # before any file is touched
     shards = share_from(request.shard, request.device)
     device = rank_device(shards, request.device)
     fast = FastPath.asked_by(request, device, request.backend)

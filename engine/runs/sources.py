@@ -50,22 +50,27 @@ class ModelOptions:
     normalization: str | None = None
     stats: str | None = None
 
+    @classmethod
+    def of(cls, request) -> "ModelOptions":
+        """The model options of a RunRequest (its fields of the same names; the single run's classifier)."""
+        given = {f.name: getattr(request, f.name) for f in fields(cls) if f.name != "classifier"}
+        return cls(classifier=request.classifier_path, **given)
+
 
 def resolve_sources(options: ModelOptions = ModelOptions(), dataset_kind: str | None = None) -> ModelSources:
     """ModelSources from the model options (--unet-config as JSON text); neither checkpoint given
     means the shipped demo models. A denoiser without preset or --unet-config is a cifar10 one; a
     diffusers folder brings its own configs (and takes `scheduler` when it is a UNet folder).
     `dataset_kind`: the data's kind, whose statistics a classifier without preset takes."""
-    denoiser, scheduler, classifier, preset = options.denoiser, options.scheduler, options.classifier, options.preset
-    schedule, diffusion_steps, arch = options.schedule, options.diffusion_steps, options.arch
-    normalization, stats = options.normalization, options.stats
+    denoiser, preset, steps = options.denoiser, options.preset, options.diffusion_steps
     config = parse_unet_config(options.unet_config)
-    demo = not denoiser and not classifier
+    demo = not denoiser and not options.classifier
+    folder = None
     if is_diffusers_folder(denoiser):
-        read_diffusers_folder(denoiser, scheduler)      # what it is and that its configs are supported
-        check_diffusers_options(denoiser, preset=preset, unet_config=config, schedule=schedule,
-                                diffusion_steps=diffusion_steps)
-    elif scheduler is not None:
+        folder = read_diffusers_folder(denoiser, options.scheduler)     # what it is and that its configs are supported
+        check_diffusers_options(denoiser, preset=preset, unet_config=config, schedule=options.schedule,
+                                diffusion_steps=steps)
+    elif options.scheduler is not None:
         raise UserError("`scheduler` is for a diffusers UNet folder given as `denoiser`; a checkpoint file takes "
                         "`preset` / `schedule`")
     elif preset is None:
@@ -73,16 +78,18 @@ def resolve_sources(options: ModelOptions = ModelOptions(), dataset_kind: str | 
             preset = shipped.DEMO_PRESET
         elif denoiser and not config:
             preset = "cifar10"
-    if diffusion_steps is not None and (isinstance(diffusion_steps, bool) or not isinstance(diffusion_steps, int)
-                                        or not 1 <= diffusion_steps <= MAX_DIFFUSION_STEPS):
-        raise UserError(f"`diffusion_steps` must be an integer in 1..{MAX_DIFFUSION_STEPS:,}, got {diffusion_steps!r}")
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or not 1 <= steps <= MAX_DIFFUSION_STEPS):
+        raise UserError(f"`diffusion_steps` must be an integer in 1..{MAX_DIFFUSION_STEPS:,}, got {steps!r}")
     if config and (denoiser or demo):           # the UNet's fields, checked before any model loads
         check_unet_config(preset, config)
-    given = {"preset": preset, "unet_config": config, "schedule": schedule, "diffusion_steps": diffusion_steps,
-             "arch": arch, "normalization": normalization, "stats": stats or default_stats(preset, dataset_kind)}
+    given = {"preset": preset, "unet_config": config, "schedule": options.schedule, "diffusion_steps": steps,
+             "arch": options.arch, "normalization": options.normalization,
+             "stats": options.stats or default_stats(preset, dataset_kind)}
     if demo:
         return ModelSources.demo(**{k: v for k, v in given.items() if v not in (None, {})})
-    return ModelSources(denoiser=denoiser, scheduler=scheduler, classifier=classifier, **given)
+    return ModelSources(denoiser=denoiser, scheduler=options.scheduler, classifier=options.classifier, diffusers=folder,
+                        **given)
 
 
 def check_diffusers_options(denoiser: str, **options) -> None:

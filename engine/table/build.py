@@ -26,7 +26,6 @@ from typing import Callable, List, Optional
 
 from diffsmooth.engine.runs.locks import hold_lock
 from diffsmooth.engine.runs.request import RunRequest
-from diffsmooth.engine.runs.resolve import resolve_run
 from diffsmooth.engine.table.defaults import MARGIN, PILOT_IMAGES, PLAN, RACE_REACH_SIGMAS, TOLERANCE_POINTS
 from diffsmooth.engine.table.folder import TableFolder
 from diffsmooth.engine.table.outputs import RunFacts, write_outputs
@@ -34,7 +33,7 @@ from diffsmooth.engine.table.phases import Phase, PhaseResult, TableInterrupted,
 from diffsmooth.engine.table.plan_table import PlanTable
 from diffsmooth.engine.table.plans import table_plan
 from diffsmooth.engine.table.ranks import Ranks
-from diffsmooth.engine.table.runner import PhaseRunner
+from diffsmooth.engine.table.runner import PhaseRunner, TableInputs
 from diffsmooth.engine.table.spec import LineSpec, TableSpec
 
 __all__ = ["TableBuilder", "TablePlanning", "TableInterrupted", "Phase", "PhaseResult", "command_line"]
@@ -52,17 +51,20 @@ class TablePlanning:
 
 
 class TableBuilder:
-    """Runs a TableSpec's plan (`planning`) into `out`; `log` takes one line at a time."""
+    """Runs a TableSpec's plan (`planning`) into `out`; `log` takes one line at a time; `inputs`: the data and
+    sources the table has opened (its preflight's; None: opened by the first run)."""
 
     def __init__(self, spec: TableSpec, out, planning: TablePlanning = TablePlanning(),
-                 log: Callable[[str], None] = print, command: str = "", progress: bool = True, one_pass: bool = True):
+                 log: Callable[[str], None] = print, command: str = "", progress: bool = True, one_pass: bool = True,
+                 inputs: Optional[TableInputs] = None):
         self.spec, self.log, self.command, self.progress = spec, log, command, progress
         self.plan = table_plan(planning.plan, pilot=planning.pilot, margin=planning.margin, reach=planning.reach,
                                tolerance=planning.tolerance)
         self.ranks = Ranks.join(spec.run.get("device", "cpu"))      # torchrun's, or this process alone
         self.folder = TableFolder(out, log, writer=self.ranks.writer)
         # lines that denoise at a sigma draw the UNet once (engine/table/one_pass.py)
-        self.runner = PhaseRunner(spec, self.folder, self.request, log, self.plan.keeps_states, one_pass, self.ranks)
+        self.runner = PhaseRunner(spec, self.folder, self.request, log, self.plan.keeps_states, one_pass, self.ranks,
+                                  inputs)
         self.outcome = None                     # the finished plan's Outcome (build)
 
     @property
@@ -77,8 +79,7 @@ class TableBuilder:
             return RunRequest.parse("certify", out=str(phase.path), **options)
         # every run of the table looks at the same sample counts, whichever radii it settles (the race's rows
         # bound `all`'s only then; engine/table/race.py)
-        return RunRequest.parse("certify", sequential=True, radii=",".join(f"{r:g}" for r in phase.radii),
-                                schedule_radii=",".join(f"{r:g}" for r in self.spec.radii),
+        return RunRequest.parse("certify", sequential=True, radii=tuple(phase.radii), schedule_radii=self.spec.radii,
                                 decide_largest=phase.decides, n_max=self.spec.n_max, out=str(phase.path), **options)
 
     def phase_path(self, line: LineSpec, sigma: float, kind: str) -> Path:
@@ -89,9 +90,11 @@ class TableBuilder:
         return list(self.probe_run().indices)
 
     def probe_run(self):
-        """The first line's first run as planned (its images, batch and device are every run's)."""
+        """The first line's first run as planned on the whole selection (its images, batch and device are every
+        run's); the first call opens the table's data (engine/table/runner.py's TableInputs)."""
         line = self.spec.lines[0]
-        return resolve_run(self.request(Phase(line, self.spec.sigmas[0], (), None, self.out / "runs" / "probe.tsv", "")))
+        return self.runner.plan(self.request(Phase(line, self.spec.sigmas[0], (), None, self.out / "runs" / "probe.tsv",
+                                                   "")))
 
     def claim_folder(self) -> None:
         """Record what this folder holds; refuse a folder holding another table."""

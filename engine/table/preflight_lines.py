@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from diffsmooth.engine.preflight.findings import PreflightReport
 from diffsmooth.engine.preflight.run import IMAGES, SAMPLES, preflight_request
 from diffsmooth.engine.runs.request import RunRequest
+from diffsmooth.engine.table.runner import TableInputs
 from diffsmooth.engine.table.spec import LineSpec, TableSpec
 
 
@@ -45,14 +46,16 @@ def configurations(spec: TableSpec, line: LineSpec, sigma: float) -> List[Tuple[
 
 
 def preflight_lines(spec: TableSpec, images: int = IMAGES, samples: int = SAMPLES,
-                    log: Callable[[str], None] = lambda line: None) -> LinesPreflight:
-    """The preflight of every run of the table; `log` gets one summary line per run as it finishes."""
+                    log: Callable[[str], None] = lambda line: None, inputs: Optional[TableInputs] = None) -> LinesPreflight:
+    """The preflight of every run of the table; `log` gets one summary line per run as it finishes; `inputs`: what
+    the table has opened (None: opened here, once for every run)."""
     result = LinesPreflight()
+    inputs = inputs if inputs is not None else TableInputs()
     for line in spec.lines:
         for sigma in spec.sigmas:
             for name, options in configurations(spec, line, sigma):
                 request = RunRequest.parse("certify", out="(preflight: nothing is written)", **options)
-                report = preflight_request(request, images=images, samples=samples)
+                report = preflight_request(request, images=images, samples=samples, inputs=inputs.of(request))
                 result.reports[(line.name, sigma, name)] = report
                 m = report.measured
                 if "r0_upper" not in m:                 # a sigma that drowns every image: nothing measured

@@ -6,18 +6,19 @@ turns Ctrl-C / SIGTERM into TableInterrupted with the compute seconds spent so f
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from diffsmooth.engine.errors import Terminated
+from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.dataset_run import Jobs, run_dataset
 from diffsmooth.engine.runs.execute import build_voter
 from diffsmooth.engine.runs.model_set import ModelSet
 from diffsmooth.engine.runs.request import RunRequest
-from diffsmooth.engine.runs.resolve import ResolvedRun, resolve_run
+from diffsmooth.engine.runs.resolve import DATA_OPTIONS, ResolvedRun, RunInputs, open_run_inputs, resolve_run
+from diffsmooth.engine.runs.sources import ModelOptions, resolve_sources
 from diffsmooth.engine.table.folder import TableFolder
 from diffsmooth.engine.table.one_pass import groups, shared_run
 from diffsmooth.engine.table.phases import Phase, PhaseResult, StopRequest, TableInterrupted, ordered_starts, probe_rate
@@ -29,14 +30,17 @@ from diffsmooth.engine.table.spec import TableSpec
 class PhaseRunner:
     """Runs phases of `spec` into `folder`. `request(phase)`: the phase's run as the command line would ask
     it; `keep_states`: sequential rows keep their states (the race goes on from them); `one_pass`: phases
-    that can share a pass run as one; `ranks`: torchrun's ranks share every pass (engine/table/ranks.py)."""
+    that can share a pass run as one; `ranks`: torchrun's ranks share every pass (engine/table/ranks.py); `inputs`:
+    what the table's runs read, opened once (TableInputs)."""
 
     def __init__(self, spec: TableSpec, folder: TableFolder, request: Callable[[Phase], RunRequest],
-                 log: Callable[[str], None], keep_states: bool = False, one_pass: bool = True, ranks: Ranks = Ranks()):
+                 log: Callable[[str], None], keep_states: bool = False, one_pass: bool = True, ranks: Ranks = Ranks(),
+                 inputs: Optional[TableInputs] = None):
         self.spec, self.folder, self.request, self.log, self.ranks = spec, folder, request, log, ranks
         self.keep_states, self.one_pass = keep_states, one_pass
         self.voters: Dict[tuple, object] = {}   # the last pass's voter, by what it runs
         self.model_set = ModelSet()             # the stages built so far, reused by every run of the same architecture
+        self.inputs = inputs or TableInputs()   # the data opened once, each line's model sources once
         self.stop = StopRequest()
         self.started = time.perf_counter()
         self.shared_passes = 0                  # passes this invocation ran for several lines at once
@@ -55,7 +59,12 @@ class PhaseRunner:
         return self.run_group([phase], costs)[phase.key]
 
     def planned(self, phase: Phase) -> ResolvedRun:
-        return dataclasses.replace(resolve_run(self.request(phase)), indices=tuple(phase.indices))
+        """The phase's run on its images."""
+        return self.plan(self.request(phase), phase.indices)
+
+    def plan(self, request: RunRequest, indices: Optional[Sequence[int]] = None) -> ResolvedRun:
+        """A run of the table planned on what the table has opened (indices None: the whole selection)."""
+        return resolve_run(request, self.inputs.of(request, indices))
 
     def run_group(self, phases: Sequence[Phase], costs: Optional[dict]) -> Dict[tuple, PhaseResult]:
         """The phases as one pass of what their files still lack; each phase's PhaseResult."""
@@ -179,6 +188,28 @@ class PhaseRunner:
     def _done(self, run: ResolvedRun) -> bool:
         want = set(run.indices)
         return all(self._finished(path) >= want for path in self.merged(run).values())
+
+
+class TableInputs:
+    """What a table's runs read, opened once per table: the dataset and its selection (the images checked once,
+    not in every phase) and the model sources of each line's options (a diffusers folder read once)."""
+
+    def __init__(self):
+        self.data: Dict[tuple, RunInputs] = {}              # by the data options: one for a table
+        self.sources: Dict[tuple, ModelSources] = {}        # by the model options and the data's kind
+
+    def of(self, request: RunRequest, indices: Optional[Sequence[int]] = None) -> RunInputs:
+        """The request's inputs, on `indices` (None: the whole selection)."""
+        key = tuple(getattr(request, name) for name in DATA_OPTIONS)
+        opened = self.data.get(key)
+        if opened is None:
+            self.data[key] = opened = open_run_inputs(request)
+            self.sources[(ModelOptions.of(request), opened.kind)] = opened.sources
+        options = (ModelOptions.of(request), opened.kind)
+        if options not in self.sources:
+            self.sources[options] = resolve_sources(*options)
+        return opened._replace(indices=list(opened.indices if indices is None else indices),
+                               sources=self.sources[options])
 
 
 def pass_shares(what: str, per_rank: Sequence[tuple]) -> dict:

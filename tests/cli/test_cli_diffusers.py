@@ -157,3 +157,23 @@ def test_a_line_with_its_own_denoiser_writes_the_rows_of_a_table_with_that_denoi
     assert own != rows_without_time(tmp_path / "both" / "runs" / "dds_s0.25.tsv")
     settings = json.loads((tmp_path / "both" / "runs" / "dds-own_s0.25.tsv.settings.json").read_text())
     assert "ddpm" in json.dumps(settings)
+
+
+def test_a_run_reads_its_pipeline_folder_once(diffusers_models, tmp_path, monkeypatch):
+    """Planning (sources, the sigma check, the recorded identity) and loading read the folder's configs once."""
+    from diffsmooth.engine.base_classifier import diffusers_denoise
+    from diffsmooth.engine.models import diffusers_folder
+    from diffsmooth.engine.runs import sources
+    from diffsmooth.engine.runs.assemble import load_denoiser_from
+    from diffsmooth.engine.runs.request import RunRequest
+    from diffsmooth.engine.runs.resolve import resolve_run
+    reads = []
+    read = diffusers_folder.read_diffusers_folder
+    for module in (sources, diffusers_denoise, diffusers_folder):
+        monkeypatch.setattr(module, "read_diffusers_folder", lambda *a: reads.append(a) or read(*a))
+    m = diffusers_models
+    run = resolve_run(RunRequest.parse("certify", out=str(tmp_path / "dds.tsv"), denoiser=str(m["ddpm"]), method="dds",
+                                    classifier=str(m["classifier"]), dataset="npz", data=str(m["data"]), sigma=SIGMA))
+    assert run.recorded()["denoiser_format"] == "diffusers UNet2DModel + DDPMScheduler"
+    assert load_denoiser_from(run.sources).folder is run.sources.diffusers
+    assert len(reads) == 1

@@ -17,6 +17,7 @@ from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.table import check, defaults, planning, race
 from diffsmooth.engine.table.build import TableBuilder, TablePlanning
 from diffsmooth.engine.table.check import CheckReport, describe_runs
+from diffsmooth.engine.table.runner import TableInputs
 from diffsmooth.engine.table.spec import TableSpec, demo_spec, parse_spec
 from studies import replay
 
@@ -79,7 +80,8 @@ def test_the_command_line_resolves_the_pilot_from_defaults(tmp_path, monkeypatch
     assert result.exit_code == 0, result.output
     pilot = defaults.DEMO_PILOT_IMAGES if demo else defaults.PILOT_IMAGES
     assert seen == dict(planning=TablePlanning(**dict(PLANNER, pilot=pilot)), log=seen["log"], command=seen["command"],
-                        progress=True, one_pass=True)
+                        progress=True, one_pass=True, inputs=seen["inputs"])
+    assert isinstance(seen["inputs"], TableInputs)      # the preflight's and the runs' data, opened once
 
 
 def test_the_spec_reader_fills_in_the_defaults():
