@@ -7,7 +7,7 @@ import pytest
 from table_fixtures import small_table_spec
 
 from diffsmooth.engine.demo import shipped as demo_assets
-from diffsmooth.engine.runs import plan
+from diffsmooth.engine.runs import resolve
 from diffsmooth.engine.table import build as table_build
 from diffsmooth.engine.table import runner as table_runner
 from diffsmooth.engine.table.phases import Phase
@@ -34,7 +34,7 @@ def test_a_phase_hands_its_radii_as_numbers(tmp_path):
 @needs_demo
 def test_the_runs_share_the_data_and_sources_opened_once(tmp_path, monkeypatch):
     opened, resolved = [], []
-    monkeypatch.setattr(plan, "open_dataset", lambda request: opened.append(request) or open_dataset(request))
+    monkeypatch.setattr(resolve, "open_dataset", lambda request: opened.append(request) or open_dataset(request))
     monkeypatch.setattr(table_runner, "resolve_sources", lambda *a: resolved.append(a) or resolve_sources(*a))
     builder = _builder(tmp_path)
     line = builder.spec.lines[0]
@@ -51,4 +51,4 @@ def test_the_runs_share_the_data_and_sources_opened_once(tmp_path, monkeypatch):
     assert len(opened) == 1
 
 
-open_dataset, resolve_sources = plan.open_dataset, table_runner.resolve_sources
+open_dataset, resolve_sources = resolve.open_dataset, table_runner.resolve_sources
