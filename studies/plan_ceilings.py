@@ -25,7 +25,7 @@ from scipy.stats import norm
 
 from diffsmooth.engine.table.defaults import RACE_REACH_SIGMAS
 from diffsmooth.engine.table.race import initial_radii, tolerance_images
-from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, simulate_race
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma
 from studies.race_study import (
     RATE_TEXT,
     estimate,
@@ -38,6 +38,7 @@ from studies.race_study import (
     stop_text,
     tiled,
 )
+from studies.replay import simulate_race
 
 PLANS = ("fixed", "all", "race", "winner known", "winner known, tolerance", "information bound")
 

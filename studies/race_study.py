@@ -20,10 +20,10 @@ import numpy as np
 
 from diffsmooth.engine.runs.results import read_rows
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, TOLERANCE_POINTS
-from diffsmooth.engine.table.race_sim import STOP_REASONS, RaceRule
+from diffsmooth.engine.table.race_sim import RaceRule
 from diffsmooth.engine.table.spec import LineSpec
 from studies.rate_model import draw_prior_rates, draw_rates, fit_rate_prior, fit_unanimous_weight
-from studies.replay import PlanKnobs, image_from_row, simulate_plans
+from studies.replay import STOP_REASONS, PlanKnobs, image_from_row, simulate_plans
 
 PLANS = ("fixed", "all", "auto", "race")
 RATE_MODELS = ("mixture", "jeffreys", "beta-mixture", "beta")  # studies/rate_model.py; rate_calibration.py checks them

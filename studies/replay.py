@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy.stats import norm
@@ -28,8 +28,8 @@ from diffsmooth.engine.runs.results import format_radius
 from diffsmooth.engine.runs.simulation import chunk_votes, shared_paths, simulate_sequential
 from diffsmooth.engine.table.defaults import PILOT_IMAGES, RACE_REACH_SIGMAS
 from diffsmooth.engine.table.planning import assign_radii, pilot_indices
-from diffsmooth.engine.table.race import initial_radii, tolerance_images
-from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, samples_by_reason, simulate_race
+from diffsmooth.engine.table.race import initial_radii, prefix, tolerance_images
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, race_samples
 
 
 def recover_votes(radius: float, n: int, alpha: float, sigma: float) -> Optional[int]:
@@ -148,7 +148,7 @@ def simulate(images: List[Image], setup: SimulationSetup, *, seeds: int, rules: 
 
 @dataclass(frozen=True)
 class PlanKnobs:
-    """What a study varies in the simulated plans (race_sim.simulate_plans): the race's first radii, auto's pilot."""
+    """What a study varies in the simulated plans (simulate_plans): the race's first radii, auto's pilot."""
 
     reach: float = RACE_REACH_SIGMAS    # the first radii reach r <= reach x sigma (race.initial_radii)
     first_smallest: bool = True         # ... and include the table's smallest radius
@@ -206,3 +206,78 @@ def simulate_plans(rates: Dict[float, np.ndarray], correct: Dict[float, np.ndarr
                    "by_extension": race.by_extension,
                    "by_sigma": {s: dict(race.first[s], **{"extended": race.extended[s]}) for s in sigmas}}
     return out
+
+
+STOP_REASONS = ("certified", "ruled out", "n-max", "wrong class")
+
+
+def stop_reasons(rule, settled: Sequence[float], radius: np.ndarray, used: np.ndarray) -> np.ndarray:
+    """Why each image's run stopped: 'certified' (every radius it settles), 'n-max', 'wrong class' (after
+    the selection, no estimation sample: the wrong-class stop), else 'ruled out' (its upper bound or the
+    futility stop gave up on a radius)."""
+    certified = radius >= max(settled)
+    if max(settled) == 0:
+        certified = radius > 0
+    return np.where(certified, "certified", np.where(used >= rule.n_max, "n-max",
+                                                     np.where(used == 0, "wrong class", "ruled out")))
+
+
+def samples_by_reason(rule, settled: Sequence[float], radius, used, n0: int) -> Dict[str, float]:
+    """Samples (n0 included) of a run's images, by why each stopped."""
+    reasons = stop_reasons(rule, settled, np.asarray(radius), np.asarray(used))
+    return {reason: float(np.sum(np.asarray(used)[reasons == reason] + n0)) for reason in STOP_REASONS}
+
+
+@dataclass(frozen=True)
+class RaceOutcome:
+    samples: Dict[float, float]      # per sigma: first runs' estimation samples, extensions' n0 + estimation samples
+    cells: np.ndarray                # certified images per radius
+    extensions: int                  # extension runs the race asked for
+    first: Dict[float, Dict[str, float]]      # per sigma: the first runs' samples (n0 included) by why they stopped
+    extended: Dict[float, float]              # per sigma: the extensions' samples (n0 included)
+    by_extension: Dict[Tuple[float, float, str], Tuple[int, float]] = None   # (sigma, radius, role): images, samples
+
+
+def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, continued: bool = True,
+                  decide: bool = True) -> RaceOutcome:
+    """The engine's race (race_sim.race_samples) with each extension's bookkeeping: an extension at radius k goes on
+    from where each image's row stopped to the look that decides k (`decide`). With `decide` off it settles every
+    radius up to max(k, the image's largest), and with `continued` off too it reruns the image from its first
+    sample (n0 selection samples included), with the same rows."""
+    order = sorted(sims)
+    initial = {s: sims[s].samples() for s in order}
+    samples = dict(initial)
+    first = {}
+    for s in order:
+        radius, used, *_ = sims[s].run(sims[s].first)
+        first[s] = samples_by_reason(sims[s].rule, sims[s].first, radius, used, n0)
+    largest = {s: np.full(len(sims[s].correct), sims[s].radii.index(max(sims[s].first))) for s in order}
+    by_extension: Dict[Tuple[float, float, str], Tuple[int, float]] = {}
+    asked = []
+
+    def extend(ext) -> None:
+        sim = sims[ext.contender]
+        images = np.asarray(ext.images, dtype=np.int64)
+        before = sim.samples()
+        if not (continued or decide):   # a rerun from the first sample draws n0 and the earlier samples again
+            before -= float(sim.latest["used"][images].sum()) + n0 * len(images)
+        if decide:
+            sim.decide(images, ext.k)
+        else:                           # a rerun never settles less than the row it replaces
+            targets = np.maximum(ext.k, largest[ext.contender][images])
+            for top in np.unique(targets):
+                sim.settle(images[targets == top], prefix(sim.radii, int(top)))
+            largest[ext.contender][images] = targets
+        spent = sim.samples() - before
+        samples[ext.contender] += spent
+        key = (ext.contender, sim.radii[ext.k], ext.role)
+        count, earlier = by_extension.get(key, (0, 0.0))
+        by_extension[key] = (count + len(ext.images), earlier + spent)
+        asked.append(ext)
+
+    race_samples(sims, tolerance, extend)
+    rows = {s: sims[s].rows() for s in order}
+    cells = np.array([max(int((rows[s].correct & (rows[s].radius >= r)).sum()) for s in order)
+                      for r in sims[order[0]].radii])
+    extended = {s: samples[s] - initial[s] for s in order}
+    return RaceOutcome(samples, cells, len(asked), first, extended, by_extension)

@@ -31,7 +31,7 @@ TERM_AT = os.environ.get("DIFFSMOOTH_TEST_TERM_AT")
 OPTION_ON_RANK = os.environ.get("DIFFSMOOTH_TEST_OPTION_ON_RANK")
 meetings = [0]
 batches = [0]
-_batch = scheduler.Scheduler._shared_batch
+_batch = scheduler.Scheduler._step
 _run_shared = scheduler.Scheduler._run_shared
 
 
@@ -44,6 +44,8 @@ def _at(planted, rank: int, count: int) -> bool:
 
 
 def _failing_batch(self, *args):
+    if self.blocks is None:             # a run in one process: no meeting to fail at
+        return _batch(self, *args)
     batches[0] += 1
     if _at(RAISE_AT, self.blocks.rank, batches[0]):
         raise RuntimeError("planted failure on this rank")
@@ -56,7 +58,7 @@ def _failing_run(self, *args):
     return _run_shared(self, *args)
 
 
-scheduler.Scheduler._shared_batch = _failing_batch
+scheduler.Scheduler._step = _failing_batch
 scheduler.Scheduler._run_shared = _failing_run
 if OPTION_ON_RANK and os.environ.get("RANK") == OPTION_ON_RANK.split(":", 1)[0]:
     option, value = OPTION_ON_RANK.split(":", 1)[1].split("=", 1)

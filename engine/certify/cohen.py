@@ -86,11 +86,7 @@ def certified_radius(n_a: int, n: int, alpha: float, sigma: float) -> Optional[f
 
 def top_class(counts: Sequence[int]) -> int:
     """Index of the largest count; the first maximum wins ties (numpy/torch argmax order)."""
-    best = 0
-    for i, c in enumerate(counts):
-        if c > counts[best]:
-            best = i
-    return best
+    return int(np.argmax(counts))
 
 
 def certify_from_counts(selection: Sequence[int], estimation: Sequence[int],

@@ -397,23 +397,14 @@ class Scheduler:
                     return True
             return False
 
+        def complete(rows: BatchRows, votes, finite) -> None:
+            nonlocal mark
+            mark = self._complete(rows, votes, finite, active, on_finish, mark)
+
         lanes.begin()
         try:
-            while True:
-                with lanes.producer():          # the batch's keys are copied on the lane that reads them first
-                    rows = self._plan(active, admit)
-                    if rows is not None:
-                        h = self._produce(rows)
-                        in_flight.append((rows, h, lanes.handoff(_tensors(h) + rows.tensors())))
-                if not in_flight:
-                    break
-                if rows is not None and len(in_flight) < depth:
-                    continue
-                rows, h, token = in_flight.popleft()
-                with lanes.consumer():
-                    lanes.accept(token, _tensors(h) + rows.tensors())
-                    votes, finite = self._count(h, rows)
-                    mark = self._complete(rows, votes, finite, active, on_finish, mark)
+            while self._step(active, in_flight, depth, admit, complete):
+                pass
         finally:
             lanes.end()
         self.stats.stopped = bool(stop())
@@ -464,7 +455,8 @@ class Scheduler:
                             exhausted = True
                         elif self._admit(work, active, on_finish):
                             joined.append(Identity.of(work.index, work.image, work.recipe))
-                    self._shared_batch(active, in_flight, depth)
+                    self._step(active, in_flight, depth, lambda: False,
+                               lambda rows, votes, finite: self._book(rows, votes, finite, active))
                 except Exception as exc:        # noqa: BLE001 - re-raised after the meeting, on every rank
                     failure = failure or exc
                 done_slots = []
@@ -493,20 +485,25 @@ class Scheduler:
         self.stats.stopped = bool(stopping)
         return self.stats
 
-    def _shared_batch(self, active: Dict[int, _Slot], in_flight: Deque, depth: int) -> None:
-        """Under torchrun: plan and produce this rank's next batch, and count the oldest batch in flight."""
+    def _step(self, active: Dict[int, _Slot], in_flight: Deque, depth: int, admit: Callable[[], bool],
+              book: Callable) -> bool:
+        """Plan and produce the next batch (admitting images through `admit`; the batch's keys are copied on the
+        lane that reads them first), and count the oldest batch in flight once `depth` are, or when nothing new
+        was planned: `book(rows, votes, finite)` takes it. Whether anything was planned or counted."""
         lanes = self.voter.lanes
         with lanes.producer():
-            rows = self._plan(active, lambda: False)
+            rows = self._plan(active, admit)
             if rows is not None:
                 h = self._produce(rows)
                 in_flight.append((rows, h, lanes.handoff(_tensors(h) + rows.tensors())))
-        if in_flight and (rows is None or len(in_flight) >= depth):
+        if not in_flight:
+            return False
+        if rows is None or len(in_flight) >= depth:
             done, h, token = in_flight.popleft()
             with lanes.consumer():
                 lanes.accept(token, _tensors(h) + done.tensors())
-                votes, finite = self._count(h, done)
-                self._book(done, votes, finite, active)
+                book(done, *self._count(h, done))
+        return True
 
     def _refuse_on_failure(self, failed: bool, failure: Optional[BaseException]) -> None:
         """A rank failed: it raises its own error, every other rank the failing rank's line."""

@@ -97,21 +97,17 @@ def confidence_bounds(successes, trials, alpha: float) -> Tuple[np.ndarray, np.n
     log_norm = betaln(PRIOR_A + s, PRIOR_B + f) - betaln(PRIOR_A, PRIOR_B)
     level = np.log(1.0 / alpha)
     p_hat = s / t                                   # log M is smallest (<= 0) here
-    # lower end: on [0, p_hat] log M decreases from +inf (s > 0) to <= 0
-    lo, hi = np.zeros_like(p_hat), p_hat.copy()
-    for _ in range(_BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        out = _log_mixture(mid, s, f, log_norm) >= level
-        lo, hi = np.where(out, mid, lo), np.where(out, hi, mid)
-    lower = np.where(s > 0, lo, 0.0)
-    # upper end: on [p_hat, 1] log M increases from <= 0 to +inf (f > 0)
-    lo, hi = p_hat.copy(), np.ones_like(p_hat)
-    for _ in range(_BISECTIONS):
-        mid = 0.5 * (lo + hi)
-        out = _log_mixture(mid, s, f, log_norm) >= level
-        lo, hi = np.where(out, lo, mid), np.where(out, mid, hi)
-    upper = np.where(f > 0, hi, 1.0)
-    return lower, upper
+
+    def bisect(lo, hi, falling: bool):
+        """The bracket's outer end where log M crosses `level` (falling: on [0, p_hat], else on [p_hat, 1])."""
+        for _ in range(_BISECTIONS):
+            mid = 0.5 * (lo + hi)
+            out = (_log_mixture(mid, s, f, log_norm) >= level) == falling
+            lo, hi = np.where(out, mid, lo), np.where(out, hi, mid)
+        return lo if falling else hi
+    # lower end: on [0, p_hat] log M decreases from +inf (s > 0) to <= 0; upper: on [p_hat, 1] it increases to +inf (f > 0)
+    return (np.where(s > 0, bisect(np.zeros_like(p_hat), p_hat.copy(), True), 0.0),
+            np.where(f > 0, bisect(p_hat.copy(), np.ones_like(p_hat), False), 1.0))
 
 
 def look_schedule(n_max: int, first: int = FIRST_LOOK, growth: float = GROWTH,

@@ -23,10 +23,7 @@ def _pairs(rows) -> List[tuple]:
 
 def certified_accuracy(rows, radius: float) -> float:
     """Fraction of all rows certified correct with radius >= `radius`."""
-    pairs = _pairs(rows)
-    if not pairs:
-        return float("nan")
-    return sum(1 for rad, ok in pairs if ok == 1 and rad >= radius) / len(pairs)
+    return certified_count(rows, radius) / len(rows) if len(rows) else float("nan")
 
 
 def certified_count(rows, radius: float) -> int:

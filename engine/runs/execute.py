@@ -38,9 +38,9 @@ def build_voter(run: ResolvedRun, log: Callable[[str], None], model_set: Optiona
         common = dict(backend=r.backend, device=run.device, precision=precision, onnx_dir=r.onnx_dir, fast=fast,
                       models=models, log=log, batch=run.batch, model_set=model_set)
         if run.is_sweep:
-            return build_sweep_stages(run.configurations, run.classifier_paths, run.sources, run.image_shape,
+            return build_sweep_stages(run.configurations, run.classifier_paths, run.sources, tuple(run.dataset.image_shape),
                                       run.dataset.num_classes, **common)
-        return build_stages(run.configurations[0].config, run.sources, run.image_shape, run.dataset.num_classes,
+        return build_stages(run.configurations[0].config, run.sources, tuple(run.dataset.image_shape), run.dataset.num_classes,
                             **common)
 
     check = (stage_backend(r.backend).runs_modules and (run.fast.changes_arithmetic or r.precision != "fp32")

@@ -16,7 +16,6 @@ import torch
 
 from diffsmooth.engine.base_classifier.configurations import Configuration, configurations
 from diffsmooth.engine.base_classifier.diffusers_denoise import check_sigma
-from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.models import shipped
@@ -65,10 +64,6 @@ class ResolvedRun:
         return self.request.is_sweep
 
     @property
-    def sequential(self) -> Optional[SequentialRule]:
-        return self.request.sequential
-
-    @property
     def sigma(self) -> float:
         return self.request.sigma
 
@@ -79,10 +74,6 @@ class ResolvedRun:
     @property
     def progress(self) -> bool:
         return not self.request.quiet
-
-    @property
-    def image_shape(self) -> Tuple[int, ...]:
-        return tuple(self.dataset.image_shape)
 
     def result_files(self) -> Dict[Configuration, Path]:
         """Where each configuration's rows go: the result file, or one file per configuration in the sweep folder."""

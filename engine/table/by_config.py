@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from diffsmooth.engine.base_classifier.methods import method_named, method_names
 from diffsmooth.engine.runs.analyze import average_certified_radius
-from diffsmooth.engine.table.report import LineRows, certified, tex_text
+from diffsmooth.engine.table.report import LineRows, certified, md_table, tex_text
 
 ACR_DECIMALS = 3                # ACR is printed, and compared for the bold, at this precision
 
@@ -156,8 +156,7 @@ def by_config_markdown(rows: Sequence[ConfigRow], radii: Sequence[float], captio
     has = _columns(rows)
     head = (["group"] if has["group"] else []) + ["line", "sigma"] + (["sigma'", "m"] if has["local"] else []) \
         + (["classifier"] if has["classifier"] else []) + (["ACR"] if has["acr"] else []) + [f"r = {r:g}" for r in radii]
-    lines = [caption, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(_cells(row, has, markdown_text, lambda v: f"**{v}**")) + " |" for row in rows]
+    lines = [caption, ""] + md_table(head, (_cells(row, has, markdown_text, lambda v: f"**{v}**") for row in rows))
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from diffsmooth.engine.certify.sequential import SequentialRule
 from diffsmooth.engine.runs.simulation import simulate_sequential
 from diffsmooth.engine.table.race import initial_radii, tolerance_images
-from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, simulate_race
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, race_samples
 
 SEEDS = 20
 ABSTAIN_RATE = 0.45                 # a row that drew no estimation sample (stopped at n0)
@@ -112,9 +112,9 @@ def predict_race(pilot_rows: Dict[float, List[dict]], radii: Sequence[float], im
     for _ in range(seeds):
         sims = {s: SimulatedSigma(s, posterior_rates(top[s][pick], drawn[s][pick], rng), correct[s][pick], rule, rng,
                                   initial_radii(radii, s)) for s in sigmas}
-        outcome = simulate_race(sims, tolerance_images(tolerance_points, images), n0)
+        samples = race_samples(sims, tolerance_images(tolerance_points, images))
         for s in sigmas:
-            totals[s].append(outcome.samples[s] + images * n0)
+            totals[s].append(samples[s] + images * n0)
     return {s: float(np.mean(v)) for s, v in totals.items()}
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from diffsmooth.engine.runs.analyze import clopper_pearson
-from diffsmooth.engine.table.report import Cell, tex_text
+from diffsmooth.engine.table.report import Cell, md_table, tex_text
 from diffsmooth.engine.table.rerun_cells import (
     DRAWS,
     LEVEL,
@@ -231,18 +231,16 @@ def markdown(published: Sequence[PublishedRow], compared: Dict[str, List[Compari
     rows = [row for row in published if row.name in compared]
     shown = [r for r in radii if any(c.radius == r for row in rows for c in compared[row.name])]
     with_acr = any(row.acr is not None for row in rows)
-    lines = ["", _caption(compared, shifts, sequential), "",
-             "| paper's row (lines) | " + " | ".join(f"r = {r:g}" for r in shown) + (" | ACR (measured / paper)"
-                                                                                      if with_acr else "") + " |",
-             "|" + "---|" * (len(shown) + 1 + with_acr)]
+    cells = []
     for row in rows:
         by_radius = {c.radius: c for c in compared[row.name]}
         name = row.name if list(row.lines) == [row.name] else f"{row.name} ({'; '.join(row.lines)})"
-        cells = [_cell_md(by_radius[r]) if r in by_radius else "" for r in shown]
+        cells.append([name] + [_cell_md(by_radius[r]) if r in by_radius else "" for r in shown])
         if with_acr:
             mine = measured_acr(row, acr)
-            cells.append(f"{'-' if mine is None else f'{mine:.3f}'} / {'-' if row.acr is None else f'{row.acr:.3f}'}")
-        lines.append("| " + " | ".join([name] + cells) + " |")
+            cells[-1].append(f"{'-' if mine is None else f'{mine:.3f}'} / {'-' if row.acr is None else f'{row.acr:.3f}'}")
+    head = ["paper's row (lines)"] + [f"r = {r:g}" for r in shown] + (["ACR (measured / paper)"] if with_acr else [])
+    lines = ["", _caption(compared, shifts, sequential), ""] + md_table(head, cells)
     if shifts is not None:
         lines += _shift_md(rows, shifts)
     return "\n".join(lines) + "\n"

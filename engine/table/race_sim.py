@@ -7,7 +7,7 @@ measurement: vote rates per image and sigma are given (from measured rows or a p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class SimulatedSigma:
         images = len(rates)                             # each image's latest row, and how it was run
         self.latest = {"radius": np.zeros(images), "used": np.zeros(images), "top": np.zeros(images),
                        "upper": np.ones(images), "decided": np.zeros((images, len(self.radii)), dtype=bool),
-                       **{key: np.full(images, -1, dtype=np.int64) for key in ("prefix_to", "decided_at", "largest")}}
+                       **{key: np.full(images, -1, dtype=np.int64) for key in ("prefix_to", "decided_at")}}
         self.first = tuple(first)
         self.settle(np.arange(images), self.first)
 
@@ -88,7 +88,6 @@ class SimulatedSigma:
         """The images' latest rows become those of a run settling `radii` from the first sample."""
         images = np.asarray(images, dtype=np.int64)
         self._move(images, tuple(values[images] for values in self.run(tuple(radii))), settled_prefix(self.radii, radii), -1)
-        self.latest["largest"][images] = self.radii.index(max(radii))
 
     def decide(self, images: np.ndarray, k: int) -> None:
         """The images go on from their latest rows with the rule that decides radius index k (the race's
@@ -110,78 +109,17 @@ class SimulatedSigma:
         return float(self.latest["used"].sum())
 
 
-STOP_REASONS = ("certified", "ruled out", "n-max", "wrong class")
-
-
-def stop_reasons(rule: SequentialRule, settled: Sequence[float], radius: np.ndarray, used: np.ndarray) -> np.ndarray:
-    """Why each image's run stopped: 'certified' (every radius it settles), 'n-max', 'wrong class' (after
-    the selection, no estimation sample: the wrong-class stop), else 'ruled out' (its upper bound or the
-    futility stop gave up on a radius)."""
-    certified = radius >= max(settled)
-    if max(settled) == 0:
-        certified = radius > 0
-    return np.where(certified, "certified", np.where(used >= rule.n_max, "n-max",
-                                                     np.where(used == 0, "wrong class", "ruled out")))
-
-
-def samples_by_reason(rule: SequentialRule, settled: Sequence[float], radius, used, n0: int) -> Dict[str, float]:
-    """Samples (n0 included) of a run's images, by why each stopped."""
-    reasons = stop_reasons(rule, settled, np.asarray(radius), np.asarray(used))
-    return {reason: float(np.sum(np.asarray(used)[reasons == reason] + n0)) for reason in STOP_REASONS}
-
-
-@dataclass(frozen=True)
-class RaceOutcome:
-    samples: Dict[float, float]      # per sigma: first runs' estimation samples, extensions' n0 + estimation samples
-    cells: np.ndarray                # certified images per radius
-    extensions: int                  # extension runs the race asked for
-    first: Dict[float, Dict[str, float]]      # per sigma: the first runs' samples (n0 included) by why they stopped
-    extended: Dict[float, float]              # per sigma: the extensions' samples (n0 included)
-    by_extension: Dict[Tuple[float, float, str], Tuple[int, float]] = None   # (sigma, radius, role): images, samples
-
-
-def simulate_race(sims: Dict[float, SimulatedSigma], tolerance: int, n0: int, continued: bool = True,
-                  decide: bool = True) -> RaceOutcome:
-    """Run the race to the end on simulated rows, as the table runs it: an extension at radius k goes on
-    from where each image's row stopped (the rows' states) to the look that decides k (`decide`). With
-    `decide` off it settles every radius up to max(k, the image's largest), and with `continued` off too
-    it reruns the image from its first sample (n0 selection samples included), with the same rows."""
+def race_samples(sims: Dict[float, SimulatedSigma], tolerance: int, extend: Optional[Callable] = None) -> Dict[float, float]:
+    """Run the race to the end on simulated rows, as the table runs it: an extension at radius k goes on from
+    where each image's row stopped (the rows' states) to the look that decides k; `extend(extension)` replaces
+    that step (the studies' variants, studies/replay.py). Each sigma's estimation samples at the end."""
     order = sorted(sims)
     rules = {s: sims[s].rule for s in order}
-    initial = {s: sims[s].samples() for s in order}
-    samples = dict(initial)
-    first = {}
-    for s in order:
-        settled = sims[s].first
-        radius, used, *_ = sims[s].run(settled)
-        first[s] = samples_by_reason(sims[s].rule, settled, radius, used, n0)
-    extensions = 0
     history = []
-    by_extension: Dict[Tuple[float, float, str], Tuple[int, float]] = {}
-    while True:
-        ext = next_extension(rules, {s: sims[s].rows() for s in order}, tolerance, order, history)
-        if ext is None:
-            break
-        sim = sims[ext.contender]
-        images = np.asarray(ext.images, dtype=np.int64)
-        before = sim.samples()
-        if not (continued or decide):   # a rerun from the first sample draws n0 and the earlier samples again
-            before -= float(sim.latest["used"][images].sum()) + n0 * len(images)
-        if decide:
-            sim.decide(images, ext.k)
-        else:                           # a rerun never settles less than the row it replaces
-            targets = np.maximum(ext.k, sim.latest["largest"][images])
-            for top in np.unique(targets):
-                sim.settle(images[targets == top], prefix(sim.radii, int(top)))
-        spent = sim.samples() - before
-        samples[ext.contender] += spent
-        key = (ext.contender, sim.radii[ext.k], ext.role)
-        images, earlier = by_extension.get(key, (0, 0.0))
-        by_extension[key] = (images + len(ext.images), earlier + spent)
-        extensions += 1
+    while (ext := next_extension(rules, {s: sims[s].rows() for s in order}, tolerance, order, history)) is not None:
+        if extend is None:
+            sims[ext.contender].decide(np.asarray(ext.images, dtype=np.int64), ext.k)
+        else:
+            extend(ext)
         history.append((ext.contender, ext.k))
-    rows = {s: sims[s].rows() for s in order}
-    cells = np.array([max(int((rows[s].correct & (rows[s].radius >= r)).sum()) for s in order)
-                      for r in sims[order[0]].radii])
-    extended = {s: samples[s] - initial[s] for s in order}
-    return RaceOutcome(samples, cells, extensions, first, extended, by_extension)
+    return {s: sims[s].samples() for s in order}

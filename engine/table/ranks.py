@@ -71,10 +71,7 @@ class Ranks:
         """A UserError on every rank unless every rank holds the same `value` (`what` names it)."""
         if not self.distributed:
             return
-        import torch.distributed as dist
-        values = [None] * self.count
-        with answered():
-            dist.all_gather_object(values, value)
+        values = self.gather(value)
         others = sorted({str(v) for v in values if v != values[0]})
         if others:
             raise UserError(f"the ranks see different {what} (rank 0: {values[0]}; another: {others[0]}): start every "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 from diffsmooth.engine.runs.analyze import average_certified_radius, clopper_pearson
 
@@ -72,28 +72,27 @@ def _bold_columns(table: Dict[str, List[Cell]], radii: Sequence[float]) -> List[
     return [max(cells[k].certified for cells in table.values()) for k in range(len(radii))]
 
 
+def md_table(head: Sequence[str], rows: Iterable[Sequence[str]]) -> List[str]:
+    """A markdown table's lines: the header, its rule, a line per row (each a list of cell texts)."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(row) + " |" for row in rows]
+
+
 def markdown(table: Dict[str, List[Cell]], acr: Dict[str, Optional[float]], radii: Sequence[float], text: str,
              gaps: Optional[Dict[str, List[float]]] = None) -> str:
     best = _bold_columns(table, radii)
     with_acr = any(v is not None for v in acr.values())
-    head = ["method"] + [f"r = {r:g}" for r in radii] + (["ACR"] if with_acr else [])
-    lines = [text, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, cells in table.items():
-        values = [f"**{100 * c.accuracy:.1f}**" if c.certified == best[k] else f"{100 * c.accuracy:.1f}"
-                  for k, c in enumerate(cells)]
-        tail = [f"{acr[name]:.3f}"] if with_acr else []
-        lines.append("| " + " | ".join([name] + values + tail) + " |")
+    by_radius = ["method"] + [f"r = {r:g}" for r in radii]
+    lines = [text, ""] + md_table(by_radius + (["ACR"] if with_acr else []), [
+        [name] + [f"**{100 * c.accuracy:.1f}**" if c.certified == best[k] else f"{100 * c.accuracy:.1f}"
+                  for k, c in enumerate(cells)] + ([f"{acr[name]:.3f}"] if with_acr else [])
+        for name, cells in table.items()])
     lines += ["", "Where each cell comes from (sigma, and the configuration where a line sweeps several; - : no "
-              "image certified):", "",
-              "| method | " + " | ".join(f"r = {r:g}" for r in radii) + " |", "|" + "---|" * (len(radii) + 1)]
-    for name, cells in table.items():
-        lines.append("| " + " | ".join([name] + [_source(c) for c in cells]) + " |")
+              "image certified):", ""] + md_table(by_radius, [[name] + [_source(c) for c in cells]
+                                                             for name, cells in table.items()])
     if gaps:
         lines += ["", "The most each cell can be below `--plan all`'s (points; deterministic: images still undecided "
-                  "for a sigma that could win the cell):", "",
-                  "| method | " + " | ".join(f"r = {r:g}" for r in radii) + " |", "|" + "---|" * (len(radii) + 1)]
-        for name, line_gaps in gaps.items():
-            lines.append("| " + " | ".join([name] + [f"{g:.1f}" for g in line_gaps]) + " |")
+                  "for a sigma that could win the cell):", ""] + md_table(
+            by_radius, [[name] + [f"{g:.1f}" for g in line_gaps] for name, line_gaps in gaps.items()])
     return "\n".join(lines) + "\n"
 
 

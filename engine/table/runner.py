@@ -111,8 +111,8 @@ class PhaseRunner:
         starts = [ordered_starts(p, [c.name for c in r.result_files()]) for p, r in zip(phases, runs)]
         common = set.intersection(*(set(s) for s in starts))
         jobs = Jobs.of(run.request, starts={i: [state for s in starts for state in s[i]] for i in common},
-                       keep_states=self.keep_states and run.sequential is not None,
-                       stop_wrong_class=run.sequential is not None)
+                       keep_states=self.keep_states and run.request.sequential is not None,
+                       stop_wrong_class=run.request.sequential is not None)
         start = time.perf_counter()
 
         def stopped(message: str) -> TableInterrupted:

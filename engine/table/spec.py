@@ -400,9 +400,7 @@ def check_requests(spec: TableSpec, where: str = "spec") -> None:
         for sigma in spec.sigmas:
             try:
                 RunRequest.parse("certify", out="table-check.tsv", **spec.request_options(line, sigma))
-            except UserError as exc:
-                raise UserError(f"{where}: line {line.name!r} at sigma {sigma:g}: {exc}") from None
-            except TypeError as exc:            # a value of a type no option takes
+            except (UserError, TypeError) as exc:       # TypeError: a value of a type no option takes
                 raise UserError(f"{where}: line {line.name!r} at sigma {sigma:g}: {exc}") from None
 
 

@@ -260,7 +260,7 @@ def test_the_simulated_race_going_on_from_rows_draws_fewer_samples_for_the_same_
     """On the same paths: extensions that settle every radius up to the one asked give the same rows going
     on from the rows' states as rerun from the first sample, for fewer samples; extensions that decide
     only the radius asked (the table's) keep `all`'s cells (tolerance 0) for fewer samples still."""
-    from diffsmooth.engine.table.race_sim import simulate_race
+    from studies.replay import simulate_race
 
     rng = np.random.default_rng(8)
     images = 200

@@ -23,8 +23,9 @@ from diffsmooth.engine.runs.row_states import append_state, states_path
 from diffsmooth.engine.table import race_build, race_sim
 from diffsmooth.engine.table.race import Rows, cell_status, initial_radii
 from diffsmooth.engine.table.race_build import LineRace, decides, run_race
-from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma, simulate_race
+from diffsmooth.engine.table.race_sim import RaceRule, SimulatedSigma
 from diffsmooth.engine.table.spec import LineSpec, TableSpec
+from studies.replay import simulate_race
 
 N0, LABEL, CLASSES = 100, 3, 10
 RADII = tuple(round(0.25 * i, 2) for i in range(9))         # 0, 0.25, ..., 2.0
