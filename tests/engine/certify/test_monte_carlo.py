@@ -186,7 +186,7 @@ def test_bad_shapes_and_parameters_are_user_errors():
     for kwargs, msg in (({"sigma": 0}, "sigma must be > 0"), ({"m": 0}, "setting m must be 1..1024"),
                         ({"local_sigma": -0.1}, "setting local_sigma must be >= 0"),
                         ({"local_noise": "x"}, "setting local_noise must be one of")):
-        args = dict(method="diffsmooth", sigma=0.5)
+        args = dict(name="diffsmooth", sigma=0.5)
         args.update(kwargs)
         with pytest.raises(UserError, match=msg):
             MethodConfig(**args)
