@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import click
@@ -121,18 +122,12 @@ def bench(**kw):
     _check_choices(kw["precisions"], RUN_PRECISIONS, "--precision")
     if kw["plot"] and not kw["sweep"]:
         raise click.BadParameter("--plot draws the sweep: add --sweep", param_hint="--plot")
-    settings = BenchSettings(
-        models=kw["models"], method=kw["method"], sigma=kw["sigma"], n0=kw["n0"], n=kw["n"], m=kw["m"],
-        local_sigma=kw["local_sigma"], local_noise=kw["local_noise"], method_options=kw["method_options"],
-        batch=kw["batch"],
-        backends=kw["backends"] or ("torch",), precisions=kw["precisions"] or ("fp32",), device=kw["device"],
-        images=kw["images"], measure_n=kw["measure_n"], reference=not kw["no_reference"],
-        reference_batch=kw["reference_batch"], compare=kw["compare"], peak_tflops=kw["peak_tflops"],
-        sweep=kw["sweep"], sweep_batches=kw["sweep_batches"], sweep_ms=kw["sweep_ms"], sweep_n=kw["sweep_n"],
-        plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"],
-        arch=kw["arch"], denoiser=kw["denoiser"], scheduler=kw["scheduler"], profile=kw["profile"],
-        asked_fast_path=AskedFastPath(**{name: kw[name] for name in ASKED}), variants=parse_variants(kw["variants"] or ""),
-        deadline_s=kw["deadline_s"])
+    given = {f.name: kw[f.name] for f in fields(BenchSettings) if f.name in kw}     # the options named as the fields
+    settings = BenchSettings(**{
+        **given, "backends": kw["backends"] or ("torch",), "precisions": kw["precisions"] or ("fp32",),
+        "reference": not kw["no_reference"], "progress": not kw["quiet"],
+        "asked_fast_path": AskedFastPath(**{name: kw[name] for name in ASKED}),
+        "variants": parse_variants(kw["variants"] or "")})
     appended = []
 
     def append(line):                                 # each run's line as it finishes: a step cut off keeps them
