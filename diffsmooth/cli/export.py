@@ -15,7 +15,7 @@ from diffsmooth.engine.runs.assemble import (
     load_denoiser_from,
 )
 from diffsmooth.engine.runs.sources import ModelOptions, default_image_shape, resolve_sources
-from diffsmooth.export import plan_check
+from diffsmooth.export import plan_check, trt_build
 from diffsmooth.export.onnx_export import checkpoint_source, export_models
 from diffsmooth.export.validate import validate_graphs
 
@@ -77,7 +77,7 @@ def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, 
     if den_model is None and cls_model is None:
         raise UserError(f"nothing to export: method {config.name} uses no denoiser; give --classifier "
                         "(or --also-unet to export the UNet alone)")
-    target = plan_check.trt_target(device) if trt else None      # fail before exporting, not after
+    target = trt_build.current_target(device) if trt else None      # fail before exporting, not after
     graphs = export_models(config, shape, out, denoiser=den_model, classifier=cls_model, fp16=fp16,
                            also_unet=also_unet, denoiser_source=den_src, classifier_source=cls_src,
                            preset=sources.preset)

@@ -292,10 +292,6 @@ def _load_split(data_dir: str, split: str, limit: Optional[int]):
     return load_arrays(ds, idx)
 
 
-def classifier_file(noise_sigma: float) -> str:
-    return demo_classifier_name(noise_sigma)
-
-
 def _train_job(job: dict) -> tuple[str, dict]:
     """Train and save one demo model (runs in a worker process or inline); returns (file, manifest entry)."""
 
@@ -330,7 +326,7 @@ def _train_job(job: dict) -> tuple[str, dict]:
     recipe = ClassifierTraining(epochs=budget.classifier_epochs if s > 0 else budget.clean_classifier_epochs,
                                 steps=budget.classifier_steps, batch_size=budget.classifier_batch_size, seed=job["seed"])
     res = train_classifier(x_train, y_train, s, recipe, progress=job["progress"])
-    name = classifier_file(s)
+    name = demo_classifier_name(s)
     save_cohen_checkpoint(out / name, res.model, CLASSIFIER_ARCH,
                           epoch=int(math.ceil(res.settings["epochs"])), noise_sd=s,
                           dataset="fashion-mnist", normalization="normalize")
@@ -348,7 +344,7 @@ def _jobs(seed: int) -> list[dict]:
     sigma of CLASSIFIER_SIGMAS (seed `seed + 1 + its index`: the list is append-only), then the
     diffusers DDPM (seed `seed + DDPM_SEED_OFFSET`)."""
     return [dict(name="demo_unet.pt", kind="denoiser", seed=seed)] + [
-        dict(name=classifier_file(s), kind="classifier", sigma=s, seed=seed + 1 + i)
+        dict(name=demo_classifier_name(s), kind="classifier", sigma=s, seed=seed + 1 + i)
         for i, s in enumerate(CLASSIFIER_SIGMAS)] + [
         dict(name=DDPM_FOLDER, kind="diffusers-denoiser", seed=seed + DDPM_SEED_OFFSET)]
 
@@ -509,17 +505,17 @@ def _evaluate(models: dict, out: Path, data: _EvaluationData, log: Callable[[str
     schedule = PRESET_SCHEDULES["demo"]
     unet_path = out / "demo_unet.pt"
     for s in CLASSIFIER_SIGMAS:
-        if classifier_file(s) not in models:
+        if demo_classifier_name(s) not in models:
             continue
-        clf = load_classifier(out / classifier_file(s), dataset="fashion-mnist")
-        models[classifier_file(s)]["metrics"] = dict(
+        clf = load_classifier(out / demo_classifier_name(s), dataset="fashion-mnist")
+        models[demo_classifier_name(s)]["metrics"] = dict(
             test_clean_accuracy=classifier_accuracy(clf, x_test, y_test),
             test_noisy_accuracy=classifier_accuracy(clf, x_test, y_test, s) if s > 0 else None,
             embedded_clean_accuracy=classifier_accuracy(clf, x_sub, y_sub),
             embedded_noisy_accuracy=classifier_accuracy(clf, x_sub, y_sub, s) if s > 0 else None)
-        log(f"classifier s{s:.2f}: {models[classifier_file(s)]['metrics']}")
+        log(f"classifier s{s:.2f}: {models[demo_classifier_name(s)]['metrics']}")
     if "demo_unet.pt" in models:
-        clean = load_classifier(out / classifier_file(0.0), dataset="fashion-mnist")
+        clean = load_classifier(out / demo_classifier_name(0.0), dataset="fashion-mnist")
         denoiser = DiffusionDenoiser(load_unet(unet_path, "demo"), schedule)
         dmetrics = {}
         for s in DENOISE_EVAL_SIGMAS:
@@ -580,7 +576,7 @@ def _new_manifest(training: DemoTraining, out: Path, command: Optional[str], dat
 def _ddpm_metrics(out: Path, x_sub, y_sub, x_test, y_test) -> dict:
     """The diffusers denoiser's one-shot MSE and one-sample DDS accuracy (s0.00 classifier) at each sigma of
     DDPM_EVAL_SIGMAS, read back with load_denoiser, beside the demo UNet's on the same noise."""
-    clean = load_classifier(out / classifier_file(0.0), dataset="fashion-mnist")
+    clean = load_classifier(out / demo_classifier_name(0.0), dataset="fashion-mnist")
     ddpm = load_denoiser(out / DDPM_FOLDER)
     unet = DiffusionDenoiser(load_unet(out / "demo_unet.pt", "demo"), PRESET_SCHEDULES["demo"])
     metrics = {}

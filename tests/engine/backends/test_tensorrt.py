@@ -474,8 +474,8 @@ def test_cli_without_tensorrt_is_one_line_and_exit_2(tmp_path, no_tensorrt):
 
 
 def test_cli_build_engine_options_are_checked(tmp_path, monkeypatch):
-    from diffsmooth.export import plan_check
-    monkeypatch.setattr(plan_check, "trt_target", lambda device: H100)
+    from diffsmooth.export import trt_build
+    monkeypatch.setattr(trt_build, "current_target", lambda device: H100)
     _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx")
     r = _run(["build-engine", "--onnx-dir", tmp_path, "--batch", "100", "--max-batch", "10"])
     assert r.exit_code == 2 and "--max-batch: must be >= --batch (100), got 10" in r.output
