@@ -265,15 +265,6 @@ class _Skip(Exception):
     """A backend/precision combination that cannot run here; the message says why."""
 
 
-def _chunks(first: int, total: int, size: int):
-    """(start, size) pieces covering samples first..first+total-1."""
-    done = 0
-    while done < total:
-        step = min(size, total - done)
-        yield first + done, step
-        done += step
-
-
 @dataclass
 class _Timed:
     """What one measurement runs on: the timed pipeline and its clock, the baseline (or None), the samples
@@ -400,8 +391,8 @@ def _timed_images(timed: _Timed, model_set, images) -> Tuple[float, float, list,
                     synchronize(device)
                     t0 = time.perf_counter()
                     for phase, total in (("selection", timed.n0), ("estimation", timed.n)):
-                        for _, size in _chunks(0, total, timed.chunk):
-                            got = timed.reference.count(x, size, settings.reference_batch)
+                        for start in range(0, total, timed.chunk):
+                            got = timed.reference.count(x, min(timed.chunk, total - start), settings.reference_batch)
                             if phase == "estimation":
                                 ref_est += got
                     synchronize(device)

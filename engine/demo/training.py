@@ -292,6 +292,13 @@ def _load_split(data_dir: str, split: str, limit: Optional[int]):
     return load_arrays(ds, idx)
 
 
+def _trained(res: TrainResult, threads: Optional[int], **epochs) -> dict:
+    """A manifest entry's `parameters` and `training` (the recipe, then what the run did) of one trained model."""
+    return dict(parameters=sum(p.numel() for p in res.model.parameters()),
+                training=dict(res.settings, steps=res.steps, batch_size=res.batch_size, **epochs, threads=threads,
+                              final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
+
+
 def _train_job(job: dict) -> tuple[str, dict]:
     """Train and save one demo model (runs in a worker process or inline); returns (file, manifest entry)."""
 
@@ -306,10 +313,7 @@ def _train_job(job: dict) -> tuple[str, dict]:
         return DDPM_FOLDER, dict(
             kind="denoiser", format="diffusers pipeline folder (DDPMPipeline.save_pretrained: model_index.json, "
                                     "unet/ with safetensors weights, scheduler/), EMA weights",
-            parameters=sum(p.numel() for p in res.model.parameters()),
-            training=dict(res.settings, steps=res.steps, batch_size=res.batch_size,
-                          epochs=round(res.steps * res.batch_size / n, 4), threads=job["threads"],
-                          final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
+            **_trained(res, job["threads"], epochs=round(res.steps * res.batch_size / n, 4)))
     if job["kind"] == "denoiser":
         res = train_denoiser(x_train, DenoiserTraining(steps=budget.unet_steps, batch_size=budget.unet_batch_size,
                                                        seed=job["seed"]),
@@ -318,10 +322,7 @@ def _train_job(job: dict) -> tuple[str, dict]:
         return "demo_unet.pt", dict(
             kind="denoiser", format="plain UNet state dict (improved-diffusion layout), EMA weights",
             preset="demo", config=dataclasses.asdict(unet_config("demo")),
-            parameters=sum(p.numel() for p in res.model.parameters()),
-            training=dict(res.settings, steps=res.steps, batch_size=res.batch_size,
-                          epochs=round(res.steps * res.batch_size / n, 4), threads=job["threads"],
-                          final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
+            **_trained(res, job["threads"], epochs=round(res.steps * res.batch_size / n, 4)))
     s = job["sigma"]
     recipe = ClassifierTraining(epochs=budget.classifier_epochs if s > 0 else budget.clean_classifier_epochs,
                                 steps=budget.classifier_steps, batch_size=budget.classifier_batch_size, seed=job["seed"])
@@ -334,9 +335,7 @@ def _train_job(job: dict) -> tuple[str, dict]:
         kind="classifier", arch=CLASSIFIER_ARCH, noise_sigma=s, num_classes=10, in_channels=1,
         dataset_stats="fashion-mnist", normalization="normalize",
         format="Cohen-style dict {'arch', 'state_dict' (keys '1.'), 'epoch', 'noise_sd', ...}",
-        parameters=sum(p.numel() for p in res.model.parameters()),
-        training=dict(res.settings, steps=res.steps, batch_size=res.batch_size, threads=job["threads"],
-                      final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
+        **_trained(res, job["threads"]))
 
 
 def _jobs(seed: int) -> list[dict]:
