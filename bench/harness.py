@@ -673,18 +673,6 @@ def _measure_settings(settings: BenchSettings, model_set, images, doc: dict, wor
     return runs
 
 
-def json_lines(doc: dict) -> List[dict]:
-    """One self-contained record per run (machine + settings + run + timestamp) for --results."""
-    lines = []
-    for run in doc["runs"]:
-        lines.append({"schema": doc["schema"], "timestamp": doc["timestamp"], "machine": doc["machine"],
-                      "settings": doc["settings"], "run": run})
-    if doc.get("sweep"):
-        lines.append({"schema": doc["schema"], "timestamp": doc["timestamp"], "machine": doc["machine"],
-                      "settings": doc["settings"], "sweep": doc["sweep"]})
-    return lines
-
-
 def to_jsonable(obj):
     """numpy scalars/arrays and tuples to plain JSON types."""
     if isinstance(obj, dict):
