@@ -39,7 +39,7 @@ from diffsmooth.engine.demo.train_steps import (
     check_images,
     random_flip,
     sample_timesteps,
-    step_with_ema,
+    train_with_ema,
     warmup_cosine,
 )
 from diffsmooth.engine.errors import UserError
@@ -92,33 +92,17 @@ def train_denoiser(images: torch.Tensor, settings: DenoiserTraining = DenoiserTr
     gen = torch.Generator().manual_seed(seed)     # data order, flips, t and eps
     model = UNetModel(cfg).train()
     ema = UNetModel(cfg).eval()
-    ema.load_state_dict(model.state_dict())
-    for p in ema.parameters():
-        p.requires_grad_(False)
     abar = torch.from_numpy(schedule.alphas_cumprod).float()
     t_scale = 1000.0 / schedule.num_steps if schedule.rescale_timesteps else 1.0
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: warmup_cosine(s, steps, min(warmup, max(1, steps // 5)), floor=0.05))
-    losses: list[float] = []
-    start = time.perf_counter()
-    bar = tqdm(batches(images.shape[0], batch_size, steps, gen), total=steps, disable=not progress,
-               desc="denoiser", unit="step", mininterval=5.0, dynamic_ncols=True)
-    for n, idx in enumerate(bar):
-        x = images[idx]
-        if flip:
-            x = random_flip(x, gen)
-        x0 = 2.0 * x - 1.0
+
+    def loss_of(x0):
         t = sample_timesteps(x0.shape[0], schedule.num_steps, gen, focus, focus_prob)
         eps = torch.randn(x0.shape, generator=gen)
         a = abar[t][:, None, None, None]
         x_t = a.sqrt() * x0 + (1.0 - a).sqrt() * eps
-        loss = F.mse_loss(model(x_t, t.float() * t_scale), eps)
-        step_with_ema(model, ema, opt, sched, loss, n, grad_clip, ema_decay)
-        losses.append(loss.item())
-        if n % 10 == 0:
-            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-    bar.close()
+        return F.mse_loss(model(x_t, t.float() * t_scale), eps)
+    start = time.perf_counter()
+    losses = train_with_ema(model, ema, images, settings, gen, loss_of, "denoiser", progress)
     wall = time.perf_counter() - start
     settings = dict(optimizer="AdamW", lr=lr, weight_decay=weight_decay,
                     lr_schedule=f"linear warmup {min(warmup, max(1, steps // 5))} steps, cosine to 5%",
