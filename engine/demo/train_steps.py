@@ -1,7 +1,7 @@
 """The training steps the demo's denoisers and classifiers share: the result record, the LR schedule,
 batches, flips, the focused timestep draw, the optimiser step with EMA weights and the denoisers' loop around
-it (train_with_ema); and the settings of the
-engine UNet's and the classifiers' recipes (DenoiserTraining, ClassifierTraining: training.py's trainers).
+it (train_with_ema); and the settings of the engine UNet's and the classifiers' recipes (DenoiserTraining,
+ClassifierTraining: training.py's trainers).
 
 engine/demo/training.py (the engine's UNet and the classifiers) and engine/demo/diffusers_training.py
 (diffusers' UNet2DModel) both build on this module; neither imports the other's internals.
