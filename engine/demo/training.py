@@ -49,6 +49,7 @@ from diffsmooth.engine.models.checkpoints import load_classifier, load_unet, sav
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.models.shipped import DEMO_TRAINING_SIGMAS, demo_classifier_name, demo_sigmas_text
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel, unet_config
+from diffsmooth.engine.stages.manifests import write_json
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 CLASSIFIER_ARCH = "cifar_resnet20"
@@ -438,11 +439,7 @@ def train_demo(out_dir, training: DemoTraining = DemoTraining(), *, command: Opt
             equivalent_command=_equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=True),
             models=list(models), software=software, evaluation_wall_time_s=round(eval_wall, 1),
             total_wall_time_s=round(time.perf_counter() - t_all, 1)))
-    tmp = out / "MODELS.json.tmp"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, out / "MODELS.json")
+    write_json(out / "MODELS.json", manifest, indent=2)
     log(f"wrote {out / 'MODELS.json'} ({time.perf_counter() - t_all:.0f} s in all)")
     return manifest
 
