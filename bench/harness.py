@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import gc
-import math
 import sys
 import tempfile
 import time
@@ -28,8 +27,8 @@ from diffsmooth.engine.base_classifier.methods import MethodConfig, method_named
 from diffsmooth.engine.certify.cohen import certify_from_counts
 from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
-from diffsmooth.engine.choices import GRAPH_PRECISIONS, MAX_SEED
-from diffsmooth.engine.errors import UserError, first_line
+from diffsmooth.engine.choices import GRAPH_PRECISIONS
+from diffsmooth.engine.errors import first_line
 from diffsmooth.engine.runs.assemble import ModelSources
 from diffsmooth.engine.runs.fast_path import FastPath
 from diffsmooth.engine.runs.fast_path_options import FAST_PATH_OPTIONS, AskedFastPath
@@ -101,33 +100,17 @@ class BenchSettings:
     deadline_s: Optional[float] = None      # start no variant that would end past this many seconds
 
     def resolved(self) -> "BenchSettings":
-        """A copy with the model set's defaults filled in and the values checked."""
-        if self.models not in SET_SPECS:
-            raise UserError(f"unknown model set {self.models!r}: choose one of {', '.join(SET_SPECS)}")
+        """A copy with the model set's defaults filled in; the values were checked by `diffsmooth bench`'s option
+        types (diffsmooth/cli/param_types.py), the fast-path settings are checked here."""
         spec = SET_SPECS[self.models]
         cuda = str(self.device).startswith("cuda")
-        def given(value, default):              # 0 is refused below, not taken for "not given"
+        def given(value, default):              # 0 is refused by the option types, not taken for "not given"
             return default if value is None else value
         s = replace(self, n=given(self.n, spec["n"]), batch=given(self.batch, spec["batch_cuda" if cuda else "batch"]),
                     measure_n=given(self.measure_n, spec["measure_n_cuda" if cuda else "measure_n"]))
         batches, ms = SWEEP_DEFAULTS[self.models]
         s = replace(s, sweep_batches=tuple(self.sweep_batches or batches),
                     sweep_ms=tuple(self.sweep_ms or (ms if _takes_m(self.method) else (s.m,))))
-        for name in ("n0", "n", "batch", "images", "measure_n", "reference_batch", "m"):
-            if getattr(s, name) < 1:
-                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
-        if s.threads is not None and s.threads < 1:
-            raise UserError(f"--threads must be >= 1, got {s.threads}")
-        if s.sweep_n is not None and s.sweep_n < 1:
-            raise UserError(f"--sweep-n must be >= 1, got {s.sweep_n}")
-        if any(b < 1 for b in s.sweep_batches) or any(m < 1 for m in s.sweep_ms):
-            raise UserError("sweep batch sizes and m values must be >= 1")
-        if not (math.isfinite(s.sigma) and s.sigma > 0 and math.isfinite(s.local_sigma) and s.local_sigma >= 0):
-            raise UserError(f"--sigma must be finite and > 0, --local-sigma finite and >= 0; got {s.sigma}, {s.local_sigma}")
-        if not 0 <= s.seed <= MAX_SEED:
-            raise UserError(f"--seed must be in 0..{MAX_SEED}, got {s.seed}")
-        if s.deadline_s is not None and not (math.isfinite(s.deadline_s) and s.deadline_s > 0):
-            raise UserError(f"--deadline-s must be > 0, got {s.deadline_s}")
         s = replace(s, variants=parse_variants(s.variants))
         s.fast_path()                            # refuses settings that cannot go together, in one line
         for spec in s.variants:
@@ -282,15 +265,6 @@ class _Skip(Exception):
     """A backend/precision combination that cannot run here; the message says why."""
 
 
-def _chunks(first: int, total: int, size: int):
-    """(start, size) pieces covering samples first..first+total-1."""
-    done = 0
-    while done < total:
-        step = min(size, total - done)
-        yield first + done, step
-        done += step
-
-
 @dataclass
 class _Timed:
     """What one measurement runs on: the timed pipeline and its clock, the baseline (or None), the samples
@@ -417,8 +391,8 @@ def _timed_images(timed: _Timed, model_set, images) -> Tuple[float, float, list,
                     synchronize(device)
                     t0 = time.perf_counter()
                     for phase, total in (("selection", timed.n0), ("estimation", timed.n)):
-                        for _, size in _chunks(0, total, timed.chunk):
-                            got = timed.reference.count(x, size, settings.reference_batch)
+                        for start in range(0, total, timed.chunk):
+                            got = timed.reference.count(x, min(timed.chunk, total - start), settings.reference_batch)
                             if phase == "estimation":
                                 ref_est += got
                     synchronize(device)
@@ -697,18 +671,6 @@ def _measure_settings(settings: BenchSettings, model_set, images, doc: dict, wor
             runs.append(run)
             del stages
     return runs
-
-
-def json_lines(doc: dict) -> List[dict]:
-    """One self-contained record per run (machine + settings + run + timestamp) for --results."""
-    lines = []
-    for run in doc["runs"]:
-        lines.append({"schema": doc["schema"], "timestamp": doc["timestamp"], "machine": doc["machine"],
-                      "settings": doc["settings"], "run": run})
-    if doc.get("sweep"):
-        lines.append({"schema": doc["schema"], "timestamp": doc["timestamp"], "machine": doc["machine"],
-                      "settings": doc["settings"], "sweep": doc["sweep"]})
-    return lines
 
 
 def to_jsonable(obj):

@@ -4,14 +4,13 @@ its hashes and its validation results. The ONNX Runtime backend picks graphs by 
 from __future__ import annotations
 
 import json
-import os
 from importlib import metadata
 from pathlib import Path
 from typing import Dict, Iterable, Optional, Sequence
 
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
-from diffsmooth.engine.stages.manifests import MANIFEST_FORMAT
+from diffsmooth.engine.stages.manifests import MANIFEST_FORMAT, write_json
 
 MANIFEST_VERSION = 1
 
@@ -41,9 +40,7 @@ def write_manifest(onnx_path, fields: dict) -> Path:
     path = manifest_path(onnx_path)
     data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "onnx_file": Path(onnx_path).name}
     data.update(fields)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    write_json(path, data, indent=2)
     return path
 
 

@@ -186,12 +186,6 @@ _METHOD_KEYS = ("sigma", "t_star", "model_timestep", "method", "m", "local_sigma
                 "local_noise_seed", "num_classes", "preset", "unet_config", "schedule")
 
 
-def _with_defaults(fields: dict) -> dict:
-    for key in _METHOD_KEYS:
-        fields.setdefault(key, None)
-    return fields
-
-
 def _write_graphs(model: onnx.ModelProto, precisions: Sequence[str], role: str, path_of: Callable[[str], Path],
                   base: tuple, fields: dict, external_data_threshold: int) -> List[ExportedGraph]:
     """Each precision's graph saved at path_of(precision) with its manifest: the base fields (shape, inputs, output,
@@ -201,7 +195,9 @@ def _write_graphs(model: onnx.ModelProto, precisions: Sequence[str], role: str, 
         path = path_of(precision)
         facts = save_graph(variant, path, external_data_threshold)
         manifest = {**_base_fields(role, precision, *base), **fields, **facts}
-        write_manifest(path, _with_defaults(manifest))
+        for key in _METHOD_KEYS:                   # every manifest names the method's fields, None where unused
+            manifest.setdefault(key, None)
+        write_manifest(path, manifest)
         written.append(ExportedGraph(path, role, precision, manifest))
     return written
 

@@ -7,14 +7,9 @@ from pathlib import Path
 
 from diffsmooth.engine.backends.tensorrt.plans import DEFAULT_WORKSPACE_BYTES
 from diffsmooth.engine.errors import UserError
-from diffsmooth.export.trt_build import build_plans, current_target
+from diffsmooth.export.trt_build import build_plans
 from diffsmooth.export.trt_validate import MIN_SAMPLES, validate_plans
 from diffsmooth.export.validate import ValidationFailed
-
-
-def trt_target(device):
-    """The GPU the plans are built for (fails early without TensorRT or a GPU)."""
-    return current_target(device)
 
 
 def result_lines(results) -> list:
@@ -32,9 +27,7 @@ def build_and_validate(onnx_dir, target, *, echo, err, batch, max_batch=None, pr
                        workspace_bytes=None, timing_cache=None, rebuild=False, validate=True, samples=1000,
                        seed=0, dataset=None, data=None, device="cuda"):
     """Build/reuse the plans, print their inspection (`echo`: stdout, `err`: stderr), validate them;
-    ValidationFailed on any failure."""
-    if batch < 1 or (max_batch is not None and max_batch < batch):
-        raise UserError(f"need 1 <= batch <= max batch, got batch {batch}, max batch {max_batch}")
+    ValidationFailed on any failure. The batches were checked by the command's options."""
     if workspace_bytes is not None and workspace_bytes < (1 << 20):
         raise UserError(f"--workspace-gb must allow at least 1 MiB, got {workspace_bytes} bytes")
     if validate and samples < MIN_SAMPLES:

@@ -30,7 +30,7 @@ from diffsmooth.engine.backends.tensorrt.plans import (
 from diffsmooth.engine.backends.tensorrt.runner import cuda_device, gpu_identity, import_tensorrt
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.hashing import sha256_file
-from diffsmooth.engine.stages.manifests import scan_manifests, verify_hashes
+from diffsmooth.engine.stages.manifests import scan_manifests, verify_hashes, write_json
 
 from .manifest import package_versions
 from .trt_inspect import format_report, summarize
@@ -148,12 +148,6 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _atomic_write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def ensure_plan(onnx_path, graph_manifest: dict, target: Target, *, batch: int, max_batch: Optional[int] = None,
                 workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, timing_cache: Optional[Path] = None,
                 rebuild: bool = False, echo: Callable[[str], None] = print,
@@ -193,7 +187,7 @@ def ensure_plan(onnx_path, graph_manifest: dict, target: Target, *, batch: int, 
     engine = load_fn(data)
     info = inspect_fn(engine, profile)
     inspection_file = plan.with_suffix(".layers.json")
-    _atomic_write_json(inspection_file, info)
+    write_json(inspection_file, info, indent=1)
     output = (graph_manifest.get("output") or {}).get("name")
     inspection = summarize(info, precision, [output] if output else ())
     for line in format_report(plan.name, inspection):

@@ -5,7 +5,7 @@ results go into the plan manifests. Needs TensorRT and a GPU (docs/status.md).""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -14,15 +14,14 @@ from diffsmooth.engine.backends.onnxruntime.stages import wanted_fields
 from diffsmooth.engine.backends.tensorrt.plans import read_plan_manifest, write_plan_manifest
 from diffsmooth.engine.backends.tensorrt.runner import TrtStage, cuda_device
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.stages.manifests import find_graph, matches, scan_manifests
+from diffsmooth.engine.stages.manifests import find_graph, scan_manifests
 
 from .validate import (
     DEFAULT_IMAGES,
     DEFAULT_SAMPLES,
     ValidationFailed,
     compare_stages,
-    config_from_manifest,
-    purifier_config,
+    paired_graphs,
     validation_images,
 )
 
@@ -66,23 +65,8 @@ def validate_plans(results: Sequence, onnx_dir, *, device="cuda", samples: int =
     reference_fn = reference_fn or (lambda path, name: OrtStage(path, name, "cpu", "fp32", threads=threads))
     found = scan_manifests(onnx_dir)
     out: Dict[str, dict] = {}
-    used = set()
-    groups: List[tuple] = []
-    for r in (r for r in results if r.role == "classifier"):
-        config = config_from_manifest(r.graph_manifest)
-        shape = r.graph_manifest["image_shape"]
-        den = None
-        if config.purifier.denoises:
-            den = next((d for d in results if d.role == "denoiser" and d.precision == r.precision
-                        and d.graph_manifest["image_shape"] == shape
-                        and matches(d.graph_manifest, config.purifier.lookup(config.sigma, config.name))), None)
-            if den is not None:
-                used.add(den.plan_path)
-        groups.append((config, shape, den, r))
-    for d in (d for d in results if d.role == "denoiser" and d.plan_path not in used):
-        groups.append((purifier_config(d.graph_manifest), d.graph_manifest["image_shape"], d, None))
     failed = []
-    for config, shape, den, cls in groups:
+    for config, shape, den, cls in paired_graphs(results, lambda r: r.graph_manifest):
         want_den, want_cls = wanted_fields(config, shape, "fp32")
         reference = {"purify": None, "score": None}
         candidate = {"purify": None, "score": None}

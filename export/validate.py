@@ -345,6 +345,22 @@ def purifier_config(manifest: dict) -> MethodConfig:
     raise UserError(f"{manifest.get('onnx_file', 'the denoiser graph')}: no registered method's purifier reads it")
 
 
+def paired_graphs(graphs: Sequence, manifest: Callable[[object], dict], alone: Sequence[str] = ("denoiser",)) -> list:
+    """(config, image shape, denoiser graph or None, classifier graph or None) to validate together: each classifier
+    graph (`.role`, `.precision`; `manifest(graph)` its manifest) behind the denoiser graph of its precision, shape
+    and method, when its method denoises; then each graph of a role in `alone` that no classifier took."""
+    groups, used = [], set()
+    for cls in (g for g in graphs if g.role == "classifier"):
+        config, shape = config_from_manifest(manifest(cls)), manifest(cls)["image_shape"]
+        wanted = config.purifier.lookup(config.sigma, config.name) if config.purifier.denoises else None
+        den = next((g for g in graphs if wanted is not None and g.role == "denoiser" and g.precision == cls.precision
+                    and manifest(g)["image_shape"] == shape and matches(manifest(g), wanted)), None)
+        used.add(id(den))
+        groups.append((config, shape, den, cls))
+    return groups + [(purifier_config(manifest(g)), manifest(g)["image_shape"], g, None)
+                     for g in graphs if g.role in alone and id(g) not in used]
+
+
 def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dataset: Optional[str] = None,
                  data: Optional[str] = None, threads: Optional[int] = None) -> Dict[str, dict]:
     """Validate every graph in `onnx_dir` against the checkpoints named in its manifest."""
@@ -352,33 +368,16 @@ def validate_dir(onnx_dir, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, dat
     for g in graphs:
         verify_hashes(g.path, g.manifest)
     results: Dict[str, dict] = {}
-    used = set()
     failures = []
-
-    def run(group, config, shape, denoiser, classifier):
+    for config, shape, den, cls in paired_graphs(graphs, lambda g: g.manifest, ("denoiser", "unet")):
         try:
-            results.update(validate_graphs(group, config, shape, denoiser=denoiser, classifier=classifier,
-                                           samples=samples, seed=seed, dataset=dataset, data=data,
-                                           threads=threads))
+            results.update(validate_graphs(
+                [g for g in (cls, den) if g is not None], config, shape,
+                denoiser=load_denoiser_for(den.manifest) if den is not None else None,
+                classifier=load_classifier_for(cls.manifest) if cls is not None else None,
+                samples=samples, seed=seed, dataset=dataset, data=data, threads=threads))
         except ValidationFailed as exc:
             failures.append(str(exc))
-
-    for c in (g for g in graphs if g.role == "classifier"):
-        config = config_from_manifest(c.manifest)
-        shape = c.manifest["image_shape"]
-        group = [c]
-        denoiser = None
-        if config.purifier.denoises:
-            wanted = config.purifier.lookup(config.sigma, config.name)
-            match = [g for g in graphs if g.role == "denoiser" and g.precision == c.precision
-                     and g.manifest["image_shape"] == shape and matches(g.manifest, wanted)]
-            if match:
-                group.append(match[0])
-                used.add(match[0].path)
-                denoiser = load_denoiser_for(match[0].manifest)
-        run(group, config, shape, denoiser, load_classifier_for(c.manifest))
-    for d in (g for g in graphs if g.role in ("denoiser", "unet") and g.path not in used):
-        run([d], purifier_config(d.manifest), d.manifest["image_shape"], load_denoiser_for(d.manifest), None)
     if failures:
         raise ValidationFailed(" | ".join(failures))
     return results

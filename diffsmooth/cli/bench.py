@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import click
@@ -50,13 +51,6 @@ def _csv(kind=str):
     return parse
 
 
-def _check_choices(values, allowed, name):
-    bad = [v for v in values if v not in allowed]
-    if bad:
-        raise click.BadParameter(f"{', '.join(bad)} not in {', '.join(allowed)}", param_hint=name)
-    return values
-
-
 @click.command("bench")
 @click.option("--models", type=click.Choice(MODEL_SETS), default="demo", show_default=True,
               help="demo: embedded demo models (random same-architecture weights until trained); cifar10 / "
@@ -84,10 +78,10 @@ def _check_choices(values, allowed, name):
 @click.option("--measure-n", type=SAMPLES, default=None,
               help="Samples actually run per image (n0 uses min(n0, this)) [default: demo 1000, cifar10 100, imagenet 4; "
                    "CUDA 20000/20000/640].")
-@click.option("--backend", "backends", default="torch", show_default=True, callback=_csv(),
+@click.option("--backend", "backends", default="torch", show_default=True, callback=_csv(click.Choice(BACKENDS)),
               help="Comma list of torch, onnxruntime, tensorrt (onnxruntime/tensorrt export the models to a "
                    "temp dir, tensorrt also builds plans there; skipped with a message when unavailable).")
-@click.option("--precision", "precisions", default="fp32", show_default=True, callback=_csv(),
+@click.option("--precision", "precisions", default="fp32", show_default=True, callback=_csv(click.Choice(RUN_PRECISIONS)),
               help="Comma list of fp32, fp16, bf16 (non-fp32 only on CUDA).")
 @click.option("--device", default="cpu", show_default=True)
 @group(*fast_path_flags())
@@ -117,22 +111,14 @@ def _check_choices(values, allowed, name):
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def bench(**kw):
     """Time certification per image, stage by stage; FLOP/s vs peak; engine vs reference-equivalent."""
-    _check_choices(kw["backends"], BACKENDS, "--backend")
-    _check_choices(kw["precisions"], RUN_PRECISIONS, "--precision")
     if kw["plot"] and not kw["sweep"]:
         raise click.BadParameter("--plot draws the sweep: add --sweep", param_hint="--plot")
-    settings = BenchSettings(
-        models=kw["models"], method=kw["method"], sigma=kw["sigma"], n0=kw["n0"], n=kw["n"], m=kw["m"],
-        local_sigma=kw["local_sigma"], local_noise=kw["local_noise"], method_options=kw["method_options"],
-        batch=kw["batch"],
-        backends=kw["backends"] or ("torch",), precisions=kw["precisions"] or ("fp32",), device=kw["device"],
-        images=kw["images"], measure_n=kw["measure_n"], reference=not kw["no_reference"],
-        reference_batch=kw["reference_batch"], compare=kw["compare"], peak_tflops=kw["peak_tflops"],
-        sweep=kw["sweep"], sweep_batches=kw["sweep_batches"], sweep_ms=kw["sweep_ms"], sweep_n=kw["sweep_n"],
-        plot=kw["plot"], seed=kw["seed"], threads=kw["threads"], progress=not kw["quiet"],
-        arch=kw["arch"], denoiser=kw["denoiser"], scheduler=kw["scheduler"], profile=kw["profile"],
-        asked_fast_path=AskedFastPath(**{name: kw[name] for name in ASKED}), variants=parse_variants(kw["variants"] or ""),
-        deadline_s=kw["deadline_s"])
+    given = {f.name: kw[f.name] for f in fields(BenchSettings) if f.name in kw}     # the options named as the fields
+    settings = BenchSettings(**{
+        **given, "backends": kw["backends"] or ("torch",), "precisions": kw["precisions"] or ("fp32",),
+        "reference": not kw["no_reference"], "progress": not kw["quiet"],
+        "asked_fast_path": AskedFastPath(**{name: kw[name] for name in ASKED}),
+        "variants": parse_variants(kw["variants"] or "")})
     appended = []
 
     def append(line):                                 # each run's line as it finishes: a step cut off keeps them

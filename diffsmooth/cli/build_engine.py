@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.options import validation_options
+from diffsmooth.cli.options import echo_err, validation_options
 from diffsmooth.cli.param_types import BATCH, Number
 from diffsmooth.engine.choices import GRAPH_PRECISIONS
-from diffsmooth.export import plan_check
+from diffsmooth.export import plan_check, trt_build
 
 
 @click.command("build-engine")
@@ -30,8 +30,8 @@ def build_engine(onnx_dir, batch, max_batch, precisions, device, workspace_gb, t
     """Build (or reuse cached) TensorRT plans of the graphs in --onnx-dir, inspect and validate them."""
     if max_batch is not None and max_batch < batch:
         raise click.BadParameter(f"must be >= --batch ({batch}), got {max_batch}", param_hint="--max-batch")
-    target = plan_check.trt_target(device)
-    plan_check.build_and_validate(onnx_dir, target, echo=click.echo, err=lambda line: click.echo(line, err=True),
+    target = trt_build.current_target(device)
+    plan_check.build_and_validate(onnx_dir, target, echo=click.echo, err=echo_err,
                                   batch=batch, max_batch=max_batch, precisions=precisions or None,
                                   workspace_bytes=int(workspace_gb * (1 << 30)), timing_cache=timing_cache,
                                   rebuild=rebuild, validate=not no_validate, samples=samples, seed=seed,

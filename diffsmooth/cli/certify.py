@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from diffsmooth.cli.options import (
+    echo_err,
     method_options,
     model_options,
     run_options,
@@ -15,10 +16,6 @@ from diffsmooth.engine.runs.request import RunRequest
 from diffsmooth.engine.runs.resolve import resolve_run
 
 
-def _log(line: str) -> None:
-    click.echo(line, err=True)
-
-
 def _run(request: RunRequest) -> None:
     run = resolve_run(request)                 # option, lock and resume errors before any model is loaded
     with run.hold_locks():                  # held from planning on: a second run on `out` stops at once
@@ -26,16 +23,16 @@ def _run(request: RunRequest) -> None:
 
 
 def _certify(run) -> None:
-    voter = build_voter(run, _log)
+    voter = build_voter(run, echo_err)
     r = run.request
     if run.is_sweep:
-        _log(f"# sweep: {len(run.configurations)} configurations at sigma={r.sigma}, images={len(run.indices)} "
+        echo_err(f"# sweep: {len(run.configurations)} configurations at sigma={r.sigma}, images={len(run.indices)} "
              f"-> {r.out}/")
     samples = f"n={r.n}" if r.sequential is None else \
         f"sequential n-max={r.sequential.n_max} radii={list(r.sequential.radii)}"
-    _log(f"# {voter.describe()}; batch={run.batch} sigma={r.sigma} n0={r.n0} {samples} alpha={r.alpha} "
+    echo_err(f"# {voter.describe()}; batch={run.batch} sigma={r.sigma} n0={r.n0} {samples} alpha={r.alpha} "
          f"images={len(run.indices)} -> {run.out}")
-    execute(run, voter, _log)
+    execute(run, voter, echo_err)
 
 
 @click.command()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from diffsmooth.cli.options import method_options, model_options, validation_options
+from diffsmooth.cli.options import echo_err, method_options, model_options, validation_options
 from diffsmooth.cli.param_types import BATCH
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError
@@ -15,7 +15,7 @@ from diffsmooth.engine.runs.assemble import (
     load_denoiser_from,
 )
 from diffsmooth.engine.runs.sources import ModelOptions, default_image_shape, resolve_sources
-from diffsmooth.export import plan_check
+from diffsmooth.export import plan_check, trt_build
 from diffsmooth.export.onnx_export import checkpoint_source, export_models
 from diffsmooth.export.validate import validate_graphs
 
@@ -31,10 +31,6 @@ def parse_image_shape(value, preset, stats):
     if len(shape) != 3 or min(shape) < 1:
         raise UserError(f"--image-shape must be three positive integers C,H,W, got {value!r}")
     return shape
-
-
-def _err(line):
-    click.echo(line, err=True)
 
 
 @click.command("export")
@@ -77,14 +73,14 @@ def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, 
     if den_model is None and cls_model is None:
         raise UserError(f"nothing to export: method {config.name} uses no denoiser; give --classifier "
                         "(or --also-unet to export the UNet alone)")
-    target = plan_check.trt_target(device) if trt else None      # fail before exporting, not after
+    target = trt_build.current_target(device) if trt else None      # fail before exporting, not after
     graphs = export_models(config, shape, out, denoiser=den_model, classifier=cls_model, fp16=fp16,
                            also_unet=also_unet, denoiser_source=den_src, classifier_source=cls_src,
                            preset=sources.preset)
     for g in graphs:
-        _err(f"wrote {g.path}")
+        echo_err(f"wrote {g.path}")
     if no_validate:
-        _err("validation skipped (--no-validate): manifests record validation: null")
+        echo_err("validation skipped (--no-validate): manifests record validation: null")
     else:
         results = validate_graphs(graphs, config, shape, denoiser=den_model, classifier=cls_model,
                                   samples=samples, seed=seed, dataset=dataset, data=data, raise_on_failure=False)
@@ -92,7 +88,7 @@ def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, 
             click.echo(line)
         plan_check.raise_if_failed(results)
     if target is not None:
-        plan_check.build_and_validate(out, target, echo=click.echo, err=_err, batch=trt_batch,
+        plan_check.build_and_validate(out, target, echo=click.echo, err=echo_err, batch=trt_batch,
                                       max_batch=trt_max_batch, only=[g.path for g in graphs],
                                       validate=not no_validate, samples=samples, seed=seed, dataset=dataset,
                                       data=data, device=device)

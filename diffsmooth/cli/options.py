@@ -45,8 +45,13 @@ from diffsmooth.engine.choices import (
     STATS,
 )
 
-__all__ = ["dataset_option", "distinct", "group", "method_options", "model_options", "precision_option",
+__all__ = ["dataset_option", "distinct", "echo_err", "group", "method_options", "model_options", "precision_option",
            "run_options", "sequential_options", "validation_options"]
+
+
+def echo_err(line: str) -> None:
+    """One line on stderr: a command's notes and progress (stdout holds its results)."""
+    click.echo(line, err=True)
 
 
 def distinct(ctx, param, values):

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from diffsmooth.cli.group import SETUP_EXIT
+from diffsmooth.cli.options import echo_err
 from diffsmooth.cli.param_types import BATCH, SAMPLES, THREADS, Count, Number
 from diffsmooth.engine.choices import RUN_PRECISIONS
 from diffsmooth.engine.errors import UserError
@@ -37,10 +38,6 @@ from diffsmooth.engine.table.spec import (
     load_spec,
     smoke_spec,
 )
-
-
-def _log(line: str) -> None:
-    click.echo(line, err=True)
 
 
 @click.command()
@@ -148,20 +145,20 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
         pilot = PILOT_IMAGES if pilot is None else pilot
     report = check_table(table_spec, {"models": models_dir, "data": data_dir})      # before any sample: seconds
     for line in report.plan if check and not as_json else ():
-        _log(line)
+        echo_err(line)
     if report.problems:
         if as_json:
             click.echo(json.dumps({"passed": False, "plan": report.plan, "problems": report.problems}, indent=1))
         for line in report.problems:
             click.echo(f"error: {line}", err=True)
-        _log(f"table: {len(report.problems)} problem(s); nothing was run or written")
+        echo_err(f"table: {len(report.problems)} problem(s); nothing was run or written")
         raise SystemExit(2)
     if check:
         lines = _preflight(table_spec, preflight_images, preflight_samples, quiet=as_json) if preflight else None
         warnings = lines.warnings if lines is not None else []
         if as_json:
             click.echo(json.dumps(check_document(report, lines, strict), indent=1, allow_nan=False))
-        _log(f"table: check passed{f' with {len(warnings)} preflight warning(s)' if warnings else ''}; nothing was "
+        echo_err(f"table: check passed{f' with {len(warnings)} preflight warning(s)' if warnings else ''}; nothing was "
              f"written")
         if strict and warnings:
             raise SystemExit(SETUP_EXIT)
@@ -170,10 +167,10 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
         import torch
         table_spec, notes = smoke_spec(table_spec, torch.cuda.is_available())
         for line in notes:
-            _log(f"table: {line}")
+            echo_err(f"table: {line}")
     planning = TablePlanning(plan=plan, pilot=pilot, margin=margin, reach=reach, tolerance=tolerance)
     inputs = TableInputs()                  # the data and sources the preflight and the runs read, opened once
-    builder = TableBuilder(table_spec, out, planning=planning, log=_log, command=command_line(), progress=not quiet,
+    builder = TableBuilder(table_spec, out, planning=planning, log=echo_err, command=command_line(), progress=not quiet,
                            one_pass=one_pass, inputs=inputs)
     if preflight and not (Path(out) / "table.json").exists():     # a table asks first: before its first sample
         _ask_first(table_spec, Path(out), preflight_images, preflight_samples, strict, inputs)
@@ -181,9 +178,9 @@ def table(spec, demo, out, models_dir, data_dir, check, preflight, preflight_ima
         builder.build(dry_run=dry_run)
         if ranks is not None:
             probe = builder.probe_run()
-            _log(on_ranks(json.loads((builder.out / "cost.json").read_text()), ranks, len(probe.indices), probe.batch))
+            echo_err(on_ranks(json.loads((builder.out / "cost.json").read_text()), ranks, len(probe.indices), probe.batch))
     except TableInterrupted as stop:
-        _log(f"table: {stop}; finished rows are kept: run the same command again to continue")
+        echo_err(f"table: {stop}; finished rows are kept: run the same command again to continue")
         from diffsmooth.engine.runs.sharding import keep_launcher_from_restarting
         keep_launcher_from_restarting()
         raise SystemExit(130) from None
@@ -199,7 +196,7 @@ def _ask_first(table_spec, out: Path, images: int, samples: int, strict: bool, i
     asking = Ranks.join(table_spec.run.get("device", "cpu"))
     warnings = asking.agree(lambda: _preflight(table_spec, images, samples, inputs=inputs).warnings)
     if strict and warnings:
-        _log(f"table: {len(warnings)} preflight warning(s) under --strict: stopped before any sample, nothing was "
+        echo_err(f"table: {len(warnings)} preflight warning(s) under --strict: stopped before any sample, nothing was "
              f"written (fix the set-up, or run without --strict)")
         raise SystemExit(SETUP_EXIT)
 
@@ -212,7 +209,7 @@ def _preflight(table_spec, images: int, samples: int, quiet: bool = False, input
     result = preflight_lines(table_spec, images, samples, held.append, inputs)
     held += [f"published: {line}" for line in result.published] + [f"warning: {line}" for line in result.warnings]
     for line in held if not quiet else ():
-        _log(line)
+        echo_err(line)
     return result
 
 

@@ -8,7 +8,6 @@ UNet (engine/models/diffusers_unet.py) and the schedule from the scheduler's con
 
 from __future__ import annotations
 
-import inspect
 from typing import Optional
 
 import torch
@@ -23,7 +22,7 @@ from diffsmooth.engine.base_classifier.one_step import (
 )
 from diffsmooth.engine.errors import UserError, first_line
 from diffsmooth.engine.models.diffusers_folder import DiffusersFolder, read_diffusers_folder
-from diffsmooth.engine.models.diffusers_unet import import_diffusers, load_diffusers_unet
+from diffsmooth.engine.models.diffusers_unet import import_diffusers, load_diffusers_unet, unknown_fields
 
 __all__ = ["DiffusersDenoiser", "load_diffusers_denoiser", "schedule_of", "check_sigma"]
 
@@ -63,9 +62,8 @@ def _scheduler_instance(folder: DiffusersFolder):
     diffusers = import_diffusers()
     name = folder.scheduler_class
     cls = getattr(diffusers, name)
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
     config = {k: v for k, v in folder.scheduler_config.items() if not k.startswith("_")}
-    unknown = sorted(set(config) - accepted)
+    unknown = unknown_fields(cls, config)
     where = folder.scheduler_dir / "scheduler_config.json"
     if unknown:
         raise UserError(f"{where} has field(s) {', '.join(unknown[:5])} that diffusers {diffusers.__version__}'s "

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+from torch import nn
 
-from diffsmooth.engine.base_classifier.purifier_buffers import BufferedModule
 from diffsmooth.engine.base_classifier.schedule import first_timestep
 from diffsmooth.engine.errors import UserError
 
@@ -120,17 +120,29 @@ class ConsistencySchedule:
             c_skip=sd * sd / ((s - s_min) ** 2 + sd * sd), c_out=(s - s_min) * sd / math.sqrt(s * s + sd * sd))
 
 
-class OneStepModule(BufferedModule):
+class OneStepModule(nn.Module):
     """A one-step denoiser at one sigma, x_rs -> x_hat in [0, 1]: x0 = c_skip x_t + c_out F(c_in x_t, t). The
-    coefficients are buffers, so `set_coefficients` moves a built (or compiled) module to another sigma in place;
+    coefficients are fp32 buffers that forward reads, so a compiled graph or CUDA graph reads them at run time and
+    `set_coefficients` moves a built (or compiled) module to another sigma in place (engine/runs/model_set.py);
     `epsilon_form` runs the engine UNet's DDPM one-shot (EPSILON_BUFFERS) in its own order of operations."""
 
-    BUFFERS = ONE_STEP_BUFFERS
     shared_timestep = False     # True (lean UNet): t* as one timestep [1], its embedding computed once per call
 
     def __init__(self, unet, coefficients, channels: int, epsilon_form: bool = False):
-        super().__init__(unet, coefficients, channels, EPSILON_BUFFERS if epsilon_form else None)
+        super().__init__()
+        self.unet = unet
+        self.channels = channels
+        self.buffer_names = EPSILON_BUFFERS if epsilon_form else ONE_STEP_BUFFERS
+        for name in self.buffer_names:
+            self.register_buffer(name, torch.zeros((), dtype=torch.float32), persistent=False)
+        self.set_coefficients(coefficients)
         self.epsilon_form = epsilon_form
+
+    def set_coefficients(self, coefficients) -> None:
+        """Write another sigma's constants into the buffers (same tensors, new values)."""
+        with torch.inference_mode():
+            for name in self.buffer_names:
+                getattr(self, name).fill_(float(getattr(coefficients, name)))
 
     def forward(self, x_rs: torch.Tensor) -> torch.Tensor:
         x_t = self.input_scale * (2.0 * x_rs - 1.0)

@@ -17,18 +17,14 @@ from typing import Sequence, Tuple
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from diffsmooth.engine.base_classifier.one_step import DiscreteSchedule
 from diffsmooth.engine.demo.train_steps import (
     FOCUS_PROB,
     TrainResult,
-    batches,
     check_images,
-    random_flip,
     sample_timesteps,
-    step_with_ema,
-    warmup_cosine,
+    train_with_ema,
 )
 from diffsmooth.engine.errors import UserError
 
@@ -91,27 +87,15 @@ def train_diffusers_ddpm(images: torch.Tensor, settings: DdpmTraining = DdpmTrai
     gen = torch.Generator().manual_seed(seed)     # data order, flips, t and eps
     model = diffusers.UNet2DModel(**UNET_CONFIG).train()
     ema = diffusers.UNet2DModel(**UNET_CONFIG).eval()
-    ema.load_state_dict(model.state_dict())
-    ema.requires_grad_(False)
     focus = focus_range(scheduler.alphas_cumprod.numpy())
     warm = min(warmup, max(1, steps // 5))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, warm, floor=0.05))
-    losses = []
-    start = time.perf_counter()
-    bar = tqdm(batches(images.shape[0], batch_size, steps, gen), total=steps, disable=not progress,
-               desc="diffusers ddpm", unit="step", mininterval=5.0, dynamic_ncols=True)
-    for n, idx in enumerate(bar):
-        x = random_flip(images[idx], gen) if flip else images[idx]
-        x0 = 2.0 * x - 1.0
+
+    def loss_of(x0):
         t = sample_timesteps(x0.shape[0], scheduler.config.num_train_timesteps, gen, focus, FOCUS_PROB)
         eps = torch.randn(x0.shape, generator=gen)
-        loss = F.mse_loss(model(scheduler.add_noise(x0, eps, t), t).sample, eps)
-        step_with_ema(model, ema, opt, sched, loss, n, grad_clip, ema_decay)
-        losses.append(loss.item())
-        if n % 10 == 0:
-            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-    bar.close()
+        return F.mse_loss(model(scheduler.add_noise(x0, eps, t), t).sample, eps)
+    start = time.perf_counter()
+    losses = train_with_ema(model, ema, images, settings, gen, loss_of, "diffusers ddpm", progress)
     settings = dict(library=f"diffusers {diffusers.__version__}", model="UNet2DModel", unet_config=UNET_CONFIG,
                     scheduler="DDPMScheduler", scheduler_config=SCHEDULER_CONFIG, optimizer="AdamW", lr=lr,
                     lr_schedule=f"linear warmup {warm} steps, cosine to 5%", ema_decay=ema_decay,

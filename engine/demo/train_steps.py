@@ -1,6 +1,7 @@
 """The training steps the demo's denoisers and classifiers share: the result record, the LR schedule,
-batches, flips, the focused timestep draw and the optimiser step with EMA weights; and the settings of the
-engine UNet's and the classifiers' recipes (DenoiserTraining, ClassifierTraining: training.py's trainers).
+batches, flips, the focused timestep draw, the optimiser step with EMA weights and the denoisers' loop around
+it (train_with_ema); and the settings of the engine UNet's and the classifiers' recipes (DenoiserTraining,
+ClassifierTraining: training.py's trainers).
 
 engine/demo/training.py (the engine's UNet and the classifiers) and engine/demo/diffusers_training.py
 (diffusers' UNet2DModel) both build on this module; neither imports the other's internals.
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from diffsmooth.engine.errors import UserError
 
@@ -135,3 +137,27 @@ def step_with_ema(model, ema, opt, sched, loss: torch.Tensor, n: int, grad_clip:
             pe.lerp_(pm, 1.0 - decay)
         for be, bm in zip(ema.buffers(), model.buffers()):
             be.copy_(bm)
+
+
+def train_with_ema(model, ema, images: torch.Tensor, recipe, gen: torch.Generator,
+                   loss_of: Callable[[torch.Tensor], torch.Tensor], desc: str, progress: bool) -> list[float]:
+    """The denoisers' shared loop: `ema` starts as `model`'s copy; AdamW (the recipe's weight decay, else none),
+    linear warmup (at most steps // 5) then cosine to 5%; each step's batch flipped when the recipe says, mapped
+    to x0 = 2x - 1 and given to `loss_of` (which draws its t and eps from `gen`), then step_with_ema. The losses."""
+    ema.load_state_dict(model.state_dict())
+    ema.requires_grad_(False)
+    steps, warm = recipe.steps, min(recipe.warmup, max(1, recipe.steps // 5))
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=getattr(recipe, "weight_decay", 0.0))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, warm, floor=0.05))
+    losses: list[float] = []
+    bar = tqdm(batches(images.shape[0], recipe.batch_size, steps, gen), total=steps, disable=not progress,
+               desc=desc, unit="step", mininterval=5.0, dynamic_ncols=True)
+    for n, idx in enumerate(bar):
+        x = random_flip(images[idx], gen) if recipe.flip else images[idx]
+        loss = loss_of(2.0 * x - 1.0)
+        step_with_ema(model, ema, opt, sched, loss, n, recipe.grad_clip, recipe.ema_decay)
+        losses.append(loss.item())
+        if n % 10 == 0:
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+    bar.close()
+    return losses

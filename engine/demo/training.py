@@ -39,7 +39,7 @@ from diffsmooth.engine.demo.train_steps import (
     check_images,
     random_flip,
     sample_timesteps,
-    step_with_ema,
+    train_with_ema,
     warmup_cosine,
 )
 from diffsmooth.engine.errors import UserError
@@ -49,6 +49,7 @@ from diffsmooth.engine.models.checkpoints import load_classifier, load_unet, sav
 from diffsmooth.engine.models.resnet import NormalizedClassifier, build_classifier_net, normalization_layer
 from diffsmooth.engine.models.shipped import DEMO_TRAINING_SIGMAS, demo_classifier_name, demo_sigmas_text
 from diffsmooth.engine.models.unet import UNetConfig, UNetModel, unet_config
+from diffsmooth.engine.stages.manifests import write_json
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 CLASSIFIER_ARCH = "cifar_resnet20"
@@ -92,33 +93,17 @@ def train_denoiser(images: torch.Tensor, settings: DenoiserTraining = DenoiserTr
     gen = torch.Generator().manual_seed(seed)     # data order, flips, t and eps
     model = UNetModel(cfg).train()
     ema = UNetModel(cfg).eval()
-    ema.load_state_dict(model.state_dict())
-    for p in ema.parameters():
-        p.requires_grad_(False)
     abar = torch.from_numpy(schedule.alphas_cumprod).float()
     t_scale = 1000.0 / schedule.num_steps if schedule.rescale_timesteps else 1.0
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: warmup_cosine(s, steps, min(warmup, max(1, steps // 5)), floor=0.05))
-    losses: list[float] = []
-    start = time.perf_counter()
-    bar = tqdm(batches(images.shape[0], batch_size, steps, gen), total=steps, disable=not progress,
-               desc="denoiser", unit="step", mininterval=5.0, dynamic_ncols=True)
-    for n, idx in enumerate(bar):
-        x = images[idx]
-        if flip:
-            x = random_flip(x, gen)
-        x0 = 2.0 * x - 1.0
+
+    def loss_of(x0):
         t = sample_timesteps(x0.shape[0], schedule.num_steps, gen, focus, focus_prob)
         eps = torch.randn(x0.shape, generator=gen)
         a = abar[t][:, None, None, None]
         x_t = a.sqrt() * x0 + (1.0 - a).sqrt() * eps
-        loss = F.mse_loss(model(x_t, t.float() * t_scale), eps)
-        step_with_ema(model, ema, opt, sched, loss, n, grad_clip, ema_decay)
-        losses.append(loss.item())
-        if n % 10 == 0:
-            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-    bar.close()
+        return F.mse_loss(model(x_t, t.float() * t_scale), eps)
+    start = time.perf_counter()
+    losses = train_with_ema(model, ema, images, settings, gen, loss_of, "denoiser", progress)
     wall = time.perf_counter() - start
     settings = dict(optimizer="AdamW", lr=lr, weight_decay=weight_decay,
                     lr_schedule=f"linear warmup {min(warmup, max(1, steps // 5))} steps, cosine to 5%",
@@ -292,8 +277,11 @@ def _load_split(data_dir: str, split: str, limit: Optional[int]):
     return load_arrays(ds, idx)
 
 
-def classifier_file(noise_sigma: float) -> str:
-    return demo_classifier_name(noise_sigma)
+def _trained(res: TrainResult, threads: Optional[int], **epochs) -> dict:
+    """A manifest entry's `parameters` and `training` (the recipe, then what the run did) of one trained model."""
+    return dict(parameters=sum(p.numel() for p in res.model.parameters()),
+                training=dict(res.settings, steps=res.steps, batch_size=res.batch_size, **epochs, threads=threads,
+                              final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
 
 
 def _train_job(job: dict) -> tuple[str, dict]:
@@ -310,10 +298,7 @@ def _train_job(job: dict) -> tuple[str, dict]:
         return DDPM_FOLDER, dict(
             kind="denoiser", format="diffusers pipeline folder (DDPMPipeline.save_pretrained: model_index.json, "
                                     "unet/ with safetensors weights, scheduler/), EMA weights",
-            parameters=sum(p.numel() for p in res.model.parameters()),
-            training=dict(res.settings, steps=res.steps, batch_size=res.batch_size,
-                          epochs=round(res.steps * res.batch_size / n, 4), threads=job["threads"],
-                          final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
+            **_trained(res, job["threads"], epochs=round(res.steps * res.batch_size / n, 4)))
     if job["kind"] == "denoiser":
         res = train_denoiser(x_train, DenoiserTraining(steps=budget.unet_steps, batch_size=budget.unet_batch_size,
                                                        seed=job["seed"]),
@@ -322,15 +307,12 @@ def _train_job(job: dict) -> tuple[str, dict]:
         return "demo_unet.pt", dict(
             kind="denoiser", format="plain UNet state dict (improved-diffusion layout), EMA weights",
             preset="demo", config=dataclasses.asdict(unet_config("demo")),
-            parameters=sum(p.numel() for p in res.model.parameters()),
-            training=dict(res.settings, steps=res.steps, batch_size=res.batch_size,
-                          epochs=round(res.steps * res.batch_size / n, 4), threads=job["threads"],
-                          final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
+            **_trained(res, job["threads"], epochs=round(res.steps * res.batch_size / n, 4)))
     s = job["sigma"]
     recipe = ClassifierTraining(epochs=budget.classifier_epochs if s > 0 else budget.clean_classifier_epochs,
                                 steps=budget.classifier_steps, batch_size=budget.classifier_batch_size, seed=job["seed"])
     res = train_classifier(x_train, y_train, s, recipe, progress=job["progress"])
-    name = classifier_file(s)
+    name = demo_classifier_name(s)
     save_cohen_checkpoint(out / name, res.model, CLASSIFIER_ARCH,
                           epoch=int(math.ceil(res.settings["epochs"])), noise_sd=s,
                           dataset="fashion-mnist", normalization="normalize")
@@ -338,9 +320,7 @@ def _train_job(job: dict) -> tuple[str, dict]:
         kind="classifier", arch=CLASSIFIER_ARCH, noise_sigma=s, num_classes=10, in_channels=1,
         dataset_stats="fashion-mnist", normalization="normalize",
         format="Cohen-style dict {'arch', 'state_dict' (keys '1.'), 'epoch', 'noise_sd', ...}",
-        parameters=sum(p.numel() for p in res.model.parameters()),
-        training=dict(res.settings, steps=res.steps, batch_size=res.batch_size, threads=job["threads"],
-                      final_train_loss=res.final_loss, wall_time_s=round(res.wall_time_s, 1)))
+        **_trained(res, job["threads"]))
 
 
 def _jobs(seed: int) -> list[dict]:
@@ -348,7 +328,7 @@ def _jobs(seed: int) -> list[dict]:
     sigma of CLASSIFIER_SIGMAS (seed `seed + 1 + its index`: the list is append-only), then the
     diffusers DDPM (seed `seed + DDPM_SEED_OFFSET`)."""
     return [dict(name="demo_unet.pt", kind="denoiser", seed=seed)] + [
-        dict(name=classifier_file(s), kind="classifier", sigma=s, seed=seed + 1 + i)
+        dict(name=demo_classifier_name(s), kind="classifier", sigma=s, seed=seed + 1 + i)
         for i, s in enumerate(CLASSIFIER_SIGMAS)] + [
         dict(name=DDPM_FOLDER, kind="diffusers-denoiser", seed=seed + DDPM_SEED_OFFSET)]
 
@@ -459,11 +439,7 @@ def train_demo(out_dir, training: DemoTraining = DemoTraining(), *, command: Opt
             equivalent_command=_equivalent_command(data_dir, out, seed, budget, workers, threads, only_missing=True),
             models=list(models), software=software, evaluation_wall_time_s=round(eval_wall, 1),
             total_wall_time_s=round(time.perf_counter() - t_all, 1)))
-    tmp = out / "MODELS.json.tmp"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, out / "MODELS.json")
+    write_json(out / "MODELS.json", manifest, indent=2)
     log(f"wrote {out / 'MODELS.json'} ({time.perf_counter() - t_all:.0f} s in all)")
     return manifest
 
@@ -509,17 +485,17 @@ def _evaluate(models: dict, out: Path, data: _EvaluationData, log: Callable[[str
     schedule = PRESET_SCHEDULES["demo"]
     unet_path = out / "demo_unet.pt"
     for s in CLASSIFIER_SIGMAS:
-        if classifier_file(s) not in models:
+        if demo_classifier_name(s) not in models:
             continue
-        clf = load_classifier(out / classifier_file(s), dataset="fashion-mnist")
-        models[classifier_file(s)]["metrics"] = dict(
+        clf = load_classifier(out / demo_classifier_name(s), dataset="fashion-mnist")
+        models[demo_classifier_name(s)]["metrics"] = dict(
             test_clean_accuracy=classifier_accuracy(clf, x_test, y_test),
             test_noisy_accuracy=classifier_accuracy(clf, x_test, y_test, s) if s > 0 else None,
             embedded_clean_accuracy=classifier_accuracy(clf, x_sub, y_sub),
             embedded_noisy_accuracy=classifier_accuracy(clf, x_sub, y_sub, s) if s > 0 else None)
-        log(f"classifier s{s:.2f}: {models[classifier_file(s)]['metrics']}")
+        log(f"classifier s{s:.2f}: {models[demo_classifier_name(s)]['metrics']}")
     if "demo_unet.pt" in models:
-        clean = load_classifier(out / classifier_file(0.0), dataset="fashion-mnist")
+        clean = load_classifier(out / demo_classifier_name(0.0), dataset="fashion-mnist")
         denoiser = DiffusionDenoiser(load_unet(unet_path, "demo"), schedule)
         dmetrics = {}
         for s in DENOISE_EVAL_SIGMAS:
@@ -580,7 +556,7 @@ def _new_manifest(training: DemoTraining, out: Path, command: Optional[str], dat
 def _ddpm_metrics(out: Path, x_sub, y_sub, x_test, y_test) -> dict:
     """The diffusers denoiser's one-shot MSE and one-sample DDS accuracy (s0.00 classifier) at each sigma of
     DDPM_EVAL_SIGMAS, read back with load_denoiser, beside the demo UNet's on the same noise."""
-    clean = load_classifier(out / classifier_file(0.0), dataset="fashion-mnist")
+    clean = load_classifier(out / demo_classifier_name(0.0), dataset="fashion-mnist")
     ddpm = load_denoiser(out / DDPM_FOLDER)
     unet = DiffusionDenoiser(load_unet(out / "demo_unet.pt", "demo"), PRESET_SCHEDULES["demo"])
     metrics = {}

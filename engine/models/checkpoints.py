@@ -34,9 +34,8 @@ from diffsmooth.engine.models.timm_models import (
     adapt_timm_state_dict,
     create_timm_net,
     is_timm_arch,
-    timm_classifier_key,
-    timm_first_conv_key,
     timm_input_stats,
+    timm_module_key,
 )
 from diffsmooth.engine.models.unet import PRESETS, UNetConfig, UNetModel, unet_config
 
@@ -336,10 +335,10 @@ def _known_archs() -> str:
 
 def _load_timm_classifier(state_dict, arch, dataset, normalization, num_classes, in_channels, model_kwargs):
     """A timm classifier behind its input normalisation: the model's own mean/std unless one is asked for."""
-    head = state_dict.get(f"{timm_classifier_key(arch)}.weight")
+    head = state_dict.get(f"{timm_module_key(arch, 'classifier') or 'head'}.weight")
     if num_classes is None and isinstance(head, torch.Tensor) and head.dim() == 2:
         num_classes = int(head.shape[0])
-    first = timm_first_conv_key(arch)
+    first = timm_module_key(arch, "first_conv")
     stem = state_dict.get(f"{first}.weight") if first else None
     if in_channels is None and isinstance(stem, torch.Tensor) and stem.dim() == 4:
         in_channels = int(stem.shape[1])

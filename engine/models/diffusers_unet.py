@@ -52,7 +52,8 @@ class DiffusersUNet(nn.Module):
         return self.model(x, t, return_dict=False)[0]
 
 
-def _unknown_fields(cls, config: dict) -> list:
+def unknown_fields(cls, config: dict) -> list:
+    """The fields of a diffusers config (its `_` entries aside) that `cls` does not take: another diffusers'."""
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self"}
     return sorted(k for k in config if not k.startswith("_") and k not in accepted)
 
@@ -78,7 +79,7 @@ def load_diffusers_unet(folder: DiffusersFolder) -> DiffusersUNet:
     """Build the folder's UNet2DModel from its config and load its safetensors weights strictly (eval, fp32, CPU)."""
     diffusers = import_diffusers()
     cls = diffusers.UNet2DModel
-    unknown = _unknown_fields(cls, folder.unet_config)
+    unknown = unknown_fields(cls, folder.unet_config)
     if unknown:
         raise UserError(f"{folder.unet_dir / 'config.json'} has field(s) {', '.join(unknown[:5])} that diffusers "
                         f"{diffusers.__version__} does not know: upgrade diffusers, or fix the config")

@@ -9,6 +9,7 @@ placeholders for the duration of `import timm` only (see `_TorchvisionPlaceholde
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.errors import UserError, first_line
 
 __all__ = [
     "TIMM_PREFIX",
@@ -34,7 +35,7 @@ __all__ = [
     "create_timm_net",
     "timm_input_stats",
     "adapt_timm_state_dict",
-    "timm_classifier_key",
+    "timm_module_key",
 ]
 
 TIMM_PREFIX = "timm:"
@@ -187,14 +188,10 @@ def create_timm_net(arch: str, num_classes: int | None = None, in_channels: int 
         hint = f"; similar: {', '.join(close)}" if close else ""
         raise UserError(f"timm {timm.__version__} has no model {name!r}{hint}")
     try:
-        if device is not None:
-            with torch.device(device):
-                net = timm.create_model(name, pretrained=False, **kwargs)
-        else:
+        with torch.device(device) if device is not None else contextlib.nullcontext():
             net = timm.create_model(name, pretrained=False, **kwargs)
     except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
-        text = str(exc).strip().splitlines()
-        raise UserError(f"timm cannot build {name!r} with {kwargs}: {text[0] if text else type(exc).__name__}") from None
+        raise UserError(f"timm cannot build {name!r} with {kwargs}: {first_line(exc)}") from None
     return net.eval()
 
 
@@ -214,24 +211,15 @@ def timm_input_stats(arch: str, net: nn.Module) -> tuple[tuple[float, ...], tupl
     return tuple(float(v) for v in mean), tuple(float(v) for v in std)
 
 
-def timm_classifier_key(arch: str) -> str:
-    """Module name of the model's classification head (from timm's config without building the model)."""
+def timm_module_key(arch: str, role: str) -> str | None:
+    """Module name of the model's `role` ('classifier': its head, 'first_conv': its stem) from timm's config,
+    without building the model; None where the config does not say."""
     timm = import_timm(arch)
     try:
         cfg = timm.models.get_pretrained_cfg(timm_model_name(arch))
-    except Exception:  # noqa: BLE001 - older timm or unregistered names: fall back to the common name
-        cfg = None
-    key = getattr(cfg, "classifier", None) if cfg is not None else None
-    return key if isinstance(key, str) else "head"
-
-
-def timm_first_conv_key(arch: str) -> str | None:
-    timm = import_timm(arch)
-    try:
-        cfg = timm.models.get_pretrained_cfg(timm_model_name(arch))
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - older timm or unregistered names: the caller's fallback
         return None
-    key = getattr(cfg, "first_conv", None) if cfg is not None else None
+    key = getattr(cfg, role, None)
     return key if isinstance(key, str) else None
 
 
@@ -263,9 +251,8 @@ def adapt_timm_state_dict(net: nn.Module, state_dict: Mapping[str, torch.Tensor]
             warnings.simplefilter("ignore")
             out = fn(OrderedDict((k, v) for k, v in state_dict.items() if k not in foreign), net)
     except Exception as exc:  # noqa: BLE001 - any failure of timm's remapping is a checkpoint that does not fit
-        text = str(exc).strip().splitlines()
         raise UserError(f"checkpoint does not fit timm model {type(net).__name__}: timm's checkpoint filter failed "
-                        f"({text[0] if text else type(exc).__name__})") from None
+                        f"({first_line(exc)})") from None
     for key, value in out.items():
         if key in state_dict and isinstance(value, torch.Tensor) and tuple(value.shape) != tuple(state_dict[key].shape):
             raise UserError(

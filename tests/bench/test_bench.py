@@ -176,15 +176,17 @@ def tiny_doc(tmp_path_factory):
     from diffsmooth.bench.harness import run_bench, to_jsonable
     torch.set_num_threads(1)
     plot = tmp_path_factory.mktemp("bench") / "sweep.png"
-    return to_jsonable(run_bench(tiny_settings(compare=True, sweep=True, plot=str(plot),
-                                               precisions=("fp32", "fp16")))), plot
+    lines = []                                          # what --results appends: one JSON line per run, the sweep's
+    doc = to_jsonable(run_bench(tiny_settings(compare=True, sweep=True, plot=str(plot), precisions=("fp32", "fp16")),
+                                on_run=lines.append))
+    return doc, plot, lines
 
 
 @pytest.mark.slow
 def test_tiny_run_json_schema(tiny_doc):
-    from diffsmooth.bench.harness import SCHEMA, json_lines
+    from diffsmooth.bench.harness import SCHEMA
     from diffsmooth.bench.timing import STAGE_NAMES
-    doc, _ = tiny_doc
+    doc, _, lines = tiny_doc
     json.dumps(doc)
     assert doc["schema"] == SCHEMA
     for key in ("cpu_model", "cpu_cores", "torch", "onnxruntime", "load_average"):
@@ -211,14 +213,13 @@ def test_tiny_run_json_schema(tiny_doc):
     assert ref["batch"] == 5 and ref["speedup"] > 0
     assert all(len(c) == 10 and all(isinstance(v, int) and v >= 0 for v in c) for c in ref["estimation_counts"])
     assert "hardware" in run["compare"]["note"].lower()
-    lines = json_lines(doc)
     assert len(lines) == 2 and all({"machine", "settings", "timestamp"} <= set(l) for l in lines)
     json.dumps(lines)
 
 
 @pytest.mark.slow
 def test_sweep_table_shape_and_plot(tiny_doc):
-    doc, plot = tiny_doc
+    doc, plot, _ = tiny_doc
     sweep = doc["sweep"]
     assert sweep["batches"] == [2, 4] and sweep["ms"] == [1, 2]
     assert len(sweep["table"]) == 2 and all(len(row) == 2 for row in sweep["table"])

@@ -25,7 +25,7 @@ def stub_heavy_steps(monkeypatch):
     import diffsmooth.cli.table as table
     import diffsmooth.cli.train_demo as train_demo
     import diffsmooth.cli.validate as validate
-    import diffsmooth.export.plan_check as plan_check
+    import diffsmooth.export.trt_build as trt_build
     from diffsmooth.engine.table.build import TableBuilder
 
     monkeypatch.setattr(certify, "build_voter", _accept)
@@ -37,7 +37,7 @@ def stub_heavy_steps(monkeypatch):
     monkeypatch.setattr(purify, "purify_grid", _accept)
     monkeypatch.setattr(train_demo, "run", _accept)
     monkeypatch.setattr(validate, "validate_dir", _accept)
-    monkeypatch.setattr(plan_check, "trt_target", _accept)
+    monkeypatch.setattr(trt_build, "current_target", _accept)
     monkeypatch.setattr(bench_harness, "machine_info", _accept)      # the first step after BenchSettings.resolved()
     monkeypatch.setattr(table, "_preflight", _accept)               # a table asks first: the models' first work
     monkeypatch.setattr(TableBuilder, "build", _accept)

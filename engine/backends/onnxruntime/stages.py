@@ -69,8 +69,8 @@ def graph_stages(config: MethodConfig, image_shape, num_classes: Optional[int], 
     """Stages for `config` from exported files, on either exported backend (the one composition ONNX Runtime and
     TensorRT share): `pick(role, want)` gives (the file, its graph's manifest) of the graph of `role` whose manifest
     has the fields `want` (ONNX Runtime: the graph; TensorRT: the plan built from it); `load(file, label)` the stage
-    that runs it. In a sweep (`sweep`), the graphs it shares are picked and opened once and the stages are left
-    for the sweep's one probe."""
+    that runs it; the stages are probed once and their classes checked against the data. In a sweep (`sweep`), the
+    graphs it shares are picked and opened once and the stages are left for the sweep's one probe."""
     if sweep is not None:
         pick, load = sweep.pick(pick), sweep.load(load)
     want_denoiser, want_classifier = wanted_fields(config, image_shape, precision)
@@ -81,18 +81,10 @@ def graph_stages(config: MethodConfig, image_shape, num_classes: Optional[int], 
     path, manifest = pick("classifier", want_classifier)
     refuse_too_few_classes(path.name, manifest.get("num_classes"), num_classes)
     score = load(path, f"{config.method.head.label}[{path.name}]")
-    return exported_stages(config, image_shape, num_classes, purify, score, path.name, sweep is None)
-
-
-def exported_stages(config: MethodConfig, image_shape, num_classes: Optional[int], purify, score,
-                    file_name: str, probe: bool = True) -> BaseClassifierStages:
-    """Stages from exported stages (ONNX graphs or TensorRT plans): checks that the classifier's inputs
-    fit the local-noise mode, probes them once (unless `probe` is False: a sweep's, probed as the sweep's), and
-    checks the number of classes against the data."""
-    local_shape = config.head.fresh_noise_shape(image_shape)
+    local_shape = config.head.fresh_noise_shape(image_shape)       # the classifier's inputs fit the local-noise mode
     if len(score.input_names) != (2 if local_shape else 1):
         wanted = "the purified samples and the fresh local noises" if local_shape else "the purified samples alone"
-        raise UserError(f"{file_name} takes inputs {score.input_names}, but {config.name}'s head at these settings "
+        raise UserError(f"{path.name} takes inputs {score.input_names}, but {config.name}'s head at these settings "
                         f"feeds it {wanted}: export the classifier again with these settings")
     stages = method_stages(config, purify, score, tuple(image_shape), num_classes)
-    return probed(stages, tuple(image_shape), num_classes, file_name) if probe else stages
+    return probed(stages, tuple(image_shape), num_classes, path.name) if sweep is None else stages

@@ -6,12 +6,12 @@ for, so every one of those is part of the key."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.stages.manifests import write_json
 
 PLAN_MANIFEST_FORMAT = "diffsmooth-trt-plan-manifest"
 PLAN_MANIFEST_VERSION = 1
@@ -90,9 +90,7 @@ def write_plan_manifest(plan_path, fields: dict) -> Path:
     path = plan_manifest_path(plan_path)
     data = {"format": PLAN_MANIFEST_FORMAT, "version": PLAN_MANIFEST_VERSION, "plan_file": Path(plan_path).name}
     data.update(fields)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_json(path, data, indent=2)
     return path
 
 

@@ -1,19 +1,17 @@
 """Which TensorRT plans serve a method config: the ONNX graphs are picked exactly as for ONNX
 Runtime (same manifest lookup), then the plan built from each graph for this GPU, TensorRT version
-and batch; the stages are composed as ONNX Runtime's (onnxruntime/stages.py's graph_stages)."""
+and batch; backend.py composes the stages as ONNX Runtime's (onnxruntime/stages.py's graph_stages)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from diffsmooth.engine.backends.onnxruntime.stages import exported_from, graph_stages
+from diffsmooth.engine.backends.onnxruntime.stages import exported_from
 from diffsmooth.engine.backends.tensorrt.plans import choose_plan, scan_plans
 from diffsmooth.engine.backends.tensorrt.runner import TrtStage, cuda_device, gpu_identity, import_tensorrt
-from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.choices import GRAPH_PRECISIONS
 from diffsmooth.engine.errors import UserError
-from diffsmooth.engine.stages.base import BaseClassifierStages
 from diffsmooth.engine.stages.manifests import find_graph, scan_manifests
 
 TRT_PRECISIONS = GRAPH_PRECISIONS
@@ -57,10 +55,3 @@ def trt_graphs(onnx_dir, device: str = "cuda", precision: str = "fp32", batch: i
     pick = lambda role, want: plan_for(onnx_dir, role, want, precision, key, classifier if role == "classifier" else None)[::2]
     return pick, lambda plan, label: TrtStage(plan, label, dev, precision, trt)
 
-
-def build_trt_stages(onnx_dir, config: MethodConfig, image_shape, num_classes: Optional[int] = None,
-                     device: str = "cuda", precision: str = "fp32", batch: int = 1000,
-                     classifier: Optional[str] = None) -> BaseClassifierStages:
-    """Stages for `config` from the plans built beside the graphs in `onnx_dir` (trt_graphs), probed once."""
-    return graph_stages(config, image_shape, num_classes, precision,
-                        *trt_graphs(onnx_dir, device, precision, batch, classifier))

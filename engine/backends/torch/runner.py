@@ -96,7 +96,7 @@ class TorchStage:
             try:
                 return self.module(*inputs).float()
             except Exception as exc:
-                if not (self.compiled and _recompile_limit_hit(exc)):
+                if not (self.compiled and is_recompile_limit_hit(exc)):
                     raise
             self._fall_back_to_eager()
             return self.module(*inputs).float()
@@ -107,10 +107,6 @@ class TorchStage:
         self.module, self.compiled = self._uncompiled, False
         self.log(f"# {self.name}: torch.compile's recompile limit ({config.recompile_limit}) was reached; "
                  f"this stage runs eager (uncompiled) from now on")
-
-
-def _recompile_limit_hit(exc: BaseException) -> bool:
-    return is_recompile_limit_hit(exc)
 
 
 class TorchRunner:

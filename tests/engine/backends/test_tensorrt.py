@@ -419,14 +419,12 @@ def test_tensorrt_available_and_missing_tensorrt(monkeypatch):
 
 
 def test_select_refuses_precision_missing_gpu_and_failed_validation(tmp_path, monkeypatch):
-    from diffsmooth.engine.backends.tensorrt.stages import PlanKey, build_trt_stages, plan_for
-    from diffsmooth.engine.base_classifier.methods import MethodConfig
-    config = MethodConfig("dds", 0.5)
+    from diffsmooth.engine.backends.tensorrt.stages import PlanKey, plan_for, trt_graphs
     with pytest.raises(UserError, match="not bf16"):
-        build_trt_stages(tmp_path, config, (1, 8, 8), precision="bf16")
+        trt_graphs(tmp_path, precision="bf16")
     monkeypatch.setitem(sys.modules, "tensorrt", FAKE)
     with pytest.raises(UserError, match="runs on a CUDA device"):
-        build_trt_stages(tmp_path, config, (1, 8, 8), device="cpu", precision="fp16")
+        trt_graphs(tmp_path, device="cpu", precision="fp16")
     path, manifest = _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx")
     fb = FakeBuilder()
     result = ensure_plan(path, manifest, H100, batch=100, echo=lambda s: None, build_fn=fb.build, load_fn=fb.load,
@@ -476,8 +474,8 @@ def test_cli_without_tensorrt_is_one_line_and_exit_2(tmp_path, no_tensorrt):
 
 
 def test_cli_build_engine_options_are_checked(tmp_path, monkeypatch):
-    from diffsmooth.export import plan_check
-    monkeypatch.setattr(plan_check, "trt_target", lambda device: H100)
+    from diffsmooth.export import trt_build
+    monkeypatch.setattr(trt_build, "current_target", lambda device: H100)
     _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx")
     r = _run(["build-engine", "--onnx-dir", tmp_path, "--batch", "100", "--max-batch", "10"])
     assert r.exit_code == 2 and "--max-batch: must be >= --batch (100), got 10" in r.output

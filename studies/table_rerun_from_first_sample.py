@@ -1,11 +1,10 @@
 """The same `diffsmooth table` command with the race's extensions rerun from the first sample (as before
 rows kept their states): LineRace.starts gives no state, so every extension starts each image afresh.
 
-    python rerun_from_first_sample.py table --demo --rows rs ... --out rerun
+    python -m studies.table_rerun_from_first_sample table --demo --rows rs ... --out rerun
 
 The command line runs as a child process, `python -c CHILD ARGS...`: CHILD patches the race, then runs
-the command line as `python -m diffsmooth.cli` would; this script imports nothing of diffsmooth (bench/
-never imports the command line: tests/bench/test_no_cli_imports.py)."""
+the command line as `python -m diffsmooth.cli` would; this study imports nothing of diffsmooth."""
 
 import subprocess
 import sys

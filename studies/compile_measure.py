@@ -3,11 +3,10 @@ JSON line (stderr) with torch.compile's work in that process: graphs compiled (d
 frames compiled and the seconds dynamo spent compiling (its `_compile.compile_inner` timer: tracing
 plus inductor).
 
-    python measure.py table --demo ...
+    python -m studies.compile_measure table --demo ...
 
 The child is `python -c CHILD ARGS...`: CHILD registers the report at exit, then runs the command line
-as `python -m diffsmooth.cli` would; this script imports nothing of diffsmooth (bench/ never imports the
-command line: tests/bench/test_no_cli_imports.py)."""
+as `python -m diffsmooth.cli` would; this study imports nothing of diffsmooth."""
 
 import subprocess
 import sys
