@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from diffsmooth.engine.certify.cohen import certify_job, only, predict_job
+from diffsmooth.engine.certify.jobs import Request
 from diffsmooth.engine.certify.scheduler import BatchRows, Finished, Scheduler, Work
 from diffsmooth.engine.certify.sequential import sequential_job
 from diffsmooth.engine.errors import UserError
@@ -61,19 +62,36 @@ def job_for(asked: Asked, sigma: float):
     return certify_job(asked.n0, asked.n, asked.alpha, sigma)
 
 
-def cancellable(job, ticket: Ticket):
-    """The job, stopped at its next request once the ticket is cancelled (then it returns CANCELLED)."""
+def cancellable(job, ticket: Ticket, chunk: int):
+    """The job with its sample ranges asked `chunk` at a time (the same counts: noise is keyed by sample), stopped at
+    the next chunk once the ticket is cancelled (then it returns CANCELLED): a client gone frees its samples."""
     try:
         ask = next(job)
     except StopIteration as done:
         return done.value
-    while not ticket.cancelled:
-        counts = yield ask
+    while True:
+        counts = yield from _chunked(ask, ticket, chunk)
+        if counts is None:
+            return CANCELLED
         try:
             ask = job.send(counts)
         except StopIteration as done:
             return done.value
-    return CANCELLED
+
+
+def _chunked(ask, ticket: Ticket, chunk: int):
+    """The counts of `ask` (a Request or a tuple of them), asked at most `chunk` samples at a time; None if cancelled."""
+    requests = (ask,) if isinstance(ask, Request) else tuple(ask)
+    got = []
+    for request in requests:
+        total = None
+        for first in range(request.first, request.first + request.num, chunk):
+            if ticket.cancelled:
+                return None
+            part = yield Request(first, min(chunk, request.first + request.num - first))
+            total = part if total is None else total + part
+        got.append(total)
+    return got[0] if isinstance(ask, Request) else tuple(got)
 
 
 class ServingScheduler(Scheduler):
@@ -154,7 +172,7 @@ class ModelWorker:
             except UserError as exc:
                 raise Busy(str(exc)) from None
             for k, image in enumerate(images):
-                job = cancellable(job_for(asked, self.pipeline.sigma), ticket)
+                job = cancellable(job_for(asked, self.pipeline.sigma), ticket, self.batch)     # a batch at a time
                 self.queue.append(Work(ticket.first_index + k, torch.from_numpy(image.copy()), job, tag=(ticket, k)))
             self.waiting += len(images)
             self.cond.notify()

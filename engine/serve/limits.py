@@ -13,12 +13,6 @@ class BadRequest(Exception):
     status = 400
 
 
-class NotFound(BadRequest):
-    """An unknown model: 404 and one line."""
-
-    status = 404
-
-
 class Busy(Exception):
     """The model's queue is full (or the server is stopping): 503 with Retry-After."""
 

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from diffsmooth.engine.serve.batcher import ModelWorker, result_of
-from diffsmooth.engine.serve.limits import BadRequest, Limits, NotFound
+from diffsmooth.engine.serve.limits import BadRequest, Limits
 from diffsmooth.engine.serve.model_registry import ServedModel
 from diffsmooth.engine.serve.noise_key import IndexCounter, NoiseKey
 from diffsmooth.engine.serve.protocol import INPUT, OUTPUTS, InferRequest, encode_infer, parse_infer
@@ -62,7 +62,7 @@ class Service:
 
     def model(self, name: str) -> ServedModel:
         if name not in self.models:
-            raise NotFound(f"unknown model `{name[:60]}`; served: {', '.join(self.models)}")
+            raise BadRequest(f"unknown model `{name[:60]}`; served: {', '.join(self.models)}")
         return self.models[name]
 
     def server_metadata(self) -> dict:
