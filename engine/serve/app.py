@@ -44,18 +44,29 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+class Bearer:
+    """Every request but the health probes carries `Authorization: Bearer TOKEN`, else 401 (plain ASGI: the request's
+    own receive stays untouched, so a waiting request still sees its client leave)."""
+
+    def __init__(self, app, token: str):
+        self.app, self.expected = app, f"Bearer {token}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                await error(401, "a bearer token is required (Authorization: Bearer TOKEN)")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def build_app(service: Service, metrics: Metrics, token: Optional[str] = None,
               log: Callable[[str], None] = print) -> FastAPI:
     """The app: health, metadata, repository index, infer and /metrics on `service`."""
     app = FastAPI(title="diffsmooth serve", docs_url=None, redoc_url=None, openapi_url=None)
 
-    @app.middleware("http")
-    async def bearer(request: Request, call_next):
-        if token is not None and request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return error(401, "a bearer token is required (Authorization: Bearer TOKEN)")
-        return await call_next(request)
+    if token is not None:
+        app.add_middleware(Bearer, token=token)
 
     @app.get("/v2/health/live")
     def live():
@@ -90,7 +101,8 @@ def build_app(service: Service, metrics: Metrics, token: Optional[str] = None,
         answer, status, headers = None, 500, {}
         try:
             body = await read_body(request, service.limits.max_body_bytes)
-            answer = await service.infer(name, body, request.headers.get("inference-header-content-length"))
+            answer = await service.infer(name, body, request.headers.get("inference-header-content-length"),
+                                         request.is_disconnected)
             status = 200
             return Response(answer.body, headers=answer.headers)
         except Exception as exc:            # noqa: BLE001 - every failure is one line; the server keeps serving

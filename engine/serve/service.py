@@ -4,9 +4,10 @@ worker -> results -> response bytes), on the models, their workers, the noise ke
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Awaitable, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -18,6 +19,19 @@ from diffsmooth.engine.serve.protocol import INPUT, OUTPUTS, InferRequest, encod
 
 SERVER_NAME = "diffsmooth"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
+
+
+POLL_SECONDS = 0.25        # how often a waiting request checks its client is still there
+
+
+async def _never() -> bool:
+    return False
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer: nothing is sent (499 in the log line)."""
+
+    status = 499
 
 
 class DeadlineExceeded(Exception):
@@ -87,20 +101,29 @@ class Service:
                 "parameters": {**self.described(model),
                                **{k: v for k, v in model.settings.items() if k not in ("method", "sigma")}}}
 
-    async def infer(self, name: str, body: bytes, header_length: Optional[str]) -> Answer:
-        """Check the request, queue its images on the model's worker, wait (up to its deadline), answer."""
+    async def infer(self, name: str, body: bytes, header_length: Optional[str],
+                    gone: Callable[[], Awaitable[bool]] = _never) -> Answer:
+        """Check the request, queue its images on the model's worker, wait (up to its deadline, while the client
+        is there: `gone`), answer."""
         model = self.model(name)
         request = await asyncio.to_thread(parse_infer, body, header_length, model.image_shape, self.limits)
         request.id = request.id or uuid.uuid4().hex[:16]
         ticket = self.workers[name].submit(request.images, request.asked)
+        waiting = asyncio.wrap_future(ticket.future)
+        ends = time.monotonic() + request.asked.deadline
         try:
-            results = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(ticket.future)), request.asked.deadline)
-        except asyncio.TimeoutError:
-            ticket.cancelled = True
-            raise DeadlineExceeded(f"the deadline of {request.asked.deadline:g} s passed; the request's samples "
-                                   f"were freed") from None
-        except asyncio.CancelledError:          # the client went away: its images stop at their next look
-            ticket.cancelled = True
+            while not waiting.done():
+                await asyncio.wait([waiting], timeout=min(POLL_SECONDS, max(0.0, ends - time.monotonic())))
+                if waiting.done():
+                    break
+                if time.monotonic() >= ends:
+                    raise DeadlineExceeded(f"the deadline of {request.asked.deadline:g} s passed; the request's "
+                                           f"samples were freed")
+                if await gone():
+                    raise ClientGone(f"request {request.id}: the client disconnected; its samples were freed")
+            results = waiting.result()
+        except (DeadlineExceeded, ClientGone, asyncio.CancelledError):
+            ticket.cancelled = True             # its images stop at their next batch of samples
             raise
         values = self._values(request, [result_of(r, request.asked) for r in results], ticket.first_index)
         parameters = {**self.described(model), "mode": request.asked.mode, "n": request.asked.n}

@@ -100,3 +100,43 @@ def test_a_stage_that_raises_fails_its_requests_and_the_worker_keeps_serving(tmp
     assert result_of(results[0], asked)[0] == expected
     worker.close()
     worker.thread.join(10)
+
+
+def _call(app, method: str, path: str, headers=()):
+    """(status, body) of one request through the ASGI app, with no server around it."""
+    import asyncio
+
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "path": path,
+             "raw_path": path.encode(), "query_string": b"", "root_path": "", "scheme": "http",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers], "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 80)}
+    asyncio.run(app(scope, receive, send))
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_a_token_guards_every_route_but_the_health_probes():
+    pytest.importorskip("fastapi")
+    import json
+
+    from diffsmooth.engine.serve.app import build_app
+    from diffsmooth.engine.serve.limits import Limits
+    from diffsmooth.engine.serve.metrics import Metrics
+    from diffsmooth.engine.serve.service import Service
+
+    service = Service([], NoiseKey.make(None), Limits(), log=lambda line: None)
+    service.ready = True
+    app = build_app(service, Metrics(), token="s3cret", log=lambda line: None)
+    assert _call(app, "GET", "/v2/health/live")[0] == 200 and _call(app, "GET", "/v2/health/ready")[0] == 200
+    for method, path in (("GET", "/v2"), ("GET", "/metrics"), ("POST", "/v2/repository/index")):
+        status, body = _call(app, method, path)
+        assert status == 401 and "\n" not in json.loads(body)["error"]
+        assert _call(app, method, path, [("Authorization", "Bearer wrong")])[0] == 401
+        assert _call(app, method, path, [("Authorization", "Bearer s3cret")])[0] == 200
