@@ -96,19 +96,17 @@ def _chunked(ask, ticket: Ticket, chunk: int):
 
 class ServingScheduler(Scheduler):
     """The scheduler of a run that never runs out of images: `serve` admits each image as it is taken, and waits
-    for the next when nothing is in flight. Counts how many requests share each batch."""
+    for the next when nothing is in flight; `on_batch(requests, rows)` hears how many requests share each batch."""
 
-    shared: Deque[int]
+    on_batch: Callable[[int, int], None] = staticmethod(lambda requests, rows: None)
 
     def _produce(self, rows: BatchRows):
-        tickets = {id(slot.work.tag[0]) for slot, *_ in rows.segments if slot.work.tag is not None}
-        self.shared.append(len(tickets))
+        self.on_batch(len({id(slot.work.tag[0]) for slot, *_ in rows.segments}), rows.size)
         return super()._produce(rows)
 
     def serve(self, take: Callable[[bool], Optional[Work]], on_finish: Callable[[Finished], None],
               closing: Callable[[], bool]) -> None:
         """Run images from take(block) (None: none now) until closing() and nothing is in flight or waiting."""
-        self.shared = deque(maxlen=1000)
         self.voter.verify_weights()
         active: Dict = {}
         in_flight: Deque = deque()
@@ -155,6 +153,7 @@ class ModelWorker:
         self.closing = False
         self.samples = 0                # samples counted, for samples/s
         self.scheduler: Optional[ServingScheduler] = None
+        self.on_batch: Callable[[int, int], None] = lambda requests, rows: None    # metrics.py listens
         self.thread = threading.Thread(target=self._run, name="serve-worker", daemon=True)
 
     def start(self) -> "ModelWorker":
@@ -205,6 +204,7 @@ class ModelWorker:
         """Serve until closed; a failure (a stage that raises) fails the requests in flight and starts afresh."""
         while True:
             self.scheduler = ServingScheduler(self.pipeline, self.batch)
+            self.scheduler.on_batch = lambda requests, rows: self.on_batch(requests, rows)     # set after start too
             started: Dict[int, Work] = {}
 
             def take(block: bool) -> Optional[Work]:

@@ -254,8 +254,9 @@ def test_metrics(server):
     status, _, text = server.get("/metrics")
     assert status == 200
     for name in ("diffsmooth_requests_total", "diffsmooth_request_seconds_bucket", "diffsmooth_queue_images",
-                 "diffsmooth_samples_counted", "diffsmooth_requests_per_batch"):
+                 "diffsmooth_samples_counted", "diffsmooth_batch_requests_bucket", "diffsmooth_batch_fill_bucket"):
         assert name.encode() in text
+    assert b'diffsmooth_batch_requests_count{model="rs"} 0.0' not in text        # batches were counted
 
 
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(server, images):
