@@ -69,15 +69,15 @@ def serve(demo, models_dir, host, port, token, seed, threads, device, batch, max
 
 def start(models_dir, host, port, token, seed, device, batch, limits) -> None:
     """Self-test the sampler, load the models (the demo's when `models_dir` is None), bind and serve (the heavy step)."""
-    key = noise_key.NoiseKey.make(seed)
-    summary = noise_key.self_test(noise_key.engine_sampler(key.key))
-    print(f"# noise: {key.generator}; sampler self-test passed: {summary}", file=sys.stderr, flush=True)
     try:
         from diffsmooth.engine.serve.app import bind, run_server
         from diffsmooth.engine.serve.service import Service
     except ImportError as exc:
         raise UserError(f"`diffsmooth serve` needs the serve extra: pip install 'diffsmooth-engine[serve]' "
-                        f"({exc.name} is missing)") from None
+                        f"({exc.name or exc} is missing)") from None
+    key = noise_key.NoiseKey.make(seed)
+    summary = noise_key.self_test(noise_key.engine_sampler(key.key))
+    print(f"# noise: {key.generator}; sampler self-test passed: {summary}", file=sys.stderr, flush=True)
     models = demo_models(key.key, device, batch) if models_dir is None else folder_models(models_dir, key.key, device)
     try:
         sock = bind(host, port)

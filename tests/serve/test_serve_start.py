@@ -140,3 +140,12 @@ def test_a_token_guards_every_route_but_the_health_probes():
         assert status == 401 and "\n" not in json.loads(body)["error"]
         assert _call(app, method, path, [("Authorization", "Bearer wrong")])[0] == 401
         assert _call(app, method, path, [("Authorization", "Bearer s3cret")])[0] == 200
+
+
+def test_without_the_serve_extra_every_other_command_works_and_serve_says_what_to_install(monkeypatch):
+    for name in ("fastapi", "uvicorn", "prometheus_client", "diffsmooth.engine.serve.app",
+                 "diffsmooth.engine.serve.metrics"):
+        monkeypatch.setitem(__import__("sys").modules, name, None)       # an import of it now fails
+    assert CliRunner().invoke(main, ["env", "--help"]).exit_code == 0
+    line = _one_line_error(CliRunner().invoke(main, ["serve", "--demo", "--port", "0"]))
+    assert "serve extra" in line
