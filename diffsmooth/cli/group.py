@@ -53,6 +53,8 @@ COMMANDS = {
                          "certificate: data, accuracies, normalisation, labels, denoiser."),
     "purify": Command("diffsmooth.cli.purify", "purify", "PNG grid: clean / noisy / one-shot denoised / "
                       "locally smoothed images (the paper's figure)."),
+    "serve": Command("diffsmooth.cli.serve", "serve", "Serve certified predictions over the Open Inference "
+                     "Protocol (KServe v2) on HTTP."),
     "table": Command("diffsmooth.cli.table", "table", "The paper's table in one command: which sigma settles "
                      "which radius, the cost first, table.md/tex, curves.png."),
     "train-demo": Command("diffsmooth.cli.train_demo", "train_demo", "Train the embedded demo denoiser and "

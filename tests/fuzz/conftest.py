@@ -22,6 +22,7 @@ def stub_heavy_steps(monkeypatch):
     import diffsmooth.cli.env as env
     import diffsmooth.cli.export as export
     import diffsmooth.cli.purify as purify
+    import diffsmooth.cli.serve as serve
     import diffsmooth.cli.table as table
     import diffsmooth.cli.train_demo as train_demo
     import diffsmooth.cli.validate as validate
@@ -35,6 +36,7 @@ def stub_heavy_steps(monkeypatch):
     monkeypatch.setattr(export, "load_denoiser_from", _accept)
     monkeypatch.setattr(export, "export_models", _accept)
     monkeypatch.setattr(purify, "purify_grid", _accept)
+    monkeypatch.setattr(serve, "start", _accept)                     # the sampler's self-test, the models, the socket
     monkeypatch.setattr(train_demo, "run", _accept)
     monkeypatch.setattr(validate, "validate_dir", _accept)
     monkeypatch.setattr(trt_build, "current_target", _accept)

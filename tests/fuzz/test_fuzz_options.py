@@ -127,6 +127,10 @@ CASES = {
         "--classifier-steps": i(1, 2 ** 31 - 1), "--classifier-batch-size": i(1, MAX_BATCH), "--train-limit": i(1),
         "--test-limit": i(1), "--workers": i(1, 1024), "--threads": i(1, 1024)}),
     "env": (["env"], {"--compile-timeout": f(0, 7 * 86400, low_open=True)}),
+    "serve": (["serve", "--demo"], {
+        "--port": i(0, 65535), "--seed": i(0, MAX_SEED), "--threads": i(1, 1024), "--batch": i(1, MAX_BATCH),
+        "--max-images": i(1, 2 ** 20), "--max-samples": i(1, 2 ** 32 - 1), "--max-queue": i(1, 2 ** 20),
+        "--max-body-mb": f(0, 2 ** 14, low_open=True), "--deadline": f(0, 86400, low_open=True)}),
     "table": (["table", "--demo", "--out", f"{OUT}/table"], {
         "--pilot": i(1), "--margin": f(0, 1), "--reach": f(0, low_open=True), "--images": i(1, 500),
         "--n-max": i(1, MAX_SAMPLES - 100), "--threads": i(1, 1024), "--batch": i(1, MAX_BATCH), "--rows": rows}),

@@ -1,0 +1,162 @@
+"""MEASURED: `diffsmooth serve --demo` under load on the loopback address, beside the Python API offline.
+
+A real server process (port 0); for each concurrency, `--requests` one-image requests (PREDICT n, or sequential
+CERTIFY n0 + n-max) sent by that many client threads: throughput, p50 / p95 / p99 latency and how many requests share
+a batch (the server's own histogram, per level); then the same images and n through the Python API in this process
+(packed into shared batches, as a dataset run packs them), with the same threads. Bounded in requests and seconds.
+
+    python -m studies.serve_load --model diffsmooth --mode predict --n 100 --concurrency 1,2,4,8 --requests 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from diffsmooth.engine.certify.cohen import predict_job
+from diffsmooth.engine.certify.scheduler import Work
+from diffsmooth.engine.certify.sequential import sequential_job
+from diffsmooth.engine.data import load_dataset
+from diffsmooth.engine.runs.request import sequential_rule
+from diffsmooth.engine.serve.model_registry import demo_models
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start_server(args) -> tuple:
+    """(process, port, seconds to ready) of `diffsmooth serve --demo`."""
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "diffsmooth.cli", "serve", "--demo", "--seed", "0", "--port", "0",
+                             "--threads", str(args.threads), "--batch", str(args.batch), "--max-queue", "4096"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    port = int(re.search(r"port=(\d+)", proc.stdout.readline()).group(1))
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5) as answer:
+                if answer.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.05)
+    return proc, port, time.perf_counter() - started
+
+
+def parameters(args) -> dict:
+    if args.mode == "predict":
+        return {"mode": "predict", "n": args.n}
+    return {"mode": "certify", "n0": args.n0, "n": args.n, "radii": args.radii}
+
+
+def infer(port: int, model: str, image: np.ndarray, params: dict) -> float:
+    """Seconds one request took."""
+    body = json.dumps({"inputs": [{"name": "images", "shape": [1, *image.shape], "datatype": "FP32",
+                                   "data": image.reshape(-1).tolist()}], "parameters": params}).encode()
+    started = time.perf_counter()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/{model}/infer", data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=3600) as answer:
+        answer.read()
+    return time.perf_counter() - started
+
+
+def batch_sharing(port: int, model: str) -> tuple:
+    """(sum, count) of the server's requests-per-batch histogram."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    pick = lambda what: float(re.search(rf'diffsmooth_batch_requests_{what}{{model="{model}"}} (\S+)', text).group(1))
+    return pick("sum"), pick("count")
+
+
+def level(args, port: int, images: np.ndarray, concurrency: int) -> dict:
+    """One concurrency level: its requests, wall time, latencies and batch sharing."""
+    before = batch_sharing(port, args.model)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        latencies = list(pool.map(lambda k: infer(port, args.model, images[k % len(images)], parameters(args)),
+                                  range(args.requests)))
+    wall = time.perf_counter() - started
+    after = batch_sharing(port, args.model)
+    return {"concurrency": concurrency, "requests": args.requests, "wall": wall, "rate": args.requests / wall,
+            "p50": float(np.percentile(latencies, 50)), "p95": float(np.percentile(latencies, 95)),
+            "p99": float(np.percentile(latencies, 99)),
+            "sharing": (after[0] - before[0]) / max(1.0, after[1] - before[1])}
+
+
+def offline(args, images: np.ndarray) -> float:
+    """Requests per second of the same images and jobs through the Python API's pipeline, packed (no server)."""
+    torch.set_num_threads(args.threads)
+    model = next(m for m in demo_models(0, batch=args.batch) if m.name == args.model)
+    pipeline = model.pipeline()
+    rule = sequential_rule(args.radii, model.sigma, 0.001, args.n) if args.mode == "certify" else None
+    job = (lambda: predict_job(args.n, 0.001)) if rule is None else (lambda: sequential_job(args.n0, rule))
+    pipeline.scheduler(args.batch).run([Work(2 * 10 ** 6, torch.from_numpy(images[0]), predict_job(args.batch, 0.001))],
+                                       lambda done: None)          # warm-up, as the server's first request
+    works = [Work(10 ** 6 + k, torch.from_numpy(images[k % len(images)]), job()) for k in range(args.requests)]
+    started = time.perf_counter()
+    pipeline.scheduler(args.batch).run(works, lambda done: None)
+    return args.requests / (time.perf_counter() - started)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="diffsmooth", choices=("rs", "dds", "diffsmooth"))
+    parser.add_argument("--mode", default="predict", choices=("predict", "certify"))
+    parser.add_argument("--n", type=int, default=100)
+    parser.add_argument("--n0", type=int, default=100)
+    parser.add_argument("--radii", default="0.25,0.5")
+    parser.add_argument("--concurrency", default="1,2,4,8,16")
+    parser.add_argument("--requests", type=int, default=16, help="requests per concurrency level")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--max-seconds", type=float, default=600, help="no further level starts after this")
+    parser.add_argument("--out", default=None, help="a markdown file for the table")
+    args = parser.parse_args(argv)
+    data = load_dataset("embedded")
+    images = np.stack([data[k][0].numpy() for k in range(0, len(data), max(1, len(data) // 16))][:16]).astype(np.float32)
+    proc, port, ready = start_server(args)
+    infer(port, args.model, images[0], {"mode": "predict", "n": args.batch})     # warm-up
+    started, rows = time.perf_counter(), []
+    try:
+        for c in (int(c) for c in args.concurrency.split(",")):
+            if time.perf_counter() - started > args.max_seconds:
+                break
+            rows.append(level(args, port, images, c))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    rate = offline(args, images)
+    print(report(args, rows, rate, ready, " ".join(["python -m studies.serve_load", *(argv or sys.argv[1:])])))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(report(args, rows, rate, ready, " ".join(["python -m studies.serve_load",
+                                                                              *(argv or sys.argv[1:])])))
+
+
+def report(args, rows, offline_rate: float, ready: float, command: str) -> str:
+    """The measured table as markdown, its command first."""
+    serial = rows[0]["rate"] if rows else float("nan")
+    what = f"PREDICT n={args.n}" if args.mode == "predict" else f"sequential CERTIFY n0={args.n0} n-max={args.n}"
+    lines = [f"`{command}`", "",
+             f"MEASURED on the CPU ({args.threads} torch thread(s), batch {args.batch}): {args.model}, {what}, "
+             f"one image per request, {args.requests} requests per level; time to ready {ready:.1f} s; the Python API "
+             f"offline (the same images and jobs, packed): {offline_rate:.3f} requests/s.", "",
+             "| concurrency | requests/s | x serial | x offline | p50 s | p95 s | p99 s | requests per batch |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['concurrency']} | {r['rate']:.3f} | {r['rate'] / serial:.2f} | {r['rate'] / offline_rate:.2f} "
+                     f"| {r['p50']:.2f} | {r['p95']:.2f} | {r['p99']:.2f} | {r['sharing']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
