@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check: one command per part on a machine with one CUDA GPU, torch already installed, no network.
-#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|preflight|all]
+#   bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|preflight|serve|all]
 #   DRY_RUN=1 bash bench/gpu_check.sh OUT_DIR PART     # print the steps and their limits, run nothing
 # Each part fits one 600 s call on a fresh H100 or H200, its own install included: the step limits of a
 # part (install, import check, its steps, summary) add up to at most 540 s (tests/engine/runs/test_gpu_readiness.py
@@ -28,12 +28,15 @@
 #        nccl (a 1-rank torchrun: bench/nccl_smoke.py, counts shared over the ranks against one rank's alone).
 # preflight: `diffsmooth preflight`'s time on the demo models (rs, dds, diffsmooth) on CUDA (bench.preflight_time),
 #        beside its CPU figures and its estimates for the paper's models (bench/results/preflight_cpu/).
+# serve: `diffsmooth serve --demo --device cuda` on 127.0.0.1 port 0 under the load study (studies/serve_load.py) at
+#        concurrency 1 and 8: PREDICT n=100 and n=1,000, sequential CERTIFY, beside the Python API offline on CUDA; the
+#        server is stopped at the end. Needs the serve extra (fastapi, uvicorn; wheels in SERVE_WHEELS are installed).
 # all: every part in a row (more than one call's time).
 # Everything goes under OUT_DIR: one log per step, steps.tsv (step, exit status, seconds, limit),
 # gpu_check.log (this script's whole output), summary.md. bench.jsonl records peak GPU memory per run;
 # agreement.json is rewritten after each variant.
 set -uo pipefail
-OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|preflight|all]}
+OUT=${1:?usage: bash bench/gpu_check.sh OUT_DIR [speed|sequential|table|ablation|fixes|headline|densepure|preflight|serve|all]}
 PART=${2:-speed}
 DRY_RUN=${DRY_RUN:-0}
 mkdir -p "$OUT"
@@ -180,14 +183,31 @@ part_preflight() {
         $PY -m diffsmooth.bench.preflight_time --device cuda --json "$OUT/preflight_time.json"
 }
 
+part_serve() {
+    # the serve extra from carried wheels where the image lacks it (docs/gpu-check.md lists them), then its import
+    if [ -n "${SERVE_WHEELS:-}" ]; then
+        run_step serve-wheels ${SERVE_WHEELS_LIMIT:-30} serve_wheels.log $PY -m pip install -q --no-index --no-deps \
+            --no-compile --target "$OUT/site" "$SERVE_WHEELS"/*.whl || stop serve-wheels serve_wheels.log
+        export PYTHONPATH="$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    run_step serve-import ${SERVE_IMPORT_LIMIT:-15} serve_import.log \
+        $PY -c "import fastapi, uvicorn, prometheus_client; print('serve extra:', fastapi.__version__, uvicorn.__version__)" \
+        || stop serve-import serve_import.log
+    # the study starts `diffsmooth serve --demo --device cuda` on 127.0.0.1 port 0 and stops it at the end
+    run_step serve-load ${SERVE_LIMIT:-300} serve_load.txt \
+        $PY -m studies.serve_load --model diffsmooth --device cuda --batch ${SERVE_BATCH:-2000} --concurrency 1,8 \
+        --cases predict:100:16,predict:1000:8,certify:1000:8 --max-seconds 60 \
+        --server-log "$OUT/serve_server.log" --out "$OUT/serve_load.md"
+}
+
 summary() {
     run_step summary ${SUMMARY_LIMIT:-10} summary.md $PY -m diffsmooth.bench.gpu_summary "$OUT"
 }
 
 case "$PART" in
-    speed|sequential|table|ablation|fixes|headline|densepure|preflight) ;;
+    speed|sequential|table|ablation|fixes|headline|densepure|preflight|serve) ;;
     all) ;;
-    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation, fixes, headline, densepure, preflight or all)"; exit 2 ;;
+    *) echo "gpu_check: unknown part $PART (speed, sequential, table, ablation, fixes, headline, densepure, preflight, serve or all)"; exit 2 ;;
 esac
 setup
 case "$PART" in
@@ -199,6 +219,7 @@ case "$PART" in
     headline) part_headline ;;
     densepure) part_densepure ;;
     preflight) part_preflight ;;
+    serve) part_serve ;;
     all) part_speed; part_sequential; part_table; part_ablation ;;
 esac
 summary

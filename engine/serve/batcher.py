@@ -94,11 +94,54 @@ def _chunked(ask, ticket: Ticket, chunk: int):
     return got[0] if isinstance(ask, Request) else tuple(got)
 
 
+SHARED = 8      # requests that get an equal slice of every batch (batch // SHARED rows each) before any gets more
+
+
 class ServingScheduler(Scheduler):
     """The scheduler of a run that never runs out of images: `serve` admits each image as it is taken, and waits
-    for the next when nothing is in flight; `on_batch(requests, rows)` hears how many requests share each batch."""
+    for the next when nothing is in flight; `on_batch(requests, rows)` hears how many requests share each batch.
+    Each batch is shared fairly: every request in flight (oldest first, up to `shared` of them) gets a slice of
+    batch // shared rows, then the rows left go oldest first; the answers do not move (noise is keyed per sample)."""
 
     on_batch: Callable[[int, int], None] = staticmethod(lambda requests, rows: None)
+
+    def __init__(self, voter, batch: int, shared: int = SHARED):
+        super().__init__(voter, batch)
+        self.slice = max(1, self.batch // max(1, shared))
+
+    def _plan(self, active: Dict, admit: Callable[[], bool]) -> Optional[BatchRows]:
+        """One batch: a slice per request (its images oldest first), new images admitted while a slice fits,
+        then the free rows to the oldest pending samples; None when there is nothing to compute."""
+        space, segments, given = self.batch, [], {}
+
+        def take_from(slot, cap: Optional[int]) -> None:
+            nonlocal space
+            request = id(slot.work.tag[0]) if isinstance(slot.work.tag, tuple) else id(slot)
+            for p in slot.pending:
+                room = space if cap is None else min(space, cap - given.get(request, 0))
+                rows = min(p.num - p.planned, room)
+                if rows > 0:
+                    segments.append((slot, p, p.lo + p.planned, rows))
+                    p.planned += rows
+                    space -= rows
+                    given[request] = given.get(request, 0) + rows
+
+        for slot in list(active.values()):
+            take_from(slot, self.slice)
+        while space > 0 and admit():
+            before = space
+            take_from(next(reversed(active.values())), self.slice)
+            if space == before:         # its request has had its slice: the queue waits for the next batch
+                break
+        for slot in list(active.values()):
+            if space == 0:
+                break
+            take_from(slot, None)
+        if not segments:
+            return None
+        if self.voter.static_batch and space > 0:
+            space = self._look_ahead(list(active.values()), space, segments)
+        return self._rows(segments, space if self.voter.static_batch else 0)
 
     def _produce(self, rows: BatchRows):
         self.on_batch(len({id(slot.work.tag[0]) for slot, *_ in rows.segments}), rows.size)

@@ -102,6 +102,32 @@ def test_a_stage_that_raises_fails_its_requests_and_the_worker_keeps_serving(tmp
     worker.thread.join(10)
 
 
+def test_concurrent_requests_share_every_batch_fairly_with_the_same_answers(tmp_path):
+    from diffsmooth.engine.serve.batcher import ModelWorker, result_of
+
+    (tmp_path / "rs.toml").write_text('method = "rs"\nsigma = 0.5\nclassifier = "demo"\nbatch = 80\n')
+    (model,) = folder_models(tmp_path, seed=1)
+    worker = ModelWorker(model.pipeline(), 80, 64, IndexCounter(), log=lambda line: None)
+    batches = []
+    worker.on_batch = lambda requests, rows: batches.append((requests, rows))
+    from diffsmooth.engine.data import load_dataset
+
+    data = load_dataset("embedded")
+    x = np.stack([data[k][0].numpy()[None] for k in range(0, 8 * 13, 13)]).astype(np.float32)
+    asked = Asked(n=40)
+    tickets = [worker.submit(image, asked) for image in x]          # all queued before the worker starts
+    worker.start()
+    results = [result_of(t.future.result(timeout=60)[0], asked)[0] for t in tickets]
+    assert batches[:4] == [(8, 80)] * 4                            # 8 requests x a slice of 80 // 8 rows
+    expected = [model.smoothed.predict(torch.from_numpy(image[0]), n=40, image_index=t.first_index)
+                for image, t in zip(x, tickets)]
+    assert results == expected and len(set(results)) >= 2
+    batches.clear()
+    worker.submit(x[0], Asked(n=60)).future.result(timeout=60)      # alone: the whole request in one batch
+    assert batches == [(1, 60)]
+    worker.close()
+    worker.thread.join(10)
+
 def _call(app, method: str, path: str, headers=()):
     """(status, body) of one request through the ASGI app, with no server around it."""
     import asyncio

@@ -533,7 +533,7 @@ def _function_steps(script: str, function: str):
 
 
 @pytest.mark.parametrize("part", ["speed", "sequential", "table", "ablation", "fixes", "headline", "densepure",
-                                  "preflight"])
+                                  "preflight", "serve"])
 def test_each_gpu_check_part_fits_one_device_call(part):
     script = GPU_CHECK.read_text()
     steps = _function_steps(script, "setup") + _function_steps(script, f"part_{part}") + \
@@ -554,6 +554,19 @@ def test_gpu_check_dry_run_prints_the_steps_and_runs_nothing(tmp_path):
                                      "summary"]
     assert sum(int(limit) for _, limit in names) <= 540
     assert (tmp_path / "out" / "gpu_check.log").exists() and not (tmp_path / "out" / "steps.tsv").exists()
+
+
+def test_gpu_check_serve_part_runs_the_load_study_on_cuda(tmp_path):
+    out = subprocess.run(["bash", str(GPU_CHECK), str(tmp_path / "out"), "serve"], env={"DRY_RUN": "1",
+                         "PATH": "/usr/bin:/bin", "PYTHON": "false", "SERVE_WHEELS": "wheels"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    names = re.findall(r"^== \S+ (\S+) \(limit (\d+) s", out.stdout, re.M)
+    assert [n for n, _ in names] == ["install", "import", "serve-wheels", "serve-import", "serve-load", "summary"]
+    assert sum(int(limit) for _, limit in names) <= 540
+    load = out.stdout.split("serve-load (limit")[1]
+    assert "-m studies.serve_load" in load and "--device cuda" in load and "--concurrency 1,8" in load
+    assert f"--out {tmp_path / 'out' / 'serve_load.md'}" in load
 
 
 def test_gpu_check_stops_at_a_failed_install_with_one_line(tmp_path):
