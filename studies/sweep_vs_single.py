@@ -17,8 +17,8 @@ import click
 import torch
 
 from diffsmooth.engine.backends.torch.runner import TorchRunner
-from diffsmooth.engine.backends.torch.stages import build_torch_stages
-from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
+from diffsmooth.engine.backends.torch.stages import build_torch_stages, torch_stages
+from diffsmooth.engine.base_classifier.configurations import configurations
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES, DiffusionDenoiser, load_denoiser
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
 from diffsmooth.engine.models import shipped as demo_assets
@@ -58,7 +58,7 @@ def measure(n: int = 200, n0: int = 20, images: int = 2, batch: int = 100, sigma
                              lambda config: list(clfs))
     entries = [e for e in entries if not (e.config.name == "dds" and e.classifier != list(clfs)[0])]   # one DDS row
     purify = backend.stage(den.purifier(sigma), "denoiser")
-    sweep = MonteCarloPipeline(torch_configuration_stages(entries, clfs, den, backend, shape, 10), sigma)
+    sweep = MonteCarloPipeline(torch_stages(entries, clfs, den, backend, shape, 10), sigma)
     x = torch.rand(shape)
     sweep.count(x, 0, 0, batch, batch)                      # warm-up
     t_sweep = sum(_time(lambda: (sweep.count(x, i, 0, n0, batch), sweep.count(x, i, n0, n, batch)))

@@ -81,14 +81,18 @@ class ConfigurationHeads(nn.Module):
     What the forward pass does is in plain attributes (which configurations each scorer serves) and in the scorers'
     tensors (the classifiers' weights, sigma' and fixed noises are buffers), never in a sigma, a sigma' or a file
     name: the heads of another sigma or sigma' have the same architecture, so a table's model set copies them into
-    one built (and compiled) stage (engine/runs/model_set.py)."""
+    one built (and compiled) stage (engine/runs/model_set.py). `stacked` False: a single run (a sweep of one), whose
+    scores are its one configuration's [B, K]."""
 
-    def __init__(self, configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], image_shape):
+    def __init__(self, configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], image_shape,
+                 stacked: bool = True):
         super().__init__()
         configs = list(configs)
+        self.stacked = bool(stacked) or len(configs) != 1
         names = sorted({c.classifier for c in configs})
         self.classifiers = nn.ModuleList(classifiers[name] for name in names)
-        self.inputs = inputs_of(configs)
+        inputs = inputs_of(configs)
+        self.num_inputs = len(inputs)       # the samples by position, not name: RS and DDS share a single run's stage
         self.image_shape = tuple(int(d) for d in image_shape)
         groups: Dict[type, List[int]] = {}
         for position, c in enumerate(configs):
@@ -99,7 +103,8 @@ class ConfigurationHeads(nn.Module):
             head = members[0].config.head
             self.scorers.append(head.sweep_scorer(
                 [c.config.head for c in members], [self.classifiers[names.index(c.classifier)] for c in members],
-                self.image_shape, [c.config.purifier.copies for c in members], [c.config.purifier.reads for c in members]))
+                self.image_shape, [c.config.purifier.copies for c in members],
+                [inputs.index(c.config.purifier.reads) for c in members]))
         self.positions = tuple(tuple(p) for p in groups.values())
         shapes = [s.noise_shape for s in self.scorers if s.noise_shape is not None]
         if len(shapes) > 1:
@@ -110,14 +115,21 @@ class ConfigurationHeads(nn.Module):
     def takes_noise(self) -> bool:
         return self.noise_shape is not None
 
+    @property
+    def classifier(self) -> nn.Module:
+        """The classifier of a run with one (where a fast path's rewrite can be seen)."""
+        if len(self.classifiers) != 1:
+            raise AttributeError("a sweep of several classifiers has no one classifier")
+        return self.classifiers[0]
+
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        samples = dict(zip(self.inputs, inputs))
-        fresh = inputs[len(self.inputs)] if self.takes_noise else None
+        samples = inputs[:self.num_inputs]
+        fresh = inputs[self.num_inputs] if self.takes_noise else None
         scores: List[Optional[torch.Tensor]] = [None] * sum(len(p) for p in self.positions)
         for positions, scorer in zip(self.positions, self.scorers):
             for position, score in zip(positions, scorer(samples, fresh)):
                 scores[position] = score
-        return torch.stack(scores, dim=1)
+        return torch.stack(scores, dim=1) if self.stacked else scores[0]
 
 
 class StackedScores:
@@ -167,23 +179,6 @@ def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
         return None
     same = [m for m in purifying if m.method is purifying[0].method]
     return same[same[0].purifier.serving([m.purifier for m in same])]
-
-
-def torch_configuration_stages(configs: Sequence[Configuration], classifiers: Dict[str, nn.Module], denoiser, backend,
-                               image_shape, num_classes: Optional[int] = None, fast=None) -> BaseClassifierStages:
-    """The sweep's stages on a TorchRunner: the denoiser once (the method's purify stage, its purifier's `stage`, of
-    purifier_config, with the UNet kernels of `fast`, the run's FastPath), every configuration in one score stage."""
-    inputs = inputs_of(configs)
-    if denoiser is None and any(c.config.purifier.denoises for c in configs):
-        raise UserError("the sweep's denoising configurations need `denoiser` CHECKPOINT")
-    check_classes({c.classifier: classifiers[c.classifier] for c in configs}, image_shape, torch.device("cpu"))
-    shared = purifier_config(configs) if "denoised" in inputs else None
-    purify = (shared.purifier.stage(shared.sigma, denoiser, backend, fast)
-              if shared is not None else None)
-    heads = ConfigurationHeads(configs, classifiers, image_shape)
-    score = backend.stage(heads, f"{len(configs)} configurations")
-    local_shape = heads.noise_shape
-    return checked_stages(configs, purify, score, local_shape, inputs, image_shape, num_classes)
 
 
 def stacked_configuration_stages(configs: Sequence[Configuration], stages_of, image_shape,

@@ -7,8 +7,8 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from diffsmooth.engine.backends.torch.compile_options import Compilation
 from diffsmooth.engine.backends.torch.runner import TorchRunner
-from diffsmooth.engine.backends.torch.stages import build_torch_stages, check_classifier_rewrites
-from diffsmooth.engine.base_classifier.configurations import Configuration, torch_configuration_stages
+from diffsmooth.engine.backends.torch.stages import build_torch_stages, check_classifier_rewrites, torch_stages
+from diffsmooth.engine.base_classifier.configurations import Configuration
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.stages.base import BaseClassifierStages
@@ -44,10 +44,10 @@ class TorchBackend:
 
     def sweep_stages(self, configs: Sequence[Configuration], classifier_paths: Dict[str, str], sources,
                      image_shape: Tuple[int, ...], num_classes: Optional[int], build) -> BaseClassifierStages:
-        """One module scoring every configuration on the same samples."""
+        """One module scoring every configuration on the same samples (a single run is this path's sweep of one)."""
         denoiser, classifiers = build.sweep_modules(configs, classifier_paths, sources)
-        return torch_configuration_stages(configs, classifiers, denoiser, self.runner(build), image_shape, num_classes,
-                                          build.fast)
+        return torch_stages(tuple(configs), classifiers, denoiser, self.runner(build), image_shape, num_classes,
+                            build.fast)
 
     def fast_path_defaults(self, cuda: bool, compile: Optional[bool], asked: dict) -> dict:
         """The FastPath fields of the torch backend (engine/runs/fast_path.py's FastPath.resolve says the rules;

@@ -3,12 +3,20 @@ rewrites of the fast path (folded, fused, Triton, packed), probed once (base_cla
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
 
 from diffsmooth.engine.backends.torch.runner import AUTOCAST_DTYPES
+from diffsmooth.engine.base_classifier.configurations import (
+    Configuration,
+    ConfigurationHeads,
+    check_classes,
+    checked_stages,
+    inputs_of,
+    purifier_config,
+)
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.base_classifier.probe import probed
 from diffsmooth.engine.errors import UserError
@@ -126,35 +134,54 @@ def check_classifier_rewrites(fused_conv: bool, triton_conv: bool, pack_images: 
         raise UserError("`pack_images` widens the convolutions that `fused_conv` / `triton_conv` replace: pick one")
 
 
-def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, backend,
-                       image_shape: Tuple[int, ...], num_classes: Optional[int] = None, fast=None,
-                       classifier_batch: int = 8) -> BaseClassifierStages:
-    """Stages for `config` on a TorchRunner (messages to its log); checks once that the models take `image_shape`.
-    `fast`: the run's fast path (a FastPath, engine/runs/fast_path.py; None: eager), of which this reads the
-    kernels: for the UNet fused attention and the lean UNet (its eps-only copy, t*'s embedding once per call:
-    DiffusionDenoiser.purifier); for a ResNet classifier fused convolutions (folded_classifier), the Triton
-    convolution (tritonized_classifier; `triton_blocks`: each stride-1 BasicBlock one kernel) or packed images
-    (a CIFAR ResNet's first stage on that many images per tensor, engine/models/packed_resnet.py).
-    classifier_batch: images per classifier call in the run (where fused convolutions are probed)."""
+def build_torch_stages(config: MethodConfig, classifier: nn.Module, denoiser, backend, image_shape: Tuple[int, ...],
+                       num_classes: Optional[int] = None, fast=None, classifier_batch: int = 8) -> BaseClassifierStages:
+    """A single run's stages on a TorchRunner: the torch path's sweep of one (torch_stages), scores [B, K]."""
+    return torch_stages(Configuration(config, "classifier"), {"classifier": classifier}, denoiser, backend,
+                        image_shape, num_classes, fast, classifier_batch)
+
+
+def torch_stages(run, classifiers: Dict[str, nn.Module], denoiser, backend, image_shape: Tuple[int, ...],
+                 num_classes: Optional[int] = None, fast=None, classifier_batch: int = 8) -> BaseClassifierStages:
+    """The stages of `run` on a TorchRunner (messages to its log), one path: a single run (`run` one Configuration:
+    scores [B, K]) is a sweep of one (`run` several: one module scoring all, [B, E, K]); purifier_config's purify
+    stage serves every one. `classifiers`: by the configurations' classifier names; `fast`: the run's FastPath (None:
+    eager), whose UNet kernels the purifier reads and whose classifier rewrite (single runs) rewritten_classifier
+    applies; classifier_batch: images per classifier call in the run (where fused convolutions are probed)."""
+    single = isinstance(run, Configuration)
+    configs = [run] if single else list(run)
+    if denoiser is None and any(c.config.purifier.denoises for c in configs):
+        raise UserError(f"method {configs[0].config.name} needs a denoiser checkpoint (`denoiser`)" if single else
+                        "the sweep's denoising configurations need `denoiser` CHECKPOINT")
+    used = {c.classifier: classifiers[c.classifier] for c in configs}
+    if not single:
+        check_classes(used, image_shape, torch.device("cpu"))
+    used = {name: rewritten_classifier(module, backend, image_shape, fast, classifier_batch)
+            for name, module in used.items()}
+    shared = purifier_config(configs)
+    purify = shared.purifier.stage(shared.sigma, denoiser, backend, fast) if shared is not None else None
+    heads = ConfigurationHeads(configs, used, image_shape, stacked=not single)
+    score = backend.for_classifier().stage(heads, run.config.method.head.label if single else
+                                           f"{len(configs)} configurations")
+    if single:
+        return probed(method_stages(run.config, purify, score, image_shape, num_classes), image_shape, num_classes)
+    return checked_stages(configs, purify, score, heads.noise_shape, inputs_of(configs), image_shape, num_classes)
+
+
+def rewritten_classifier(classifier: nn.Module, backend, image_shape: Tuple[int, ...], fast, classifier_batch: int):
+    """The classifier with the fast path's rewrite, if it asks one (check_classifier_rewrites: at most one)."""
     def wants(name: str):
         return getattr(fast, name, None) if fast is not None else None
     log = getattr(backend, "log", None)
     fused_conv, triton_conv, pack_images = bool(wants("fused_conv")), bool(wants("triton_conv")), wants("pack_images")
-    if config.purifier.denoises and denoiser is None:
-        raise UserError(f"method {config.name} needs a denoiser checkpoint (`denoiser`)")
     check_classifier_rewrites(fused_conv, triton_conv, pack_images)
     if pack_images:
-        classifier = pack_classifier(classifier, pack_images, log)
-    elif fused_conv:
-        classifier = folded_classifier(classifier, backend, image_shape, log, classifier_batch)
-    elif triton_conv:
-        classifier = tritonized_classifier(classifier, backend, image_shape, log, classifier_batch,
-                                           bool(wants("triton_blocks")))
-    method = config.method
-    purify = config.purifier.stage(config.sigma, denoiser, backend, fast) if config.purifier.purifies else None
-    head = score_module(config, classifier, image_shape)
-    score = backend.for_classifier().stage(head, method.head.label)
-    return probed(method_stages(config, purify, score, image_shape, num_classes), image_shape, num_classes)
+        return pack_classifier(classifier, pack_images, log)
+    if fused_conv:
+        return folded_classifier(classifier, backend, image_shape, log, classifier_batch)
+    if triton_conv:
+        return tritonized_classifier(classifier, backend, image_shape, log, classifier_batch, bool(wants("triton_blocks")))
+    return classifier
 
 
 def method_stages(config: MethodConfig, purify, score, image_shape: Tuple[int, ...],

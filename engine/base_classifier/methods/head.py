@@ -58,9 +58,9 @@ class Head(Part, ABC):
 
     @abstractmethod
     def sweep_scorer(self, heads: Sequence["Head"], classifiers, image_shape, copies: Sequence[int],
-                     reads: Sequence[str]) -> "SweepScorer":
+                     reads: Sequence[int]) -> "SweepScorer":
         """One module scoring all of a sweep's configurations of this head (`heads`, configured; each with its
-        classifier, the purifier's copies and the samples it reads), shared work computed once."""
+        classifier, the purifier's copies and which of the samples it reads, by position), shared work computed once."""
 
 
 class PlainHead(Head):
@@ -89,14 +89,14 @@ class PlainHead(Head):
 
 class SweepScorer(nn.Module):
     """A head's share of a sweep (configurations.ConfigurationHeads): `forward(samples, fresh)` -> one score
-    [B,K] per configuration, in the order given; `samples` maps "noisy" / "denoised" to the samples, `fresh` is
-    the sweep's fresh noise or None. `noise_shape`: the fresh noise it takes per sample ([M, C, H, W]) or None."""
+    [B,K] per configuration, in the order given; `samples`: the sweep's inputs (noisy and/or denoised, in that order:
+    configurations.inputs_of), `fresh`: the sweep's fresh noise or None. `noise_shape`: the fresh noise it takes per sample ([M, C, H, W]) or None."""
 
     noise_shape: Optional[Tuple[int, ...]] = None
 
 
 class EachOwnScorer(SweepScorer):
-    """A sweep share with nothing shared: each configuration's own module on the samples it reads (`reads`)."""
+    """A sweep share with nothing shared: each configuration's own module on the samples it reads (`reads`: their positions)."""
 
     def __init__(self, modules, reads):
         super().__init__()

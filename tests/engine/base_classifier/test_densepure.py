@@ -308,7 +308,8 @@ def test_a_sweep_over_k_shares_the_chains_and_writes_each_ks_single_rows(tiny_mo
     """`--option reverse_runs=1,3`: one purify stage of 3 chains (run k's noise does not depend on K), each K's
     majority on its first K runs; every configuration's rows equal its own single run's, and spread."""
     from diffsmooth.engine.backends.torch.runner import TorchRunner
-    from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
+    from diffsmooth.engine.backends.torch.stages import torch_stages
+    from diffsmooth.engine.base_classifier.configurations import configurations
     from diffsmooth.engine.base_classifier.denoise import load_denoiser
     from diffsmooth.engine.runs.results import read_rows
 
@@ -327,7 +328,7 @@ def test_a_sweep_over_k_shares_the_chains_and_writes_each_ks_single_rows(tiny_mo
                              lambda config: ["clf"])
     denoiser = load_denoiser(tiny_models["unet"], "cifar10", **__import__("json").loads(tiny_models["unet_config"]))
     classifier = load_classifier(tiny_models["classifier"], dataset="cifar10")
-    stages = torch_configuration_stages(configs, {"clf": classifier}, denoiser, TorchRunner(), (3, 8, 8))
+    stages = torch_stages(configs, {"clf": classifier}, denoiser, TorchRunner(), (3, 8, 8))
     assert stages.purify.runs == 4 and stages.purified_shape == (4, 3, 8, 8) and stages.purify_noise
 
 

@@ -10,8 +10,8 @@ from stage_fixtures import SHAPE, build_tiny_stages, spread_classifier
 
 from diffsmooth.engine.backends.torch.recompile_limit import compiled_graphs
 from diffsmooth.engine.backends.torch.runner import TorchRunner
-from diffsmooth.engine.backends.torch.stages import build_torch_stages, score_module
-from diffsmooth.engine.base_classifier.configurations import configurations, torch_configuration_stages
+from diffsmooth.engine.backends.torch.stages import build_torch_stages, score_module, torch_stages
+from diffsmooth.engine.base_classifier.configurations import configurations
 from diffsmooth.engine.base_classifier.denoise import PRESET_SCHEDULES
 from diffsmooth.engine.base_classifier.methods import MethodConfig
 from diffsmooth.engine.certify.monte_carlo import MonteCarloPipeline
@@ -146,7 +146,7 @@ def test_a_sweeps_stages_serve_every_sigma_and_sigma_prime_and_vote_as_a_fresh_b
         configs = configurations(["dds", "diffsmooth"], sigma,
                                  lambda method: {"local_sigma": list(local_sigmas), "m": [1, 3]}, lambda config: ["c"])
         runner = model_set.backend(TorchRunner()) if model_set is not None else TorchRunner()
-        return torch_configuration_stages(configs, {"c": copy.deepcopy(clf)}, other_weights(denoiser, 1), runner, SHAPE)
+        return torch_stages(configs, {"c": copy.deepcopy(clf)}, other_weights(denoiser, 1), runner, SHAPE)
 
     x = torch.rand(*SHAPE)
     first = sweep(0.25, [0.25, 0.5], classifier, models)
@@ -160,7 +160,7 @@ def test_a_sweeps_stages_serve_every_sigma_and_sigma_prime_and_vote_as_a_fresh_b
     assert not np.array_equal(votes_first, votes_fresh)
     # another set of configurations (other m) is another plan: built anew
     one = configurations(["diffsmooth"], 0.5, lambda method: {"local_sigma": 0.25, "m": 1}, lambda config: ["c"])
-    other = torch_configuration_stages(one, {"c": classifier}, other_weights(denoiser, 1), models.backend(TorchRunner()), SHAPE)
+    other = torch_stages(one, {"c": classifier}, other_weights(denoiser, 1), models.backend(TorchRunner()), SHAPE)
     assert other.score is not first.score and models.builds == 3
 
 
