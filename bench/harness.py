@@ -35,7 +35,7 @@ from diffsmooth.engine.runs.fast_path_options import FAST_PATH_OPTIONS, AskedFas
 from diffsmooth.engine.runs.results import ResultWriter, format_radius, format_time
 from diffsmooth.engine.runs.stage_build import StageBuild
 
-from ..export.trt_build import build_plans, current_target
+from ..export.trt_build import build_engine_files, current_target
 from .compare import compare_rows
 from .flops import CONVENTION, stage_flops
 from .hardware import gpu_peak_memory, machine_info, peak_flops, reset_gpu_peak_memory
@@ -223,8 +223,8 @@ def build_stages(backend: str, precision: str, model_set, settings: BenchSetting
         raise _Skip(f"{backend} runs the exported fp32 or fp16 graphs, not {precision}")
     try:
         _export_graphs(config, precision, model_set, workdir)
-        if isinstance(runner, TensorRTBackend):      # plans for settings.batch (not vote-validated: build-engine does)
-            build_plans(workdir, current_target(settings.device), batch=settings.batch, precisions=(precision,),
+        if isinstance(runner, TensorRTBackend):      # engine files for settings.batch (not vote-validated: build-engine does)
+            build_engine_files(workdir, current_target(settings.device), batch=settings.batch, precisions=(precision,),
                         echo=lambda line: print(line, file=sys.stderr))
         return runner.stages(config, ModelSources(), model_set.image_shape, model_set.num_classes, build)
     except Exception as exc:  # the exported backends are optional: any failure to export/build/load is a skip

@@ -19,7 +19,7 @@ NORMALIZATIONS = ("normalize", "center", "none")         # the input layer in fr
 STATS = ("cifar10", "imagenet", "fashion-mnist")         # mean/std tables of the normalisation
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 RUN_PRECISIONS = ("fp32", "fp16", "bf16")                # what a run may ask for; the torch backend runs each
-GRAPH_PRECISIONS = ("fp32", "fp16")                      # exported ONNX graphs and TensorRT plans
+GRAPH_PRECISIONS = ("fp32", "fp16")                      # exported ONNX graphs and TensorRT engine files
 SEQUENTIAL_BOUNDS = ("reach-cp", "split-cp", "mixture")              # lower bounds of a sequential run (certify/sequential.py)
 
 # The ranges a number a user gives must lie in (checked once where options enter: the command line's option

@@ -25,7 +25,7 @@ GRAPH_PACKAGES = ("diffsmooth-engine", "torch", "onnx", "onnxruntime", "onnxrunt
 
 
 def package_versions(names: Sequence[str] = GRAPH_PACKAGES) -> Dict[str, Optional[str]]:
-    """Versions of the packages that shaped a graph or plan (None for one that is not installed)."""
+    """Versions of the packages that shaped a graph or engine file (None for one that is not installed)."""
     out = {}
     for name in names:
         try:

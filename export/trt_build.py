@@ -1,7 +1,7 @@
-"""Building TensorRT plans from the exported, validated ONNX graphs, with NVIDIA's Polygraphy loaders:
-a strongly typed network (precision comes from the graph: fp16 graphs give fp16 plans), one
+"""Building TensorRT engine files (serialized engines) from the exported, validated ONNX graphs, with NVIDIA's
+Polygraphy loaders: a strongly typed network (precision comes from the graph: fp16 graphs give fp16 engine files), one
 optimisation profile (batch 1..max, opt = the run's batch), a workspace limit, a persistent timing
-cache per GPU model, detailed profiling verbosity for inspection. Plans are cached beside the graph
+cache per GPU model, detailed profiling verbosity for inspection. Engine files are cached beside the graph
 and rebuilt (with one line saying why) whenever their key no longer matches or they fail to load.
 
 tensorrt and polygraphy are imported inside the functions that need them. This path is written to
@@ -17,15 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from diffsmooth.engine.backends.tensorrt.plans import (
+from diffsmooth.engine.backends.tensorrt.engine_files import (
     DEFAULT_WORKSPACE_BYTES,
+    ENGINE_FILE_MANIFEST_FORMAT,
     cache_key,
+    engine_file_manifest_path,
+    engine_file_path_for,
     gpu_slug,
-    plan_path_for,
     profile_for,
-    read_plan_manifest,
+    read_engine_file_manifest,
     reuse_decision,
-    write_plan_manifest,
+    write_engine_file_manifest,
 )
 from diffsmooth.engine.backends.tensorrt.runner import cuda_device, gpu_identity, import_tensorrt
 from diffsmooth.engine.errors import UserError, first_line
@@ -40,7 +42,7 @@ BUILD_ROLES = ("denoiser", "classifier")       # the graphs the pipeline runs (t
 
 @dataclass
 class Target:
-    """What a plan is built for: TensorRT version and GPU (name, compute capability)."""
+    """What an engine file is built for: TensorRT version and GPU (name, compute capability)."""
 
     tensorrt_version: str
     gpu_name: str
@@ -48,11 +50,11 @@ class Target:
 
 
 @dataclass
-class PlanResult:
-    """One plan after `ensure_plan`: where it is, its manifest, whether it was (re)built and why."""
+class EngineFileResult:
+    """One engine file after `ensure_engine_file`: where it is, its manifest, whether it was (re)built and why."""
 
     onnx_path: Path
-    plan_path: Path
+    engine_file_path: Path
     role: str
     precision: str
     graph_manifest: dict
@@ -83,7 +85,7 @@ def current_target(device) -> Target:
 
 
 def polygraphy_build(onnx_path, profile: Dict[str, dict], *, workspace_bytes: int, timing_cache: Path) -> bytes:
-    """Serialized plan for `onnx_path`: Polygraphy NetworkFromOnnxPath(strongly_typed) ->
+    """Serialized engine (an engine file's bytes) for `onnx_path`: Polygraphy NetworkFromOnnxPath(strongly_typed) ->
     CreateConfig(profile, workspace, timing cache, detailed verbosity; TF32 off) ->
     EngineBytesFromNetwork, which merges the new timings back into the cache file."""
     trt = import_tensorrt()
@@ -91,7 +93,7 @@ def polygraphy_build(onnx_path, profile: Dict[str, dict], *, workspace_bytes: in
         from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
         from polygraphy.exception import PolygraphyException
     except ImportError:
-        raise UserError("building TensorRT plans needs Polygraphy: pip install 'diffsmooth-engine[tensorrt]'") from None
+        raise UserError("building TensorRT engine files needs Polygraphy: pip install 'diffsmooth-engine[tensorrt]'") from None
     trt_profile = Profile()
     for name, shapes in profile.items():
         trt_profile.add(name, min=tuple(shapes["min"]), opt=tuple(shapes["opt"]), max=tuple(shapes["max"]))
@@ -105,25 +107,25 @@ def polygraphy_build(onnx_path, profile: Dict[str, dict], *, workspace_bytes: in
         return bytes(EngineBytesFromNetwork(network, config=config, save_timing_cache=str(timing_cache))())
     except PolygraphyException as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "see TensorRT's log above"
-        raise UserError(f"TensorRT could not build a plan from {Path(onnx_path).name}: {first}") from None
+        raise UserError(f"TensorRT could not build an engine file from {Path(onnx_path).name}: {first}") from None
 
 
-def polygraphy_load(plan_bytes: bytes):
-    """ICudaEngine from plan bytes (Polygraphy EngineFromBytes); UserError when they do not load."""
+def polygraphy_load(serialized: bytes):
+    """ICudaEngine from an engine file's bytes (Polygraphy EngineFromBytes); UserError when they do not load."""
     import_tensorrt()
     from polygraphy.backend.trt import EngineFromBytes
     from polygraphy.exception import PolygraphyException
     try:
-        engine = EngineFromBytes(plan_bytes)()
+        engine = EngineFromBytes(serialized)()
     except PolygraphyException as exc:
-        raise UserError(f"TensorRT cannot deserialize the plan ({str(exc).strip().splitlines()[0]})") from None
+        raise UserError(f"TensorRT cannot deserialize the engine file ({str(exc).strip().splitlines()[0]})") from None
     if engine is None:
-        raise UserError("TensorRT cannot deserialize the plan")
+        raise UserError("TensorRT cannot deserialize the engine file")
     return engine
 
 
 def inspector_json(engine, profile: Dict[str, dict]) -> dict:
-    """Engine inspector JSON (detailed). Tensor formats of a dynamic-shape plan are only reported
+    """Engine inspector JSON (detailed). Tensor formats of a dynamic-shape engine are only reported
     for concrete shapes, so an execution context is set to the profile's opt shapes first."""
     trt = import_tensorrt()
     inspector = engine.create_engine_inspector()
@@ -148,12 +150,12 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def ensure_plan(onnx_path, graph_manifest: dict, target: Target, *, batch: int, max_batch: Optional[int] = None,
-                workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, timing_cache: Optional[Path] = None,
-                rebuild: bool = False, echo: Callable[[str], None] = print,
-                build_fn: Callable = polygraphy_build, load_fn: Callable = polygraphy_load,
-                inspect_fn: Callable = inspector_json) -> PlanResult:
-    """The plan of one graph for `target` and batch: reused when its key matches, its bytes are the
+def ensure_engine_file(onnx_path, graph_manifest: dict, target: Target, *, batch: int,
+                       max_batch: Optional[int] = None, workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+                       timing_cache: Optional[Path] = None, rebuild: bool = False, echo: Callable[[str], None] = print,
+                       build_fn: Callable = polygraphy_build, load_fn: Callable = polygraphy_load,
+                       inspect_fn: Callable = inspector_json) -> EngineFileResult:
+    """The engine file of one graph for `target` and batch: reused when its key matches, its bytes are the
     recorded ones and TensorRT deserializes them; otherwise rebuilt, with one line saying why."""
     onnx_path = Path(onnx_path)
     precision = graph_manifest.get("precision")
@@ -161,42 +163,42 @@ def ensure_plan(onnx_path, graph_manifest: dict, target: Target, *, batch: int, 
     key = cache_key(onnx_sha256=graph_manifest["onnx_sha256"], tensorrt_version=target.tensorrt_version,
                     gpu_name=target.gpu_name, compute_capability=target.compute_capability,
                     profile=profile, precision=precision)
-    plan = plan_path_for(onnx_path, target.gpu_name, target.compute_capability, profile)
-    reuse, why = reuse_decision(plan, key, sha256_file)
+    engine_file = engine_file_path_for(onnx_path, target.gpu_name, target.compute_capability, profile)
+    reuse, why = reuse_decision(engine_file, key, sha256_file)
     if rebuild:
         reuse, why = False, "--rebuild"
     if reuse:
         try:
-            load_fn(plan.read_bytes())
-        except Exception as exc:  # noqa: BLE001 - a bad plan is rebuilt, never a crash
-            reuse, why = False, f"{plan.name} fails to deserialize ({first_line(exc)})"
+            load_fn(engine_file.read_bytes())
+        except Exception as exc:  # noqa: BLE001 - a bad engine file is rebuilt, never a crash
+            reuse, why = False, f"{engine_file.name} fails to deserialize ({first_line(exc)})"
     if reuse:
-        manifest, _ = read_plan_manifest(plan)
-        echo(f"reusing {plan.name} (key matches)")
-        return PlanResult(onnx_path, plan, graph_manifest.get("role"), precision, graph_manifest, manifest, False,
-                          "key matches", manifest.get("inspection") or {})
-    echo(f"building {plan.name}: {why}")
+        manifest, _ = read_engine_file_manifest(engine_file)
+        echo(f"reusing {engine_file.name} (key matches)")
+        return EngineFileResult(onnx_path, engine_file, graph_manifest.get("role"), precision, graph_manifest,
+                                manifest, False, "key matches", manifest.get("inspection") or {})
+    echo(f"building {engine_file.name}: {why}")
     timing_cache = Path(timing_cache) if timing_cache else default_timing_cache(target)
-    manifest_file = plan.with_suffix(".plan.json")
+    manifest_file = engine_file_manifest_path(engine_file)
     if manifest_file.exists():                # never leave an old manifest vouching for new bytes
         manifest_file.unlink()
     start = time.perf_counter()
     data = build_fn(onnx_path, profile, workspace_bytes=int(workspace_bytes), timing_cache=timing_cache)
     seconds = time.perf_counter() - start
-    _atomic_write_bytes(plan, data)
+    _atomic_write_bytes(engine_file, data)
     engine = load_fn(data)
     info = inspect_fn(engine, profile)
-    inspection_file = plan.with_suffix(".layers.json")
+    inspection_file = engine_file.with_suffix(".layers.json")
     write_json(inspection_file, info, indent=1)
     output = (graph_manifest.get("output") or {}).get("name")
     inspection = summarize(info, precision, [output] if output else ())
-    for line in format_report(plan.name, inspection):
+    for line in format_report(engine_file.name, inspection):
         echo(line)
     fields = {
         "key": key,
         "onnx_file": onnx_path.name,
         "role": graph_manifest.get("role"),
-        "plan_sha256": sha256_file(plan),
+        "plan_sha256": sha256_file(engine_file),
         "plan_bytes": len(data),
         "build": {"strongly_typed": True, "workspace_bytes": int(workspace_bytes), "timing_cache": str(timing_cache),
                   "profiling_verbosity": "DETAILED", "tf32": False, "seconds": round(seconds, 3),
@@ -206,13 +208,13 @@ def ensure_plan(onnx_path, graph_manifest: dict, target: Target, *, batch: int, 
         "inspection": {k: v for k, v in inspection.items() if k != "layers"},
         "validation": None,
     }
-    write_plan_manifest(plan, fields)
-    return PlanResult(onnx_path, plan, graph_manifest.get("role"), precision, graph_manifest,
-                      dict(fields, format="diffsmooth-trt-plan-manifest"), True, why, inspection)
+    write_engine_file_manifest(engine_file, fields)
+    return EngineFileResult(onnx_path, engine_file, graph_manifest.get("role"), precision, graph_manifest,
+                            dict(fields, format=ENGINE_FILE_MANIFEST_FORMAT), True, why, inspection)
 
 
 def graphs_to_build(onnx_dir, precisions: Optional[Sequence[str]] = None, only: Optional[Sequence] = None):
-    """(path, manifest) of the denoiser/classifier graphs in `onnx_dir` to build plans for: hashes
+    """(path, manifest) of the denoiser/classifier graphs in `onnx_dir` to build engine files for: hashes
     checked, graphs that failed ONNX validation refused."""
     found = [(p, m) for p, m in scan_manifests(onnx_dir) if m.get("role") in BUILD_ROLES]
     if precisions:
@@ -222,21 +224,21 @@ def graphs_to_build(onnx_dir, precisions: Optional[Sequence[str]] = None, only: 
         found = [(p, m) for p, m in found if p.resolve() in wanted]
     if not found:
         which = f" at precision {', '.join(precisions)}" if precisions else ""
-        raise UserError(f"no denoiser/classifier graphs{which} in {onnx_dir} to build TensorRT plans from")
+        raise UserError(f"no denoiser/classifier graphs{which} in {onnx_dir} to build TensorRT engine files from")
     for p, m in found:
         verify_hashes(p, m)
         v = m.get("validation")
         if isinstance(v, dict) and v.get("passed") is False:
             raise UserError(f"{p.name} failed ONNX validation ({v.get('summary', 'see its manifest')}); "
-                            "fix the export before building a plan from it")
+                            "fix the export before building an engine file from it")
     return found
 
 
-def build_plans(onnx_dir, target: Target, *, batch: int, max_batch: Optional[int] = None,
-                precisions: Optional[Sequence[str]] = None, only: Optional[Sequence] = None,
-                workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, timing_cache: Optional[Path] = None,
-                rebuild: bool = False, echo: Callable[[str], None] = print, **fns) -> List[PlanResult]:
-    """ensure_plan for every graph the pipeline runs in `onnx_dir`."""
-    return [ensure_plan(p, m, target, batch=batch, max_batch=max_batch, workspace_bytes=workspace_bytes,
-                        timing_cache=timing_cache, rebuild=rebuild, echo=echo, **fns)
+def build_engine_files(onnx_dir, target: Target, *, batch: int, max_batch: Optional[int] = None,
+                       precisions: Optional[Sequence[str]] = None, only: Optional[Sequence] = None,
+                       workspace_bytes: int = DEFAULT_WORKSPACE_BYTES, timing_cache: Optional[Path] = None,
+                       rebuild: bool = False, echo: Callable[[str], None] = print, **fns) -> List[EngineFileResult]:
+    """ensure_engine_file for every graph the pipeline runs in `onnx_dir`."""
+    return [ensure_engine_file(p, m, target, batch=batch, max_batch=max_batch, workspace_bytes=workspace_bytes,
+                               timing_cache=timing_cache, rebuild=rebuild, echo=echo, **fns)
             for p, m in graphs_to_build(onnx_dir, precisions, only)]

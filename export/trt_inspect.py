@@ -1,6 +1,6 @@
-"""What TensorRT's engine inspector (JSON, detailed verbosity) says about a built plan: which layers
-run in half precision, and whether that fits the intended mixed precision (fp16 plans: every
-convolution in half; normalisation, softmax and the graph output in fp32; fp32 plans: nothing in
+"""What TensorRT's engine inspector (JSON, detailed verbosity) says about a built engine file: which layers
+run in half precision, and whether that fits the intended mixed precision (fp16 engine files: every
+convolution in half; normalisation, softmax and the graph output in fp32; fp32 engine files: nothing in
 half). Pure JSON parsing, so it is tested without TensorRT."""
 
 from __future__ import annotations
@@ -58,12 +58,12 @@ def layer_precision(layer: dict) -> Optional[str]:
 
 
 def summarize(info: dict, precision: str, output_names: Iterable[str] = ()) -> dict:
-    """Inspection record for a plan's manifest: per-layer type/precision, counts, and checks."""
+    """Inspection record for an engine file's manifest: per-layer type/precision, counts, and checks."""
     layers = info.get("Layers") if isinstance(info, dict) else None
     if not layers or not all(isinstance(layer, dict) for layer in layers):
         return {"detailed": False, "passed": False, "layers": [], "counts": {},
                 "failures": ["the inspector gave no detailed layer information "
-                             "(plan not built with ProfilingVerbosity.DETAILED?)"],
+                             "(engine file not built with ProfilingVerbosity.DETAILED?)"],
                 "summary": "no detailed layer information"}
     rows, failures, unverified = [], [], []
     outputs = set(output_names) or set(_bindings_outputs(info, layers))
@@ -86,7 +86,7 @@ def summarize(info: dict, precision: str, output_names: Iterable[str] = ()) -> d
             if roles and roles[0] in ("normalization", "softmax") and prec in ("fp16", "bf16", "fp8"):
                 failures.append(f"{roles[0]} {name} runs in {prec}, must be fp32")
         elif prec in ("fp16", "bf16", "fp8"):
-            failures.append(f"layer {name} runs in {prec} in an fp32 plan")
+            failures.append(f"layer {name} runs in {prec} in an fp32 engine file")
     for layer in layers:
         for t in layer.get("Outputs") or ():
             if isinstance(t, dict) and t.get("Name") in outputs:

@@ -1,6 +1,6 @@
 """A FAKE `tensorrt` module for CPU tests. It implements only the few calls the TensorRT stage makes
 (Runtime.deserialize_cuda_engine, engine tensor queries, execution contexts, execute_async_v3) and
-"runs" a plan by reading its input buffers through their raw addresses and writing scale * x into
+"runs" an engine file by reading its input buffers through their raw addresses and writing scale * x into
 the output buffer. Tests using it prove the wiring (addresses, shapes, streams, errors) only, never
 that real TensorRT behaves this way."""
 
@@ -102,7 +102,7 @@ class _Runtime:
         try:
             spec = json.loads(bytes(data).decode())
         except (UnicodeDecodeError, json.JSONDecodeError):
-            return None                   # what TensorRT does with a plan it cannot read
+            return None                   # what TensorRT does with an engine file it cannot read
         return FakeEngine(spec)
 
 
@@ -121,7 +121,7 @@ FAKE.Runtime = _Runtime
 FAKE.Logger = _Logger
 
 
-def fake_plan(inputs: dict, output: str = "y", scale: float = 2.0, dtypes=None, gpu: bool = False) -> bytes:
+def fake_engine_file(inputs: dict, output: str = "y", scale: float = 2.0, dtypes=None, gpu: bool = False) -> bytes:
     """Bytes the fake runtime deserializes: {input: (min, opt, max) shapes}; gpu: buffers are CUDA
     device pointers (the fake then computes with CuPy on the stream it is given)."""
     return json.dumps({"inputs": {k: [list(s) for s in v] for k, v in inputs.items()}, "output": output,

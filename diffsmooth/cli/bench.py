@@ -80,7 +80,7 @@ def _csv(kind=str):
                    "CUDA 20000/20000/640].")
 @click.option("--backend", "backends", default="torch", show_default=True, callback=_csv(click.Choice(BACKENDS)),
               help="Comma list of torch, onnxruntime, tensorrt (onnxruntime/tensorrt export the models to a "
-                   "temp dir, tensorrt also builds plans there; skipped with a message when unavailable).")
+                   "temp dir, tensorrt also builds engine files there; skipped with a message when unavailable).")
 @click.option("--precision", "precisions", default="fp32", show_default=True, callback=_csv(click.Choice(RUN_PRECISIONS)),
               help="Comma list of fp32, fp16, bf16 (non-fp32 only on CUDA).")
 @click.option("--device", default="cpu", show_default=True)

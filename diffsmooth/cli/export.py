@@ -1,4 +1,4 @@
-"""`diffsmooth export`: the denoiser and classifier head as validated ONNX graphs (and TensorRT plans)."""
+"""`diffsmooth export`: the denoiser and classifier head as validated ONNX graphs (and TensorRT engine files)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from diffsmooth.engine.runs.assemble import (
     load_denoiser_from,
 )
 from diffsmooth.engine.runs.sources import ModelOptions, default_image_shape, resolve_sources
-from diffsmooth.export import plan_check, trt_build
+from diffsmooth.export import engine_file_check, trt_build
 from diffsmooth.export.onnx_export import checkpoint_source, export_models
 from diffsmooth.export.validate import validate_graphs
 
@@ -43,10 +43,10 @@ def parse_image_shape(value, preset, stats):
 @click.option("--also-unet", is_flag=True, help="Also write the plain UNet graph (x_t, t) -> out.")
 @click.option("--no-validate", is_flag=True, help="Skip the torch-vs-ONNX Runtime validation.")
 @validation_options
-@click.option("--trt", is_flag=True, help="Also build TensorRT plans of the written graphs (needs TensorRT + GPU).")
+@click.option("--trt", is_flag=True, help="Also build TensorRT engine files of the written graphs (needs TensorRT + GPU).")
 @click.option("--trt-batch", type=BATCH, default=1000, show_default=True,
-              help="Batch the plans are optimised for (profile: 1..--trt-max-batch).")
-@click.option("--trt-max-batch", type=BATCH, default=None, help="Largest batch the plans take [default: --trt-batch].")
+              help="Batch the engine files are optimised for (profile: 1..--trt-max-batch).")
+@click.option("--trt-max-batch", type=BATCH, default=None, help="Largest batch the engine files take [default: --trt-batch].")
 @click.option("--device", default="cuda", show_default=True, help="GPU for --trt.")
 def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, classifier, arch, normalization, stats,
            method, sigma, m, local_sigma, local_noise, method_options, image_shape, out, fp16, also_unet, no_validate,
@@ -84,11 +84,11 @@ def export(denoiser, scheduler, preset, unet_config, schedule, diffusion_steps, 
     else:
         results = validate_graphs(graphs, config, shape, denoiser=den_model, classifier=cls_model,
                                   samples=samples, seed=seed, dataset=dataset, data=data, raise_on_failure=False)
-        for line in plan_check.result_lines(results):
+        for line in engine_file_check.result_lines(results):
             click.echo(line)
-        plan_check.raise_if_failed(results)
+        engine_file_check.raise_if_failed(results)
     if target is not None:
-        plan_check.build_and_validate(out, target, echo=click.echo, err=echo_err, batch=trt_batch,
+        engine_file_check.build_and_validate(out, target, echo=click.echo, err=echo_err, batch=trt_batch,
                                       max_batch=trt_max_batch, only=[g.path for g in graphs],
                                       validate=not no_validate, samples=samples, seed=seed, dataset=dataset,
                                       data=data, device=device)

@@ -37,7 +37,7 @@ COMMANDS = {
     "bench": Command("diffsmooth.cli.bench", "bench", "Time certification per image, stage by stage; "
                      "FLOP/s vs peak; engine vs reference-equivalent."),
     "build-engine": Command("diffsmooth.cli.build_engine", "build_engine", "Build (or reuse cached) TensorRT "
-                            "plans of the graphs in --onnx-dir, inspect and validate them."),
+                            "engine files of the graphs in --onnx-dir, inspect and validate them."),
     "certify": Command("diffsmooth.cli.certify", "certify", "CERTIFY each selected image; one TSV row per image "
                        "(idx label predict radius correct time)."),
     "demo": Command("diffsmooth.cli.demo", "demo", "Certify K shipped Fashion-MNIST images with rs, dds and "

@@ -169,7 +169,7 @@ def run_options(f):
         click.option("--seed", type=SEED, default=DEFAULT_SEED, show_default=True, help="Noise seed (per image, per sample)."),
         click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True),
         click.option("--onnx-dir", type=click.Path(),
-                     help="Exported graphs for --backend onnxruntime (and their built plans for tensorrt)."),
+                     help="Exported graphs for --backend onnxruntime (and their built engine files for tensorrt)."),
         click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N."),
         precision_option(),
         *fast_path_options(),
@@ -210,7 +210,7 @@ def validation_options(f):
     """--samples/--dataset/--data/--seed: the noisy real samples whose votes a validation compares."""
     return group(
         click.option("--samples", type=SAMPLES, default=1000, show_default=True,
-                     help="Noisy samples for vote agreement (>= 1000 for TensorRT plans)."),
+                     help="Noisy samples for vote agreement (>= 1000 for TensorRT engine files)."),
         dataset_option("Validation images [default: embedded subset]."),
         click.option("--data", type=click.Path(), help="Dataset directory or file for --dataset."),
         click.option("--seed", type=SEED, default=0, show_default=True, help="Noise seed for validation."),

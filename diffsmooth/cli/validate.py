@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from diffsmooth.cli.options import validation_options
-from diffsmooth.export.plan_check import result_lines
+from diffsmooth.export.engine_file_check import result_lines
 from diffsmooth.export.validate import validate_dir
 
 

@@ -41,7 +41,7 @@ class ExportedBackend:
 
     name = ""
     needs = ""                  # what `onnx_dir` must hold
-    runs_modules = False        # graphs and plans are validated when exported and built, not per run
+    runs_modules = False        # graphs and engine files are validated when exported and built, not per run
     accepts_torch_options = False   # the torch backend's fast-path options (compile, kernels, ...) are refused
 
     def fast_path_defaults(self, cuda: bool, compile, asked: dict) -> dict:

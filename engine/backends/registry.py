@@ -1,6 +1,6 @@
 """The one place a backend's name becomes its class: the backends a run builds its stages on, one folder each behind
 engine/stages/base.py's `StageBackend`: `torch` (the models in eager or compiled torch), `onnxruntime` (the graphs
-of `diffsmooth export`), `tensorrt` (the plans of `diffsmooth build-engine`). A run, its fast path's defaults, the
+of `diffsmooth export`), `tensorrt` (the engine files of `diffsmooth build-engine`). A run, its fast path's defaults, the
 Python API and `diffsmooth bench` all ask `stage_backend(name)`; the rest of the product asks the backend object
 (`runs_modules`, `accepts_torch_options`, ...), never compares its name."""
 

@@ -55,7 +55,7 @@ class FastPath(FastPathFields):
         classifier convolutions only when asked for (docs/status.md says what has run on a GPU). The lean UNet, the
         compile mode and inductor knobs, the classifier's own batch, Triton convolutions and the packed first stage
         are off until asked for: no GPU has measured them (docs/performance.md, "Time-per-sample variants").
-        TensorRT: static batches (plans are built for the run's batch) and, on CUDA, two streams. ONNX Runtime:
+        TensorRT: static batches (engine files are built for the run's batch) and, on CUDA, two streams. ONNX Runtime:
         none of it."""
         asked = AskedFastPath(compile=compile, **asked).given()       # each value checked (unknown names refused)
         compile = asked.pop("compile", None)

@@ -127,6 +127,6 @@ class ModelSet:
         return stage
 
     def note_built(self, stages) -> None:
-        """Count the stages of a backend that builds every run (ONNX Runtime graphs, TensorRT plans)."""
+        """Count the stages of a backend that builds every run (ONNX Runtime graphs, TensorRT engine files)."""
         heads = getattr(stages.score, "heads", None)
         self.builds += (stages.purify is not None) + (len(heads) if heads else 1)

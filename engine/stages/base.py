@@ -66,7 +66,7 @@ class BaseClassifierStages:
         return self.score.device
 
     def weight_marks(self) -> Marks:
-        """The marks (stages/weights.py) of every torch stage's weights; exported graphs and plans hold
+        """The marks (stages/weights.py) of every torch stage's weights; exported graphs and engine files hold
         theirs inside the engine and show none."""
         marks: Marks = {}
         for stage in (self.purify, self.score):
@@ -77,7 +77,7 @@ class BaseClassifierStages:
 
     def weight_fingerprint(self) -> str:
         """What every stage computes with, equal wherever the weights are: a torch stage's tensor values, an
-        exported graph's or plan's file digest (what torchrun's ranks compare: certify/agreement.py)."""
+        exported graph's or engine file's digest (what torchrun's ranks compare: certify/agreement.py)."""
         parts = []
         for stage in (self.purify, self.score):
             if stage is None:

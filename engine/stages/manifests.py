@@ -1,7 +1,7 @@
 """The manifests written next to exported graphs: their format tag, finding the graph of a role
 whose manifest matches wanted fields, and checking its hashes before it is loaded. One home for
 the format, used by the exporter (diffsmooth.export.manifest) and the ONNX Runtime stages; and the
-one atomic JSON write of every manifest (graphs, plans, the demo models' MODELS.json)."""
+one atomic JSON write of every manifest (graphs, TensorRT engine files, the demo models' MODELS.json)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ MANIFEST_FORMAT = "diffsmooth-onnx-manifest"
 
 def write_json(path, data, indent: int) -> None:
     """`data` as indented JSON at `path`, whole or not at all (a tmp file renamed over it): the manifests of graphs,
-    plans and the demo models, which another process may read at any moment."""
+    TensorRT engine files and the demo models, which another process may read at any moment."""
     tmp = Path(path).with_name(Path(path).name + ".tmp")
     tmp.write_text(json.dumps(data, indent=indent) + "\n")
     os.replace(tmp, path)

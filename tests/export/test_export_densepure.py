@@ -75,20 +75,24 @@ def test_exported_step_and_vote_graphs_validate_and_certify_as_torch(tiny_models
 
 
 @pytest.mark.slow
-def test_tensorrt_plan_validation_chains_the_step_plan_and_refuses_a_wrong_one(tiny_models, tmp_path):
-    """validate_plans (what `build-engine` runs) on DensePure's two plans, an ONNX Runtime stage of each graph
-    standing in for TensorRT: the chains around the step plan and its ONNX reference draw the same keyed noises
-    (the profile keeps the timestep and coefficients static); a step plan that ignores its noise fails."""
+def test_tensorrt_engine_file_validation_chains_the_step_and_refuses_a_wrong_one(tiny_models, tmp_path):
+    """validate_engine_files (what `build-engine` runs) on DensePure's two engine files, an ONNX Runtime stage of each
+    graph standing in for TensorRT: the chains around the step's engine file and its ONNX reference draw the same keyed
+    noises (the profile keeps the timestep and coefficients static); a step engine file that ignores its noise fails."""
     import torch
 
     from diffsmooth.engine.backends.onnxruntime.runner import OrtStage
-    from diffsmooth.engine.backends.tensorrt.plans import profile_for, read_plan_manifest, write_plan_manifest
+    from diffsmooth.engine.backends.tensorrt.engine_files import (
+        profile_for,
+        read_engine_file_manifest,
+        write_engine_file_manifest,
+    )
     from diffsmooth.engine.base_classifier.denoise import load_denoiser
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.engine.models.checkpoints import load_classifier
     from diffsmooth.export.onnx_export import export_models
-    from diffsmooth.export.trt_build import PlanResult
-    from diffsmooth.export.trt_validate import validate_plans
+    from diffsmooth.export.trt_build import EngineFileResult
+    from diffsmooth.export.trt_validate import validate_engine_files
     from diffsmooth.export.validate import ValidationFailed
 
     torch.set_num_threads(1)
@@ -98,20 +102,20 @@ def test_tensorrt_plan_validation_chains_the_step_plan_and_refuses_a_wrong_one(t
     graphs = export_models(config, (3, 8, 8), tmp_path, denoiser=denoiser, classifier=classifier)
     results, stand_ins = [], {}
     for g in graphs:
-        plan = tmp_path / f"{g.role}.plan"
-        plan.write_bytes(b"stand-in")
+        engine_file = tmp_path / f"{g.role}.plan"
+        engine_file.write_bytes(b"stand-in")
         key = {"profile": profile_for(g.manifest["inputs"], 100), "precision": "fp32"}
-        write_plan_manifest(plan, {"key": key, "plan_sha256": "-", "validation": None})
-        results.append(PlanResult(g.path, plan, g.role, "fp32", g.manifest, {"key": key}, True))
-        stand_ins[plan] = OrtStage(g.path, f"{g.role} stand-in", "cpu", "fp32", threads=1)
+        write_engine_file_manifest(engine_file, {"key": key, "plan_sha256": "-", "validation": None})
+        results.append(EngineFileResult(g.path, engine_file, g.role, "fp32", g.manifest, {"key": key}, True))
+        stand_ins[engine_file] = OrtStage(g.path, f"{g.role} stand-in", "cpu", "fp32", threads=1)
     assert results[0].manifest["key"]["profile"]["c"]["static"]
-    out = validate_plans(results, tmp_path, stage_fn=lambda p, n, prec: stand_ins[p], threads=1, echo=print,
-                         dataset="npz", data=str(tiny_models["data"]))
+    out = validate_engine_files(results, tmp_path, stage_fn=lambda p, n, prec: stand_ins[p], threads=1, echo=print,
+                                dataset="npz", data=str(tiny_models["data"]))
     res = out[str(tmp_path / "denoiser.plan")]
     assert res["passed"] and res["denoiser"]["max_abs_err"] == 0 and res["votes"]["samples"] >= 1000
 
     class Quiet:
-        """A step plan that adds no noise: another purifier."""
+        """A step engine file that adds no noise: another purifier."""
         name, device, precision = "quiet step", torch.device("cpu"), "fp32"
 
         def __call__(self, x, t, c, noise):
@@ -120,6 +124,6 @@ def test_tensorrt_plan_validation_chains_the_step_plan_and_refuses_a_wrong_one(t
     def broken(p, n, prec):
         return Quiet() if p.name == "denoiser.plan" else stand_ins[p]
     with pytest.raises(ValidationFailed, match="denoiser max abs err"):
-        validate_plans(results, tmp_path, stage_fn=broken, threads=1, echo=print, dataset="npz",
+        validate_engine_files(results, tmp_path, stage_fn=broken, threads=1, echo=print, dataset="npz",
                        data=str(tiny_models["data"]))
-    assert read_plan_manifest(tmp_path / "denoiser.plan")[0]["validation"]["passed"] is False
+    assert read_engine_file_manifest(tmp_path / "denoiser.plan")[0]["validation"]["passed"] is False

@@ -68,7 +68,7 @@ def graph_stages(config: MethodConfig, image_shape, num_classes: Optional[int], 
                  load, sweep: Optional[SweepGraphs] = None) -> BaseClassifierStages:
     """Stages for `config` from exported files, on either exported backend (the one composition ONNX Runtime and
     TensorRT share): `pick(role, want)` gives (the file, its graph's manifest) of the graph of `role` whose manifest
-    has the fields `want` (ONNX Runtime: the graph; TensorRT: the plan built from it); `load(file, label)` the stage
+    has the fields `want` (ONNX Runtime: the graph; TensorRT: the engine file built from it); `load(file, label)` the stage
     that runs it; the stages are probed once and their classes checked against the data. In a sweep (`sweep`), the
     graphs it shares are picked and opened once and the stages are left for the sweep's one probe."""
     if sweep is not None:

@@ -1,2 +1,2 @@
-"""The tensorrt backend: the plans of `diffsmooth build-engine`, run by TensorRT (backend.py, stages.py, runner.py,
-plans.py)."""
+"""The tensorrt backend: the engine files of `diffsmooth build-engine`, run by TensorRT (backend.py, stages.py,
+runner.py, engine_files.py)."""

@@ -8,13 +8,13 @@ from diffsmooth.engine.backends.tensorrt.stages import trt_graphs
 
 
 class TensorRTBackend(ExportedBackend):
-    """The plans `diffsmooth build-engine` built from the exported graphs, for the run's batch."""
+    """The engine files `diffsmooth build-engine` built from the exported graphs, for the run's batch."""
 
     name = "tensorrt"
-    needs = "graphs from `diffsmooth export`, plans from `diffsmooth build-engine`"
+    needs = "graphs from `diffsmooth export`, engine files from `diffsmooth build-engine`"
 
     def fast_path_defaults(self, cuda: bool, compile, asked: dict) -> dict:
-        """Static batches (plans are built for the run's batch) and, on CUDA, two streams."""
+        """Static batches (engine files are built for the run's batch) and, on CUDA, two streams."""
         return {"static_batch": True, "streams": 2 if cuda else 1}
 
     def load(self, config, sources, image_shape, num_classes, build, sweep=None):

@@ -1,4 +1,4 @@
-"""TensorRT backend: a built plan as a Stage, run with TensorRT's raw Python API (10.x):
+"""TensorRT backend: a built engine file as a Stage, run with TensorRT's raw Python API (10.x):
 `execute_async_v3` on torch's current CUDA stream, with torch-owned input/output buffers. torch
 stays the CUDA layer (memory, streams, events, RNG), so no pycuda. `import tensorrt` happens only
 in this module and in diffsmooth.export.trt_build, inside functions. Written to TensorRT's
@@ -35,7 +35,7 @@ def import_tensorrt():
     try:
         import tensorrt as trt
     except ImportError:
-        raise UserError(f"TensorRT plans need TensorRT: {INSTALL_HINT}") from None
+        raise UserError(f"TensorRT engine files need TensorRT: {INSTALL_HINT}") from None
     except Exception as exc:  # noqa: BLE001 - see tensorrt_available
         raise UserError(f"tensorrt fails to import ({type(exc).__name__}: "
                         f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); check the install") from None
@@ -60,7 +60,7 @@ def cuda_device(device) -> torch.device:
 
 
 def gpu_identity(device: torch.device) -> Tuple[str, str]:
-    """(GPU name, compute capability 'major.minor'): the part of a plan's key that names the GPU."""
+    """(GPU name, compute capability 'major.minor'): the part of an engine file's key that names the GPU."""
     props = torch.cuda.get_device_properties(device)
     return str(props.name), f"{props.major}.{props.minor}"
 
@@ -69,11 +69,11 @@ def _logger(trt):
     return trt.Logger(trt.Logger.WARNING)
 
 
-def deserialize(trt, plan_bytes: bytes, what: str):
-    """ICudaEngine from plan bytes; UserError when TensorRT refuses them (other version/GPU, damage)."""
+def deserialize(trt, serialized: bytes, what: str):
+    """ICudaEngine from an engine file's bytes; UserError when TensorRT refuses them (other version/GPU, damage)."""
     runtime = trt.Runtime(_logger(trt))
     try:
-        engine = runtime.deserialize_cuda_engine(plan_bytes)
+        engine = runtime.deserialize_cuda_engine(serialized)
     except Exception as exc:  # noqa: BLE001 - TensorRT raises plain RuntimeError/TypeError
         engine = None
         why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
@@ -85,14 +85,14 @@ def deserialize(trt, plan_bytes: bytes, what: str):
 
 
 class TrtStage:
-    """One plan as a Stage: fp32 tensors in/out on `device`. Each call enqueues on the stream that
+    """One engine file as a Stage: fp32 tensors in/out on `device`. Each call enqueues on the stream that
     is current at call time (the pipeline may run stages inside `torch.cuda.stream(s)` blocks) and
     never synchronizes. One execution context per stream this stage has been called on: a context
     holds its activations, so two streams must not share one."""
 
-    def __init__(self, plan_path, name: str, device, precision: str, trt=None):
+    def __init__(self, engine_file_path, name: str, device, precision: str, trt=None):
         self.trt = trt or import_tensorrt()
-        self.path = Path(plan_path)
+        self.path = Path(engine_file_path)
         self.name = name
         self.device = torch.device(device)
         self.precision = precision
@@ -124,7 +124,7 @@ class TrtStage:
         return ctx
 
     def check_inputs(self, inputs) -> None:
-        """UserError unless the inputs fit the plan's profile (count, batch range, static dims). An input whose
+        """UserError unless the inputs fit the engine file's profile (count, batch range, static dims). An input whose
         profile fixes its first dimension (a reverse step's timestep and coefficients) is static: it is not a
         batch, and must have exactly the profile's shape."""
         if len(inputs) != len(self.input_names):
@@ -138,12 +138,12 @@ class TrtStage:
             lo, _, hi = self.profile[n]
             shape = tuple(int(d) for d in t.shape)
             if lo == hi and shape != lo:
-                raise UserError(f"{self.name}: input {n} has shape {list(shape)}, the plan takes {list(lo)}")
+                raise UserError(f"{self.name}: input {n} has shape {list(shape)}, the engine file takes {list(lo)}")
             if len(shape) != len(lo) or shape[1:] != lo[1:]:
-                raise UserError(f"{self.name}: input {n} has shape {list(shape)}, the plan takes "
+                raise UserError(f"{self.name}: input {n} has shape {list(shape)}, the engine file takes "
                                 f"[batch, {', '.join(map(str, lo[1:]))}]")
             if not lo[0] <= shape[0] <= hi[0]:
-                raise UserError(f"{self.name}: batch {shape[0]} is outside the plan's profile "
+                raise UserError(f"{self.name}: batch {shape[0]} is outside the engine file's profile "
                                 f"[{lo[0]}, {hi[0]}]; rebuild with `diffsmooth build-engine --batch {shape[0]}`")
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The TensorRT path without TensorRT: plan cache keys and the rebuild decision, plan manifests,
+"""The TensorRT path without TensorRT: engine file cache keys and the rebuild decision, engine file manifests,
 profile selection from the batch, inspector parsing, stage input checks, CLI wiring and errors.
 
 Where TensorRT itself would be called, tests inject either build/load functions or a FAKE
@@ -18,28 +18,28 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from fake_tensorrt import FAKE, fake_plan
+from fake_tensorrt import FAKE, fake_engine_file
 from onnx import TensorProto, helper
 
 from diffsmooth.cli import main
 from diffsmooth.engine.backends.tensorrt import runner as trt_backend
-from diffsmooth.engine.backends.tensorrt.plans import (
+from diffsmooth.engine.backends.tensorrt.engine_files import (
     cache_key,
-    choose_plan,
-    plan_manifest_path,
-    plan_path_for,
+    choose_engine_file,
+    engine_file_manifest_path,
+    engine_file_path_for,
     profile_covers,
     profile_for,
-    read_plan_manifest,
+    read_engine_file_manifest,
     reuse_decision,
-    scan_plans,
-    write_plan_manifest,
+    scan_engine_files,
+    write_engine_file_manifest,
 )
 from diffsmooth.engine.backends.tensorrt.runner import TrtStage, tensorrt_available
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.hashing import sha256_file
 from diffsmooth.export.manifest import write_manifest
-from diffsmooth.export.trt_build import Target, build_plans, ensure_plan
+from diffsmooth.export.trt_build import Target, build_engine_files, ensure_engine_file
 from diffsmooth.export.trt_inspect import datatype_of, layer_roles, summarize
 
 H100 = Target("10.12.0", "NVIDIA H100 80GB HBM3", "9.0")
@@ -88,15 +88,15 @@ def test_profile_from_batch_is_one_to_max_with_opt_at_the_batch():
         profile_for({"x": ["batch", 1]}, 0)
 
 
-def test_plan_names_differ_by_gpu_and_profile(tmp_path):
+def test_engine_file_names_differ_by_gpu_and_profile(tmp_path):
     onnx_path = tmp_path / "denoiser_s0.5_1x8x8_fp16.onnx"
     p = profile_for(INPUTS, 1000)
-    a = plan_path_for(onnx_path, H100.gpu_name, H100.compute_capability, p)
-    b = plan_path_for(onnx_path, A100.gpu_name, A100.compute_capability, p)
-    c = plan_path_for(onnx_path, H100.gpu_name, H100.compute_capability, profile_for(INPUTS, 500))
+    a = engine_file_path_for(onnx_path, H100.gpu_name, H100.compute_capability, p)
+    b = engine_file_path_for(onnx_path, A100.gpu_name, A100.compute_capability, p)
+    c = engine_file_path_for(onnx_path, H100.gpu_name, H100.compute_capability, profile_for(INPUTS, 500))
     assert len({a, b, c}) == 3 and a.parent == tmp_path
     assert a.name == "denoiser_s0.5_1x8x8_fp16.nvidia-h100-80gb-hbm3-sm90.b1000-1000.plan"
-    assert plan_manifest_path(a).name.endswith(".plan.json")
+    assert engine_file_manifest_path(a).name.endswith(".plan.json")
 
 
 def _key(**over):
@@ -110,61 +110,79 @@ def _key(**over):
     ("onnx_sha256", "b" * 64), ("tensorrt_version", "10.13.0"), ("gpu_name", "NVIDIA A100-SXM4-80GB"),
     ("compute_capability", "8.0"), ("profile", profile_for(INPUTS, 999)), ("precision", "fp32")])
 def test_reuse_decision_names_the_field_that_changed(tmp_path, field, value):
-    plan = tmp_path / "g.plan"
-    plan.write_bytes(b"plan bytes")
-    write_plan_manifest(plan, {"key": _key(), "plan_sha256": sha256_file(plan)})
-    assert reuse_decision(plan, _key(), sha256_file) == (True, "")
-    ok, why = reuse_decision(plan, _key(**{field: value}), sha256_file)
+    engine_file = tmp_path / "g.plan"
+    engine_file.write_bytes(b"plan bytes")
+    write_engine_file_manifest(engine_file, {"key": _key(), "plan_sha256": sha256_file(engine_file)})
+    assert reuse_decision(engine_file, _key(), sha256_file) == (True, "")
+    ok, why = reuse_decision(engine_file, _key(**{field: value}), sha256_file)
     assert not ok and field in why and "\n" not in why
 
 
-def test_reuse_decision_missing_damaged_or_changed_plans(tmp_path):
-    plan = tmp_path / "g.plan"
-    assert reuse_decision(plan, _key(), sha256_file) == (False, "no plan g.plan yet")
-    plan.write_bytes(b"plan bytes")
-    ok, why = reuse_decision(plan, _key(), sha256_file)
+def test_reuse_decision_missing_damaged_or_changed_engine_files(tmp_path):
+    engine_file = tmp_path / "g.plan"
+    assert reuse_decision(engine_file, _key(), sha256_file) == (False, "no engine file g.plan yet")
+    engine_file.write_bytes(b"plan bytes")
+    ok, why = reuse_decision(engine_file, _key(), sha256_file)
     assert not ok and "missing" in why
-    plan_manifest_path(plan).write_text("{not json")
-    ok, why = reuse_decision(plan, _key(), sha256_file)
+    engine_file_manifest_path(engine_file).write_text("{not json")
+    ok, why = reuse_decision(engine_file, _key(), sha256_file)
     assert not ok and "not readable JSON" in why
-    write_plan_manifest(plan, {"key": _key(), "plan_sha256": sha256_file(plan)})
-    plan.write_bytes(b"other bytes")
-    ok, why = reuse_decision(plan, _key(), sha256_file)
+    write_engine_file_manifest(engine_file, {"key": _key(), "plan_sha256": sha256_file(engine_file)})
+    engine_file.write_bytes(b"other bytes")
+    ok, why = reuse_decision(engine_file, _key(), sha256_file)
     assert not ok and "changed after it was built" in why
 
 
-def _plan_manifest(tmp_path, name, target, batch, max_batch=None, sha="a" * 64, precision="fp16"):
-    plan = tmp_path / name
-    plan.write_bytes(b"x")
+def _engine_file_manifest(tmp_path, name, target, batch, max_batch=None, sha="a" * 64, precision="fp16"):
+    engine_file = tmp_path / name
+    engine_file.write_bytes(b"x")
     key = cache_key(onnx_sha256=sha, tensorrt_version=target.tensorrt_version, gpu_name=target.gpu_name,
                     compute_capability=target.compute_capability, profile=profile_for(INPUTS, batch, max_batch),
                     precision=precision)
-    write_plan_manifest(plan, {"key": key, "plan_sha256": sha256_file(plan)})
-    return plan
+    write_engine_file_manifest(engine_file, {"key": key, "plan_sha256": sha256_file(engine_file)})
+    return engine_file
 
 
-def test_choose_plan_by_gpu_tensorrt_and_batch(tmp_path):
-    small = _plan_manifest(tmp_path, "a.plan", H100, 100)
-    big = _plan_manifest(tmp_path, "b.plan", H100, 400, 2000)
-    exact = _plan_manifest(tmp_path, "c.plan", H100, 1000, 4000)
-    _plan_manifest(tmp_path, "d.plan", A100, 1000)
-    _plan_manifest(tmp_path, "e.plan", H100, 1000, sha="f" * 64)         # another graph
-    _plan_manifest(tmp_path, "f.plan", H100, 1000, precision="fp32")      # another precision
-    plans = scan_plans(tmp_path, "a" * 64, "fp16")
-    assert sorted(p.name for p, _ in plans) == ["a.plan", "b.plan", "c.plan", "d.plan"]
+def test_choose_engine_file_by_gpu_tensorrt_and_batch(tmp_path):
+    small = _engine_file_manifest(tmp_path, "a.plan", H100, 100)
+    big = _engine_file_manifest(tmp_path, "b.plan", H100, 400, 2000)
+    exact = _engine_file_manifest(tmp_path, "c.plan", H100, 1000, 4000)
+    _engine_file_manifest(tmp_path, "d.plan", A100, 1000)
+    _engine_file_manifest(tmp_path, "e.plan", H100, 1000, sha="f" * 64)         # another graph
+    _engine_file_manifest(tmp_path, "f.plan", H100, 1000, precision="fp32")      # another precision
+    engine_files = scan_engine_files(tmp_path, "a" * 64, "fp16")
+    assert sorted(p.name for p, _ in engine_files) == ["a.plan", "b.plan", "c.plan", "d.plan"]
     kw = dict(tensorrt_version="10.12.0", gpu_name=H100.gpu_name, compute_capability="9.0", graph_name="g.onnx",
               onnx_dir=tmp_path)
-    assert choose_plan(plans, batch=1000, **kw)[0] == exact               # opt == the run's batch
-    assert choose_plan(plans, batch=50, **kw)[0] == small                 # else the smallest max that covers
-    assert choose_plan(plans, batch=1500, **kw)[0] == big
+    assert choose_engine_file(engine_files, batch=1000, **kw)[0] == exact               # opt == the run's batch
+    assert choose_engine_file(engine_files, batch=50, **kw)[0] == small                 # else the smallest max that covers
+    assert choose_engine_file(engine_files, batch=1500, **kw)[0] == big
     with pytest.raises(UserError, match=r"take batches up to \[100, 2000, 4000\], not 5000"):
-        choose_plan(plans, batch=5000, **kw)
+        choose_engine_file(engine_files, batch=5000, **kw)
     with pytest.raises(UserError, match="built for another GPU .*NVIDIA H100 80GB HBM3 sm9.0.*not NVIDIA L4"):
-        choose_plan(plans, **dict(kw, gpu_name="NVIDIA L4", compute_capability="8.9"), batch=10)
+        choose_engine_file(engine_files, **dict(kw, gpu_name="NVIDIA L4", compute_capability="8.9"), batch=10)
     with pytest.raises(UserError, match="built with TensorRT 10.12.0, this is 10.13.1"):
-        choose_plan(plans, **dict(kw, tensorrt_version="10.13.1"), batch=10)
-    with pytest.raises(UserError, match="no TensorRT plan for g.onnx"):
-        choose_plan([], batch=10, **kw)
+        choose_engine_file(engine_files, **dict(kw, tensorrt_version="10.13.1"), batch=10)
+    with pytest.raises(UserError, match="no TensorRT engine file for g.onnx"):
+        choose_engine_file([], batch=10, **kw)
+
+
+def test_engine_files_exported_before_the_rename_still_load(tmp_path):
+    """An engine file and manifest as `build-engine` wrote them (`.plan`, `.plan.json`, the manifest's format tag and
+    plan_* keys: on-disk names kept) are found, chosen and reused; a manifest written today has the same keys."""
+    engine_file = tmp_path / "g.nvidia-h100-80gb-hbm3-sm90.b1000-1000.plan"
+    engine_file.write_bytes(b"serialized engine")
+    old = {"format": "diffsmooth-trt-plan-manifest", "version": 1, "plan_file": engine_file.name, "key": _key(),
+           "plan_sha256": sha256_file(engine_file), "plan_bytes": 17, "validation": None}
+    (tmp_path / "g.nvidia-h100-80gb-hbm3-sm90.b1000-1000.plan.json").write_text(json.dumps(old, indent=2))
+    assert read_engine_file_manifest(engine_file) == (old, "")
+    assert reuse_decision(engine_file, _key(), sha256_file) == (True, "")
+    found = scan_engine_files(tmp_path, "a" * 64, "fp16")
+    assert found == [(engine_file, old)]
+    assert choose_engine_file(found, tensorrt_version="10.12.0", gpu_name=H100.gpu_name, compute_capability="9.0",
+                              batch=1000, graph_name="g.onnx", onnx_dir=tmp_path) == (engine_file, old)
+    write_engine_file_manifest(engine_file, {k: v for k, v in old.items() if k not in ("format", "version", "plan_file")})
+    assert json.loads(engine_file_manifest_path(engine_file).read_text()) == old
 
 
 # ------------------------------------------------------------------------------------------
@@ -172,7 +190,7 @@ def test_choose_plan_by_gpu_tensorrt_and_batch(tmp_path):
 
 
 class FakeBuilder:
-    """Stands in for Polygraphy + TensorRT: counts builds, 'plans' are JSON that the loader accepts."""
+    """Stands in for Polygraphy + TensorRT: counts builds, 'engine files' are JSON that the loader accepts."""
 
     def __init__(self):
         self.builds = []
@@ -193,28 +211,28 @@ class FakeBuilder:
         return INSPECTOR_FP16
 
 
-def test_plans_are_built_reused_and_rebuilt_with_one_line_why(tmp_path):
+def test_engine_files_are_built_reused_and_rebuilt_with_one_line_why(tmp_path):
     onnx_path, manifest = _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx")
     fb, lines = FakeBuilder(), []
     kw = dict(batch=1000, echo=lines.append, build_fn=fb.build, load_fn=fb.load, inspect_fn=fb.inspect,
               timing_cache=tmp_path / "timing.cache")
-    first = ensure_plan(onnx_path, manifest, H100, **kw)
-    assert first.built and len(fb.builds) == 1 and lines[0].startswith("building ") and "no plan" in lines[0]
+    first = ensure_engine_file(onnx_path, manifest, H100, **kw)
+    assert first.built and len(fb.builds) == 1 and lines[0].startswith("building ") and "no engine file" in lines[0]
     assert fb.builds[0][1]["x_rs"] == {"min": [1, 1, 8, 8], "opt": [1000, 1, 8, 8], "max": [1000, 1, 8, 8]}
-    m, _ = read_plan_manifest(first.plan_path)
+    m, _ = read_engine_file_manifest(first.engine_file_path)
     assert m["key"]["gpu_name"] == H100.gpu_name and m["key"]["precision"] == "fp16"
-    assert m["plan_sha256"] == sha256_file(first.plan_path) and m["validation"] is None
+    assert m["plan_sha256"] == sha256_file(first.engine_file_path) and m["validation"] is None
     assert m["build"]["strongly_typed"] and m["build"]["profiling_verbosity"] == "DETAILED"
     assert m["inspection"]["passed"] and (tmp_path / m["inspector_file"]).exists()
     assert not list(tmp_path.glob("*.tmp"))
 
     lines.clear()
-    again = ensure_plan(onnx_path, manifest, H100, **kw)
-    assert not again.built and len(fb.builds) == 1 and lines == [f"reusing {first.plan_path.name} (key matches)"]
+    again = ensure_engine_file(onnx_path, manifest, H100, **kw)
+    assert not again.built and len(fb.builds) == 1 and lines == [f"reusing {first.engine_file_path.name} (key matches)"]
 
-    first.plan_path.write_bytes(b"\x00garbage")                  # damaged: the manifest hash catches it
+    first.engine_file_path.write_bytes(b"\x00garbage")                  # damaged: the manifest hash catches it
     lines.clear()
-    ensure_plan(onnx_path, manifest, H100, **kw)
+    ensure_engine_file(onnx_path, manifest, H100, **kw)
     assert len(fb.builds) == 2 and "changed after it was built" in lines[0]
 
     calls = []
@@ -225,36 +243,36 @@ def test_plans_are_built_reused_and_rebuilt_with_one_line_why(tmp_path):
             raise RuntimeError("Serialization assertion magicTagRead failed")
         return fb.load(data)
     lines.clear()
-    ensure_plan(onnx_path, manifest, H100, **dict(kw, load_fn=refuse_once))
+    ensure_engine_file(onnx_path, manifest, H100, **dict(kw, load_fn=refuse_once))
     assert len(fb.builds) == 3 and "fails to deserialize (Serialization assertion" in lines[0]
 
     onnx_path2, manifest2 = _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx", scale=2.0)   # re-exported
     lines.clear()
-    ensure_plan(onnx_path2, manifest2, H100, **kw)
+    ensure_engine_file(onnx_path2, manifest2, H100, **kw)
     assert len(fb.builds) == 4 and "onnx_sha256" in lines[0]
 
     lines.clear()
-    other = ensure_plan(onnx_path2, manifest2, A100, **kw)       # another GPU: its own plan file
-    assert other.built and other.plan_path != first.plan_path and "no plan" in lines[0]
-    ensure_plan(onnx_path2, manifest2, H100, **dict(kw, rebuild=True))
+    other = ensure_engine_file(onnx_path2, manifest2, A100, **kw)       # another GPU: its own engine file
+    assert other.built and other.engine_file_path != first.engine_file_path and "no engine file" in lines[0]
+    ensure_engine_file(onnx_path2, manifest2, H100, **dict(kw, rebuild=True))
     assert len(fb.builds) == 6
 
 
-def test_build_plans_refuses_graphs_that_failed_validation_and_filters_precision(tmp_path):
+def test_build_engine_files_refuses_graphs_that_failed_validation_and_filters_precision(tmp_path):
     _graph(tmp_path, "d16.onnx", precision="fp16")
     _graph(tmp_path, "d32.onnx", precision="fp32")
     _graph(tmp_path, "unet.onnx", role="unet", precision="fp32")
     fb = FakeBuilder()
     kw = dict(batch=8, echo=lambda s: None, build_fn=fb.build, load_fn=fb.load, inspect_fn=fb.inspect,
               timing_cache=tmp_path / "t.cache")
-    results = build_plans(tmp_path, H100, precisions=["fp32"], **kw)
+    results = build_engine_files(tmp_path, H100, precisions=["fp32"], **kw)
     assert [r.onnx_path.name for r in results] == ["d32.onnx"]
     assert sorted(b[0] for b in fb.builds) == ["d32.onnx"]
     _graph(tmp_path, "bad.onnx", precision="fp16", validation={"passed": False, "summary": "votes 97%"})
     with pytest.raises(UserError, match="bad.onnx failed ONNX validation"):
-        build_plans(tmp_path, H100, **kw)
+        build_engine_files(tmp_path, H100, **kw)
     with pytest.raises(UserError, match="no denoiser/classifier graphs at precision bf16"):
-        build_plans(tmp_path, H100, precisions=["bf16"], **kw)
+        build_engine_files(tmp_path, H100, precisions=["bf16"], **kw)
 
 
 # ------------------------------------------------------------------------------------------
@@ -301,7 +319,7 @@ def test_inspection_reports_half_layers_and_checks_the_mixed_precision():
     assert any("convolution /conv_in/Conv runs in fp32" in f for f in r["failures"])
     assert any("softmax /attn/Softmax runs in fp16" in f for f in r["failures"])
     assert any("graph output out is fp16" in f for f in r["failures"])
-    assert not summarize(INSPECTOR_FP16, "fp32", ["out"])["passed"]        # half layers in an fp32 plan
+    assert not summarize(INSPECTOR_FP16, "fp32", ["out"])["passed"]        # half layers in an fp32 engine file
     names_only = summarize({"Layers": ["/conv_in/Conv", "/norm/InstanceNormalization"]}, "fp16")
     assert not names_only["detailed"] and not names_only["passed"]
 
@@ -324,9 +342,9 @@ def fake_trt(monkeypatch):
 
 
 def test_fake_stage_binds_torch_buffers_and_enqueues_on_the_current_stream(tmp_path, fake_trt):
-    plan = tmp_path / "g.plan"
-    plan.write_bytes(fake_plan({"x": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)]}, scale=3.0))
-    stage = TrtStage(plan, "denoiser", "cpu", "fp16")        # cpu only because the runtime is fake
+    engine_file = tmp_path / "g.plan"
+    engine_file.write_bytes(fake_engine_file({"x": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)]}, scale=3.0))
+    stage = TrtStage(engine_file, "denoiser", "cpu", "fp16")        # cpu only because the runtime is fake
     assert stage.input_names == ["x"] and stage.output_name == "y"
     x = torch.randn(5, 1, 4, 4)
     out = stage(x)
@@ -339,28 +357,28 @@ def test_fake_stage_binds_torch_buffers_and_enqueues_on_the_current_stream(tmp_p
     fake_trt["stream"] = _Stream(111)
     stage(x)
     assert len(stage.engine.contexts) == 2 and ctx.streams == [111, 111]
-    with pytest.raises(UserError, match=r"batch 9 is outside the plan's profile \[1, 8\]"):
+    with pytest.raises(UserError, match=r"batch 9 is outside the engine file's profile \[1, 8\]"):
         stage(torch.zeros(9, 1, 4, 4))
-    with pytest.raises(UserError, match=r"the plan takes \[batch, 1, 4, 4\]"):
+    with pytest.raises(UserError, match=r"the engine file takes \[batch, 1, 4, 4\]"):
         stage(torch.zeros(2, 1, 4, 5))
     with pytest.raises(UserError, match="takes 1 input"):
         stage(x, x)
 
 
 def test_fake_stage_takes_static_inputs_beside_the_batch(tmp_path, fake_trt):
-    """A reverse step's plan: x_t and noise batched, the timestep [1] and coefficients [7] fixed by the profile
+    """A reverse step's engine file: x_t and noise batched, the timestep [1] and coefficients [7] fixed by the profile
     (not a batch of 1 or 7 that must agree with x_t's), each checked against its own shape."""
-    plan = tmp_path / "step.plan"
-    plan.write_bytes(fake_plan({"x_t": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)], "t": [(1,), (1,), (1,)],
+    engine_file = tmp_path / "step.plan"
+    engine_file.write_bytes(fake_engine_file({"x_t": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)], "t": [(1,), (1,), (1,)],
                                 "c": [(7,), (7,), (7,)], "noise": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)]}, scale=2.0))
-    stage = TrtStage(plan, "reverse step", "cpu", "fp32")
+    stage = TrtStage(engine_file, "reverse step", "cpu", "fp32")
     x = torch.randn(5, 1, 4, 4)
     assert torch.equal(stage(x, torch.ones(1), torch.ones(7), torch.zeros(5, 1, 4, 4)), 2.0 * x)
     with pytest.raises(UserError, match="different batch sizes"):
         stage(x, torch.ones(1), torch.ones(7), torch.zeros(4, 1, 4, 4))
-    with pytest.raises(UserError, match=r"input c has shape \[6\], the plan takes \[7\]"):
+    with pytest.raises(UserError, match=r"input c has shape \[6\], the engine file takes \[7\]"):
         stage(x, torch.ones(1), torch.ones(6), torch.zeros(5, 1, 4, 4))
-    with pytest.raises(UserError, match=r"input t has shape \[2\], the plan takes \[1\]"):
+    with pytest.raises(UserError, match=r"input t has shape \[2\], the engine file takes \[1\]"):
         stage(x, torch.ones(2), torch.ones(7), torch.zeros(5, 1, 4, 4))
 
 
@@ -376,9 +394,9 @@ def test_the_gpu_stream_tests_calls_keep_one_context_per_stream(tmp_path, fake_t
     """The call pattern of test_fake_stage_on_gpu_enqueues_on_the_callers_stream_without_sync (a warm-up
     call on each of two streams, then one call on each), judged by the same assertion on CPU: its
     bookkeeping runs here before a GPU sees it (it once expected one call per stream after warm-ups)."""
-    plan = tmp_path / "g.plan"
-    plan.write_bytes(fake_plan({"x": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)]}, scale=3.0))
-    stage = TrtStage(plan, "denoiser", "cpu", "fp16")
+    engine_file = tmp_path / "g.plan"
+    engine_file.write_bytes(fake_engine_file({"x": [(1, 1, 4, 4), (8, 1, 4, 4), (8, 1, 4, 4)]}, scale=3.0))
+    stage = TrtStage(engine_file, "denoiser", "cpu", "fp16")
     streams = [_Stream(111), _Stream(222)]
     x = torch.randn(8, 1, 4, 4)
     for s in streams:                       # warm-up
@@ -392,14 +410,14 @@ def test_the_gpu_stream_tests_calls_keep_one_context_per_stream(tmp_path, fake_t
         assert_one_context_per_stream(stage, [111, 222], calls_per_stream=1)
 
 
-def test_fake_stage_refuses_bad_plans(tmp_path, fake_trt):
-    plan = tmp_path / "g.plan"
-    plan.write_bytes(b"\x00not a plan")
+def test_fake_stage_refuses_bad_engine_files(tmp_path, fake_trt):
+    engine_file = tmp_path / "g.plan"
+    engine_file.write_bytes(b"\x00not an engine file")
     with pytest.raises(UserError, match="TensorRT cannot deserialize g.plan"):
-        TrtStage(plan, "d", "cpu", "fp16")
-    plan.write_bytes(fake_plan({"x": [(1, 2), (4, 2), (4, 2)]}, dtypes={"y": "HALF"}))
+        TrtStage(engine_file, "d", "cpu", "fp16")
+    engine_file.write_bytes(fake_engine_file({"x": [(1, 2), (4, 2), (4, 2)]}, dtypes={"y": "HALF"}))
     with pytest.raises(UserError, match="tensor y is HALF, stages take and return float32"):
-        TrtStage(plan, "d", "cpu", "fp16")
+        TrtStage(engine_file, "d", "cpu", "fp16")
 
 
 def test_tensorrt_available_and_missing_tensorrt(monkeypatch):
@@ -419,7 +437,7 @@ def test_tensorrt_available_and_missing_tensorrt(monkeypatch):
 
 
 def test_select_refuses_precision_missing_gpu_and_failed_validation(tmp_path, monkeypatch):
-    from diffsmooth.engine.backends.tensorrt.stages import PlanKey, plan_for, trt_graphs
+    from diffsmooth.engine.backends.tensorrt.stages import EngineFileKey, engine_file_for, trt_graphs
     with pytest.raises(UserError, match="not bf16"):
         trt_graphs(tmp_path, precision="bf16")
     monkeypatch.setitem(sys.modules, "tensorrt", FAKE)
@@ -427,21 +445,21 @@ def test_select_refuses_precision_missing_gpu_and_failed_validation(tmp_path, mo
         trt_graphs(tmp_path, device="cpu", precision="fp16")
     path, manifest = _graph(tmp_path, "denoiser_s0.5_1x8x8_fp16.onnx")
     fb = FakeBuilder()
-    result = ensure_plan(path, manifest, H100, batch=100, echo=lambda s: None, build_fn=fb.build, load_fn=fb.load,
+    result = ensure_engine_file(path, manifest, H100, batch=100, echo=lambda s: None, build_fn=fb.build, load_fn=fb.load,
                          inspect_fn=fb.inspect, timing_cache=tmp_path / "t.cache")
     want = {"sigma": 0.5, "image_shape": [1, 8, 8], "precision": "fp16"}
-    key = functools.partial(PlanKey, H100.tensorrt_version, H100.gpu_name, H100.compute_capability)    # + the batch
-    plan, plan_manifest, graph_manifest = plan_for(tmp_path, "denoiser", want, "fp16", key(100))
-    assert plan == result.plan_path and graph_manifest["onnx_sha256"] == manifest["onnx_sha256"]
+    key = functools.partial(EngineFileKey, H100.tensorrt_version, H100.gpu_name, H100.compute_capability)    # + the batch
+    engine_file, engine_file_manifest, graph_manifest = engine_file_for(tmp_path, "denoiser", want, "fp16", key(100))
+    assert engine_file == result.engine_file_path and graph_manifest["onnx_sha256"] == manifest["onnx_sha256"]
     with pytest.raises(UserError, match="take batches up to"):
-        plan_for(tmp_path, "denoiser", want, "fp16", key(101))
-    m, _ = read_plan_manifest(plan)
+        engine_file_for(tmp_path, "denoiser", want, "fp16", key(101))
+    m, _ = read_engine_file_manifest(engine_file)
     m["validation"] = {"passed": False, "summary": "vote agreement 99.10%"}
     for k in ("format", "version", "plan_file"):
         m.pop(k)
-    write_plan_manifest(plan, m)
+    write_engine_file_manifest(engine_file, m)
     with pytest.raises(UserError, match="failed validation \\(vote agreement 99.10%\\)"):
-        plan_for(tmp_path, "denoiser", want, "fp16", key(100))
+        engine_file_for(tmp_path, "denoiser", want, "fp16", key(100))
 
 
 # ------------------------------------------------------------------------------------------
@@ -466,7 +484,7 @@ def test_cli_without_tensorrt_is_one_line_and_exit_2(tmp_path, no_tensorrt):
         r = _run(args)
         assert r.exit_code == 2, r.output
         lines = r.output.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: TensorRT plans need TensorRT"), r.output
+        assert len(lines) == 1 and lines[0].startswith("error: TensorRT engine files need TensorRT"), r.output
     assert not (tmp_path / "new").exists()                   # export --trt fails before writing graphs
     assert not (tmp_path / "r.tsv").exists()
     r = _run(["certify", "--backend", "tensorrt", "--out", tmp_path / "r.tsv"])
@@ -504,13 +522,13 @@ def _has_cupy():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or not _has_cupy(), reason="needs a CUDA GPU and CuPy")
 def test_fake_stage_on_gpu_enqueues_on_the_callers_stream_without_sync(tmp_path, monkeypatch):
-    """Real CUDA, FAKE TensorRT (CuPy does the 'plan'): the stage must bind torch's device buffers
+    """Real CUDA, FAKE TensorRT (CuPy does the engine's work): the stage must bind torch's device buffers
     and enqueue on the stream current at call time, behind work already queued there, and must not
     wait for it. Proves the stream wiring only."""
     monkeypatch.setitem(sys.modules, "tensorrt", FAKE)
-    plan = tmp_path / "g.plan"
-    plan.write_bytes(fake_plan({"x": [(1, 3, 64, 64), (256, 3, 64, 64), (256, 3, 64, 64)]}, scale=3.0, gpu=True))
-    stage = TrtStage(plan, "denoiser", trt_backend.cuda_device("cuda"), "fp16")
+    engine_file = tmp_path / "g.plan"
+    engine_file.write_bytes(fake_engine_file({"x": [(1, 3, 64, 64), (256, 3, 64, 64), (256, 3, 64, 64)]}, scale=3.0, gpu=True))
+    stage = TrtStage(engine_file, "denoiser", trt_backend.cuda_device("cuda"), "fp16")
     base = torch.rand(256, 3, 64, 64, device="cuda")
     torch.cuda.synchronize()
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
@@ -554,13 +572,13 @@ def test_fake_stage_on_gpu_enqueues_on_the_callers_stream_without_sync(tmp_path,
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not tensorrt_available()[0], reason=f"needs TensorRT and a GPU: {tensorrt_available()[1]}")
-def test_real_plan_matches_onnxruntime(tmp_path):
-    """Builds a real plan of a tiny graph and runs it through the stage on torch's stream."""
+def test_real_engine_file_matches_onnxruntime(tmp_path):
+    """Builds a real engine file of a tiny graph and runs it through the stage on torch's stream."""
     from diffsmooth.engine.backends.onnxruntime.runner import OrtStage
     from diffsmooth.export.trt_build import current_target
     path, manifest = _graph(tmp_path, "denoiser_s0.5_1x8x8_fp32.onnx", precision="fp32", scale=1.5)
-    result = build_plans(tmp_path, current_target("cuda"), batch=16, echo=print)[0]
-    stage = TrtStage(result.plan_path, "denoiser", "cuda", "fp32")
+    result = build_engine_files(tmp_path, current_target("cuda"), batch=16, echo=print)[0]
+    stage = TrtStage(result.engine_file_path, "denoiser", "cuda", "fp32")
     x = torch.rand(16, 1, 8, 8, device="cuda")
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
@@ -571,11 +589,11 @@ def test_real_plan_matches_onnxruntime(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------
-# Plan validation: the real compare_stages machinery, with an ONNX Runtime stage standing in for
-# the TensorRT one (the graph itself as a correct "plan"; a class-shuffling stage as a broken one)
+# Engine file validation: the real compare_stages machinery, with an ONNX Runtime stage standing in for
+# the TensorRT one (the graph itself as a correct "engine file"; a class-shuffling stage as a broken one)
 
 
-def test_plan_validation_records_votes_and_fails_on_disagreement(tmp_path):
+def test_engine_file_validation_records_votes_and_fails_on_disagreement(tmp_path):
     export_tests = str(Path(__file__).resolve().parents[2] / "export")
     if export_tests not in sys.path:               # importable when this file runs alone, too
         sys.path.insert(0, export_tests)
@@ -584,36 +602,36 @@ def test_plan_validation_records_votes_and_fails_on_disagreement(tmp_path):
     from diffsmooth.engine.backends.onnxruntime.runner import OrtStage
     from diffsmooth.engine.base_classifier.methods import MethodConfig
     from diffsmooth.export.onnx_export import export_models
-    from diffsmooth.export.trt_build import PlanResult
-    from diffsmooth.export.trt_validate import validate_plans
+    from diffsmooth.export.trt_build import EngineFileResult
+    from diffsmooth.export.trt_validate import validate_engine_files
     from diffsmooth.export.validate import ValidationFailed, validation_images
 
     torch.set_num_threads(1)
     config = MethodConfig("rs", 0.25)                        # the tiny classifier's votes spread at 0.25
     graphs = export_models(config, SHAPE, tmp_path, classifier=tiny_classifier())
     g = graphs[0]
-    plan = tmp_path / "classifier.plan"
-    plan.write_bytes(b"stand-in")
+    engine_file = tmp_path / "classifier.plan"
+    engine_file.write_bytes(b"stand-in")
     key = {"profile": profile_for(g.manifest["inputs"], 100), "precision": "fp32"}
-    write_plan_manifest(plan, {"key": key, "plan_sha256": sha256_file(plan), "validation": None})
-    result = PlanResult(g.path, plan, "classifier", "fp32", g.manifest, {"key": key}, True)
+    write_engine_file_manifest(engine_file, {"key": key, "plan_sha256": sha256_file(engine_file), "validation": None})
+    result = EngineFileResult(g.path, engine_file, "classifier", "fp32", g.manifest, {"key": key}, True)
     graph = OrtStage(g.path, "stand-in", "cpu", "fp32", threads=1)
     x, _, _ = validation_images(SHAPE, 10)
     votes = graph((x + 0.25 * torch.randn(x.shape, generator=torch.Generator().manual_seed(0)))).argmax(1)
     assert len(set(votes.tolist())) >= 3                     # the votes spread over several classes
 
     lines = []
-    out = validate_plans([result], tmp_path, stage_fn=lambda p, n, prec: graph, threads=1, echo=lines.append)
-    res = out[str(plan)]
+    out = validate_engine_files([result], tmp_path, stage_fn=lambda p, n, prec: graph, threads=1, echo=lines.append)
+    res = out[str(engine_file)]
     assert res["passed"] and res["votes"]["samples"] >= 1000 and res["votes"]["threshold"] == 0.9999
-    assert read_plan_manifest(plan)[0]["validation"]["passed"] and lines[0].startswith("ok   classifier.plan")
+    assert read_engine_file_manifest(engine_file)[0]["validation"]["passed"] and lines[0].startswith("ok   classifier.plan")
 
-    shuffled = lambda xs: graph(xs).roll(1, dims=1)     # noqa: E731 - a plan with wrong scores
+    shuffled = lambda xs: graph(xs).roll(1, dims=1)     # noqa: E731 - an engine file with wrong scores
     with pytest.raises(ValidationFailed, match="vote agreement"):
-        validate_plans([result], tmp_path, stage_fn=lambda p, n, prec: shuffled, threads=1, echo=lines.append)
-    assert read_plan_manifest(plan)[0]["validation"]["passed"] is False
+        validate_engine_files([result], tmp_path, stage_fn=lambda p, n, prec: shuffled, threads=1, echo=lines.append)
+    assert read_engine_file_manifest(engine_file)[0]["validation"]["passed"] is False
     with pytest.raises(UserError, match=">= 1000"):
-        validate_plans([result], tmp_path, samples=999)
+        validate_engine_files([result], tmp_path, samples=999)
 
 
 def test_polygraphy_build_passes_the_intended_settings(tmp_path, monkeypatch):
@@ -635,7 +653,7 @@ def test_polygraphy_build_passes_the_intended_settings(tmp_path, monkeypatch):
     def recorder(name, result=None):
         def make(*args, **kwargs):
             calls[name] = (args, kwargs)
-            return result if result is not None else (lambda: b"serialized plan")
+            return result if result is not None else (lambda: b"serialized engine")
         return make
     fake = type(sys)("tensorrt")
     fake.__dict__.update(FAKE.__dict__)
@@ -648,7 +666,7 @@ def test_polygraphy_build_passes_the_intended_settings(tmp_path, monkeypatch):
     profile = profile_for({"x": ["batch", 3, 8, 8], "noise": ["batch", 2, 3, 8, 8]}, 64, 128)
     cache = tmp_path / "caches" / "timing.cache"
     data = trt_build.polygraphy_build(tmp_path / "g.onnx", profile, workspace_bytes=1 << 30, timing_cache=cache)
-    assert data == b"serialized plan" and cache.parent.is_dir()
+    assert data == b"serialized engine" and cache.parent.is_dir()
     assert calls["network"] == ((str(tmp_path / "g.onnx"),), {"strongly_typed": True})
     config = calls["config"][1]
     assert config["memory_pool_limits"] == {"WORKSPACE": 1 << 30}

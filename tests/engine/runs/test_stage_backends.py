@@ -25,7 +25,7 @@ def test_an_unknown_backend_and_an_exported_one_without_graphs_are_refused_in_on
     with pytest.raises(UserError, match="unknown backend 'tvm': choose one of torch, onnxruntime, tensorrt"):
         stage_backend("tvm")
     for name, needs in (("onnxruntime", "graphs from `diffsmooth export`"),
-                        ("tensorrt", "plans from `diffsmooth build-engine`")):
+                        ("tensorrt", "engine files from `diffsmooth build-engine`")):
         with pytest.raises(UserError, match=f"`backend` {name} needs `onnx_dir`") as info:
             stage_backend(name).stages(None, None, (1, 32, 32), 10, StageBuild())
         assert needs in str(info.value) and "\n" not in str(info.value)

@@ -1,7 +1,8 @@
-"""TensorRT plan cache bookkeeping, without TensorRT: cache keys, optimisation profiles from the
-batch, plan/manifest naming, and the reuse-or-rebuild decision. Plans are only valid for the exact
-ONNX file, TensorRT version, GPU model/compute capability, profile and precision they were built
-for, so every one of those is part of the key."""
+"""TensorRT engine file cache bookkeeping, without TensorRT: cache keys, optimisation profiles from the
+batch, engine file/manifest naming, and the reuse-or-rebuild decision. An engine file (a serialized TensorRT
+engine; `.plan` on disk is TensorRT's own name for one) is only valid for the exact ONNX file, TensorRT
+version, GPU model/compute capability, profile and precision it was built for, so every one of those is
+part of the key."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.stages.manifests import write_json
 
-PLAN_MANIFEST_FORMAT = "diffsmooth-trt-plan-manifest"
-PLAN_MANIFEST_VERSION = 1
+ENGINE_FILE_MANIFEST_FORMAT = "diffsmooth-trt-plan-manifest"     # on disk: unchanged, so old manifests load
+ENGINE_FILE_MANIFEST_VERSION = 1
 KEY_FIELDS = ("onnx_sha256", "tensorrt_version", "gpu_name", "compute_capability", "profile", "precision")
 DEFAULT_WORKSPACE_BYTES = 4 << 30
 
@@ -63,7 +64,7 @@ def profile_covers(profile: Dict[str, dict], batch: int) -> bool:
 
 def cache_key(*, onnx_sha256: str, tensorrt_version: str, gpu_name: str, compute_capability: str,
               profile: Dict[str, dict], precision: str) -> dict:
-    """The fields a plan must match exactly to be reused."""
+    """The fields an engine file must match exactly to be reused."""
     return {"onnx_sha256": onnx_sha256, "tensorrt_version": str(tensorrt_version), "gpu_name": str(gpu_name),
             "compute_capability": str(compute_capability), "profile": _plain(profile), "precision": precision}
 
@@ -73,43 +74,44 @@ def _plain(value):
     return json.loads(json.dumps(value))
 
 
-def plan_path_for(onnx_path, gpu_name: str, compute_capability: str, profile: Dict[str, dict]) -> Path:
-    """`<graph>.<gpu>-sm<cc>.b<opt>-<max>.plan` beside the graph: one plan per GPU model and profile."""
+def engine_file_path_for(onnx_path, gpu_name: str, compute_capability: str, profile: Dict[str, dict]) -> Path:
+    """`<graph>.<gpu>-sm<cc>.b<opt>-<max>.plan` beside the graph: one engine file per GPU model and profile."""
     p = Path(onnx_path)
     first = next(iter(profile.values()))
     cc = str(compute_capability).replace(".", "")
     return p.with_name(f"{p.stem}.{gpu_slug(gpu_name)}-sm{cc}.b{first['opt'][0]}-{first['max'][0]}.plan")
 
 
-def plan_manifest_path(plan_path) -> Path:
-    return Path(plan_path).with_suffix(".plan.json")
+def engine_file_manifest_path(engine_file_path) -> Path:
+    return Path(engine_file_path).with_suffix(".plan.json")
 
 
-def write_plan_manifest(plan_path, fields: dict) -> Path:
-    """Atomic (tmp + rename) manifest of one plan."""
-    path = plan_manifest_path(plan_path)
-    data = {"format": PLAN_MANIFEST_FORMAT, "version": PLAN_MANIFEST_VERSION, "plan_file": Path(plan_path).name}
+def write_engine_file_manifest(engine_file_path, fields: dict) -> Path:
+    """Atomic (tmp + rename) manifest of one engine file."""
+    path = engine_file_manifest_path(engine_file_path)
+    data = {"format": ENGINE_FILE_MANIFEST_FORMAT, "version": ENGINE_FILE_MANIFEST_VERSION,
+            "plan_file": Path(engine_file_path).name}
     data.update(fields)
     write_json(path, data, indent=2)
     return path
 
 
-def read_plan_manifest(plan_path) -> Tuple[Optional[dict], str]:
+def read_engine_file_manifest(engine_file_path) -> Tuple[Optional[dict], str]:
     """(manifest, "") or (None, why it cannot be used)."""
-    path = plan_manifest_path(plan_path)
+    path = engine_file_manifest_path(engine_file_path)
     if not path.exists():
         return None, f"{path.name} is missing"
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         return None, f"{path.name} is not readable JSON ({type(exc).__name__})"
-    if not isinstance(data, dict) or data.get("format") != PLAN_MANIFEST_FORMAT:
-        return None, f"{path.name} is not a diffsmooth TensorRT plan manifest"
+    if not isinstance(data, dict) or data.get("format") != ENGINE_FILE_MANIFEST_FORMAT:
+        return None, f"{path.name} is not a diffsmooth TensorRT engine file manifest"
     return data, ""
 
 
 def key_mismatches(manifest: dict, key: dict) -> List[str]:
-    """Human-readable differences between a plan manifest's key and the wanted key."""
+    """Human-readable differences between an engine file manifest's key and the wanted key."""
     have = manifest.get("key") or {}
     bad = []
     for field in KEY_FIELDS:
@@ -122,66 +124,66 @@ def key_mismatches(manifest: dict, key: dict) -> List[str]:
     return bad
 
 
-def reuse_decision(plan_path, key: dict, sha256_file) -> Tuple[bool, str]:
-    """(True, "") when the plan on disk was built for exactly `key` and is intact; otherwise
+def reuse_decision(engine_file_path, key: dict, sha256_file) -> Tuple[bool, str]:
+    """(True, "") when the engine file on disk was built for exactly `key` and is intact; otherwise
     (False, one line saying why it must be rebuilt). Deserialisation is checked separately
     (it needs TensorRT)."""
-    plan = Path(plan_path)
-    if not plan.exists():
-        return False, f"no plan {plan.name} yet"
-    manifest, why = read_plan_manifest(plan)
+    engine_file = Path(engine_file_path)
+    if not engine_file.exists():
+        return False, f"no engine file {engine_file.name} yet"
+    manifest, why = read_engine_file_manifest(engine_file)
     if manifest is None:
-        return False, f"{plan.name}: {why}"
+        return False, f"{engine_file.name}: {why}"
     bad = key_mismatches(manifest, key)
     if bad:
-        return False, f"{plan.name} was built for another configuration ({'; '.join(bad)})"
+        return False, f"{engine_file.name} was built for another configuration ({'; '.join(bad)})"
     if not manifest.get("plan_sha256"):
-        return False, f"{plan.name}: its manifest records no plan_sha256"
-    if sha256_file(plan) != manifest["plan_sha256"]:
-        return False, f"{plan.name} changed after it was built (sha256 differs from its manifest)"
+        return False, f"{engine_file.name}: its manifest records no plan_sha256"
+    if sha256_file(engine_file) != manifest["plan_sha256"]:
+        return False, f"{engine_file.name} changed after it was built (sha256 differs from its manifest)"
     return True, ""
 
 
-def scan_plans(onnx_dir, onnx_sha256: str, precision: str) -> List[Tuple[Path, dict]]:
-    """(plan path, manifest) of every plan in `onnx_dir` built from this graph at this precision."""
+def scan_engine_files(onnx_dir, onnx_sha256: str, precision: str) -> List[Tuple[Path, dict]]:
+    """(engine file path, manifest) of every engine file in `onnx_dir` built from this graph at this precision."""
     found = []
     for p in sorted(Path(onnx_dir).glob("*.plan.json")):
-        plan = p.with_name(p.name[: -len(".json")])
-        manifest, _ = read_plan_manifest(plan)
+        engine_file = p.with_name(p.name[: -len(".json")])
+        manifest, _ = read_engine_file_manifest(engine_file)
         if manifest is None:
             continue
         key = manifest.get("key") or {}
         if key.get("onnx_sha256") == onnx_sha256 and key.get("precision") == precision:
-            found.append((plan, manifest))
+            found.append((engine_file, manifest))
     return found
 
 
-def choose_plan(plans: List[Tuple[Path, dict]], *, tensorrt_version: str, gpu_name: str,
-                compute_capability: str, batch: int, graph_name: str, onnx_dir) -> Tuple[Path, dict]:
-    """The plan to run for this GPU, TensorRT and batch: its profile must cover 1..batch; among
+def choose_engine_file(engine_files: List[Tuple[Path, dict]], *, tensorrt_version: str, gpu_name: str,
+                       compute_capability: str, batch: int, graph_name: str, onnx_dir) -> Tuple[Path, dict]:
+    """The engine file to run for this GPU, TensorRT and batch: its profile must cover 1..batch; among
     several, the one whose opt batch equals the run's, else the smallest max. UserError otherwise
-    (a plan is never used on a GPU or TensorRT it was not built for)."""
+    (an engine file is never used on a GPU or TensorRT it was not built for)."""
     build = (f"build one with `diffsmooth build-engine --onnx-dir {onnx_dir} --batch {batch}` "
              "on this machine")
-    if not plans:
-        raise UserError(f"no TensorRT plan for {graph_name} in {onnx_dir}; {build}")
-    here = [(p, m) for p, m in plans
+    if not engine_files:
+        raise UserError(f"no TensorRT engine file for {graph_name} in {onnx_dir}; {build}")
+    here = [(p, m) for p, m in engine_files
             if (m.get("key") or {}).get("gpu_name") == gpu_name
             and str((m.get("key") or {}).get("compute_capability")) == str(compute_capability)]
     if not here:
         others = sorted({f"{(m.get('key') or {}).get('gpu_name')} sm{(m.get('key') or {}).get('compute_capability')}"
-                         for _, m in plans})
-        raise UserError(f"the TensorRT plans for {graph_name} were built for another GPU ({', '.join(others)}), "
+                         for _, m in engine_files})
+        raise UserError(f"the TensorRT engine files for {graph_name} were built for another GPU ({', '.join(others)}), "
                         f"not {gpu_name} sm{compute_capability}; {build}")
     same_trt = [(p, m) for p, m in here if (m.get("key") or {}).get("tensorrt_version") == str(tensorrt_version)]
     if not same_trt:
         others = sorted({str((m.get("key") or {}).get("tensorrt_version")) for _, m in here})
-        raise UserError(f"the TensorRT plans for {graph_name} were built with TensorRT {', '.join(others)}, "
+        raise UserError(f"the TensorRT engine files for {graph_name} were built with TensorRT {', '.join(others)}, "
                         f"this is {tensorrt_version}; {build}")
     fits = [(p, m) for p, m in same_trt if profile_covers((m.get("key") or {}).get("profile") or {}, batch)]
     if not fits:
         sizes = sorted({_max_batch(m) for _, m in same_trt})
-        raise UserError(f"the TensorRT plans for {graph_name} take batches up to {sizes}, not {batch}; "
+        raise UserError(f"the TensorRT engine files for {graph_name} take batches up to {sizes}, not {batch}; "
                         f"use `batch` <= {max(sizes)} or {build}")
     exact = [(p, m) for p, m in fits if _opt_batch(m) == int(batch)]
     return (exact or sorted(fits, key=lambda pm: _max_batch(pm[1])))[0]
