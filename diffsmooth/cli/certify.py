@@ -1,4 +1,4 @@
-"""`diffsmooth certify` and `diffsmooth predict`: options -> RunRequest -> plan -> voter -> rows."""
+"""`diffsmooth certify` and `diffsmooth predict`: options -> RunRequest -> resolved run -> voter -> rows."""
 
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ class ConfigurationHeads(nn.Module):
 
 
 class StackedScores:
-    """Exported score stages, one per configuration (one graph or plan each), as one score stage
+    """Exported score stages, one per configuration (one graph or engine file each), as one score stage
     [B, E, K]; fresh local noise is passed as the prefix of the largest m's draw."""
 
     def __init__(self, heads: Sequence[Tuple[object, int, Optional[int], MethodConfig]], inputs: Tuple[str, ...]):
@@ -184,7 +184,7 @@ def purifier_config(configs: Sequence[Configuration]) -> Optional[MethodConfig]:
 def stacked_configuration_stages(configs: Sequence[Configuration], stages_of, image_shape,
                                  num_classes: Optional[int] = None) -> BaseClassifierStages:
     """The sweep's stages from exported ones: `stages_of(configuration)` gives each configuration's
-    single stages (graphs or plans, unprobed); the purify stage of purifier_config's serves all, probed once with
+    single stages (graphs or engine files, unprobed); the purify stage of purifier_config's serves all, probed once with
     every score stage (checked_stages)."""
     inputs = inputs_of(configs)
     singles = [stages_of(c) for c in configs]

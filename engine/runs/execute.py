@@ -73,32 +73,32 @@ def execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], No
 
 
 def _execute(run: ResolvedRun, voter: MonteCarloPipeline, log: Callable[[str], None], jobs: Jobs) -> RunSummary:
-    r, plan = run.request, run.shards
+    r, share = run.request, run.shards
     run.check_resumable(record=True)
     files = list(run.result_files().values())
-    indices, skip = plan.take(run.indices), frozenset()
-    leftovers = [f for f in rank_files(r.out, plan.num_shards) if _has_rows(f)] if plan.distributed and not run.is_sweep \
+    indices, skip = share.take(run.indices), frozenset()
+    leftovers = [f for f in rank_files(r.out, share.num_shards) if _has_rows(f)] if share.distributed and not run.is_sweep \
         else []
     if leftovers:
         skip = finished_in(leftovers)
-    if plan.distributed:
+    if share.distributed:
         indices = list(run.indices)
-        wait_for_all(plan)              # rank 0 has recorded the settings before any rank goes on
-    summary = run_dataset(voter, dataclasses.replace(run, indices=tuple(indices)), files, jobs, blocks=plan.blocks(),
+        wait_for_all(share)              # rank 0 has recorded the settings before any rank goes on
+    summary = run_dataset(voter, dataclasses.replace(run, indices=tuple(indices)), files, jobs, blocks=share.blocks(),
                           skip=skip)
-    if plan.distributed:
-        log(f"{summary.line() if plan.writes else f'rank {plan.shard}: wrote no rows (rank 0 writes them)'}; "
-            f"the {plan.num_shards} ranks shared every image's samples, this one counted {summary.samples_counted:,}")
+    if share.distributed:
+        log(f"{summary.line() if share.writes else f'rank {share.shard}: wrote no rows (rank 0 writes them)'}; "
+            f"the {share.num_shards} ranks shared every image's samples, this one counted {summary.samples_counted:,}")
     else:
         log(summary.line())
-    wait_for_all(plan)
-    if plan.writes and leftovers and not summary.interrupted:
+    wait_for_all(share)
+    if share.writes and leftovers and not summary.interrupted:
         count = merge_results(leftovers + ([r.out] if _has_rows(r.out) else []), r.out)
         log(f"merged {count} rows (with an earlier run's rank files) into {r.out}")
-    elif plan.num_shards > 1 and not plan.distributed:
-        log(f"shard {plan.shard}/{plan.num_shards} done; when all are, run "
-            f"`diffsmooth merge {r.out} {shard_path(r.out, '*', plan.num_shards)}`")
-    finish(plan)
+    elif share.num_shards > 1 and not share.distributed:
+        log(f"shard {share.shard}/{share.num_shards} done; when all are, run "
+            f"`diffsmooth merge {r.out} {shard_path(r.out, '*', share.num_shards)}`")
+    finish(share)
     return summary
 
 

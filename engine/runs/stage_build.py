@@ -63,7 +63,7 @@ def build_sweep_stages(configs: Sequence[Configuration], classifier_paths: Dict[
                        image_shape: Tuple[int, ...], num_classes: Optional[int] = None, *, backend: str = "torch",
                        **build) -> BaseClassifierStages:
     """The stages of several configurations at one sigma scored on the same samples (a sweep): on the torch
-    backend one module scoring all of them; on exported backends each configuration's graph or plan, stacked."""
+    backend one module scoring all of them; on exported backends each configuration's graph or engine file, stacked."""
     return stage_backend(backend).sweep_stages(configs, classifier_paths, sources, image_shape, num_classes,
                                                StageBuild(**build))
 

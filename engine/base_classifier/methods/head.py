@@ -90,7 +90,8 @@ class PlainHead(Head):
 class SweepScorer(nn.Module):
     """A head's share of a sweep (configurations.ConfigurationHeads): `forward(samples, fresh)` -> one score
     [B,K] per configuration, in the order given; `samples`: the sweep's inputs (noisy and/or denoised, in that order:
-    configurations.inputs_of), `fresh`: the sweep's fresh noise or None. `noise_shape`: the fresh noise it takes per sample ([M, C, H, W]) or None."""
+    configurations.inputs_of), `fresh`: the sweep's fresh noise or None. `noise_shape`: the fresh noise it takes per
+    sample ([M, C, H, W]) or None."""
 
     noise_shape: Optional[Tuple[int, ...]] = None
 

@@ -127,7 +127,7 @@ class LocalSmoothingScorer(SweepScorer):
             self.register_buffer(f"noise_{k}", noise, persistent=False)
         self.classifiers = torch.nn.ModuleList(classifiers)
         calls: List[Tuple[int, float, int, str]] = []   # (classifier index, sigma', noise group, samples) of each call
-        plan = []
+        assignments = []
         for index, (m, local_sigma, _, _) in enumerate(settings):
             k = next(k for k, (_, members) in enumerate(self.groups) if m in members)
             call = (_first(classifiers, classifiers[index]), float(local_sigma), k, reads[index])
@@ -135,8 +135,8 @@ class LocalSmoothingScorer(SweepScorer):
                 self.register_buffer(f"local_sigma_{len(calls)}", torch.tensor(call[1], dtype=torch.float32),
                                      persistent=False)
                 calls.append(call)
-            plan.append((call[0], calls.index(call), k, m, reads[index]))
-        self.plan = tuple(plan)
+            assignments.append((call[0], calls.index(call), k, m, reads[index]))
+        self.assignments = tuple(assignments)
         self.noise_shape = (self.largest_m, *self.image_shape) if self.local_noise == "fresh" else None
 
     def _noise_groups(self, ms: List[int], seed: int) -> List[Tuple[int, List[int], Optional[torch.Tensor]]]:
@@ -150,7 +150,7 @@ class LocalSmoothingScorer(SweepScorer):
 
     def forward(self, samples, fresh=None):
         probabilities, scores = {}, []
-        for index, call, k, m, reads in self.plan:
+        for index, call, k, m, reads in self.assignments:
             big_m = self.groups[k][0]
             if call not in probabilities:
                 delta = fresh if fresh is not None else getattr(self, f"noise_{k}").unsqueeze(0)
