@@ -30,7 +30,7 @@ from diffsmooth.engine.certify.scheduler import Work
 from diffsmooth.engine.certify.sequential import sequential_job
 from diffsmooth.engine.data import load_dataset
 from diffsmooth.engine.runs.request import sequential_rule
-from diffsmooth.engine.serve.model_registry import demo_models
+from diffsmooth.engine.serve.model_registry import Execution, demo_models
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,9 +114,10 @@ def level(args, port: int, images: np.ndarray, concurrency: int) -> dict:
 
 
 def offline(args, images: np.ndarray) -> float:
-    """Requests per second of the same images and jobs through the Python API's pipeline, packed (no server)."""
+    """Requests per second of the same images and jobs through the Python API's pipeline, packed (no server), run as
+    the server runs it (compiled on CUDA)."""
     torch.set_num_threads(args.threads)
-    model = next(m for m in demo_models(0, args.device, args.batch) if m.name == args.model)
+    model = next(m for m in demo_models(0, Execution(args.device, compile=None), args.batch) if m.name == args.model)
     pipeline = model.pipeline()
     radii = [float(r) for r in args.radii.split(",")]
     rule = sequential_rule(radii, model.sigma, 0.001, args.n) if args.mode == "certify" else None

@@ -8,12 +8,13 @@ import sys
 
 import click
 
+from diffsmooth.cli.options import precision_option
 from diffsmooth.cli.param_types import BATCH, SEED, THREADS, Count, Number
 from diffsmooth.engine.errors import UserError
 from diffsmooth.engine.runs.resolve import set_threads
 from diffsmooth.engine.serve import noise_key
 from diffsmooth.engine.serve.limits import Limits
-from diffsmooth.engine.serve.model_registry import DEFAULT_BATCH, demo_models, folder_models
+from diffsmooth.engine.serve.model_registry import DEFAULT_BATCH, Execution, demo_models, folder_models
 
 LIMITS = Limits()
 
@@ -41,7 +42,11 @@ def is_loopback(host: str) -> bool:
 @click.option("--seed", type=SEED, default=None,
               help="TESTS ONLY: a reproducible noise key (every response says so) [default: drawn from the OS].")
 @click.option("--threads", type=THREADS, default=None, help="CPU threads for torch.")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N (eager fp32).")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@precision_option()
+@click.option("--compile/--no-compile", "compile_", default=None,
+              help="Compiled static-shape stages (+ CUDA graphs on CUDA) [default: on for CUDA]; a compiled or fp16/bf16 "
+                   "path is checked against eager fp32 before the server is ready.")
 @click.option("--batch", type=BATCH, default=DEFAULT_BATCH, show_default=True,
               help="--demo: noisy samples per batch, shared by every request in flight.")
 @click.option("--max-images", type=Count(1, 2 ** 20), default=LIMITS.max_images, show_default=True,
@@ -54,8 +59,8 @@ def is_loopback(host: str) -> bool:
               default=LIMITS.max_body_bytes / 2 ** 20, show_default=True, help="Largest request body, MiB.")
 @click.option("--deadline", type=Number(0, 86400, low_open=True, label="the deadline"), default=LIMITS.deadline,
               show_default=True, help="Seconds a request may take unless it asks less (deadline_ms).")
-def serve(demo, models_dir, host, port, token, seed, threads, device, batch, max_images, max_samples, max_queue,
-          max_body_mb, deadline):
+def serve(demo, models_dir, host, port, token, seed, threads, device, precision, compile_, batch, max_images, max_samples,
+          max_queue, max_body_mb, deadline):
     """Serve certified predictions over the Open Inference Protocol (KServe v2) on HTTP."""
     if demo == (models_dir is not None):
         raise UserError("give exactly one of --demo or --models FOLDER")
@@ -64,10 +69,10 @@ def serve(demo, models_dir, host, port, token, seed, threads, device, batch, max
                         f"or bind 127.0.0.1")
     limits = Limits(max(1, int(max_body_mb * 2 ** 20)), max_images, max_samples, max_queue, deadline)
     set_threads(threads)
-    start(None if demo else models_dir, host, port, token, seed, device, batch, limits)
+    start(None if demo else models_dir, host, port, token, seed, Execution(device, precision, compile_), batch, limits)
 
 
-def start(models_dir, host, port, token, seed, device, batch, limits) -> None:
+def start(models_dir, host, port, token, seed, execution: Execution, batch, limits) -> None:
     """Self-test the sampler, load the models (the demo's when `models_dir` is None), bind and serve (the heavy step)."""
     try:
         from diffsmooth.engine.serve.app import bind, run_server
@@ -78,7 +83,10 @@ def start(models_dir, host, port, token, seed, device, batch, limits) -> None:
     key = noise_key.NoiseKey.make(seed)
     summary = noise_key.self_test(noise_key.engine_sampler(key.key))
     print(f"# noise: {key.generator}; sampler self-test passed: {summary}", file=sys.stderr, flush=True)
-    models = demo_models(key.key, device, batch) if models_dir is None else folder_models(models_dir, key.key, device)
+    models = demo_models(key.key, execution, batch) if models_dir is None else folder_models(models_dir, key.key, execution)
+    for model in models:
+        if model.check_fast_path():
+            print(f"# model {model.name}: its fast path agreed with eager fp32", file=sys.stderr, flush=True)
     try:
         sock = bind(host, port)
     except OSError as exc:

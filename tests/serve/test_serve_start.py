@@ -2,6 +2,8 @@
 a non-loopback address needs a token, the OS-random key, a model folder of TOML files; and a stage that raises
 fails only the requests in flight (the model's worker keeps serving)."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,9 @@ from click.testing import CliRunner
 
 from diffsmooth.cli import main
 from diffsmooth.engine.errors import UserError
+from diffsmooth.engine.pipelines import SmoothedClassifier
+from diffsmooth.engine.runs.assemble import check_against_eager
+from diffsmooth.engine.runs.fast_path import VALIDATE_IMAGES, FastPath
 from diffsmooth.engine.serve import noise_key
 from diffsmooth.engine.serve.model_registry import folder_models
 from diffsmooth.engine.serve.noise_key import IndexCounter, NoiseKey, engine_sampler, self_test
@@ -175,3 +180,63 @@ def test_without_the_serve_extra_every_other_command_works_and_serve_says_what_t
     assert CliRunner().invoke(main, ["env", "--help"]).exit_code == 0
     line = _one_line_error(CliRunner().invoke(main, ["serve", "--demo", "--port", "0"]))
     assert "serve extra" in line
+
+
+class _OneClassUp(torch.nn.Module):
+    """The classifier's logits moved one class up: a fast path that disagrees."""
+
+    def __init__(self, classifier):
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, x):
+        return torch.roll(self.classifier(x), 1, dims=-1)
+
+
+def _rs_folder(tmp_path, monkeypatch, check: bool = True):
+    """The demo RS model from a folder on a fast path that may change the votes (cheap on a CPU); its check images
+    the embedded set's (a demo classifier's default) or none (as a model of the user's own files without the key);
+    the check at 40 samples per image instead of 500, to keep the suite fast."""
+    monkeypatch.setattr("diffsmooth.engine.pipelines.check_against_eager",
+                        functools.partial(check_against_eager, validate_samples=40))
+    (tmp_path / "rs.toml").write_text('method = "rs"\nsigma = 0.5\nclassifier = "demo"\nbatch = 250\n')
+    (model,) = folder_models(tmp_path, seed=1)
+    model.smoothed.fast = FastPath(fused_attention=True)
+    model.check = model.check if check else None
+    return model
+
+
+def test_a_fast_path_is_checked_against_eager_fp32_on_the_check_images_before_serving(tmp_path, monkeypatch):
+    model = _rs_folder(tmp_path, monkeypatch)
+    assert model.check == ("embedded", None)
+    assert model.check_fast_path() == VALIDATE_IMAGES
+    assert model.smoothed._checked[model.image_shape] == list(range(VALIDATE_IMAGES))
+    assert model.pipeline() is model.smoothed.smooth_for(model.image_shape).pipeline      # the checked one serves
+    eager = _rs_folder(tmp_path, monkeypatch, check=False)
+    eager.smoothed.fast = FastPath()
+    assert eager.check_fast_path() == 0                  # eager fp32 needs no check (and no check dataset)
+    (tmp_path / "images").mkdir()
+    (tmp_path / "rs.toml").write_text('method = "rs"\nsigma = 0.5\nclassifier = "demo"\ncheck_dataset = "cifar10"\n'
+                                      'check_data = "images"\n')
+    assert folder_models(tmp_path, seed=1)[0].check == ("cifar10", str(tmp_path / "images"))
+
+
+def test_a_fast_path_without_check_images_or_that_disagrees_is_refused_in_one_line(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="give `check_dataset`") as refused:
+        _rs_folder(tmp_path, monkeypatch, check=False).check_fast_path()
+    assert "\n" not in str(refused.value)
+    real = SmoothedClassifier._pipeline
+
+    def planted(self, shape, fast, precision):
+        if not fast.fused_attention:
+            return real(self, shape, fast, precision)
+        honest, self.classifier = self.classifier, _OneClassUp(self.classifier)
+        try:
+            return real(self, shape, fast, precision)
+        finally:
+            self.classifier = honest
+
+    monkeypatch.setattr(SmoothedClassifier, "_pipeline", planted)
+    with pytest.raises(UserError, match="disagrees with eager fp32") as refused:
+        _rs_folder(tmp_path, monkeypatch).check_fast_path()
+    assert "\n" not in str(refused.value)
