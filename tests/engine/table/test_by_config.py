@@ -187,7 +187,10 @@ m = [1, 3]
 
 def _run(tmp_path, plan, spec=SPEC):
     (tmp_path / "spec.toml").write_text(spec)
-    invoke_ok(["table", str(tmp_path / "spec.toml"), "--out", str(tmp_path / "t"), "--plan", plan, "--quiet"])
+    # --no-preflight: the layout is what these tests read (a table's preflight writes nothing there; the demo
+    # table's tests run it)
+    invoke_ok(["table", str(tmp_path / "spec.toml"), "--out", str(tmp_path / "t"), "--plan", plan, "--quiet",
+               "--no-preflight"])
     return tmp_path / "t"
 
 
