@@ -8,29 +8,22 @@ resume, shards, ranks) therefore compare files that a wrong noise index or batch
 `cli_helpers.assert_rows_spread` checks that this stays true.
 """
 
-import ctypes
 import json
 import os
-import platform
-import sys
 
 # Under pytest-xdist every worker process gets one core's share: one intra-op thread (and its children, through
 # OMP_NUM_THREADS), so two workers on two cores do not each spin two OpenMP threads. Set before torch's import.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ["OMP_NUM_THREADS"] = "1"
 
-# Large tensors (a batch of 1,000 noisy images x m local samples: hundreds of MB) come from glibc's malloc, which
-# maps every block over its mmap threshold (at most 32 MB) fresh and unmaps it on free: each batch then faults in
-# its memory page by page, and half the CPU time of a CPU run went to the kernel (the README example: 14 M page
-# faults, 23 s of system time of 39 s). Blocks up to 1 GiB kept in the heap and reused: the same numbers, 15 s.
-# This process through mallopt, the processes the tests start (CLI runs, torchrun ranks) through GLIBC_TUNABLES.
-KEEP_FREED_BYTES = 1 << 30
+from diffsmooth.engine.host_memory import KEEP_FREED_BYTES, keep_freed_memory  # noqa: E402  (imports no torch)
+
+# Freed host memory kept for the next batch (engine/host_memory.py: half a CPU run's time went to page faults): in this
+# process as every command does, and in the processes the tests start (the README's example, scripts, ranks) through
+# GLIBC_TUNABLES, which glibc reads at their start.
 os.environ.setdefault("GLIBC_TUNABLES", f"glibc.malloc.mmap_threshold={KEEP_FREED_BYTES}:"
                                         f"glibc.malloc.trim_threshold={KEEP_FREED_BYTES}")
-if sys.platform == "linux" and platform.libc_ver()[0] == "glibc":
-    _libc = ctypes.CDLL("libc.so.6")
-    _libc.mallopt(-3, KEEP_FREED_BYTES)         # M_MMAP_THRESHOLD
-    _libc.mallopt(-1, KEEP_FREED_BYTES)         # M_TRIM_THRESHOLD
+keep_freed_memory()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -18,6 +18,7 @@ import click
 from click.utils import make_default_short_help
 
 from diffsmooth.engine.errors import Terminated, UserError, first_line
+from diffsmooth.engine.host_memory import keep_freed_memory
 
 TERMINATED_EXIT = 143                           # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 SETUP_EXIT = 3          # --strict: the set-up is wrong (a preflight finding), told apart from a bad invocation (2)
@@ -192,3 +193,4 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="diffsmooth-engine")
 def main():
     """DiffSmooth certification: diffusion denoiser + local smoothing, certified with CERTIFY."""
+    keep_freed_memory()         # a CPU run's batches reuse their freed memory (engine/host_memory.py)
