@@ -194,7 +194,7 @@ part_serve() {
         $PY -c "import fastapi, uvicorn, prometheus_client; print('serve extra:', fastapi.__version__, uvicorn.__version__)" \
         || stop serve-import serve_import.log
     # the study starts `diffsmooth serve --demo --device cuda` on 127.0.0.1 port 0 and stops it at the end
-    run_step serve-load ${SERVE_LIMIT:-300} serve_load.txt \
+    run_step serve-load ${SERVE_LIMIT:-420} serve_load.txt \
         $PY -m studies.serve_load --model diffsmooth --device cuda --batch ${SERVE_BATCH:-2000} --concurrency 1,8 \
         --cases predict:100:16,predict:1000:8,certify:1000:8 --max-seconds 60 \
         --server-log "$OUT/serve_server.log" --out "$OUT/serve_load.md"
