@@ -29,6 +29,7 @@ from diffsmooth.engine.certify.cohen import predict_job
 from diffsmooth.engine.certify.scheduler import Work
 from diffsmooth.engine.certify.sequential import sequential_job
 from diffsmooth.engine.data import load_dataset
+from diffsmooth.engine.host_memory import keep_freed_memory
 from diffsmooth.engine.runs.request import sequential_rule
 from diffsmooth.engine.serve.model_registry import Execution, demo_models
 
@@ -117,6 +118,7 @@ def offline(args, images: np.ndarray) -> float:
     """Requests per second of the same images and jobs through the Python API's pipeline, packed (no server), run as
     the server runs it (compiled on CUDA)."""
     torch.set_num_threads(args.threads)
+    keep_freed_memory()             # as the server (every command) does
     model = next(m for m in demo_models(0, Execution(args.device, compile=None), args.batch) if m.name == args.model)
     pipeline = model.pipeline()
     radii = [float(r) for r in args.radii.split(",")]
