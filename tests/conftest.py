@@ -22,7 +22,7 @@ from diffsmooth.engine.host_memory import KEEP_FREED_BYTES, keep_freed_memory  #
 # process as every command does, and in the processes the tests start (the README's example, scripts, ranks) through
 # GLIBC_TUNABLES, which glibc reads at their start.
 os.environ.setdefault("GLIBC_TUNABLES", f"glibc.malloc.mmap_threshold={KEEP_FREED_BYTES}:"
-                                        f"glibc.malloc.trim_threshold={KEEP_FREED_BYTES}")
+                                        f"glibc.malloc.trim_threshold={KEEP_FREED_BYTES}:glibc.malloc.arena_max=1")
 keep_freed_memory()
 
 import numpy as np  # noqa: E402
