@@ -148,7 +148,11 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cpu", help="the server's and the offline run's device (cpu, cuda)")
     parser.add_argument("--server-log", default=None, help="a file for the server's stderr (one line per request)")
     parser.add_argument("--out", default=None, help="a markdown file for the tables")
+    parser.add_argument("--premise", action="store_true", help="no server: 8 PREDICTs of n apart vs one of 8 x n")
+    parser.add_argument("--premise-child", default=None, choices=("default", "kept"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.premise or args.premise_child:
+        return premise(args)
     data = load_dataset("embedded")
     images = np.stack([data[k][0].numpy() for k in range(0, len(data), max(1, len(data) // 16))][:16]).astype(np.float32)
     command = " ".join(["python -m studies.serve_load", *(argv if argv is not None else sys.argv[1:])])
@@ -177,6 +181,34 @@ def main(argv=None) -> None:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text)
+
+
+def premise(args, repeats: int = 2) -> None:
+    """Through the Python API, no server: 8 PREDICTs of n = --n one after another against one of 8 x n, for the model,
+    with and without freed host memory kept (each in a fresh process): what packing 8 requests could save here."""
+    if args.premise_child:
+        torch.set_num_threads(args.threads)
+        if args.premise_child == "kept":
+            keep_freed_memory()
+        smoothed = next(m for m in demo_models(0, batch=args.batch) if m.name == args.model).smoothed
+        x = torch.from_numpy(load_dataset("embedded")[0][0].numpy())
+        smoothed.predict(x, n=args.n, image_index=10 ** 6)          # warm-up
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for k in range(8):
+                smoothed.predict(x, n=args.n, image_index=k)
+            apart = time.perf_counter() - started
+            started = time.perf_counter()
+            smoothed.predict(x, n=8 * args.n, image_index=100)
+            packed = time.perf_counter() - started
+            print(f"MEASURED ({args.premise_child}, load {os.getloadavg()[0]:.2f}): 8 x n={args.n} {apart:.2f} s, "
+                  f"1 x n={8 * args.n} {packed:.2f} s, ratio {apart / packed:.2f}", flush=True)
+        return
+    for memory in ("default", "kept"):
+        env = dict(os.environ, GLIBC_TUNABLES="") if memory == "default" else dict(os.environ)
+        subprocess.run([sys.executable, "-m", "studies.serve_load", "--premise-child", memory, "--model", args.model,
+                        "--n", str(args.n), "--batch", str(args.batch), "--threads", str(args.threads)],
+                       cwd=ROOT, env=env, check=True)
 
 
 def report(args, rows, offline_rate: float) -> str:
