@@ -131,9 +131,8 @@ class SmoothedClassifier:
             pipeline.seal_weights()         # no certificate from weights other than those built (and checked)
             self._smooth[shape] = Smooth(pipeline, self.shards.blocks())
             self._checked[shape] = []
-        checks = self.fast.changes_arithmetic or self.precision != "fp32"
         checked = self._checked[shape]
-        if checks and first is not None and len(checked) < VALIDATE_IMAGES and first[0] not in checked:
+        if self.checks_against_eager and first is not None and len(checked) < VALIDATE_IMAGES and first[0] not in checked:
             if shape not in self._reference:
                 self._reference[shape] = self._pipeline(shape, FastPath(), "fp32")
             check_against_eager(self._smooth[shape].pipeline, self._reference[shape], [first], self.batch_for(shape),
@@ -142,6 +141,11 @@ class SmoothedClassifier:
             if len(checked) == VALIDATE_IMAGES:
                 del self._reference[shape]          # its memory back; the weights stay sealed
         return self._smooth[shape]
+
+    @property
+    def checks_against_eager(self) -> bool:
+        """Whether its path (compiled, other kernels, fp16 / bf16) is checked against eager fp32 before it certifies."""
+        return self.fast.changes_arithmetic or self.precision != "fp32"
 
     def _pipeline(self, shape: Tuple[int, ...], fast: FastPath, precision: str) -> MonteCarloPipeline:
         """The torch pipeline of one image shape, built as the command line builds it (every fast-path setting)."""

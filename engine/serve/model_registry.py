@@ -65,11 +65,11 @@ class ServedModel:
         """On a compiled or fp16 / bf16 path, the Python API's agreement check against eager fp32 on the first
         VALIDATE_IMAGES images of the check dataset (a path that disagrees is refused in one line); how many were
         checked (0 on eager fp32, which needs none)."""
-        if not (self.smoothed.fast.changes_arithmetic or self.smoothed.precision != "fp32"):
+        if not self.smoothed.checks_against_eager:
             return 0
         if self.check is None:
-            raise UserError(f"model {self.name}: a compiled or {self.smoothed.precision} path is checked against eager "
-                            f"fp32 before serving: give `check_dataset` (and `check_data`) in its file, or serve with "
+            raise UserError(f"model {self.name}: its fast path (compiled, or fp16 / bf16) is checked against eager fp32 "
+                            f"before serving: give `check_dataset` (and `check_data`) in its file, or serve with "
                             f"--no-compile --precision fp32")
         dataset = load_dataset(*self.check)
         if tuple(dataset.image_shape) != self.image_shape:
