@@ -99,7 +99,9 @@ class Service:
                 "inputs": [{"name": INPUT, "datatype": "FP32", "shape": [-1, *model.image_shape]}],
                 "outputs": [{"name": out, "datatype": kind, "shape": [-1]} for out, kind in OUTPUTS.items()],
                 "parameters": {**self.described(model),
-                               **{k: v for k, v in model.settings.items() if k not in ("method", "sigma")}}}
+                               **{k: v for k, v in model.settings.items() if k not in ("method", "sigma")},
+                               "device": str(model.smoothed.device), "precision": model.smoothed.precision,
+                               "checked_against_eager_fp32": model.smoothed.checks_against_eager}}
 
     async def infer(self, name: str, body: bytes, header_length: Optional[str],
                     gone: Callable[[], Awaitable[bool]] = _never) -> Answer:

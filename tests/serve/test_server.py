@@ -64,6 +64,8 @@ def test_tritonclient_reads_the_metadata(server):
     assert meta["inputs"] == [{"name": "images", "datatype": "FP32", "shape": [-1, *SHAPE]}]
     assert {o["name"] for o in meta["outputs"]} == {"label", "radius", "samples", "index"}
     assert meta["parameters"]["m"] == 5 and meta["parameters"]["sigma"] == 0.5
+    assert (meta["parameters"]["device"], meta["parameters"]["precision"]) == ("cpu", "fp32")
+    assert meta["parameters"]["checked_against_eager_fp32"] is False      # eager fp32 on a CPU: nothing to check
     assert client.is_model_ready("rs") and not client.is_model_ready("nope")
 
 
