@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from diffsmooth.cli.fast_path_options import compile_flag
 from diffsmooth.cli.options import precision_option
 from diffsmooth.cli.param_types import ALPHA, BATCH, LOCAL_NOISES, LOCAL_SIGMA, SAMPLES, SEED, SIGMA, THREADS, Count
 from diffsmooth.engine.choices import (
@@ -36,8 +37,7 @@ from diffsmooth.engine.runs.resolve import set_threads
 @click.option("--seed", type=SEED, default=DEFAULT_SEED, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @precision_option()
-@click.option("--compile/--no-compile", "compile", default=None,
-              help="Compiled static-shape stages (+ CUDA graphs, 2 streams on CUDA) [default: on for CUDA].")
+@compile_flag()
 @click.option("--threads", type=THREADS, default=None, help="CPU threads for torch.")
 @click.option("--quiet", is_flag=True)
 def demo(out, images, n, n0, alpha, sigma, local_sigma, m, batch, seed, device, precision, compile, threads, quiet):

@@ -10,7 +10,7 @@ from diffsmooth.cli.param_types import Count, Number
 from diffsmooth.engine.choices import MAX_SAMPLES
 from diffsmooth.engine.runs.fast_path_options import FAST_PATH_OPTIONS
 
-__all__ = ["fast_path_flags", "fast_path_options"]
+__all__ = ["compile_flag", "fast_path_flags", "fast_path_options"]
 
 
 def _option(o):
@@ -24,6 +24,12 @@ def _option(o):
         return click.option(o.flag, o.name, type=kind, default=o.default, callback=convert, help=o.help)
     kind = Count(o.low, o.high) if o.kind is int else None
     return click.option(o.flag, o.name, type=kind, default=o.default, metavar=o.metavar, help=o.help)
+
+
+def compile_flag():
+    """`--compile/--no-compile` alone, as the fast path's table declares it: for the commands that run the Python API's
+    path (demo, table --demo, serve), which takes compile and precision only."""
+    return _option(next(o for o in FAST_PATH_OPTIONS if o.name == "compile"))
 
 
 def fast_path_flags():

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from diffsmooth.cli.fast_path_options import compile_flag
 from diffsmooth.cli.options import precision_option
 from diffsmooth.cli.param_types import BATCH, SEED, THREADS, Count, Number
 from diffsmooth.engine.errors import UserError
@@ -44,9 +45,7 @@ def is_loopback(host: str) -> bool:
 @click.option("--threads", type=THREADS, default=None, help="CPU threads for torch.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @precision_option()
-@click.option("--compile/--no-compile", "compile_", default=None,
-              help="Compiled static-shape stages (+ CUDA graphs on CUDA) [default: on for CUDA]; a compiled or fp16/bf16 "
-                   "path is checked against eager fp32 before the server is ready.")
+@compile_flag()
 @click.option("--batch", type=BATCH, default=DEFAULT_BATCH, show_default=True,
               help="--demo: noisy samples per batch, shared by every request in flight.")
 @click.option("--max-images", type=Count(1, 2 ** 20), default=LIMITS.max_images, show_default=True,
@@ -59,7 +58,7 @@ def is_loopback(host: str) -> bool:
               default=LIMITS.max_body_bytes / 2 ** 20, show_default=True, help="Largest request body, MiB.")
 @click.option("--deadline", type=Number(0, 86400, low_open=True, label="the deadline"), default=LIMITS.deadline,
               show_default=True, help="Seconds a request may take unless it asks less (deadline_ms).")
-def serve(demo, models_dir, host, port, token, seed, threads, device, precision, compile_, batch, max_images, max_samples,
+def serve(demo, models_dir, host, port, token, seed, threads, device, precision, compile, batch, max_images, max_samples,
           max_queue, max_body_mb, deadline):
     """Serve certified predictions over the Open Inference Protocol (KServe v2) on HTTP."""
     if demo == (models_dir is not None):
@@ -69,7 +68,7 @@ def serve(demo, models_dir, host, port, token, seed, threads, device, precision,
                         f"or bind 127.0.0.1")
     limits = Limits(max(1, int(max_body_mb * 2 ** 20)), max_images, max_samples, max_queue, deadline)
     set_threads(threads)
-    start(None if demo else models_dir, host, port, token, seed, Execution(device, precision, compile_), batch, limits)
+    start(None if demo else models_dir, host, port, token, seed, Execution(device, precision, compile), batch, limits)
 
 
 def start(models_dir, host, port, token, seed, execution: Execution, batch, limits) -> None:
